@@ -1,0 +1,81 @@
+# sluice - build, run and test. Flags come from pkg-config; SANITIZE=1 builds
+# with ASan and UBSan. `make test` and `make run` install what is missing
+# from Debian's archive first, so a fresh Debian 12 machine needs nothing else.
+
+CC       ?= cc
+PKGS     := libevent libevent_pthreads hiredis yaml-0.1
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+            -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhiredis -lhttp_parser -lpthread -lm
+ifeq ($(SANITIZE),1)
+CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS  += -fsanitize=address,undefined
+BUILD    := build/san
+else
+BUILD    := build
+endif
+
+PYTEST   := /usr/bin/python3 -m pytest
+SRCS     := $(wildcard src/*.c)
+OBJS     := $(patsubst src/%.c,$(BUILD)/%.o,$(SRCS)) $(BUILD)/limit_lua.o
+LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
+UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+
+DEBS     := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
+            libhttp-parser-dev libcmocka-dev redis-server python3-pytest python3-requests curl
+
+.PHONY: all deps run test test-unit test-integration test-slow clean
+
+all: $(BUILD)/sluice
+
+$(BUILD)/sluice: $(OBJS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: src/%.c src/*.h | $(BUILD)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+# The Redis script is embedded as a C string with its SHA-1, so EVALSHA works
+# from the first request and NOSCRIPT needs only a SCRIPT LOAD.
+$(BUILD)/limit_lua.c: src/scripts/limit.lua | $(BUILD)
+	{ printf 'const char limit_lua_sha[] = "%s";\n' "$$(sha1sum < $< | cut -c1-40)"; \
+	  printf 'const char limit_lua[] =\n'; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; \
+	  printf ';\n'; } > $@
+
+$(BUILD)/limit_lua.o: $(BUILD)/limit_lua.c
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD):
+	mkdir -p $(BUILD)/tests
+
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(LIBOBJS) | $(BUILD)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBOBJS) $(LDLIBS) -lcmocka
+
+# Installs only what is missing (dpkg -s is quick); needs root, as on CI.
+deps:
+	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+test: deps
+	$(MAKE) all
+	$(MAKE) test-unit
+	$(MAKE) test-integration
+
+test-unit: $(UNIT)
+	@set -e; for t in $(UNIT); do echo "== $$t"; (cd tests/unit && ../../$$t); done
+
+test-integration: $(BUILD)/sluice
+	SLUICE_BIN=$(abspath $(BUILD)/sluice) $(PYTEST) -q -m "not slow" tests/integration
+
+test-slow: deps $(BUILD)/sluice
+	SLUICE_BIN=$(abspath $(BUILD)/sluice) $(PYTEST) -q -m slow tests/integration
+
+run: deps all
+	tests/run-demo.sh $(BUILD)/sluice conf/sluice.yaml
+
+clean:
+	rm -rf build

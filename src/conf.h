@@ -1,0 +1,123 @@
+/* sluice - conf.h: the parsed configuration.
+ *
+ * conf_load() turns a YAML file into a struct conf, validated in phases
+ * (syntax, each key, then across keys). A struct conf is immutable once
+ * loaded; workers share it read-only. It is reference counted so that a
+ * reload can swap in a new one while requests started under the old one
+ * finish: every holder calls conf_retain() and conf_release(); the last
+ * release frees it. Only conf.c includes yaml.h. */
+#ifndef SLUICE_CONF_H
+#define SLUICE_CONF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include "limiter.h"
+
+enum conf_on_error { CONF_ON_ERROR_ALLOW, CONF_ON_ERROR_DENY, CONF_ON_ERROR_LOCAL };
+
+/* A host:port (or [v6]:port, or unix:///path for Redis) resolved at load time. */
+struct conf_addr {
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    char *text;                 /* as written, for logs: "127.0.0.1:9000" */
+};
+
+struct conf_cidr {
+    int family;                 /* AF_INET or AF_INET6 */
+    uint8_t addr[16];           /* network bytes, masked */
+    int bits;                   /* prefix length */
+};
+
+enum conf_keysrc_kind {
+    CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
+    CONF_KEY_METHOD, CONF_KEY_PATH,
+};
+
+struct conf_keysrc {
+    enum conf_keysrc_kind kind;
+    char *arg;                  /* header/query/cookie name; NULL otherwise */
+    size_t arglen;
+};
+
+struct conf_limit {
+    char *name;
+    struct limiter_params params;
+    struct conf_keysrc *keys;
+    int nkeys;
+};
+
+struct conf_upstream {
+    char *name;
+    struct conf_addr *servers;
+    int nservers;
+    int keepalive;              /* idle connections kept per worker */
+    int64_t connect_timeout_ms;
+    int64_t timeout_ms;         /* waiting for (each read of) the response */
+};
+
+struct conf_route {
+    char *name;
+    char *path;                 /* normalised prefix, no trailing '/' except "/" */
+    size_t pathlen;
+    char **methods;             /* upper case; NULL when any method matches */
+    int nmethods;
+    char *host;                 /* lower case, no port; NULL when any host */
+    struct conf_upstream *upstream;
+    struct conf_limit *limits;
+    int nlimits;
+};
+
+struct conf_redis {
+    char *url;
+    int is_unix;
+    char *host;                 /* tcp host, or the socket path when is_unix */
+    int port;
+    int db;
+    char *user;                 /* NULL when absent */
+    char *password;             /* NULL when absent */
+    int64_t timeout_ms;
+    char *prefix;
+    enum conf_on_error on_error;
+};
+
+struct conf_client {
+    size_t max_header_bytes;    /* head larger than this: 431 (default 16384) */
+    uint64_t max_body_bytes;    /* 0 = unlimited; larger body: 413 */
+    int64_t header_timeout_ms;  /* whole head must arrive in this (default 10s) */
+    int64_t idle_timeout_ms;    /* keep-alive idle time (default 60s) */
+    int64_t body_timeout_ms;    /* no body byte for this long: close (default 60s) */
+};
+
+struct conf {
+    char *file;
+    struct conf_addr listen;
+    int workers;                /* >= 1; "auto" resolved at load time */
+    int max_connections;        /* per process; 0 = unlimited (default 10000) */
+    struct conf_client client;
+    struct conf_redis redis;
+    struct conf_upstream *upstreams;
+    int nupstreams;
+    struct conf_route *routes;
+    int nroutes;
+    struct conf_cidr *trusted;
+    int ntrusted;
+    int refs;                   /* atomic; starts at 1 */
+};
+
+/* Load and validate FILE. On success returns a conf with one reference.
+ * On failure returns NULL and sets *err to a malloc'd "FILE:LINE:COL: message"
+ * (the caller frees it). */
+struct conf *conf_load(const char *file, char **err);
+
+void conf_retain(struct conf *c);
+void conf_release(struct conf *c);
+
+/* Parsers shared with tests: return 0 and set *out, or -1. */
+int conf_parse_duration_ms(const char *s, int64_t *out_ms);
+int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);
+
+/* 1 when addr (AF_INET/AF_INET6 sockaddr) is inside any of cidrs. */
+int conf_cidr_match(const struct conf_cidr *cidrs, int n, const struct sockaddr *addr);
+
+#endif

@@ -1,0 +1,33 @@
+/* sluice - log.c: timestamped log lines on stderr. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "log.h"
+
+static enum log_level log_min = LOG_INFO;
+static const char *const log_names[] = { "debug", "info", "warn", "error" };
+
+void log_set_level(enum log_level level)
+{
+    log_min = level;
+}
+
+void log_write(enum log_level level, const char *fmt, ...)
+{
+    if (level < log_min)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s\n",
+            tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+            tm.tm_sec, ts.tv_nsec / 1000000, log_names[level], msg);
+}

@@ -1,0 +1,118 @@
+/* sluice - main.c: command line, signals, and the workers' lives.
+ *
+ * The main thread loads the config, starts the workers and then only
+ * waits for signals; all traffic is served on the workers' threads. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "conf.h"
+#include "log.h"
+#include "mem.h"
+#include "worker.h"
+
+#define SLUICE_VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sluice [-t] -c FILE | -V | -h\n"
+            "  -c FILE  run with the YAML config FILE\n"
+            "  -t       check the config and exit (0 valid, 1 invalid)\n"
+            "  -V       print the version\n"
+            "  -h       print this help\n");
+}
+
+static void stop_signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    log_info("main: signal %d, stopping", (int)sig);
+    event_base_loopexit(arg, NULL);
+}
+
+static int serve(struct conf *conf)
+{
+    struct worker **workers = mem_calloc((size_t)conf->workers, sizeof(*workers));
+    struct event_base *base = event_base_new();
+    struct event *sigs[2] = { NULL, NULL };
+    int n = 0, rc = 1;
+
+    for (; n < conf->workers; n++) {
+        workers[n] = worker_create(n, conf);
+        if (workers[n] == NULL)
+            goto out;
+    }
+    sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, base);
+    sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, base);
+    evsignal_add(sigs[0], NULL);
+    evsignal_add(sigs[1], NULL);
+    for (int i = 0; i < n; i++)
+        if (worker_start(workers[i]) != 0) {
+            log_error("main: cannot start worker %d", i);
+            for (int j = 0; j < i; j++) {
+                worker_stop(workers[j]);
+                worker_join(workers[j]);
+            }
+            goto out;
+        }
+    log_info("main: sluice %s listening on %s with %d worker%s", SLUICE_VERSION,
+             conf->listen.text, n, n == 1 ? "" : "s");
+    event_base_dispatch(base);
+    for (int i = 0; i < n; i++)
+        worker_stop(workers[i]);
+    for (int i = 0; i < n; i++)
+        worker_join(workers[i]);
+    rc = 0;
+out:
+    for (int i = 0; i < n; i++)
+        worker_destroy(workers[i]);
+    for (int i = 0; i < 2; i++)
+        if (sigs[i])
+            event_free(sigs[i]);
+    event_base_free(base);
+    free(workers);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *file = NULL;
+    int test_only = 0, opt;
+
+    while ((opt = getopt(argc, argv, "c:tVh")) != -1) {
+        switch (opt) {
+        case 'c': file = optarg; break;
+        case 't': test_only = 1; break;
+        case 'V': printf("sluice %s\n", SLUICE_VERSION); return 0;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 1;
+        }
+    }
+    if (file == NULL || optind != argc) {
+        usage(stderr);
+        return 1;
+    }
+
+    char *err = NULL;
+    struct conf *conf = conf_load(file, &err);
+    if (conf == NULL) {
+        fprintf(stderr, "%s\n", err);
+        free(err);
+        return 1;
+    }
+    if (test_only) {
+        printf("%s: configuration ok\n", file);
+        conf_release(conf);
+        return 0;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    evthread_use_pthreads();
+    int rc = serve(conf);
+    conf_release(conf);
+    libevent_global_shutdown();
+    return rc;
+}

@@ -1,0 +1,982 @@
+/* sluice - proxy.c: a client connection and the way each request takes.
+ *
+ *   client ──bytes──▶ parse head (http1) ──▶ normalise + route (route)
+ *                                               │
+ *                      404 ◀── no route ────────┤
+ *                                               ▼
+ *                        keys (route) ──▶ one EVALSHA (store) ──▶ Redis
+ *                                               │
+ *            429 + headers ◀── denied ──────────┤
+ *            on_error (allow / 503) ◀── down ───┤
+ *                                               ▼ allowed
+ *        upstream pool (upstream) ◀── head + streamed body
+ *                 │
+ *                 └──▶ response head + rate-limit fields + streamed body ──▶ client
+ *
+ * One request is handled at a time per connection; pipelined requests wait
+ * in the input buffer, which keeps responses in order. Bodies move between
+ * evbuffers piece by piece (http1 reports where payload is), never copied
+ * whole. Callbacks never free a client directly: they mark it dead and the
+ * outermost callback frees it when the stack unwinds. */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "http1.h"
+#include "log.h"
+#include "mem.h"
+#include "proxy.h"
+#include "reply.h"
+#include "route.h"
+#include "store.h"
+#include "upstream.h"
+#include "worker.h"
+
+/* Output above this stops reading the other side until it drains. */
+#define PROXY_HIGH_WATER   (256 * 1024)
+/* Input kept from a client beyond the request being served (pipelining). */
+#define PROXY_INPUT_MAX    (64 * 1024)
+/* A rejected request's body is read and dropped up to this size so the
+ * connection can stay open; a larger one closes it. */
+#define PROXY_DISCARD_MAX  (1024 * 1024)
+#define PROXY_RESP_HEAD_MAX (64 * 1024)
+
+enum client_state {
+    CS_HEAD,        /* waiting for a request head */
+    CS_DECIDE,      /* waiting for the store */
+    CS_PROXY,       /* forwarded: request body and response streaming */
+    CS_DISCARD,     /* answered locally, dropping the request body */
+    CS_CLOSING,     /* flushing the last response, then free */
+};
+
+enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY };
+
+struct client {
+    struct worker *w;
+    struct client *prev, *next;         /* worker's list */
+    struct conf *conf;                  /* retained */
+    struct bufferevent *bev;
+    struct sockaddr_storage peer;
+    char peer_text[ROUTE_IP_MAX];
+    struct http1 *parser;
+    struct http1_head head;
+    struct event *timer;
+    enum timer_mode timer_mode;
+    enum client_state state;
+    int busy;                           /* callbacks on the stack */
+    int dead;                           /* free when busy drops to 0 */
+    int eof;                            /* client closed its sending side */
+
+    /* The request in progress. */
+    const char *hbuf;                   /* head bytes while still in input */
+    int head_in_input;
+    const struct conf_route *route;
+    struct store_call *call;
+    struct reply_limits rl;
+    int have_limits;
+    struct upstream_conn *up;
+    int retried;
+    int req_done;                       /* request body fully read */
+    int resp_started;                   /* response head sent to client */
+    int resp_done;
+    int keep_alive;                     /* connection stays open afterwards */
+    int out_chunked;                    /* response re-framed as chunked */
+    int client_paused;                  /* reading stopped: upstream full */
+    int up_paused;                      /* upstream reading stopped: client full */
+    uint64_t body_bytes;                /* request payload so far */
+};
+
+static void client_process(struct client *c);
+static void request_finish(struct client *c);
+static void forward(struct client *c);
+static void decide(struct client *c, size_t pathlen);
+
+/* ---- lifetime ---------------------------------------------------------- */
+
+static void client_free(struct client *c)
+{
+    struct worker *w = c->w;
+    if (c->call)
+        store_cancel(c->call);
+    if (c->up)
+        upstream_close(c->up);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        w->clients = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    w->nclients--;
+    event_free(c->timer);
+    bufferevent_free(c->bev);
+    http1_destroy(c->parser);
+    conf_release(c->conf);
+    free(c);
+}
+
+static void client_enter(struct client *c)
+{
+    c->busy++;
+}
+
+/* Returns 1 when the client was freed. */
+static int client_leave(struct client *c)
+{
+    if (--c->busy == 0 && c->dead) {
+        client_free(c);
+        return 1;
+    }
+    return 0;
+}
+
+static void client_kill(struct client *c)
+{
+    c->dead = 1;
+    if (c->call) {
+        store_cancel(c->call);
+        c->call = NULL;
+    }
+    if (c->up) {
+        upstream_close(c->up);
+        c->up = NULL;
+    }
+}
+
+static void client_timer(struct client *c, enum timer_mode mode, int64_t ms)
+{
+    c->timer_mode = mode;
+    if (mode == TM_NONE) {
+        event_del(c->timer);
+        return;
+    }
+    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    event_add(c->timer, &tv);
+}
+
+/* Stop reading requests and close once what is queued has been written. */
+static void client_close_after_write(struct client *c)
+{
+    c->state = CS_CLOSING;
+    c->keep_alive = 0;
+    client_timer(c, TM_NONE, 0);
+    bufferevent_disable(c->bev, EV_READ);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        client_kill(c);
+}
+
+/* ---- small helpers ----------------------------------------------------- */
+
+static const char *hb(const struct client *c, struct http1_span s)
+{
+    return c->hbuf + s.off;
+}
+
+static void drain_head(struct client *c)
+{
+    if (c->head_in_input) {
+        evbuffer_drain(bufferevent_get_input(c->bev), c->head.len);
+        c->head_in_input = 0;
+        c->hbuf = NULL;
+    }
+}
+
+static int span_is(const char *buf, struct http1_span s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s.len == n && strncasecmp(buf + s.off, lit, n) == 0;
+}
+
+/* Is header name `name` listed in a Connection header of head h? */
+static int named_by_connection(const char *buf, const struct http1_head *h,
+                               struct http1_span name)
+{
+    for (int i = http1_find(buf, h, "connection", 0); i >= 0;
+         i = http1_find(buf, h, "connection", i + 1)) {
+        const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len;
+        while (v < end) {
+            while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
+                v++;
+            const char *t = v;
+            while (v < end && *v != ',' && *v != ' ' && *v != '\t')
+                v++;
+            if ((size_t)(v - t) == name.len && name.len &&
+                strncasecmp(t, buf + name.off, name.len) == 0)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+/* Hop-by-hop fields (RFC 9110 7.6.1) and those sluice sets itself. */
+static int is_hop_by_hop(const char *buf, const struct http1_head *h,
+                         struct http1_span name, int has_conn)
+{
+    static const char *const hop[] = {
+        "connection", "keep-alive", "proxy-connection", "te", "trailer",
+        "transfer-encoding", "upgrade",
+    };
+    for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
+        if (span_is(buf, name, hop[i]))
+            return 1;
+    return has_conn && named_by_connection(buf, h, name);
+}
+
+static void add_hex(struct evbuffer *out, size_t n)
+{
+    char tmp[20];
+    char *p = tmp + sizeof(tmp);
+    *--p = '\n';
+    *--p = '\r';
+    do {
+        *--p = "0123456789abcdef"[n & 15];
+        n >>= 4;
+    } while (n);
+    evbuffer_add(out, p, (size_t)(tmp + sizeof(tmp) - p));
+}
+
+/* Move the payload pieces of the first `used` bytes of src to dst (or drop
+ * them when dst is NULL), dropping the framing around them; with chunked,
+ * each piece becomes one chunk of our own framing. */
+static void move_pieces(struct evbuffer *src, struct evbuffer *dst, size_t used,
+                        const struct http1_piece *pieces, int n, int chunked)
+{
+    size_t pos = 0;
+    for (int i = 0; i < n; i++) {
+        evbuffer_drain(src, pieces[i].off - pos);
+        if (dst == NULL) {
+            evbuffer_drain(src, pieces[i].len);
+        } else {
+            if (chunked)
+                add_hex(dst, pieces[i].len);
+            evbuffer_remove_buffer(src, dst, pieces[i].len);
+            if (chunked)
+                evbuffer_add(dst, "\r\n", 2);
+        }
+        pos = pieces[i].off + pieces[i].len;
+    }
+    evbuffer_drain(src, used - pos);
+}
+
+/* Feed one contiguous run of src's body bytes to parser p.
+ * Returns 1 when the message is complete, 0 to wait for more, -1 on a
+ * framing error. *payload gets the payload bytes moved. */
+static int pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                     int chunked, size_t *payload)
+{
+    struct evbuffer_iovec v;
+    struct http1_piece pieces[HTTP1_MAX_PIECES];
+    int npieces = 0, done = 0;
+    *payload = 0;
+    if (evbuffer_peek(src, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
+        return 0;
+    long used = http1_body_feed(p, v.iov_base, v.iov_len, pieces, &npieces, &done);
+    if (used < 0)
+        return -1;
+    for (int i = 0; i < npieces; i++)
+        *payload += pieces[i].len;
+    move_pieces(src, dst, (size_t)used, pieces, npieces, chunked);
+    if (done && chunked && dst)
+        evbuffer_add(dst, "0\r\n\r\n", 5);
+    if (done)
+        return 1;
+    return used == 0 && npieces == 0 ? 0 : 2;
+}
+
+/* ---- local answers ----------------------------------------------------- */
+
+/* The request's body can be dropped (rather than closing) after a local
+ * answer when it is announced small enough or chunked. */
+static int body_discardable(const struct http1_head *h)
+{
+    return h->body == HTTP1_BODY_NONE || h->body == HTTP1_BODY_CHUNKED ||
+           (h->body == HTTP1_BODY_LENGTH && h->content_length <= PROXY_DISCARD_MAX);
+}
+
+/* Answer the current request ourselves: an error, or with rl set, a 429. */
+static void answer_local(struct client *c, int status, int close_after)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    int keep = !close_after && c->head.keep_alive && !c->eof &&
+               body_discardable(&c->head);
+    if (status == 429)
+        reply_429(out, &c->rl, keep);
+    else
+        reply_error(out, status, keep);
+    c->resp_started = c->resp_done = 1;
+    drain_head(c);
+    if (!keep) {
+        client_close_after_write(c);
+        return;
+    }
+    c->keep_alive = 1;
+    c->body_bytes = 0;
+    c->state = CS_DISCARD;
+    if (c->head.body == HTTP1_BODY_NONE) {
+        c->req_done = 1;
+        request_finish(c);
+    }
+}
+
+/* A request-level failure after the response may have started: answer if
+ * nothing was sent, otherwise cut the connection (never a short response
+ * that looks complete). */
+static void fail_request(struct client *c, int status)
+{
+    if (c->up) {
+        upstream_close(c->up);
+        c->up = NULL;
+    }
+    if (!c->resp_started) {
+        answer_local(c, status, 1);     /* body state unknown: close */
+    } else {
+        client_kill(c);
+    }
+}
+
+/* ---- request head ------------------------------------------------------ */
+
+static void parse_head(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t len = evbuffer_get_length(in);
+    size_t max = c->conf->client.max_header_bytes;
+    if (len == 0)
+        return;
+    if (c->timer_mode != TM_HEADER)
+        client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
+    size_t n = len > max + 1 ? max + 1 : len;
+    const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
+    int rc = http1_head_parse(c->parser, data, n, max, 0, &c->head);
+    if (rc == 1)
+        return;
+    c->hbuf = data;
+    c->head_in_input = 1;
+    if (rc != 0) {
+        answer_local(c, rc, 1);
+        return;
+    }
+    client_timer(c, TM_NONE, 0);
+    struct worker *w = c->w;
+    if (w->conf != c->conf) {   /* a reload happened: new requests see it */
+        conf_release(c->conf);
+        c->conf = w->conf;
+        conf_retain(c->conf);
+    }
+    c->route = NULL;
+    c->have_limits = 0;
+    c->up = NULL;
+    c->retried = 0;
+    c->req_done = c->resp_started = c->resp_done = 0;
+    c->out_chunked = 0;
+    c->body_bytes = 0;
+    c->keep_alive = c->head.keep_alive;
+    c->state = CS_DECIDE;
+
+    const struct http1_head *h = &c->head;
+    long plen = route_normalize(hb(c, h->target), h->target.len, w->path_buf);
+    if (plen < 0) {
+        answer_local(c, 400, 1);
+        return;
+    }
+    const char *host = h->host >= 0 ? hb(c, h->h[h->host].value) : NULL;
+    size_t hostlen = h->host >= 0 ? h->h[h->host].value.len : 0;
+    c->route = route_match(c->conf, w->path_buf, (size_t)plen, hb(c, h->method),
+                           h->method.len, host, hostlen);
+    if (c->route == NULL) {
+        answer_local(c, 404, 0);
+        return;
+    }
+    uint64_t max_body = c->conf->client.max_body_bytes;
+    if (max_body && h->body == HTTP1_BODY_LENGTH && h->content_length > max_body) {
+        answer_local(c, 413, 1);
+        return;
+    }
+    decide(c, (size_t)plen);
+}
+
+/* ---- decision ---------------------------------------------------------- */
+
+static void apply_on_error(struct client *c)
+{
+    c->have_limits = 0;
+    switch (c->conf->redis.on_error) {
+    case CONF_ON_ERROR_DENY:
+        answer_local(c, 503, 0);
+        break;
+    default:        /* allow: forwarded without rate-limit fields */
+        forward(c);
+        break;
+    }
+}
+
+static void decide_cb(void *arg, const struct store_result *res)
+{
+    struct client *c = arg;
+    client_enter(c);
+    c->call = NULL;
+    if (res->status != STORE_OK) {
+        apply_on_error(c);
+    } else {
+        memcpy(c->rl.r, res->r, sizeof(res->r[0]) * (size_t)res->n);
+        reply_pick(&c->rl, res->allowed);
+        c->have_limits = 1;
+        if (res->allowed)
+            forward(c);
+        else
+            answer_local(c, 429, 0);
+    }
+    if (!c->dead)
+        client_process(c);
+    client_leave(c);
+}
+
+static void decide(struct client *c, size_t pathlen)
+{
+    struct worker *w = c->w;
+    const struct conf_route *r = c->route;
+    struct store_limit sl[STORE_MAX_LIMITS];
+    char ip[ROUTE_IP_MAX];
+    size_t iplen = route_client_ip(c->conf, (const struct sockaddr *)&c->peer,
+                                   c->hbuf, &c->head, ip);
+    struct route_req req = { c->hbuf, &c->head, ip, iplen, w->path_buf, pathlen };
+    int n = 0;
+
+    c->rl.route = r;
+    for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
+        long klen = route_key(c->conf, r, &r->limits[i], &req, w->keys[n]);
+        if (klen <= 0)      /* a key source is absent: not counted */
+            continue;
+        sl[n] = (struct store_limit){ w->keys[n], (size_t)klen, &r->limits[i].params, 1 };
+        c->rl.limit[n] = &r->limits[i];
+        n++;
+    }
+    c->rl.n = n;
+    if (n == 0) {
+        forward(c);
+        return;
+    }
+    c->call = store_decide(w->store, sl, n, decide_cb, c);
+    if (c->call == NULL)
+        apply_on_error(c);
+}
+
+/* ---- forwarding the request -------------------------------------------- */
+
+static void up_read_cb(struct bufferevent *bev, void *arg);
+static void up_write_cb(struct bufferevent *bev, void *arg);
+static void up_event_cb(struct bufferevent *bev, short what, void *arg);
+
+static void write_request_head(struct client *c, struct evbuffer *out)
+{
+    const struct http1_head *h = &c->head;
+    const char *buf = c->hbuf;
+    int has_conn = http1_find(buf, h, "connection", 0) >= 0;
+    int nxff = 0;
+
+    evbuffer_add(out, hb(c, h->method), h->method.len);
+    evbuffer_add(out, " ", 1);
+    evbuffer_add(out, hb(c, h->target), h->target.len);
+    evbuffer_add(out, " HTTP/1.1\r\n", 11);
+    for (int i = 0; i < h->nheaders; i++) {
+        const struct http1_header *hd = &h->h[i];
+        if (span_is(buf, hd->name, "x-forwarded-for")) {
+            nxff++;
+            continue;
+        }
+        if (is_hop_by_hop(buf, h, hd->name, has_conn) ||
+            span_is(buf, hd->name, "x-forwarded-proto"))
+            continue;
+        evbuffer_add(out, buf + hd->name.off, hd->name.len);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, buf + hd->value.off, hd->value.len);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    /* Every X-Forwarded-For field joins one list, in order, ours last. */
+    evbuffer_add(out, "X-Forwarded-For: ", 17);
+    for (int i = 0; nxff && i < h->nheaders; i++)
+        if (span_is(buf, h->h[i].name, "x-forwarded-for")) {
+            evbuffer_add(out, buf + h->h[i].value.off, h->h[i].value.len);
+            evbuffer_add(out, ", ", 2);
+        }
+    evbuffer_add(out, c->peer_text, strlen(c->peer_text));
+    evbuffer_add(out, "\r\nX-Forwarded-Proto: http\r\n", 27);
+    if (h->body == HTTP1_BODY_CHUNKED)
+        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+    if (h->host < 0) {      /* HTTP/1.0 without Host: name the server */
+        const struct conf_upstream *cu = upstream_conf(c->up->pool);
+        const char *t = cu->servers[c->up->server].text;
+        evbuffer_add(out, "Host: ", 6);
+        evbuffer_add(out, t, strlen(t));
+        evbuffer_add(out, "\r\n", 2);
+    }
+    evbuffer_add(out, "\r\n", 2);
+}
+
+static int pool_connect(struct client *c, int fresh)
+{
+    const struct conf_upstream *cu = c->route->upstream;
+    c->up = upstream_acquire(worker_pool(c->w, cu), fresh);
+    if (c->up == NULL)
+        return -1;
+    struct bufferevent *ub = c->up->bev;
+    bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
+    bufferevent_setwatermark(ub, EV_WRITE, PROXY_HIGH_WATER / 2, 0);
+    if (c->up->reused) {
+        struct timeval tv = { cu->timeout_ms / 1000, (cu->timeout_ms % 1000) * 1000 };
+        bufferevent_set_timeouts(ub, &tv, NULL);
+    }
+    bufferevent_enable(ub, EV_READ | EV_WRITE);
+    c->up_paused = 0;
+    return 0;
+}
+
+/* Send the request upstream. A request without a body keeps its head in the
+ * client's input until the response begins, so that it can be sent again on
+ * a fresh connection if a kept-alive one turns out to be closed. */
+static void forward(struct client *c)
+{
+    if (pool_connect(c, 0) < 0) {
+        answer_local(c, 502, 0);
+        return;
+    }
+    c->state = CS_PROXY;
+    write_request_head(c, bufferevent_get_output(c->up->bev));
+    if (c->head.body == HTTP1_BODY_NONE) {
+        c->req_done = 1;
+        return;
+    }
+    drain_head(c);
+    client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+}
+
+static void pump_request_body(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *uo = bufferevent_get_output(c->up->bev);
+    int chunked = c->head.body == HTTP1_BODY_CHUNKED;
+    uint64_t max_body = c->conf->client.max_body_bytes;
+
+    while (!c->req_done && c->up) {
+        if (evbuffer_get_length(uo) > PROXY_HIGH_WATER) {
+            bufferevent_disable(c->bev, EV_READ);
+            c->client_paused = 1;
+            return;
+        }
+        size_t payload;
+        int rc = pump_once(c->parser, in, uo, chunked, &payload);
+        c->body_bytes += payload;
+        if (rc < 0) {
+            fail_request(c, 400);
+            return;
+        }
+        if (max_body && c->body_bytes > max_body) {
+            fail_request(c, 413);
+            return;
+        }
+        if (rc == 1) {
+            c->req_done = 1;
+            client_timer(c, TM_NONE, 0);
+        } else if (rc == 0) {
+            client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+            return;
+        }
+    }
+}
+
+static void discard_body(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    while (!c->req_done) {
+        size_t payload;
+        int rc = pump_once(c->parser, in, NULL, 0, &payload);
+        c->body_bytes += payload;
+        if (rc < 0 || c->body_bytes > PROXY_DISCARD_MAX) {
+            client_close_after_write(c);
+            return;
+        }
+        if (rc == 0)
+            return;
+        if (rc == 1) {
+            c->req_done = 1;
+            request_finish(c);
+        }
+    }
+}
+
+/* ---- the response ------------------------------------------------------ */
+
+/* Status line and fields as the upstream sent them, less hop-by-hop fields,
+ * plus ours; the body framing chosen for this client. */
+static void write_response_head(struct client *c, const char *buf)
+{
+    struct upstream_conn *uc = c->up;
+    const struct http1_head *h = &uc->head;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    int has_conn = http1_find(buf, h, "connection", 0) >= 0;
+
+    if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
+        if (c->head.minor >= 1)
+            c->out_chunked = 1;
+        else
+            c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
+    }
+    /* "HTTP/1.x " is 9 bytes; the rest of the status line is kept. */
+    const char *eol = memchr(buf, '\r', h->len);
+    evbuffer_add(out, "HTTP/1.1 ", 9);
+    evbuffer_add(out, buf + 9, (size_t)(eol - buf) - 9);
+    evbuffer_add(out, "\r\n", 2);
+    for (int i = 0; i < h->nheaders; i++) {
+        const struct http1_header *hd = &h->h[i];
+        if (is_hop_by_hop(buf, h, hd->name, has_conn))
+            continue;
+        if (c->have_limits && (span_is(buf, hd->name, "x-ratelimit-limit") ||
+                               span_is(buf, hd->name, "x-ratelimit-remaining") ||
+                               span_is(buf, hd->name, "x-ratelimit-reset") ||
+                               span_is(buf, hd->name, "ratelimit") ||
+                               span_is(buf, hd->name, "ratelimit-policy")))
+            continue;
+        evbuffer_add(out, buf + hd->name.off, hd->name.len);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, buf + hd->value.off, hd->value.len);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    if (c->have_limits)
+        reply_limit_headers(out, &c->rl, 0);
+    if (c->out_chunked)
+        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+    if (!c->keep_alive || c->eof)
+        evbuffer_add(out, "Connection: close\r\n", 19);
+    else if (c->head.minor == 0)
+        evbuffer_add(out, "Connection: keep-alive\r\n", 24);
+    evbuffer_add(out, "\r\n", 2);
+}
+
+/* Parse response heads until a final one is sent to the client.
+ * Returns 0 to wait, 1 when the final head was written, -1 on failure
+ * (already handled). */
+static int read_response_head(struct client *c)
+{
+    struct upstream_conn *uc = c->up;
+    struct evbuffer *ui = bufferevent_get_input(uc->bev);
+    for (;;) {
+        size_t len = evbuffer_get_length(ui);
+        if (len == 0)
+            return 0;
+        size_t n = len > PROXY_RESP_HEAD_MAX + 1 ? PROXY_RESP_HEAD_MAX + 1 : len;
+        const char *data = (const char *)evbuffer_pullup(ui, (ssize_t)n);
+        int head_req = c->head.method.len == 4 && memcmp(hb(c, c->head.method), "HEAD", 4) == 0;
+        int rc = http1_head_parse(uc->parser, data, n, PROXY_RESP_HEAD_MAX, head_req, &uc->head);
+        if (rc == 1)
+            return 0;
+        if (rc != 0) {
+            log_warn("proxy: bad response head from upstream '%s': closing it",
+                     upstream_conf(uc->pool)->servers[uc->server].text);
+            fail_request(c, 502);
+            return -1;
+        }
+        int status = uc->head.status;
+        if (status >= 100 && status < 200 && status != 101) {
+            /* Interim response: pass on a clean one, await the final. */
+            if (status == 100 && c->head.expect_continue)
+                evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+            evbuffer_drain(ui, uc->head.len);
+            continue;
+        }
+        if (status == 101) {    /* upgrades are not supported yet */
+            fail_request(c, 502);
+            return -1;
+        }
+        drain_head(c);  /* the request head is no longer needed for a retry */
+        write_response_head(c, data);
+        evbuffer_drain(ui, uc->head.len);
+        c->resp_started = 1;
+        if (uc->head.body == HTTP1_BODY_NONE)
+            c->resp_done = 1;
+        return 1;
+    }
+}
+
+static void pump_response_body(struct client *c)
+{
+    struct upstream_conn *uc = c->up;
+    struct evbuffer *ui = bufferevent_get_input(uc->bev);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    while (!c->resp_done) {
+        if (evbuffer_get_length(out) > PROXY_HIGH_WATER) {
+            bufferevent_disable(uc->bev, EV_READ);
+            c->up_paused = 1;
+            return;
+        }
+        size_t payload;
+        int rc = pump_once(uc->parser, ui, out, c->out_chunked, &payload);
+        if (rc < 0) {
+            log_warn("proxy: bad response body from upstream '%s': cutting the client",
+                     upstream_conf(uc->pool)->servers[uc->server].text);
+            fail_request(c, 502);
+            return;
+        }
+        if (rc == 1)
+            c->resp_done = 1;
+        else if (rc == 0)
+            return;
+    }
+}
+
+/* Both directions finished: give the upstream connection back when it is
+ * clean, then serve the next request or close. */
+static void maybe_finish(struct client *c)
+{
+    if (!c->req_done || !c->resp_done || c->state != CS_PROXY)
+        return;
+    struct upstream_conn *uc = c->up;
+    c->up = NULL;
+    if (uc->head.keep_alive && uc->head.body != HTTP1_BODY_EOF)
+        upstream_release(uc);
+    else
+        upstream_close(uc);
+    request_finish(c);
+}
+
+static void up_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct client *c = arg;
+    client_enter(c);
+    if (!c->resp_started && read_response_head(c) <= 0)
+        goto out;
+    pump_response_body(c);
+    if (!c->dead && c->up)
+        maybe_finish(c);
+    if (!c->dead)
+        client_process(c);
+out:
+    client_leave(c);
+}
+
+static void up_write_cb(struct bufferevent *bev, void *arg)
+{
+    struct client *c = arg;
+    if (c->client_paused && !c->dead) {
+        c->client_paused = 0;
+        bufferevent_enable(c->bev, EV_READ);
+        client_enter(c);
+        client_process(c);
+        client_leave(c);
+    }
+}
+
+static void up_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct client *c = arg;
+    struct upstream_conn *uc = c->up;
+    const struct conf_upstream *cu = upstream_conf(uc->pool);
+    client_enter(c);
+    if (what & BEV_EVENT_CONNECTED) {
+        int one = 1;
+        setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        struct timeval tv = { cu->timeout_ms / 1000, (cu->timeout_ms % 1000) * 1000 };
+        bufferevent_set_timeouts(bev, &tv, NULL);
+        goto out;
+    }
+    if ((what & BEV_EVENT_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
+        pump_response_body(c);
+        if (!c->dead && !c->resp_done && http1_body_eof(uc->parser)) {
+            c->resp_done = 1;
+            if (c->out_chunked)
+                evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
+            maybe_finish(c);
+            client_process(c);
+            goto out;
+        }
+    }
+    /* A kept-alive connection the server had closed: try once more on a
+     * fresh one if nothing was sent back and the request can be resent. */
+    if (!c->resp_started && uc->reused && !c->retried && c->head_in_input &&
+        !(what & BEV_EVENT_TIMEOUT)) {
+        upstream_close(uc);
+        c->up = NULL;
+        c->retried = 1;
+        if (pool_connect(c, 1) == 0) {
+            write_request_head(c, bufferevent_get_output(c->up->bev));
+            goto out;
+        }
+    }
+    if (what & BEV_EVENT_TIMEOUT)
+        log_warn("proxy: upstream '%s' timed out", cu->servers[uc->server].text);
+    else
+        log_warn("proxy: upstream '%s' failed: %s", cu->servers[uc->server].text,
+                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    fail_request(c, (what & BEV_EVENT_TIMEOUT) ? 504 : 502);
+    if (!c->dead)
+        client_process(c);
+out:
+    client_leave(c);
+}
+
+/* ---- the client connection --------------------------------------------- */
+
+/* The current request is over (answered and its body read): wait for the
+ * next one, or close. */
+static void request_finish(struct client *c)
+{
+    drain_head(c);
+    c->route = NULL;
+    if (!c->keep_alive || c->eof) {
+        client_close_after_write(c);
+        return;
+    }
+    c->state = CS_HEAD;
+    if (evbuffer_get_length(bufferevent_get_input(c->bev)) == 0)
+        client_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
+    else
+        client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
+}
+
+/* Do whatever the bytes in hand allow, until the state needs to wait. */
+static void client_process(struct client *c)
+{
+    for (int rounds = 0; !c->dead && rounds < 1000; rounds++) {
+        enum client_state before = c->state;
+        switch (c->state) {
+        case CS_HEAD:
+            /* Pipelined requests wait while our output is backed up. */
+            if (evbuffer_get_length(bufferevent_get_output(c->bev)) > PROXY_HIGH_WATER)
+                return;
+            parse_head(c);
+            break;
+        case CS_PROXY:
+            if (!c->req_done && c->up)
+                pump_request_body(c);
+            if (!c->dead && c->up)
+                maybe_finish(c);
+            break;
+        case CS_DISCARD:
+            discard_body(c);
+            break;
+        case CS_DECIDE:
+        case CS_CLOSING:
+            return;
+        }
+        if (c->state == before)
+            return;
+    }
+}
+
+static void client_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct client *c = arg;
+    client_enter(c);
+    client_process(c);
+    client_leave(c);
+}
+
+static void client_write_cb(struct bufferevent *bev, void *arg)
+{
+    struct client *c = arg;
+    client_enter(c);
+    if (c->state == CS_CLOSING) {
+        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+            client_kill(c);
+    } else {
+        if (c->up_paused && c->up) {
+            c->up_paused = 0;
+            bufferevent_enable(c->up->bev, EV_READ);
+            pump_response_body(c);
+            if (!c->dead && c->up)
+                maybe_finish(c);
+        }
+        if (!c->dead)
+            client_process(c);
+    }
+    client_leave(c);
+}
+
+static void client_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct client *c = arg;
+    client_enter(c);
+    if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
+        /* Half-close: a client may send its request and shut its side
+         * down; it still gets the answer to a request already read. */
+        c->eof = 1;
+        c->keep_alive = 0;
+        int waiting = c->state == CS_DECIDE ||
+                      (c->state == CS_PROXY && c->req_done);
+        if (!waiting && c->state != CS_CLOSING)
+            client_kill(c);
+    } else {
+        client_kill(c);     /* reset, or a write timed out */
+    }
+    client_leave(c);
+}
+
+static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct client *c = arg;
+    client_enter(c);
+    if (c->timer_mode == TM_HEADER && c->state == CS_HEAD) {
+        /* A head that does not arrive in time (slowloris): 408, close. */
+        c->head_in_input = 0;
+        answer_local(c, 408, 1);
+    } else {
+        client_kill(c);     /* idle keep-alive, or a stalled body */
+    }
+    client_leave(c);
+}
+
+void proxy_accept(struct worker *w, int fd, const struct sockaddr *peer, int peerlen)
+{
+    struct conf *conf = w->conf;
+    if (conf->max_connections && w->nclients >= conf->max_connections) {
+        evutil_closesocket(fd);
+        return;
+    }
+    struct bufferevent *bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (bev == NULL) {
+        evutil_closesocket(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+
+    struct client *c = mem_calloc(1, sizeof(*c));
+    c->w = w;
+    c->conf = conf;
+    conf_retain(conf);
+    c->bev = bev;
+    memcpy(&c->peer, peer, (size_t)peerlen < sizeof(c->peer) ? (size_t)peerlen : sizeof(c->peer));
+    route_client_ip(conf, peer, NULL, NULL, c->peer_text);
+    c->parser = http1_create(HTTP1_REQUEST);
+    c->timer = evtimer_new(w->base, client_timer_cb, c);
+    c->state = CS_HEAD;
+    c->next = w->clients;
+    if (w->clients)
+        w->clients->prev = c;
+    w->clients = c;
+    w->nclients++;
+
+    /* A client that stops reading is dropped after idle_timeout. */
+    struct timeval wt = { conf->client.idle_timeout_ms / 1000,
+                          (conf->client.idle_timeout_ms % 1000) * 1000 };
+    bufferevent_set_timeouts(bev, NULL, &wt);
+    bufferevent_setwatermark(bev, EV_READ, 0, conf->client.max_header_bytes + PROXY_INPUT_MAX);
+    bufferevent_setwatermark(bev, EV_WRITE, PROXY_HIGH_WATER / 2, 0);
+    bufferevent_setcb(bev, client_read_cb, client_write_cb, client_event_cb, c);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    client_timer(c, TM_IDLE, conf->client.idle_timeout_ms);
+}
+
+void proxy_close_all(struct worker *w)
+{
+    while (w->clients) {
+        struct client *c = w->clients;
+        client_kill(c);
+        if (c->busy == 0)
+            client_free(c);
+    }
+}

@@ -1,0 +1,213 @@
+/* sluice - reply.c: sluice's own responses and the rate-limit header fields.
+ *
+ * Numbers are written with a small integer formatter, not printf: these
+ * fields go on every response of a limited route. */
+#include <stdio.h>
+#include <string.h>
+#include <event2/buffer.h>
+
+#include "reply.h"
+
+#define ADD_LIT(out, s) evbuffer_add((out), (s), sizeof(s) - 1)
+
+static void add_str(struct evbuffer *out, const char *s)
+{
+    evbuffer_add(out, s, strlen(s));
+}
+
+static void add_int(struct evbuffer *out, int64_t v)
+{
+    char tmp[24];
+    char *p = tmp + sizeof(tmp);
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--p = '-';
+    evbuffer_add(out, p, (size_t)(tmp + sizeof(tmp) - p));
+}
+
+/* Names come from the config file; escape them for JSON and for the quoted
+ * strings of the IETF fields (both treat '"' and '\' the same way). */
+static void add_quoted(struct evbuffer *out, const char *s)
+{
+    ADD_LIT(out, "\"");
+    for (const char *p = s; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch == '"' || ch == '\\') {
+            char esc[2] = { '\\', (char)ch };
+            evbuffer_add(out, esc, 2);
+        } else if (ch >= 0x20 && ch != 0x7f) {
+            evbuffer_add(out, p, 1);
+        }
+    }
+    ADD_LIT(out, "\"");
+}
+
+int64_t reply_seconds(int64_t ms)
+{
+    if (ms <= 0)
+        return 0;
+    return (ms + 999) / 1000;
+}
+
+void reply_pick(struct reply_limits *rl, int allowed)
+{
+    int best = 0;
+    for (int i = 1; i < rl->n; i++) {
+        const struct limiter_result *a = &rl->r[i], *b = &rl->r[best];
+        if (allowed ? a->remaining < b->remaining
+                    : (!a->allowed && (b->allowed || a->retry_ms > b->retry_ms)))
+            best = i;
+    }
+    rl->shown = best;
+}
+
+static void add_policy(struct evbuffer *out, const struct conf_route *route)
+{
+    ADD_LIT(out, "RateLimit-Policy: ");
+    for (int i = 0; i < route->nlimits; i++) {
+        const struct conf_limit *l = &route->limits[i];
+        if (i)
+            ADD_LIT(out, ", ");
+        add_quoted(out, l->name);
+        ADD_LIT(out, ";q=");
+        add_int(out, l->params.limit);
+        ADD_LIT(out, ";w=");
+        add_int(out, reply_seconds(l->params.window_ms));
+    }
+    ADD_LIT(out, "\r\n");
+}
+
+void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, int denied)
+{
+    const struct limiter_result *r = &rl->r[rl->shown];
+    /* On a denial the quota is "reset" for this client when its next
+     * request would pass: the same value as Retry-After. */
+    int64_t reset = reply_seconds(denied ? r->retry_ms : r->reset_ms);
+    if (denied && reset < 1)
+        reset = 1;
+    ADD_LIT(out, "X-RateLimit-Limit: ");
+    add_int(out, r->limit);
+    ADD_LIT(out, "\r\nX-RateLimit-Remaining: ");
+    add_int(out, r->remaining);
+    ADD_LIT(out, "\r\nX-RateLimit-Reset: ");
+    add_int(out, reset);
+    ADD_LIT(out, "\r\n");
+    add_policy(out, rl->route);
+    ADD_LIT(out, "RateLimit: ");
+    add_quoted(out, rl->limit[rl->shown]->name);
+    ADD_LIT(out, ";r=");
+    add_int(out, r->remaining);
+    ADD_LIT(out, ";t=");
+    add_int(out, reset);
+    ADD_LIT(out, "\r\n");
+}
+
+static void add_status_line(struct evbuffer *out, int status)
+{
+    static const struct { int code; const char *line; } lines[] = {
+        { 400, "HTTP/1.1 400 Bad Request\r\n" },
+        { 404, "HTTP/1.1 404 Not Found\r\n" },
+        { 408, "HTTP/1.1 408 Request Timeout\r\n" },
+        { 413, "HTTP/1.1 413 Content Too Large\r\n" },
+        { 414, "HTTP/1.1 414 URI Too Long\r\n" },
+        { 429, "HTTP/1.1 429 Too Many Requests\r\n" },
+        { 431, "HTTP/1.1 431 Request Header Fields Too Large\r\n" },
+        { 500, "HTTP/1.1 500 Internal Server Error\r\n" },
+        { 501, "HTTP/1.1 501 Not Implemented\r\n" },
+        { 502, "HTTP/1.1 502 Bad Gateway\r\n" },
+        { 503, "HTTP/1.1 503 Service Unavailable\r\n" },
+        { 504, "HTTP/1.1 504 Gateway Timeout\r\n" },
+    };
+    for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+        if (lines[i].code == status) {
+            add_str(out, lines[i].line);
+            return;
+        }
+    ADD_LIT(out, "HTTP/1.1 ");
+    add_int(out, status);
+    ADD_LIT(out, " Error\r\n");
+}
+
+static const char *error_name(int status)
+{
+    switch (status) {
+    case 400: return "bad_request";
+    case 404: return "no_route";
+    case 408: return "request_timeout";
+    case 413: return "body_too_large";
+    case 414: return "uri_too_long";
+    case 431: return "headers_too_large";
+    case 501: return "not_implemented";
+    case 502: return "bad_gateway";
+    case 503: return "limiter_unavailable";
+    case 504: return "gateway_timeout";
+    default:  return "error";
+    }
+}
+
+static void add_json_head(struct evbuffer *out, size_t body_len, int keep_alive)
+{
+    ADD_LIT(out, "Content-Type: application/json\r\nContent-Length: ");
+    add_int(out, (int64_t)body_len);
+    if (keep_alive)
+        ADD_LIT(out, "\r\n\r\n");
+    else
+        ADD_LIT(out, "\r\nConnection: close\r\n\r\n");
+}
+
+void reply_error(struct evbuffer *out, int status, int keep_alive)
+{
+    char body[64];
+    int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", error_name(status));
+    add_status_line(out, status);
+    add_json_head(out, (size_t)n, keep_alive);
+    evbuffer_add(out, body, (size_t)n);
+}
+
+static size_t quoted_len(const char *s)
+{
+    size_t n = 2;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        n += (*p == '"' || *p == '\\') ? 2 : (*p >= 0x20 && *p != 0x7f);
+    return n;
+}
+
+static size_t int_len(int64_t v)
+{
+    size_t n = 1;
+    for (; v >= 10; v /= 10)
+        n++;
+    return n;
+}
+
+void reply_429(struct evbuffer *out, const struct reply_limits *rl, int keep_alive)
+{
+    static const char b1[] = "{\"error\":\"rate_limited\",\"route\":";
+    static const char b2[] = ",\"limit\":";
+    static const char b3[] = ",\"retry_after\":";
+    const struct limiter_result *r = &rl->r[rl->shown];
+    const char *lname = rl->limit[rl->shown]->name;
+    int64_t retry = reply_seconds(r->retry_ms);
+    if (retry < 1)
+        retry = 1;
+
+    add_status_line(out, 429);
+    ADD_LIT(out, "Retry-After: ");
+    add_int(out, retry);
+    ADD_LIT(out, "\r\n");
+    reply_limit_headers(out, rl, 1);
+    size_t body_len = sizeof(b1) - 1 + quoted_len(rl->route->name) + sizeof(b2) - 1
+                      + quoted_len(lname) + sizeof(b3) - 1 + int_len(retry) + 1;
+    add_json_head(out, body_len, keep_alive);
+    ADD_LIT(out, b1);
+    add_quoted(out, rl->route->name);
+    ADD_LIT(out, b2);
+    add_quoted(out, lname);
+    ADD_LIT(out, b3);
+    add_int(out, retry);
+    ADD_LIT(out, "}");
+}

@@ -1,0 +1,58 @@
+/* sluice - route.h: which rule a request meets, and the keys it is counted by.
+ *
+ * Matching uses the normalised path (percent-decoding, dot segments, merged
+ * slashes) so that URL tricks reach the same rule; the request still goes
+ * upstream as sent. Key building turns a limit's key sources into one Redis
+ * key whose bytes no client input can confuse: every part is length-prefixed
+ * and parts longer than ROUTE_MAX_PART are replaced by their SHA-1. A key is
+ * "PREFIX{ROUTE|LIMIT|PARTS}": the braces are a Redis Cluster hash tag, so one
+ * limit's keys for one client always share a slot. Pure functions: no I/O,
+ * no allocation. */
+#ifndef SLUICE_ROUTE_H
+#define SLUICE_ROUTE_H
+
+#include <stddef.h>
+#include <sys/socket.h>
+#include "conf.h"
+#include "http1.h"
+
+#define ROUTE_MAX_PART 256
+#define ROUTE_MAX_KEY  4096
+#define ROUTE_IP_MAX   64
+
+/* Normalise the path of a request target (the bytes before '?'); out must
+ * hold len bytes. Returns the normalised length, or -1 for a target that gets
+ * a 400: not origin-form, bad or NUL percent-escape, climbing above root. */
+long route_normalize(const char *target, size_t len, char *out);
+
+/* First route (file order) matching path, method and Host value (which may
+ * carry a port; compared case-insensitively without it). NULL: no route. */
+const struct conf_route *route_match(const struct conf *c,
+                                     const char *path, size_t pathlen,
+                                     const char *method, size_t methodlen,
+                                     const char *host, size_t hostlen);
+
+/* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
+ * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.
+ * IPv4-mapped IPv6 is written as IPv4. Returns the length. */
+size_t route_client_ip(const struct conf *c, const struct sockaddr *peer,
+                       const char *buf, const struct http1_head *h, char *out);
+
+/* Everything key building reads about one request. */
+struct route_req {
+    const char *buf;            /* the head bytes */
+    const struct http1_head *h;
+    const char *ip;             /* from route_client_ip */
+    size_t iplen;
+    const char *path;           /* normalised */
+    size_t pathlen;
+};
+
+/* Write the Redis key of limit l of route r for this request into
+ * out[ROUTE_MAX_KEY]. Returns its length, 0 when a key source is absent from
+ * the request (the limit does not count it), or -1 when it would not fit. */
+long route_key(const struct conf *c, const struct conf_route *r,
+               const struct conf_limit *l, const struct route_req *req,
+               char *out);
+
+#endif

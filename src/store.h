@@ -1,0 +1,60 @@
+/* sluice - store.h: rate-limit decisions in Redis, the only user of hiredis.
+ *
+ * One store is one asynchronous Redis connection on one event base (one per
+ * worker). Every decision is one EVALSHA of scripts/limit.lua carrying all
+ * limits of a route: the script reads Redis TIME, decides every limit, and
+ * consumes from all of them only when all allow. Calls from concurrent
+ * requests are pipelined on the connection. The store reconnects by itself
+ * with backoff, reloads the script on NOSCRIPT, and times each call out after
+ * redis.timeout. */
+#ifndef SLUICE_STORE_H
+#define SLUICE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "conf.h"
+#include "limiter.h"
+
+#define STORE_MAX_LIMITS 16
+
+struct event_base;
+struct store;
+struct store_call;
+
+/* One limit of a decision. key and params must stay valid until
+ * store_decide() returns (the store copies what it sends). */
+struct store_limit {
+    const char *key;
+    size_t keylen;
+    const struct limiter_params *params;
+    int64_t cost;               /* units this request consumes, >= 1 */
+};
+
+enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT };
+
+struct store_result {
+    enum store_status status;
+    int allowed;                /* STORE_OK: every limit allowed */
+    int n;
+    struct limiter_result r[STORE_MAX_LIMITS];  /* in the order given */
+};
+
+/* Called exactly once per call not cancelled, never from inside
+ * store_decide(). res is valid only during the call. */
+typedef void store_cb(void *arg, const struct store_result *res);
+
+/* Connects in the background; never blocks. rc is copied. */
+struct store *store_create(struct event_base *base, const struct conf_redis *rc);
+void store_destroy(struct store *s);   /* pending callbacks are not called */
+
+/* Decide limits[0..n) (1 <= n <= STORE_MAX_LIMITS). Returns NULL when the
+ * store is not connected: the caller applies on_error at once. */
+struct store_call *store_decide(struct store *s, const struct store_limit *limits,
+                                int n, store_cb *cb, void *arg);
+
+/* The caller no longer wants the answer (its client went away). */
+void store_cancel(struct store_call *call);
+
+int store_connected(const struct store *s);
+
+#endif

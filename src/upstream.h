@@ -1,0 +1,49 @@
+/* sluice - upstream.h: connections to the servers of one upstream.
+ *
+ * One pool per upstream per worker (never shared between threads). A pool
+ * hands out a connection, idle or freshly connecting, round robin over the
+ * servers, and takes it back when the exchange left it clean. While a
+ * connection is handed out its bufferevent callbacks belong to the borrower;
+ * while idle the pool watches it and frees it if the server closes it.
+ * The response parser lives here, not in the client, because there are far
+ * fewer upstream connections than idle clients. */
+#ifndef SLUICE_UPSTREAM_H
+#define SLUICE_UPSTREAM_H
+
+#include "conf.h"
+#include "http1.h"
+
+struct event_base;
+struct bufferevent;
+struct upstream_pool;
+
+struct upstream_conn {
+    struct upstream_pool *pool;
+    struct bufferevent *bev;
+    struct upstream_conn *next;     /* idle list */
+    int server;                     /* index into the upstream's servers */
+    int reused;                     /* came from the idle list */
+    struct http1 *parser;           /* response framing */
+    struct http1_head head;         /* the response being read */
+};
+
+struct upstream_pool *upstream_pool_create(struct event_base *base,
+                                           const struct conf_upstream *cu);
+/* Frees idle connections; connections handed out must be returned first. */
+void upstream_pool_destroy(struct upstream_pool *p);
+
+/* An idle connection, or a new one whose connect is under way (fresh: never
+ * an idle one). The borrower sets the callbacks. NULL when no socket could be
+ * made. */
+struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh);
+
+/* Give a connection back after a clean exchange: kept idle if the pool has
+ * room, closed otherwise. */
+void upstream_release(struct upstream_conn *uc);
+
+/* Close a connection that cannot be reused. */
+void upstream_close(struct upstream_conn *uc);
+
+const struct conf_upstream *upstream_conf(const struct upstream_pool *p);
+
+#endif

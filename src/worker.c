@@ -1,0 +1,159 @@
+/* sluice - worker.c: a thread with its own event base, listener, Redis
+ * connection and upstream pools.
+ *
+ * Each worker binds its own listening socket with SO_REUSEPORT, so the
+ * kernel balances new connections across threads without a shared accept
+ * lock, and a worker's requests never touch another worker's state. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/thread.h>
+
+#include "log.h"
+#include "mem.h"
+#include "proxy.h"
+#include "upstream.h"
+#include "worker.h"
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
+                      struct sockaddr *sa, int salen, void *arg)
+{
+    proxy_accept(arg, fd, sa, salen);
+}
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    evconnlistener_enable(arg);
+}
+
+/* Out of file descriptors, say: log it and pause accepting briefly rather
+ * than spinning on a listener that stays readable. */
+static void accept_error_cb(struct evconnlistener *l, void *arg)
+{
+    struct worker *w = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    log_warn("worker %d: accept failed: %s; pausing accepts for 100 ms", w->id,
+             evutil_socket_error_to_string(err));
+    evconnlistener_disable(l);
+    struct timeval tv = { 0, 100000 };
+    event_base_once(w->base, -1, EV_TIMEOUT, accept_resume_cb, l, &tv);
+}
+
+static int listen_socket(const struct conf_addr *a)
+{
+    int fd = socket(a->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    if (a->ss.ss_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (bind(fd, (const struct sockaddr *)&a->ss, a->sslen) < 0 || listen(fd, 4096) < 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+static void stop_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct worker *w = arg;
+    if (w->listener)
+        evconnlistener_disable(w->listener);
+    event_base_loopexit(w->base, NULL);
+}
+
+struct worker *worker_create(int id, struct conf *conf)
+{
+    struct worker *w = mem_calloc(1, sizeof(*w));
+    const char *step = "event base";
+    w->id = id;
+    w->conf = conf;
+    conf_retain(conf);
+    w->base = event_base_new();
+    if (w->base == NULL)
+        goto fail;
+
+    step = "listen";
+    int fd = listen_socket(&conf->listen);
+    if (fd < 0)
+        goto fail;
+    w->listener = evconnlistener_new(w->base, accept_cb, w,
+                                     LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+    if (w->listener == NULL) {
+        close(fd);
+        goto fail;
+    }
+    evconnlistener_set_error_cb(w->listener, accept_error_cb);
+
+    w->stop_ev = event_new(w->base, -1, 0, stop_cb, w);
+    w->store = store_create(w->base, &conf->redis);
+    w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
+    for (int i = 0; i < conf->nupstreams; i++)
+        w->pools[i] = upstream_pool_create(w->base, &conf->upstreams[i]);
+    w->path_buf = mem_alloc(conf->client.max_header_bytes + 1);
+    return w;
+
+fail:
+    log_error("worker %d: %s failed on '%s': %s", id, step, conf->listen.text, strerror(errno));
+    worker_destroy(w);
+    return NULL;
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    event_base_dispatch(w->base);
+    proxy_close_all(w);
+    return NULL;
+}
+
+int worker_start(struct worker *w)
+{
+    return pthread_create(&w->thread, NULL, worker_main, w);
+}
+
+void worker_stop(struct worker *w)
+{
+    event_active(w->stop_ev, EV_TIMEOUT, 0);
+}
+
+void worker_join(struct worker *w)
+{
+    pthread_join(w->thread, NULL);
+}
+
+struct upstream_pool *worker_pool(struct worker *w, const struct conf_upstream *cu)
+{
+    return w->pools[cu - w->conf->upstreams];
+}
+
+void worker_destroy(struct worker *w)
+{
+    if (w == NULL)
+        return;
+    proxy_close_all(w);
+    if (w->pools)
+        for (int i = 0; i < w->conf->nupstreams; i++)
+            upstream_pool_destroy(w->pools[i]);
+    free(w->pools);
+    if (w->store)
+        store_destroy(w->store);
+    if (w->listener)
+        evconnlistener_free(w->listener);
+    if (w->stop_ev)
+        event_free(w->stop_ev);
+    if (w->base)
+        event_base_free(w->base);
+    free(w->path_buf);
+    conf_release(w->conf);
+    free(w);
+}

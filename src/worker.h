@@ -1,0 +1,48 @@
+/* sluice - worker.h: one thread serving clients on its own event base.
+ *
+ * A worker owns everything on its request path: its listener (its own
+ * SO_REUSEPORT socket, so the kernel spreads connections), its Redis
+ * connection, its upstream pools and its scratch buffers. Nothing but the
+ * read-only config is shared with other workers. The main thread creates
+ * workers, and asks them to stop from outside their thread. */
+#ifndef SLUICE_WORKER_H
+#define SLUICE_WORKER_H
+
+#include <pthread.h>
+#include "conf.h"
+#include "route.h"
+#include "store.h"
+
+struct event_base;
+struct event;
+struct evconnlistener;
+struct upstream_pool;
+struct client;
+
+struct worker {
+    int id;
+    pthread_t thread;
+    struct event_base *base;
+    struct evconnlistener *listener;
+    struct event *stop_ev;
+    struct store *store;
+    struct conf *conf;              /* current config; clients retain it */
+    struct upstream_pool **pools;   /* one per conf->upstreams[i] */
+    int nclients;
+    struct client *clients;         /* all open client connections */
+    char *path_buf;                 /* normalised path, max_header_bytes */
+    char keys[STORE_MAX_LIMITS][ROUTE_MAX_KEY];
+};
+
+/* Create a worker listening on conf->listen (SO_REUSEPORT). Returns NULL and
+ * logs when the socket cannot be bound. */
+struct worker *worker_create(int id, struct conf *conf);
+int worker_start(struct worker *w);
+/* Thread-safe: stop accepting and leave the loop. */
+void worker_stop(struct worker *w);
+void worker_join(struct worker *w);
+void worker_destroy(struct worker *w);
+
+struct upstream_pool *worker_pool(struct worker *w, const struct conf_upstream *cu);
+
+#endif
