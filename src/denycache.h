@@ -1,0 +1,29 @@
+/* sluice - denycache.h: keys Redis has just denied, remembered per worker.
+ *
+ * When Redis denies a limit's key with a retry-after, nothing can give that
+ * key quota back before then, so the worker may deny it by itself until
+ * that moment without asking Redis: a flood from one client then costs one
+ * Redis call. Bounded: the least recently used entry goes first. One cache
+ * per worker, used from its thread only; keys are copied in. */
+#ifndef SLUICE_DENYCACHE_H
+#define SLUICE_DENYCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct denycache;
+
+/* max_keys 0 disables the cache (every lookup misses). */
+struct denycache *denycache_create(size_t max_keys);
+void denycache_destroy(struct denycache *dc);
+
+/* Remember that key is denied until until_ms (a monotonic clock). */
+void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t until_ms);
+
+/* The time key stays denied after now_ms, or 0 when it is not (expired
+ * entries are dropped on the way). */
+int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms);
+
+size_t denycache_size(const struct denycache *dc);
+
+#endif

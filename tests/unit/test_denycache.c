@@ -1,0 +1,74 @@
+/* sluice - test_denycache.c: the per-worker deny cache. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "denycache.h"
+
+static void test_put_get_expire(void **state)
+{
+    struct denycache *dc = denycache_create(10);
+    assert_int_equal(denycache_get(dc, "a", 1, 0), 0);
+    denycache_put(dc, "a", 1, 1000);
+    assert_int_equal(denycache_get(dc, "a", 1, 400), 600);
+    assert_int_equal(denycache_get(dc, "b", 1, 400), 0);
+    /* A prefix of a key is another key. */
+    denycache_put(dc, "ab", 2, 5000);
+    assert_int_equal(denycache_get(dc, "a", 1, 400), 600);
+    assert_int_equal(denycache_get(dc, "a", 1, 1000), 0);     /* expired, dropped */
+    assert_int_equal(denycache_size(dc), 1);
+    denycache_destroy(dc);
+}
+
+static void test_later_deadline_wins(void **state)
+{
+    struct denycache *dc = denycache_create(10);
+    denycache_put(dc, "k", 1, 1000);
+    denycache_put(dc, "k", 1, 500);     /* never shortens */
+    assert_int_equal(denycache_get(dc, "k", 1, 0), 1000);
+    denycache_put(dc, "k", 1, 2000);
+    assert_int_equal(denycache_get(dc, "k", 1, 0), 2000);
+    assert_int_equal(denycache_size(dc), 1);
+    denycache_destroy(dc);
+}
+
+static void test_lru_bound(void **state)
+{
+    struct denycache *dc = denycache_create(100);
+    char key[32];
+    for (int i = 0; i < 1000; i++) {
+        int n = snprintf(key, sizeof(key), "key-%d", i);
+        denycache_put(dc, key, (size_t)n, 10000);
+        if (i == 50)    /* touch key-0 so it stays recent */
+            assert_true(denycache_get(dc, "key-0", 5, 0) > 0);
+    }
+    assert_int_equal(denycache_size(dc), 100);
+    assert_int_equal(denycache_get(dc, "key-999", 7, 0), 10000);
+    assert_int_equal(denycache_get(dc, "key-1", 5, 0), 0);    /* evicted */
+    assert_int_equal(denycache_get(dc, "key-899", 7, 0), 0);  /* evicted */
+    assert_int_equal(denycache_get(dc, "key-900", 7, 0), 10000);
+    denycache_destroy(dc);
+}
+
+static void test_disabled(void **state)
+{
+    struct denycache *dc = denycache_create(0);
+    denycache_put(dc, "k", 1, 1000);
+    assert_int_equal(denycache_get(dc, "k", 1, 0), 0);
+    denycache_destroy(dc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_put_get_expire),
+        cmocka_unit_test(test_later_deadline_wins),
+        cmocka_unit_test(test_lru_bound),
+        cmocka_unit_test(test_disabled),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
