@@ -24,10 +24,12 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "denycache.h"
 #include "http1.h"
 #include "log.h"
 #include "mem.h"
@@ -82,6 +84,7 @@ struct client {
     int have_limits;
     struct upstream_conn *up;
     int retried;
+    int head_request;                   /* method HEAD: response has no body */
     int req_done;                       /* request body fully read */
     int resp_started;                   /* response head sent to client */
     int resp_done;
@@ -175,6 +178,16 @@ static void client_close_after_write(struct client *c)
 static const char *hb(const struct client *c, struct http1_span s)
 {
     return c->hbuf + s.off;
+}
+
+/* Reading more input may move bytes already in the buffer (libevent
+ * realigns chains), so the head's address is taken again after every
+ * wait before its spans are read. */
+static void refresh_head(struct client *c)
+{
+    if (c->head_in_input)
+        c->hbuf = (const char *)evbuffer_pullup(bufferevent_get_input(c->bev),
+                                                (ssize_t)c->head.len);
 }
 
 static void drain_head(struct client *c)
@@ -379,6 +392,7 @@ static void parse_head(struct client *c)
     c->state = CS_DECIDE;
 
     const struct http1_head *h = &c->head;
+    c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     long plen = route_normalize(hb(c, h->target), h->target.len, w->path_buf);
     if (plen < 0) {
         answer_local(c, 400, 1);
@@ -415,39 +429,25 @@ static void apply_on_error(struct client *c)
     }
 }
 
-static void decide_cb(void *arg, const struct store_result *res)
+static int64_t now_ms(void)
 {
-    struct client *c = arg;
-    client_enter(c);
-    c->call = NULL;
-    if (res->status != STORE_OK) {
-        apply_on_error(c);
-    } else {
-        memcpy(c->rl.r, res->r, sizeof(res->r[0]) * (size_t)res->n);
-        reply_pick(&c->rl, res->allowed);
-        c->have_limits = 1;
-        if (res->allowed)
-            forward(c);
-        else
-            answer_local(c, 429, 0);
-    }
-    if (!c->dead)
-        client_process(c);
-    client_leave(c);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void decide(struct client *c, size_t pathlen)
+/* Build the keys of the route's limits for this request into the worker's
+ * scratch, filling sl[] and c->rl.limit[]; returns how many count it. The
+ * normalised path must be in w->path_buf. */
+static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
 {
     struct worker *w = c->w;
     const struct conf_route *r = c->route;
-    struct store_limit sl[STORE_MAX_LIMITS];
     char ip[ROUTE_IP_MAX];
     size_t iplen = route_client_ip(c->conf, (const struct sockaddr *)&c->peer,
                                    c->hbuf, &c->head, ip);
     struct route_req req = { c->hbuf, &c->head, ip, iplen, w->path_buf, pathlen };
     int n = 0;
-
-    c->rl.route = r;
     for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
         long klen = route_key(c->conf, r, &r->limits[i], &req, w->keys[n]);
         if (klen <= 0)      /* a key source is absent: not counted */
@@ -456,12 +456,83 @@ static void decide(struct client *c, size_t pathlen)
         c->rl.limit[n] = &r->limits[i];
         n++;
     }
+    return n;
+}
+
+/* Redis denied: remember each denying key until its retry time. The keys
+ * are built again (the scratch has served other requests since); this is
+ * the rare path, as later requests for the key stop at the cache. */
+static void remember_denials(struct client *c, const struct store_result *res)
+{
+    struct worker *w = c->w;
+    struct store_limit sl[STORE_MAX_LIMITS];
+    long plen = route_normalize(hb(c, c->head.target), c->head.target.len, w->path_buf);
+    if (plen < 0 || build_keys(c, (size_t)plen, sl) != res->n)
+        return;
+    int64_t now = now_ms();
+    for (int i = 0; i < res->n; i++)
+        if (!res->r[i].allowed && res->r[i].retry_ms > 0)
+            denycache_put(w->deny, sl[i].key, sl[i].keylen, now + res->r[i].retry_ms);
+}
+
+static void decide_cb(void *arg, const struct store_result *res)
+{
+    struct client *c = arg;
+    client_enter(c);
+    c->call = NULL;
+    refresh_head(c);
+    if (res->status != STORE_OK) {
+        apply_on_error(c);
+    } else {
+        memcpy(c->rl.r, res->r, sizeof(res->r[0]) * (size_t)res->n);
+        reply_pick(&c->rl, res->allowed);
+        c->have_limits = 1;
+        if (res->allowed) {
+            forward(c);
+        } else {
+            remember_denials(c, res);
+            answer_local(c, 429, 0);
+        }
+    }
+    if (!c->dead)
+        client_process(c);
+    client_leave(c);
+}
+
+/* A key in the deny cache decides the request without Redis. */
+static int denied_by_cache(struct client *c, const struct store_limit *sl, int n)
+{
+    struct worker *w = c->w;
+    int64_t now = now_ms(), denied = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t left = denycache_get(w->deny, sl[i].key, sl[i].keylen, now);
+        struct limiter_result *r = &c->rl.r[i];
+        r->limit = sl[i].params->limit;
+        r->allowed = left == 0;
+        r->remaining = left ? 0 : r->limit;
+        r->reset_ms = r->retry_ms = left;
+        denied |= left;
+    }
+    return denied != 0;
+}
+
+static void decide(struct client *c, size_t pathlen)
+{
+    struct store_limit sl[STORE_MAX_LIMITS];
+    c->rl.route = c->route;
+    int n = build_keys(c, pathlen, sl);
     c->rl.n = n;
     if (n == 0) {
         forward(c);
         return;
     }
-    c->call = store_decide(w->store, sl, n, decide_cb, c);
+    if (denied_by_cache(c, sl, n)) {
+        reply_pick(&c->rl, 0);
+        c->have_limits = 1;
+        answer_local(c, 429, 0);
+        return;
+    }
+    c->call = store_decide(c->w->store, sl, n, decide_cb, c);
     if (c->call == NULL)
         apply_on_error(c);
 }
@@ -670,8 +741,8 @@ static int read_response_head(struct client *c)
             return 0;
         size_t n = len > PROXY_RESP_HEAD_MAX + 1 ? PROXY_RESP_HEAD_MAX + 1 : len;
         const char *data = (const char *)evbuffer_pullup(ui, (ssize_t)n);
-        int head_req = c->head.method.len == 4 && memcmp(hb(c, c->head.method), "HEAD", 4) == 0;
-        int rc = http1_head_parse(uc->parser, data, n, PROXY_RESP_HEAD_MAX, head_req, &uc->head);
+        int rc = http1_head_parse(uc->parser, data, n, PROXY_RESP_HEAD_MAX,
+                                  c->head_request, &uc->head);
         if (rc == 1)
             return 0;
         if (rc != 0) {
@@ -802,6 +873,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         c->up = NULL;
         c->retried = 1;
         if (pool_connect(c, 1) == 0) {
+            refresh_head(c);
             write_request_head(c, bufferevent_get_output(c->up->bev));
             goto out;
         }

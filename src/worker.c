@@ -14,11 +14,15 @@
 #include <event2/listener.h>
 #include <event2/thread.h>
 
+#include "denycache.h"
 #include "log.h"
 #include "mem.h"
 #include "proxy.h"
 #include "upstream.h"
 #include "worker.h"
+
+/* Until the config grows deny_cache.max_keys. */
+#define WORKER_DENY_CACHE_KEYS 100000
 
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
                       struct sockaddr *sa, int salen, void *arg)
@@ -96,6 +100,7 @@ struct worker *worker_create(int id, struct conf *conf)
 
     w->stop_ev = event_new(w->base, -1, 0, stop_cb, w);
     w->store = store_create(w->base, &conf->redis);
+    w->deny = denycache_create(WORKER_DENY_CACHE_KEYS);
     w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
     for (int i = 0; i < conf->nupstreams; i++)
         w->pools[i] = upstream_pool_create(w->base, &conf->upstreams[i]);
@@ -147,6 +152,7 @@ void worker_destroy(struct worker *w)
     free(w->pools);
     if (w->store)
         store_destroy(w->store);
+    denycache_destroy(w->deny);
     if (w->listener)
         evconnlistener_free(w->listener);
     if (w->stop_ev)

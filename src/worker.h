@@ -18,6 +18,7 @@ struct event;
 struct evconnlistener;
 struct upstream_pool;
 struct client;
+struct denycache;
 
 struct worker {
     int id;
@@ -26,6 +27,7 @@ struct worker {
     struct evconnlistener *listener;
     struct event *stop_ev;
     struct store *store;
+    struct denycache *deny;         /* keys Redis denied, until when */
     struct conf *conf;              /* current config; clients retain it */
     struct upstream_pool **pools;   /* one per conf->upstreams[i] */
     int nclients;

@@ -1,0 +1,692 @@
+/* sluice - route.c: path normalisation, route matching, client address and
+ * rate-limit keys.
+ *
+ * Everything here reads hostile bytes (request target, Host, X-Forwarded-For,
+ * headers, query, cookies) through spans into the head buffer and never
+ * beyond them. Pure functions: no I/O, no allocation, no global state, so
+ * every worker thread may call them at once. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "route.h"
+#include "sha1.h"
+
+/* ---- small byte helpers ---- */
+
+static int route_hexval(unsigned char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+static unsigned char route_lower(unsigned char ch)
+{
+    return (ch >= 'A' && ch <= 'Z') ? (unsigned char)(ch + 32) : ch;
+}
+
+/* ASCII case-insensitive equality of two byte runs (locale-independent). */
+static int route_caseeq(const char *a, size_t alen, const char *b, size_t blen)
+{
+    if (alen != blen)
+        return 0;
+    for (size_t i = 0; i < alen; i++)
+        if (route_lower((unsigned char)a[i]) != route_lower((unsigned char)b[i]))
+            return 0;
+    return 1;
+}
+
+static int route_is_ows(char ch)
+{
+    return ch == ' ' || ch == '\t';
+}
+
+static void route_trim(const char **p, size_t *n)
+{
+    while (*n > 0 && route_is_ows((*p)[0])) {
+        (*p)++;
+        (*n)--;
+    }
+    while (*n > 0 && route_is_ows((*p)[*n - 1]))
+        (*n)--;
+}
+
+/* Header i's name equals name (case-insensitive). */
+static int route_header_is(const char *buf, const struct http1_head *h, int i,
+                           const char *name, size_t namelen)
+{
+    const struct http1_span *s = &h->h[i].name;
+    return route_caseeq(buf + s->off, s->len, name, namelen);
+}
+
+/* Header i's value without surrounding OWS. An offset of UINT32_MAX is
+ * http1.c's mark for "no value seen"; such a head is refused there, but an
+ * empty value here costs nothing and no pointer goes past the buffer. */
+static void route_header_value(const char *buf, const struct http1_head *h, int i,
+                               const char **v, size_t *vlen)
+{
+    if (h->h[i].value.off == UINT32_MAX) {
+        *v = buf;
+        *vlen = 0;
+        return;
+    }
+    *v = buf + h->h[i].value.off;
+    *vlen = h->h[i].value.len;
+    route_trim(v, vlen);
+}
+
+/* ---- normalisation ---- */
+
+/* Decode every %XX of the path into out (never longer than the input).
+ * A '%' without two hex digits, or a decoded NUL, is a 400. */
+static long route_decode_path(const char *in, size_t len, char *out)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)in[i];
+        if (ch == '%') {
+            if (i + 2 >= len)
+                return -1;
+            int hi = route_hexval((unsigned char)in[i + 1]);
+            int lo = route_hexval((unsigned char)in[i + 2]);
+            if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+                return -1;
+            ch = (unsigned char)(hi << 4 | lo);
+            i += 2;
+        }
+        out[w++] = (char)ch;
+    }
+    return (long)w;
+}
+
+/* Resolve "." and ".." segments and merge repeated '/' in place. p[0] is '/'.
+ * The write index never passes the read index (each written '/' replaces at
+ * least one skipped '/'), so one buffer suffices. A "." or ".." as the last
+ * segment leaves a trailing '/', as RFC 3986 section 5.2.4 does. */
+static long route_dot_segments(char *p, size_t n)
+{
+    size_t r = 0, w = 0;
+    int trailing = 0;
+
+    while (r < n) {
+        while (r < n && p[r] == '/')
+            r++;
+        if (r == n) {
+            trailing = 1;
+            break;
+        }
+        size_t s = r;
+        while (r < n && p[r] != '/')
+            r++;
+        size_t seglen = r - s;
+        trailing = 0;
+        if (seglen == 1 && p[s] == '.') {
+            trailing = (r == n);
+            continue;
+        }
+        if (seglen == 2 && p[s] == '.' && p[s + 1] == '.') {
+            if (w == 0)
+                return -1;              /* climbing above the root */
+            while (p[w - 1] != '/')
+                w--;
+            w--;
+            trailing = (r == n);
+            continue;
+        }
+        p[w++] = '/';
+        memmove(p + w, p + s, seglen);
+        w += seglen;
+    }
+    if (w == 0 || trailing)
+        p[w++] = '/';
+    return (long)w;
+}
+
+long route_normalize(const char *target, size_t len, char *out)
+{
+    if (len == 0 || target[0] != '/')
+        return -1;                      /* absolute-, authority-, asterisk-form */
+
+    size_t pathlen = len;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)target[i];
+        if (ch == '#' || ch < 0x20 || ch == 0x7f)
+            return -1;
+        if (ch == '?' && pathlen == len)
+            pathlen = i;
+    }
+    long n = route_decode_path(target, pathlen, out);
+    if (n < 0)
+        return -1;
+    return route_dot_segments(out, (size_t)n);
+}
+
+/* ---- matching ---- */
+
+/* Host without port and without IPv6 brackets: "[::1]:8080" -> "::1",
+ * "Example.com:80" -> "Example.com". A value with several ':' and no
+ * brackets is left whole (it cannot carry a port). */
+static void route_host_bare(const char **h, size_t *n)
+{
+    route_trim(h, n);
+    if (*n > 0 && (*h)[0] == '[') {
+        const char *end = memchr(*h, ']', *n);
+        if (end != NULL) {
+            *n = (size_t)(end - *h) - 1;
+            (*h)++;
+        }
+        return;
+    }
+    const char *colon = memchr(*h, ':', *n);
+    if (colon != NULL) {
+        size_t rest = *n - (size_t)(colon + 1 - *h);
+        if (memchr(colon + 1, ':', rest) == NULL)
+            *n = (size_t)(colon - *h);
+    }
+}
+
+/* Prefix on a segment boundary: "/api" meets "/api", "/api/", "/api/x",
+ * never "/apix". The route "/" meets every normalised path. */
+static int route_path_meets(const struct conf_route *r, const char *path, size_t pathlen)
+{
+    size_t rl = r->pathlen;
+    if (rl == 0 || (rl == 1 && r->path[0] == '/'))
+        return 1;
+    if (pathlen < rl || memcmp(path, r->path, rl) != 0)
+        return 0;
+    return pathlen == rl || path[rl] == '/' || r->path[rl - 1] == '/';
+}
+
+static int route_method_meets(const struct conf_route *r, const char *method, size_t methodlen)
+{
+    if (r->methods == NULL || r->nmethods == 0)
+        return 1;
+    for (int i = 0; i < r->nmethods; i++) {
+        size_t ml = strlen(r->methods[i]);
+        if (ml == methodlen && memcmp(r->methods[i], method, ml) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static int route_host_meets(const struct conf_route *r, const char *host, size_t hostlen)
+{
+    if (r->host == NULL)
+        return 1;
+    if (host == NULL)
+        return 0;
+    const char *want = r->host;
+    size_t wantlen = strlen(want);
+    route_host_bare(&want, &wantlen);
+    route_host_bare(&host, &hostlen);
+    return route_caseeq(want, wantlen, host, hostlen);
+}
+
+const struct conf_route *route_match(const struct conf *c,
+                                     const char *path, size_t pathlen,
+                                     const char *method, size_t methodlen,
+                                     const char *host, size_t hostlen)
+{
+    for (int i = 0; i < c->nroutes; i++) {
+        const struct conf_route *r = &c->routes[i];
+        if (route_path_meets(r, path, pathlen) &&
+            route_method_meets(r, method, methodlen) &&
+            route_host_meets(r, host, hostlen))
+            return r;
+    }
+    return NULL;
+}
+
+/* ---- client address ---- */
+
+/* An IPv4-mapped IPv6 address (::ffff:a.b.c.d) becomes AF_INET, so that it
+ * is written, matched against CIDRs and counted like the IPv4 it is. */
+static void route_fold_mapped(struct sockaddr_storage *ss)
+{
+    if (ss->ss_family != AF_INET6)
+        return;
+    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+    if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
+        return;
+    struct sockaddr_in s4;
+    memset(&s4, 0, sizeof s4);
+    s4.sin_family = AF_INET;
+    s4.sin_port = s6->sin6_port;
+    memcpy(&s4.sin_addr, &s6->sin6_addr.s6_addr[12], 4);
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, &s4, sizeof s4);
+}
+
+static int route_pton(int family, const char *text, struct sockaddr_storage *ss)
+{
+    memset(ss, 0, sizeof *ss);
+    if (family == AF_INET) {
+        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
+        s4->sin_family = AF_INET;
+        return inet_pton(AF_INET, text, &s4->sin_addr) == 1 ? 0 : -1;
+    }
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
+    s6->sin6_family = AF_INET6;
+    if (inet_pton(AF_INET6, text, &s6->sin6_addr) != 1)
+        return -1;
+    route_fold_mapped(ss);
+    return 0;
+}
+
+static int route_is_port(const char *p, size_t n)
+{
+    if (n == 0 || n > 5)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+    return 1;
+}
+
+/* Parse one X-Forwarded-For entry: "1.2.3.4", "1.2.3.4:5678", "2001:db8::1",
+ * "[2001:db8::1]" or "[2001:db8::1]:443". 0 with *ss set, or -1. */
+static int route_parse_entry(const char *s, size_t n, struct sockaddr_storage *ss)
+{
+    char tmp[ROUTE_IP_MAX];
+    if (n == 0 || n >= sizeof tmp || memchr(s, '\0', n) != NULL)
+        return -1;                      /* a NUL would cut inet_pton's string */
+
+    if (s[0] == '[') {
+        const char *end = memchr(s, ']', n);
+        if (end == NULL)
+            return -1;
+        size_t hlen = (size_t)(end - s) - 1;
+        size_t rest = n - hlen - 2;
+        if (rest > 0 && (end[1] != ':' || !route_is_port(end + 2, rest - 1)))
+            return -1;
+        memcpy(tmp, s + 1, hlen);
+        tmp[hlen] = '\0';
+        return route_pton(AF_INET6, tmp, ss);
+    }
+    const char *colon = memchr(s, ':', n);
+    if (colon != NULL && memchr(colon + 1, ':', n - (size_t)(colon + 1 - s)) == NULL) {
+        size_t hlen = (size_t)(colon - s);
+        if (!route_is_port(colon + 1, n - hlen - 1))
+            return -1;
+        memcpy(tmp, s, hlen);
+        tmp[hlen] = '\0';
+        return route_pton(AF_INET, tmp, ss);
+    }
+    memcpy(tmp, s, n);
+    tmp[n] = '\0';
+    if (route_pton(AF_INET, tmp, ss) == 0)
+        return 0;
+    return route_pton(AF_INET6, tmp, ss);
+}
+
+static int route_trusted(const struct conf *c, const struct sockaddr_storage *ss)
+{
+    return c->ntrusted > 0 && conf_cidr_match(c->trusted, c->ntrusted, (const struct sockaddr *)ss);
+}
+
+/* Walk the X-Forwarded-For entries from the right (last header first, each
+ * list from its end). Every trusted entry becomes the candidate and the walk
+ * goes on; the first untrusted entry is the client. An entry that is not an
+ * address stops the walk and the candidate stands: the last trusted hop seen,
+ * the farthest proxy we can still vouch for, or the peer when there was none.
+ * We do not skip garbage, because what lies left of it was written by no one
+ * we trust. When every entry is trusted the left-most one is the client. */
+static void route_walk_xff(const struct conf *c, const char *buf, const struct http1_head *h,
+                           struct sockaddr_storage *client)
+{
+    for (int i = h->nheaders - 1; i >= 0; i--) {
+        if (!route_header_is(buf, h, i, "x-forwarded-for", 15))
+            continue;
+        const char *v;
+        size_t end;
+        route_header_value(buf, h, i, &v, &end);
+        for (;;) {
+            size_t start = end;
+            while (start > 0 && v[start - 1] != ',')
+                start--;
+            const char *e = v + start;
+            size_t elen = end - start;
+            route_trim(&e, &elen);
+            struct sockaddr_storage ss;
+            if (route_parse_entry(e, elen, &ss) < 0)
+                return;
+            *client = ss;
+            if (!route_trusted(c, &ss))
+                return;
+            if (start == 0)
+                break;
+            end = start - 1;            /* step over the ',' */
+        }
+    }
+}
+
+static size_t route_ntop(const struct sockaddr_storage *ss, char *out)
+{
+    const void *a = ss->ss_family == AF_INET
+        ? (const void *)&((const struct sockaddr_in *)ss)->sin_addr
+        : (const void *)&((const struct sockaddr_in6 *)ss)->sin6_addr;
+    if (inet_ntop(ss->ss_family, a, out, ROUTE_IP_MAX) == NULL) {
+        out[0] = '\0';
+        return 0;
+    }
+    return strlen(out);
+}
+
+size_t route_client_ip(const struct conf *c, const struct sockaddr *peer,
+                       const char *buf, const struct http1_head *h, char *out)
+{
+    struct sockaddr_storage client;
+    memset(&client, 0, sizeof client);
+    if (peer == NULL || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6)) {
+        out[0] = '\0';                  /* unix socket or unknown: no address */
+        return 0;
+    }
+    memcpy(&client, peer, peer->sa_family == AF_INET
+           ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6));
+    route_fold_mapped(&client);
+
+    if (buf != NULL && h != NULL && route_trusted(c, &client))
+        route_walk_xff(c, buf, h, &client);
+    return route_ntop(&client, out);
+}
+
+/* ---- keys ---- */
+
+/* The key being written: bytes past ROUTE_MAX_KEY - 1 set full, and the key
+ * is then refused whole, never truncated (a truncated key could merge two
+ * clients). One byte stays for the NUL. */
+struct route_out {
+    char *p;
+    size_t len;
+    int full;
+};
+
+static void route_put(struct route_out *o, const void *s, size_t n)
+{
+    if (o->full || n > ROUTE_MAX_KEY - 1 - o->len) {
+        o->full = 1;
+        return;
+    }
+    memcpy(o->p + o->len, s, n);
+    o->len += n;
+}
+
+static void route_puts(struct route_out *o, const char *s)
+{
+    if (s != NULL)
+        route_put(o, s, strlen(s));
+}
+
+/* Where a part's bytes go: measured, hashed, or written to the key. A part
+ * is produced by walking the request twice (measure, then write or hash)
+ * instead of copying it, so no part needs a buffer of its own. */
+struct route_sink {
+    int mode;                   /* ROUTE_SINK_* */
+    size_t len;                 /* measured bytes */
+    int first;                  /* first byte measured, -1 before any */
+    struct sha1_ctx sha;
+    struct route_out *out;
+};
+
+enum { ROUTE_SINK_MEASURE, ROUTE_SINK_HASH, ROUTE_SINK_WRITE };
+
+static void route_sink_put(struct route_sink *k, const char *p, size_t n)
+{
+    if (n == 0)
+        return;
+    if (k->mode == ROUTE_SINK_MEASURE) {
+        if (k->len == 0)
+            k->first = (unsigned char)p[0];
+        k->len += n;
+    } else if (k->mode == ROUTE_SINK_HASH) {
+        sha1_update(&k->sha, p, n);
+    } else {
+        route_put(k->out, p, n);
+    }
+}
+
+/* One part, located in the request but not yet copied. */
+enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_HEADERS, ROUTE_PART_QUERY };
+
+struct route_part {
+    enum route_part_kind kind;
+    const char *p;              /* SPAN: the bytes; QUERY: the raw value */
+    size_t n;
+    const char *name;           /* HEADERS: header name */
+    size_t namelen;
+};
+
+/* Next byte of a query component: '+' is a space, a valid %XX its octet, and
+ * a '%' without two hex digits stays a literal '%' (lenient, like most
+ * servers: the query is not ours to reject). */
+static unsigned char route_qnext(const char *s, size_t n, size_t *i)
+{
+    unsigned char ch = (unsigned char)s[*i];
+    (*i)++;
+    if (ch == '+')
+        return ' ';
+    if (ch == '%' && *i + 1 < n) {
+        int hi = route_hexval((unsigned char)s[*i]);
+        int lo = route_hexval((unsigned char)s[*i + 1]);
+        if (hi >= 0 && lo >= 0) {
+            *i += 2;
+            return (unsigned char)(hi << 4 | lo);
+        }
+    }
+    return ch;
+}
+
+static void route_part_emit(const struct route_part *pt, const struct route_req *req,
+                            struct route_sink *k)
+{
+    if (pt->kind == ROUTE_PART_SPAN) {
+        route_sink_put(k, pt->p, pt->n);
+    } else if (pt->kind == ROUTE_PART_QUERY) {
+        char chunk[64];
+        size_t used = 0, i = 0;
+        while (i < pt->n) {
+            chunk[used++] = (char)route_qnext(pt->p, pt->n, &i);
+            if (used == sizeof chunk) {
+                route_sink_put(k, chunk, used);
+                used = 0;
+            }
+        }
+        route_sink_put(k, chunk, used);
+    } else {
+        int seen = 0;
+        for (int i = 0; i < req->h->nheaders; i++) {
+            if (!route_header_is(req->buf, req->h, i, pt->name, pt->namelen))
+                continue;
+            const char *v;
+            size_t vlen;
+            route_header_value(req->buf, req->h, i, &v, &vlen);
+            if (seen++)
+                route_sink_put(k, ",", 1);
+            route_sink_put(k, v, vlen);
+        }
+    }
+}
+
+/* Append "<len>:<bytes>", or "41:#<sha1 hex>" for a part longer than
+ * ROUTE_MAX_PART. A short part that itself looks like "#<40 chars>" is hashed
+ * too, so "41:#..." always means a hash and no value can pose as another's
+ * digest: the encoding stays one-to-one. */
+static void route_put_part(struct route_out *o, const struct route_part *pt,
+                           const struct route_req *req)
+{
+    struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
+    route_part_emit(pt, req, &k);
+    char num[32];
+    if (k.len > ROUTE_MAX_PART || (k.len == 41 && k.first == '#')) {
+        uint8_t d[SHA1_DIGEST_BYTES];
+        char hex[SHA1_HEX_BYTES];
+        k.mode = ROUTE_SINK_HASH;
+        sha1_init(&k.sha);
+        route_part_emit(pt, req, &k);
+        sha1_final(&k.sha, d);
+        sha1_tohex(d, hex);
+        route_put(o, "41:#", 4);
+        route_put(o, hex, 40);
+        return;
+    }
+    int nl = snprintf(num, sizeof num, "%zu:", k.len);
+    route_put(o, num, (size_t)nl);
+    k.mode = ROUTE_SINK_WRITE;
+    k.out = o;
+    route_part_emit(pt, req, &k);
+}
+
+static int route_has_header(const struct route_req *req, const char *name, size_t namelen)
+{
+    for (int i = 0; i < req->h->nheaders; i++)
+        if (route_header_is(req->buf, req->h, i, name, namelen))
+            return 1;
+    return 0;
+}
+
+/* The query name equals want after decoding it. */
+static int route_qname_is(const char *s, size_t n, const char *want, size_t wantlen)
+{
+    size_t i = 0, k = 0;
+    while (i < n) {
+        if (k == wantlen || route_qnext(s, n, &i) != (unsigned char)want[k])
+            return 0;
+        k++;
+    }
+    return k == wantlen;
+}
+
+/* First parameter named name in the raw query of the target; its raw value
+ * (decoded later, while it is written) into *v. 1 when found. */
+static int route_find_query(const struct route_req *req, const char *name, size_t namelen,
+                            const char **v, size_t *vlen)
+{
+    const char *t = req->buf + req->h->target.off;
+    size_t tlen = req->h->target.len;
+    const char *q = memchr(t, '?', tlen);
+    if (q == NULL)
+        return 0;
+    q++;
+    size_t qlen = tlen - (size_t)(q - t);
+    const char *hash = memchr(q, '#', qlen);
+    if (hash != NULL)
+        qlen = (size_t)(hash - q);
+
+    for (;;) {
+        const char *amp = memchr(q, '&', qlen);
+        size_t plen = amp != NULL ? (size_t)(amp - q) : qlen;
+        const char *eq = memchr(q, '=', plen);
+        size_t nlen = eq != NULL ? (size_t)(eq - q) : plen;
+        if (plen > 0 && route_qname_is(q, nlen, name, namelen)) {
+            *v = eq != NULL ? eq + 1 : q + plen;
+            *vlen = eq != NULL ? plen - nlen - 1 : 0;
+            return 1;
+        }
+        if (amp == NULL)
+            break;
+        q = amp + 1;
+        qlen -= plen + 1;
+    }
+    return 0;
+}
+
+/* First cookie named name (exact, case-sensitive) in the Cookie header(s):
+ * "a=1; b=2". Its value with surrounding whitespace trimmed. 1 when found. */
+static int route_find_cookie(const struct route_req *req, const char *name, size_t namelen,
+                             const char **v, size_t *vlen)
+{
+    for (int i = 0; i < req->h->nheaders; i++) {
+        if (!route_header_is(req->buf, req->h, i, "cookie", 6))
+            continue;
+        const char *s;
+        size_t n;
+        route_header_value(req->buf, req->h, i, &s, &n);
+        while (n > 0) {
+            const char *semi = memchr(s, ';', n);
+            size_t plen = semi != NULL ? (size_t)(semi - s) : n;
+            const char *eq = memchr(s, '=', plen);
+            if (eq != NULL) {
+                const char *cn = s, *cv = eq + 1;
+                size_t cnlen = (size_t)(eq - s), cvlen = plen - cnlen - 1;
+                route_trim(&cn, &cnlen);
+                route_trim(&cv, &cvlen);
+                if (cnlen == namelen && memcmp(cn, name, namelen) == 0) {
+                    *v = cv;
+                    *vlen = cvlen;
+                    return 1;
+                }
+            }
+            if (semi == NULL)
+                break;
+            s = semi + 1;
+            n -= plen + 1;
+        }
+    }
+    return 0;
+}
+
+/* Locate key source ks in the request. 0 when it is absent. */
+static int route_locate(const struct conf_keysrc *ks, const struct route_req *req,
+                        struct route_part *pt)
+{
+    memset(pt, 0, sizeof *pt);
+    pt->kind = ROUTE_PART_SPAN;
+    switch (ks->kind) {
+    case CONF_KEY_IP:
+        pt->p = req->ip;
+        pt->n = req->iplen;
+        return req->ip != NULL;
+    case CONF_KEY_METHOD:
+        pt->p = req->buf + req->h->method.off;
+        pt->n = req->h->method.len;
+        return 1;
+    case CONF_KEY_PATH:
+        pt->p = req->path;
+        pt->n = req->pathlen;
+        return req->path != NULL;
+    case CONF_KEY_HEADER:
+        pt->kind = ROUTE_PART_HEADERS;
+        pt->name = ks->arg;
+        pt->namelen = ks->arglen;
+        return route_has_header(req, ks->arg, ks->arglen);
+    case CONF_KEY_QUERY:
+        pt->kind = ROUTE_PART_QUERY;
+        return route_find_query(req, ks->arg, ks->arglen, &pt->p, &pt->n);
+    case CONF_KEY_COOKIE:
+        return route_find_cookie(req, ks->arg, ks->arglen, &pt->p, &pt->n);
+    }
+    abort();                            /* conf.c only makes the kinds above */
+}
+
+/* Client bytes may hold '{' or '}': Redis Cluster then hashes a shorter
+ * tag, but it is still the same for every key derived from this one, and the
+ * length prefixes keep the key itself unambiguous. */
+long route_key(const struct conf *c, const struct conf_route *r,
+               const struct conf_limit *l, const struct route_req *req,
+               char *out)
+{
+    struct route_out o = { .p = out };
+    route_puts(&o, c->redis.prefix);
+    route_put(&o, "{", 1);
+    route_puts(&o, r->name);
+    route_put(&o, "|", 1);
+    route_puts(&o, l->name);
+    route_put(&o, "|", 1);
+    for (int i = 0; i < l->nkeys; i++) {
+        struct route_part pt;
+        if (!route_locate(&l->keys[i], req, &pt))
+            return 0;
+        route_put_part(&o, &pt, req);
+    }
+    route_put(&o, "}", 1);
+    if (o.full)
+        return -1;
+    out[o.len] = '\0';
+    return (long)o.len;
+}

@@ -1,0 +1,897 @@
+/* sluice - test_route.c: unit tests for route.c and sha1.c.
+ *
+ * Tables of path normalisation, route matching, client address and key
+ * cases, plus a bounded random sweep over normalisation. Request heads are
+ * built by a small line splitter below into exactly sized heap buffers, so
+ * ASan reports any read outside the spans. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/un.h>
+#include <cmocka.h>
+
+#include "route.h"
+#include "sha1.h"
+
+/* conf_cidr_match comes from the real src/conf.c, linked into this binary:
+ * the trusted-proxy cases below test both modules together. */
+
+/* ---- request heads built by hand ---- */
+
+struct head {
+    char *buf;                  /* exactly len bytes, no NUL */
+    size_t len;
+    struct http1_head h;
+};
+
+static struct http1_span span_of(const char *base, const char *p, size_t n)
+{
+    struct http1_span s = { (uint32_t)(p - base), (uint32_t)n };
+    return s;
+}
+
+/* "METHOD TARGET HTTP/1.1\r\nName: value\r\n...\r\n"; values kept with their
+ * OWS so route.c's trimming is exercised. */
+static void head_build_n(struct head *f, const char *text, size_t len)
+{
+    memset(f, 0, sizeof *f);
+    f->buf = malloc(len);
+    assert_non_null(f->buf);
+    memcpy(f->buf, text, len);
+    f->len = len;
+    f->h.host = -1;
+    const char *b = f->buf, *end = b + len;
+    const char *sp1 = memchr(b, ' ', len);
+    assert_non_null(sp1);
+    const char *sp2 = memchr(sp1 + 1, ' ', (size_t)(end - sp1 - 1));
+    assert_non_null(sp2);
+    f->h.method = span_of(b, b, (size_t)(sp1 - b));
+    f->h.target = span_of(b, sp1 + 1, (size_t)(sp2 - sp1 - 1));
+    const char *line = memchr(sp2, '\n', (size_t)(end - sp2));
+    assert_non_null(line);
+    line++;
+    while (line < end && *line != '\r') {
+        const char *eol = memchr(line, '\r', (size_t)(end - line));
+        assert_non_null(eol);
+        const char *colon = memchr(line, ':', (size_t)(eol - line));
+        assert_non_null(colon);
+        struct http1_header *hd = &f->h.h[f->h.nheaders];
+        hd->name = span_of(b, line, (size_t)(colon - line));
+        hd->value = span_of(b, colon + 1, (size_t)(eol - colon - 1));
+        if (colon - line == 4 && strncasecmp(line, "host", 4) == 0)
+            f->h.host = f->h.nheaders;
+        f->h.nheaders++;
+        line = eol + 2;
+    }
+    f->h.len = len;
+}
+
+static void head_build(struct head *f, const char *text)
+{
+    head_build_n(f, text, strlen(text));
+}
+
+static void head_free(struct head *f)
+{
+    free(f->buf);
+}
+
+/* ---- sha1 ---- */
+
+static void test_sha1_fips_vectors(void **state)
+{
+    char hex[SHA1_HEX_BYTES];
+    sha1_hex("abc", 3, hex);
+    assert_string_equal(hex, "a9993e364706816aba3e25717850c26c9cd0d89d");
+    sha1_hex("", 0, hex);
+    assert_string_equal(hex, "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+    const char *m448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    sha1_hex(m448, strlen(m448), hex);
+    assert_string_equal(hex, "84983e441c3bd26ebaae4aa1f95129e5e54670f1");
+    const char *m896 = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmn"
+                       "hijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu";
+    sha1_hex(m896, strlen(m896), hex);
+    assert_string_equal(hex, "a49b2446a02c645bf419f995b67091253a04a259");
+
+    char *million = malloc(1000000);
+    assert_non_null(million);
+    memset(million, 'a', 1000000);
+    sha1_hex(million, 1000000, hex);
+    assert_string_equal(hex, "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
+
+    /* the same million fed in uneven pieces through the incremental API */
+    struct sha1_ctx s;
+    uint8_t d[SHA1_DIGEST_BYTES];
+    sha1_init(&s);
+    for (size_t off = 0, step = 1; off < 1000000; off += step, step = step % 97 + 1)
+        sha1_update(&s, million + off, off + step > 1000000 ? 1000000 - off : step);
+    sha1_final(&s, d);
+    sha1_tohex(d, hex);
+    assert_string_equal(hex, "34aa973cd4c4daa4f61eeb2bdbad27316534016f");
+    free(million);
+}
+
+/* Lengths around the padding boundaries (55, 56, 64 bytes...), checked
+ * against Python's hashlib. */
+static void test_sha1_padding_boundaries(void **state)
+{
+    static const struct { size_t n; const char *hex; } cases[] = {
+        { 55, "c1c8bbdc22796e28c0e15163d20899b65621d65a" },
+        { 56, "c2db330f6083854c99d4b5bfb6e8f29f201be699" },
+        { 63, "03f09f5b158a7a8cdad920bddc29b81c18a551f5" },
+        { 64, "0098ba824b5c16427bd7a1122a5a442a25ec644d" },
+        { 65, "11655326c708d70319be2610e8a57d9a5b959d3b" },
+        { 119, "ee971065aaa017e0632a8ca6c77bb3bf8b1dfc56" },
+        { 120, "f34c1488385346a55709ba056ddd08280dd4c6d6" },
+    };
+    char buf[128], hex[SHA1_HEX_BYTES];
+    memset(buf, 'a', sizeof buf);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        sha1_hex(buf, cases[i].n, hex);
+        assert_string_equal(hex, cases[i].hex);
+    }
+}
+
+/* ---- normalisation ---- */
+
+struct norm_case {
+    const char *in;
+    size_t inlen;               /* 0: strlen(in) */
+    const char *out;            /* NULL: -1 expected */
+    size_t outlen;              /* 0: strlen(out) */
+};
+
+static const struct norm_case norm_cases[] = {
+    { "/api/login", 0, "/api/login", 0 },
+    { "/api/%6Cogin", 0, "/api/login", 0 },
+    { "/api/%6cogin", 0, "/api/login", 0 },
+    { "/api%2Flogin", 0, "/api/login", 0 },
+    { "/api%2flogin", 0, "/api/login", 0 },
+    { "/api/./login", 0, "/api/login", 0 },
+    { "//api//login", 0, "/api/login", 0 },
+    { "/api/x/../login", 0, "/api/login", 0 },
+    { "/../x", 0, NULL, 0 },
+    { "/..", 0, NULL, 0 },
+    { "/a/..", 0, "/", 0 },
+    { "/%00", 0, NULL, 0 },
+    { "/a%00b", 0, NULL, 0 },
+    { "/", 0, "/", 0 },
+    { "//", 0, "/", 0 },
+    { "/.", 0, "/", 0 },
+    { "/./", 0, "/", 0 },
+    { "", 0, NULL, 0 },
+    { "http://example.com/api", 0, NULL, 0 },
+    { "*", 0, NULL, 0 },
+    { "example.com:443", 0, NULL, 0 },
+    { "api/login", 0, NULL, 0 },
+    { "?x=1", 0, NULL, 0 },
+    { "/a/b?x=1", 0, "/a/b", 0 },
+    { "/?x", 0, "/", 0 },
+    { "/a?%00", 0, "/a", 0 },                   /* the query is not decoded */
+    { "/a?x=%zz", 0, "/a", 0 },
+    { "/a?x=../../..", 0, "/a", 0 },
+    { "/a#frag", 0, NULL, 0 },
+    { "/a?b#c", 0, NULL, 0 },
+    { "/a%2", 0, NULL, 0 },
+    { "/a%", 0, NULL, 0 },
+    { "/a%zz", 0, NULL, 0 },
+    { "/a%g0", 0, NULL, 0 },
+    { "/a%0g", 0, NULL, 0 },
+    { "/a%%41", 0, NULL, 0 },
+    { "/%2e%2e/x", 0, NULL, 0 },
+    { "/%2E%2E", 0, NULL, 0 },
+    { "/%2F%2E%2E%2F", 0, NULL, 0 },
+    { "/a/%2e%2e/b", 0, "/b", 0 },
+    { "/a/.%2e/b", 0, "/b", 0 },
+    { "/a/%2e%2E", 0, "/", 0 },
+    { "/a/%2E/b", 0, "/a/b", 0 },
+    { "/%252F", 0, "/%2F", 0 },                 /* decoded once, never twice */
+    { "/a%252e%252e/b", 0, "/a%2e%2e/b", 0 },
+    { "/a/%252e%252e/b", 0, "/a/%2e%2e/b", 0 },
+    { "/a%2f%2fb", 0, "/a/b", 0 },
+    { "/%41%42%43", 0, "/ABC", 0 },
+    { "/a%20b", 0, "/a b", 0 },
+    { "/a/", 0, "/a/", 0 },
+    { "/a//", 0, "/a/", 0 },
+    { "/a/.", 0, "/a/", 0 },
+    { "/a/b/..", 0, "/a/", 0 },
+    { "/a/b/../..", 0, "/", 0 },
+    { "/a/b/../../..", 0, NULL, 0 },
+    { "/a/../../b", 0, NULL, 0 },
+    { "/a/b/./../c/", 0, "/a/c/", 0 },
+    { "/...", 0, "/...", 0 },
+    { "/a/..b", 0, "/a/..b", 0 },
+    { "/a/b..", 0, "/a/b..", 0 },
+    { "/.a", 0, "/.a", 0 },
+    { "/a\x01", 0, NULL, 0 },
+    { "/a\x7f", 0, NULL, 0 },
+    { "/a\t", 0, NULL, 0 },
+    { "/a\r\n", 0, NULL, 0 },
+    { "/a?b\x01", 0, NULL, 0 },
+    { "/a\0b", 4, NULL, 0 },                    /* raw NUL in the target */
+    { "/%ff%FE", 0, "/\xff\xfe", 0 },
+    { "/a%0a", 0, "/a\n", 0 },                  /* only a decoded NUL is refused */
+    { "/\xc3\xa9t\xc3\xa9", 0, "/\xc3\xa9t\xc3\xa9", 0 },
+};
+
+static void test_normalize_table(void **state)
+{
+    size_t ncases = sizeof norm_cases / sizeof norm_cases[0];
+    assert_true(ncases >= 40);
+    for (size_t i = 0; i < ncases; i++) {
+        const struct norm_case *t = &norm_cases[i];
+        size_t len = t->inlen ? t->inlen : strlen(t->in);
+        /* exact-size copies: ASan catches any byte read or written past len */
+        char *in = malloc(len ? len : 1), *out = malloc(len ? len : 1);
+        assert_non_null(in);
+        assert_non_null(out);
+        memcpy(in, t->in, len);
+        long n = route_normalize(in, len, out);
+        if (t->out == NULL) {
+            if (n != -1)
+                fail_msg("case %zu '%s': expected -1, got %ld", i, t->in, n);
+        } else {
+            size_t want = t->outlen ? t->outlen : strlen(t->out);
+            if (n != (long)want || memcmp(out, t->out, want) != 0)
+                fail_msg("case %zu '%s': expected '%s', got %ld '%.*s'", i, t->in,
+                         t->out, n, n > 0 ? (int)n : 0, out);
+        }
+        free(in);
+        free(out);
+    }
+}
+
+/* A normalised path has no empty, "." or ".." segment, starts with '/',
+ * and contains no NUL. */
+static void check_normal_form(const char *p, long n)
+{
+    assert_true(n >= 1);
+    assert_int_equal(p[0], '/');
+    assert_null(memchr(p, '\0', (size_t)n));
+    for (long i = 0; i < n; i++) {
+        if (p[i] != '/')
+            continue;
+        long j = i + 1;
+        while (j < n && p[j] != '/')
+            j++;
+        long seg = j - i - 1;
+        if (j < n)
+            assert_true(seg > 0);       /* no "//" */
+        assert_false(seg == 1 && p[i + 1] == '.');
+        assert_false(seg == 2 && p[i + 1] == '.' && p[i + 2] == '.');
+    }
+}
+
+/* Bounded random sweep over an alphabet rich in '/', '.', '%' and hex: the
+ * result is -1 or in normal form, and never longer than the input. */
+static void test_normalize_random(void **state)
+{
+    static const char alpha[] = "/./%2e2E2f2F00aAzZ?#\x01\x7f";
+    uint32_t x = 12345;
+    long ok = 0, bad = 0;
+    for (int iter = 0; iter < 200000; iter++) {
+        char in[32], out[32];
+        x = x * 1103515245u + 12345u;
+        size_t len = 1 + (x >> 16) % sizeof in;
+        for (size_t i = 0; i < len; i++) {
+            x = x * 1103515245u + 12345u;
+            in[i] = alpha[(x >> 16) % (sizeof alpha - 1)];
+        }
+        if (iter % 2 == 0)
+            in[0] = '/';
+        long n = route_normalize(in, len, out);
+        if (n < 0) {
+            bad++;
+            continue;
+        }
+        ok++;
+        assert_true((size_t)n <= len);
+        check_normal_form(out, n);
+    }
+    /* both outcomes must have been seen, or the sweep proved nothing */
+    assert_true(ok > 1000);
+    assert_true(bad > 1000);
+}
+
+/* ---- matching ---- */
+
+static char *m_post[] = { "POST" };
+static char *m_getput[] = { "GET", "PUT" };
+
+static struct conf_route match_routes[] = {
+    { .name = "login", .path = "/api/login", .pathlen = 10,
+      .methods = m_post, .nmethods = 1, .host = "api.example.com" },
+    { .name = "first", .path = "/api/users", .pathlen = 10 },
+    { .name = "second", .path = "/api/users", .pathlen = 10 },  /* never reached */
+    { .name = "rw", .path = "/rw", .pathlen = 3, .methods = m_getput, .nmethods = 2 },
+    { .name = "v6", .path = "/v6", .pathlen = 3, .host = "::1" },
+    { .name = "v6b", .path = "/v6b", .pathlen = 4, .host = "[::1]" },
+    { .name = "api", .path = "/api", .pathlen = 4 },
+    { .name = "default", .path = "/", .pathlen = 1 },
+};
+
+static struct conf match_conf = {
+    .routes = match_routes, .nroutes = sizeof match_routes / sizeof match_routes[0],
+};
+
+struct match_case {
+    const char *path, *method, *host;   /* host NULL: no Host header */
+    const char *route;                  /* expected name, NULL: no route */
+};
+
+static const struct match_case match_cases[] = {
+    { "/api/login", "POST", "api.example.com", "login" },
+    { "/api/login", "POST", "API.Example.COM", "login" },
+    { "/api/login", "POST", "api.example.com:8080", "login" },
+    { "/api/login", "POST", " api.example.com:443 ", "login" },
+    { "/api/login/", "POST", "api.example.com", "login" },
+    { "/api/login/x", "POST", "api.example.com", "login" },
+    { "/api/loginx", "POST", "api.example.com", "api" },
+    { "/api/login", "GET", "api.example.com", "api" },
+    { "/api/login", "post", "api.example.com", "api" },         /* case-sensitive */
+    { "/api/login", "POSTX", "api.example.com", "api" },
+    { "/api/login", "POS", "api.example.com", "api" },
+    { "/api/login", "POST", "other.example.com", "api" },
+    { "/api/login", "POST", "api.example.com.evil", "api" },
+    { "/api/login", "POST", "xapi.example.com", "api" },
+    { "/api/login", "POST", NULL, "api" },
+    { "/api/users", "GET", NULL, "first" },
+    { "/api/users/7", "DELETE", NULL, "first" },
+    { "/api", "GET", NULL, "api" },
+    { "/api/", "GET", NULL, "api" },
+    { "/apix", "GET", NULL, "default" },
+    { "/ap", "GET", NULL, "default" },
+    { "/", "GET", NULL, "default" },
+    { "/rw", "GET", NULL, "rw" },
+    { "/rw", "PUT", NULL, "rw" },
+    { "/rw/x", "PUT", NULL, "rw" },
+    { "/rw", "POST", NULL, "default" },
+    { "/v6", "GET", "[::1]:8080", "v6" },
+    { "/v6", "GET", "[::1]", "v6" },
+    { "/v6", "GET", "[::2]:8080", "default" },
+    { "/v6", "GET", "localhost", "default" },
+    { "/v6b", "GET", "[::1]:80", "v6b" },
+    { "/v6b", "GET", "[::1", "default" },                       /* malformed */
+};
+
+static void test_match_table(void **state)
+{
+    for (size_t i = 0; i < sizeof match_cases / sizeof match_cases[0]; i++) {
+        const struct match_case *t = &match_cases[i];
+        const struct conf_route *r = route_match(&match_conf, t->path, strlen(t->path),
+                                                 t->method, strlen(t->method), t->host,
+                                                 t->host ? strlen(t->host) : 0);
+        const char *got = r ? r->name : "(none)";
+        if (strcmp(got, t->route ? t->route : "(none)") != 0)
+            fail_msg("case %zu %s %s host=%s: expected %s, got %s", i, t->method, t->path,
+                     t->host ? t->host : "-", t->route, got);
+    }
+}
+
+static void test_match_none_and_order(void **state)
+{
+    struct conf_route routes[] = {
+        { .name = "a", .path = "/a", .pathlen = 2 },
+        { .name = "ab", .path = "/a/b", .pathlen = 4 },     /* shadowed by "a" */
+    };
+    struct conf c = { .routes = routes, .nroutes = 2 };
+    assert_null(route_match(&c, "/b", 2, "GET", 3, NULL, 0));
+    assert_null(route_match(&c, "/", 1, "GET", 3, NULL, 0));
+    assert_null(route_match(&c, "/ab", 3, "GET", 3, NULL, 0));
+    assert_string_equal(route_match(&c, "/a/b", 4, "GET", 3, NULL, 0)->name, "a");
+    struct conf empty = { 0 };
+    assert_null(route_match(&empty, "/", 1, "GET", 3, NULL, 0));
+}
+
+/* The path handed to route_match is the normalised one: every trick meets
+ * the login rule. */
+static void test_match_after_normalize(void **state)
+{
+    static const char *tricks[] = {
+        "/api/login", "/api/%6Cogin", "/api%2Flogin", "/api/./login", "//api//login",
+        "/api/x/../login", "/api/%2e/login", "/x/%2e%2e/api/login?y=1",
+    };
+    for (size_t i = 0; i < sizeof tricks / sizeof tricks[0]; i++) {
+        char out[64];
+        long n = route_normalize(tricks[i], strlen(tricks[i]), out);
+        assert_true(n > 0);
+        const struct conf_route *r = route_match(&match_conf, out, (size_t)n, "POST", 4,
+                                                 "api.example.com", 15);
+        assert_non_null(r);
+        assert_string_equal(r->name, "login");
+    }
+}
+
+/* ---- client address ---- */
+
+static struct conf_cidr xff_trusted[] = {
+    { .family = AF_INET, .addr = { 10 }, .bits = 8 },
+    { .family = AF_INET, .addr = { 192, 168 }, .bits = 16 },
+    { .family = AF_INET6, .addr = { 0xfd }, .bits = 8 },
+};
+
+static struct conf xff_conf = { .trusted = xff_trusted, .ntrusted = 3 };
+
+static struct sockaddr_storage peer_of(const char *text)
+{
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, text, &s4->sin_addr) == 1) {
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons(40000);
+    } else {
+        assert_int_equal(inet_pton(AF_INET6, text, &s6->sin6_addr), 1);
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons(40000);
+    }
+    return ss;
+}
+
+struct xff_case {
+    const char *peer;
+    const char *headers;        /* header lines, each ending in \r\n */
+    const char *want;
+};
+
+static const struct xff_case xff_cases[] = {
+    /* untrusted peers: XFF ignored */
+    { "203.0.113.5", "", "203.0.113.5" },
+    { "203.0.113.5", "X-Forwarded-For: 1.2.3.4\r\n", "203.0.113.5" },
+    { "2001:db8::5", "X-Forwarded-For: 1.2.3.4\r\n", "2001:db8::5" },
+    { "::ffff:203.0.113.9", "X-Forwarded-For: 1.2.3.4\r\n", "203.0.113.9" },
+    /* trusted peer */
+    { "10.0.0.1", "", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4\r\n", "1.2.3.4" },
+    { "10.0.0.1", "x-FORWARDED-for:1.2.3.4\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: \t1.2.3.4 \t\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4, 10.0.0.2, 192.168.1.1\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: 5.5.5.5, 1.2.3.4, 10.0.0.2\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: 5.5.5.5,1.2.3.4,10.0.0.2\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: 5.5.5.5, 1.2.3.4\r\nX-Forwarded-For: 10.0.0.3\r\n",
+      "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: 1.1.1.1\r\nX-Other: 9.9.9.9\r\n"
+      "X-Forwarded-For: 2.2.2.2\r\n", "2.2.2.2" },
+    { "10.0.0.1", "X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-For: 10.0.0.3, 192.168.0.9\r\n",
+      "6.6.6.6" },
+    /* every entry trusted: the left-most */
+    { "10.0.0.1", "X-Forwarded-For: 10.0.0.5, 10.0.0.6\r\n", "10.0.0.5" },
+    { "10.0.0.1", "X-Forwarded-For: 10.0.0.5\r\nX-Forwarded-For: 192.168.3.3\r\n",
+      "10.0.0.5" },
+    /* garbage stops the walk: last trusted hop seen, else the peer */
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4, garbage, 10.0.0.7\r\n", "10.0.0.7" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4, garbage\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: unknown\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4,,10.0.0.7\r\n", "10.0.0.7" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4, \r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For:\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4.5\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4:99999x\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4:\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4:123456\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: [1.2.3.4]:80\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: [2001:db8::1\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: [2001:db8::1]x\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4 5.6.7.8\r\n", "10.0.0.1" },
+    { "10.0.0.1", "X-Forwarded-For: 1234567890123456789012345678901234567890"
+      "1234567890123456789012345678901234567890\r\n", "10.0.0.1" },
+    /* ports stripped, addresses canonicalised */
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4:5678\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: [2001:db8::1]:443\r\n", "2001:db8::1" },
+    { "10.0.0.1", "X-Forwarded-For: [2001:DB8:0:0::1]\r\n", "2001:db8::1" },
+    { "10.0.0.1", "X-Forwarded-For: 2001:0db8::0001\r\n", "2001:db8::1" },
+    { "10.0.0.1", "X-Forwarded-For: ::ffff:1.2.3.4\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4, [::ffff:10.0.0.9]:1\r\n", "1.2.3.4" },
+    { "10.0.0.1", "X-Forwarded-For: 1.2.3.4, 10.0.0.9:8080\r\n", "1.2.3.4" },
+    /* v6 and v4-mapped peers */
+    { "fd00::1", "X-Forwarded-For: 1.2.3.4\r\n", "1.2.3.4" },
+    { "fd00::1", "X-Forwarded-For: 2001:db8::7, fd12::1\r\n", "2001:db8::7" },
+    { "fd00::1", "", "fd00::1" },
+    { "::ffff:10.0.0.1", "X-Forwarded-For: 1.2.3.4\r\n", "1.2.3.4" },
+    { "::ffff:10.0.0.1", "", "10.0.0.1" },
+};
+
+static void test_client_ip_table(void **state)
+{
+    for (size_t i = 0; i < sizeof xff_cases / sizeof xff_cases[0]; i++) {
+        const struct xff_case *t = &xff_cases[i];
+        char text[1024];
+        snprintf(text, sizeof text, "GET / HTTP/1.1\r\nHost: a\r\n%s\r\n", t->headers);
+        struct head f;
+        head_build(&f, text);
+        struct sockaddr_storage peer = peer_of(t->peer);
+        char out[ROUTE_IP_MAX];
+        memset(out, 'Z', sizeof out);
+        size_t n = route_client_ip(&xff_conf, (struct sockaddr *)&peer, f.buf, &f.h, out);
+        if (n != strlen(t->want) || strcmp(out, t->want) != 0)
+            fail_msg("case %zu peer %s [%s]: expected %s, got %zu '%s'", i, t->peer,
+                     t->headers, t->want, n, out);
+        head_free(&f);
+    }
+}
+
+static void test_client_ip_edges(void **state)
+{
+    char out[ROUTE_IP_MAX];
+    struct head f;
+    head_build(&f, "GET / HTTP/1.1\r\nX-Forwarded-For: 1.2.3.4\r\n\r\n");
+
+    /* no trusted proxies at all: always the peer */
+    struct conf none = { 0 };
+    struct sockaddr_storage p = peer_of("10.0.0.1");
+    assert_int_equal(route_client_ip(&none, (struct sockaddr *)&p, f.buf, &f.h, out), 8);
+    assert_string_equal(out, "10.0.0.1");
+
+    /* no head (e.g. before parsing): the peer */
+    assert_int_equal(route_client_ip(&xff_conf, (struct sockaddr *)&p, NULL, NULL, out), 8);
+    assert_string_equal(out, "10.0.0.1");
+
+    /* a unix socket peer has no address */
+    struct sockaddr_un un = { .sun_family = AF_UNIX };
+    assert_int_equal(route_client_ip(&xff_conf, (struct sockaddr *)&un, f.buf, &f.h, out), 0);
+    assert_string_equal(out, "");
+
+    /* the longest IPv6 text fits */
+    struct sockaddr_storage l = peer_of("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe");
+    assert_int_equal(route_client_ip(&xff_conf, (struct sockaddr *)&l, f.buf, &f.h, out), 39);
+    head_free(&f);
+
+    /* a NUL inside an entry must not let "1.2.3.4" through inet_pton */
+    static const char nul[] = "GET / HTTP/1.1\r\nX-Forwarded-For: 1.2.3.4\0x\r\n\r\n";
+    head_build_n(&f, nul, sizeof nul - 1);
+    route_client_ip(&xff_conf, (struct sockaddr *)&p, f.buf, &f.h, out);
+    assert_string_equal(out, "10.0.0.1");
+    head_free(&f);
+}
+
+/* ---- keys ---- */
+
+static struct conf key_conf = { .redis = { .prefix = "sluice:" } };
+static struct conf_route key_route = { .name = "r", .path = "/", .pathlen = 1 };
+
+/* Key for one request (head text) and the limit's sources; *n gets route_key's
+ * return. The key is returned NUL-terminated in a static buffer. */
+static const char *key_of(const char *text, size_t textlen, const struct conf_keysrc *ks,
+                          int nks, long *n)
+{
+    static char key[ROUTE_MAX_KEY];
+    struct conf_limit l = { .name = "l", .keys = (struct conf_keysrc *)ks, .nkeys = nks };
+    struct head f;
+    head_build_n(&f, text, textlen ? textlen : strlen(text));
+    char path[256];
+    long pl = route_normalize(f.buf + f.h.target.off, f.h.target.len, path);
+    assert_true(pl > 0);
+    char *out = malloc(ROUTE_MAX_KEY);      /* exact size for ASan */
+    assert_non_null(out);
+    struct route_req req = {
+        .buf = f.buf, .h = &f.h, .ip = "192.0.2.1", .iplen = 9,
+        .path = path, .pathlen = (size_t)pl,
+    };
+    *n = route_key(&key_conf, &key_route, &l, &req, out);
+    memset(key, 0, sizeof key);
+    if (*n > 0)
+        memcpy(key, out, (size_t)*n);
+    free(out);
+    head_free(&f);
+    return key;
+}
+
+#define KS(kind, arg) { kind, arg, sizeof(arg) - 1 }
+
+struct key_case {
+    const char *head;
+    struct conf_keysrc ks[3];
+    int nks;
+    const char *want;           /* NULL: 0 expected (source absent) */
+};
+
+static const struct key_case key_cases[] = {
+    { "GET /a HTTP/1.1\r\n\r\n", { { CONF_KEY_IP, NULL, 0 } }, 1, "sluice:{r|l|9:192.0.2.1}" },
+    { "PATCH /a HTTP/1.1\r\n\r\n", { { CONF_KEY_METHOD, NULL, 0 } }, 1, "sluice:{r|l|5:PATCH}" },
+    { "GET /a/./b/%63?x=1 HTTP/1.1\r\n\r\n", { { CONF_KEY_PATH, NULL, 0 } }, 1,
+      "sluice:{r|l|6:/a/b/c}" },
+    { "GET /a HTTP/1.1\r\n\r\n", { { CONF_KEY_IP, NULL, 0 }, { CONF_KEY_METHOD, NULL, 0 } },
+      2, "sluice:{r|l|9:192.0.2.13:GET}" },
+    { "GET /a HTTP/1.1\r\n\r\n", { { 0 } }, 0, "sluice:{r|l|}" },
+    /* header */
+    { "GET / HTTP/1.1\r\nX-Api-Key: abc\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1,
+      "sluice:{r|l|3:abc}" },
+    { "GET / HTTP/1.1\r\nx-api-KEY:abc\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1,
+      "sluice:{r|l|3:abc}" },
+    { "GET / HTTP/1.1\r\nX-Api-Key:  \t a b \t\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") },
+      1, "sluice:{r|l|3:a b}" },
+    { "GET / HTTP/1.1\r\nA: x\r\nB: 1\r\na: y \r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1,
+      "sluice:{r|l|3:x,y}" },
+    { "GET / HTTP/1.1\r\nA:\r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1, "sluice:{r|l|0:}" },
+    { "GET / HTTP/1.1\r\nA: \r\nA: \r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1,
+      "sluice:{r|l|1:,}" },
+    { "GET / HTTP/1.1\r\nX-Api-Keys: abc\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1,
+      NULL },
+    { "GET / HTTP/1.1\r\n\r\n", { { CONF_KEY_IP, NULL, 0 }, KS(CONF_KEY_HEADER, "A") }, 2,
+      NULL },
+    { "GET / HTTP/1.1\r\nA: }{|\r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1,
+      "sluice:{r|l|3:}{|}" },
+    /* query */
+    { "GET /p?x=1&id=42&id=43 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1,
+      "sluice:{r|l|2:42}" },
+    { "GET /p?i%64=4%32 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1,
+      "sluice:{r|l|2:42}" },
+    { "GET /p?q=a+b%20c HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "q") }, 1,
+      "sluice:{r|l|5:a b c}" },
+    { "GET /p?my+key=v HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "my key") }, 1,
+      "sluice:{r|l|1:v}" },
+    { "GET /p?&&id=7& HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1,
+      "sluice:{r|l|1:7}" },
+    { "GET /p?id HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, "sluice:{r|l|0:}" },
+    { "GET /p?id= HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, "sluice:{r|l|0:}" },
+    { "GET /p?id=a=b HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, "sluice:{r|l|3:a=b}" },
+    { "GET /p?id=%zz%4 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1,
+      "sluice:{r|l|5:%zz%4}" },
+    { "GET /p?ID=1 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
+    { "GET /p?idx=1&xid=2 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
+    { "GET /p?i HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
+    { "GET /p HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
+    { "GET /p? HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
+    { "GET /id=1 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
+    /* cookie */
+    { "GET / HTTP/1.1\r\nCookie: a=1; sid=xyz; sid=2\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") },
+      1, "sluice:{r|l|3:xyz}" },
+    { "GET / HTTP/1.1\r\nCookie: a=1\r\ncookie: sid=q\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") },
+      1, "sluice:{r|l|1:q}" },
+    { "GET / HTTP/1.1\r\nCookie:sid=\"v\";a=1\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|3:\"v\"}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|0:}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=a=b\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|3:a=b}" },
+    { "GET / HTTP/1.1\r\nCookie: SID=1; sidx=2; xsid=3; sid\r\n\r\n",
+      { KS(CONF_KEY_COOKIE, "sid") }, 1, NULL },
+    { "GET / HTTP/1.1\r\nX-Cookie: sid=1\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1, NULL },
+    { "GET / HTTP/1.1\r\nCookie: ;;; \r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1, NULL },
+    { "GET /?sid=1 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1, NULL },
+};
+
+static void test_key_table(void **state)
+{
+    for (size_t i = 0; i < sizeof key_cases / sizeof key_cases[0]; i++) {
+        const struct key_case *t = &key_cases[i];
+        long n;
+        const char *k = key_of(t->head, 0, t->ks, t->nks, &n);
+        if (t->want == NULL) {
+            if (n != 0)
+                fail_msg("case %zu: expected 0, got %ld '%s'", i, n, k);
+        } else if (n != (long)strlen(t->want) || strcmp(k, t->want) != 0) {
+            fail_msg("case %zu: expected '%s', got %ld '%s'", i, t->want, n, k);
+        }
+    }
+}
+
+/* A decoded NUL in a query value is just a byte of the part. */
+static void test_key_binary_query(void **state)
+{
+    struct conf_keysrc ks[] = { KS(CONF_KEY_QUERY, "id") };
+    long n;
+    const char *k = key_of("GET /p?id=a%00b HTTP/1.1\r\n\r\n", 0, ks, 1, &n);
+    assert_int_equal(n, 18);
+    assert_memory_equal(k, "sluice:{r|l|3:a\0b}", 18);
+}
+
+/* Client bytes cannot move the boundaries between parts. */
+static void test_key_no_collision(void **state)
+{
+    struct conf_keysrc ks[] = { KS(CONF_KEY_HEADER, "A"), KS(CONF_KEY_HEADER, "B") };
+    long n1, n2;
+    char k1[ROUTE_MAX_KEY];
+    strcpy(k1, key_of("GET / HTTP/1.1\r\nA: ab\r\nB: c\r\n\r\n", 0, ks, 2, &n1));
+    const char *k2 = key_of("GET / HTTP/1.1\r\nA: a\r\nB: bc\r\n\r\n", 0, ks, 2, &n2);
+    assert_true(n1 > 0 && n2 > 0);
+    assert_string_equal(k1, "sluice:{r|l|2:ab1:c}");
+    assert_string_equal(k2, "sluice:{r|l|1:a2:bc}");
+    assert_string_not_equal(k1, k2);
+
+    /* a value shaped like an encoding does not pose as two parts */
+    const char *k3 = key_of("GET / HTTP/1.1\r\nA: 1:a1:b\r\nB: c\r\n\r\n", 0, ks, 2, &n1);
+    assert_string_equal(k3, "sluice:{r|l|6:1:a1:b1:c}");
+}
+
+static void test_key_long_parts(void **state)
+{
+    struct conf_keysrc ks[] = { KS(CONF_KEY_HEADER, "A") };
+    char text[2048], want[512];
+    long n;
+
+    /* 300 bytes: hashed (SHA-1 of 300 'x' from Python's hashlib) */
+    snprintf(text, sizeof text, "GET / HTTP/1.1\r\nA: %0300d\r\n\r\n", 0);
+    memset(strstr(text, "A: ") + 3, 'x', 300);
+    assert_string_equal(key_of(text, 0, ks, 1, &n),
+                        "sluice:{r|l|41:#02fd68253071f895718c8d41f7ff665abe1a6290}");
+    assert_int_equal(n, 57);
+
+    /* exactly ROUTE_MAX_PART bytes: kept as is */
+    snprintf(text, sizeof text, "GET / HTTP/1.1\r\nA: %0256d\r\n\r\n", 0);
+    const char *k = key_of(text, 0, ks, 1, &n);
+    assert_int_equal(n, (long)strlen("sluice:{r|l|256:}") + 256);
+    assert_memory_equal(k, "sluice:{r|l|256:0000", 20);
+
+    /* one more: hashed */
+    snprintf(text, sizeof text, "GET / HTTP/1.1\r\nA: %0257d\r\n\r\n", 0);
+    k = key_of(text, 0, ks, 1, &n);
+    assert_int_equal(n, 57);
+    assert_memory_equal(k, "sluice:{r|l|41:#", 16);
+
+    /* several headers joined, then hashed as one part: same as hashing the
+     * joined bytes */
+    char joined[400];
+    memset(joined, 'y', 150);
+    joined[150] = ',';
+    memset(joined + 151, 'z', 150);
+    char hex[SHA1_HEX_BYTES];
+    sha1_hex(joined, 301, hex);
+    snprintf(want, sizeof want, "sluice:{r|l|41:#%s}", hex);
+    snprintf(text, sizeof text, "GET / HTTP/1.1\r\nA: %.150s\r\nA: %.150s\r\n\r\n",
+             joined, joined + 151);
+    assert_string_equal(key_of(text, 0, ks, 1, &n), want);
+
+    /* a long query value is hashed after decoding */
+    struct conf_keysrc qs[] = { KS(CONF_KEY_QUERY, "q") };
+    char dec[300];
+    memset(dec, ' ', sizeof dec);
+    sha1_hex(dec, sizeof dec, hex);
+    snprintf(want, sizeof want, "sluice:{r|l|41:#%s}", hex);
+    strcpy(text, "GET /?q=");
+    for (int i = 0; i < 300; i++)
+        strcat(text, i % 2 ? "+" : "%20");
+    strcat(text, " HTTP/1.1\r\n\r\n");
+    assert_string_equal(key_of(text, 0, qs, 1, &n), want);
+
+    /* a 41-byte value that looks like a digest is hashed, never taken as one */
+    snprintf(text, sizeof text, "GET / HTTP/1.1\r\nA: #02fd68253071f895718c8d41f7ff665abe1a6290"
+             "\r\n\r\n");
+    k = key_of(text, 0, ks, 1, &n);
+    sha1_hex("#02fd68253071f895718c8d41f7ff665abe1a6290", 41, hex);
+    snprintf(want, sizeof want, "sluice:{r|l|41:#%s}", hex);
+    assert_string_equal(k, want);
+}
+
+static void test_key_too_long(void **state)
+{
+    static char prefix[ROUTE_MAX_KEY + 8];
+    struct conf_keysrc ks[] = { { CONF_KEY_IP, NULL, 0 } };
+    const char *fixed = "{r|l|9:192.0.2.1}";
+    long n;
+
+    /* the longest key that fits: ROUTE_MAX_KEY - 1 bytes and a NUL */
+    size_t plen = ROUTE_MAX_KEY - 1 - strlen(fixed);
+    memset(prefix, 'p', plen);
+    prefix[plen] = '\0';
+    key_conf.redis.prefix = prefix;
+    key_of("GET / HTTP/1.1\r\n\r\n", 0, ks, 1, &n);
+    assert_int_equal(n, ROUTE_MAX_KEY - 1);
+
+    prefix[plen] = 'p';
+    prefix[plen + 1] = '\0';
+    key_of("GET / HTTP/1.1\r\n\r\n", 0, ks, 1, &n);
+    assert_int_equal(n, -1);
+
+    /* three long parts, each hashed to 44 bytes: 5 + 3 * 44 + 1 around the
+     * prefix; 3957 bytes of prefix fill the key exactly, 3958 do not fit */
+    struct conf_keysrc many[] = { KS(CONF_KEY_HEADER, "A"), KS(CONF_KEY_HEADER, "A"),
+                                  KS(CONF_KEY_HEADER, "A") };
+    char text[1024];
+    snprintf(text, sizeof text, "GET / HTTP/1.1\r\nA: %0400d\r\n\r\n", 7);
+    memset(prefix, 'p', 3957);
+    prefix[3957] = '\0';
+    key_of(text, 0, many, 3, &n);
+    assert_int_equal(n, ROUTE_MAX_KEY - 1);
+    prefix[3957] = 'p';
+    prefix[3958] = '\0';
+    key_of(text, 0, many, 3, &n);
+    assert_int_equal(n, -1);
+    key_conf.redis.prefix = "sluice:";
+}
+
+/* Prefix first, then the hash tag around everything that varies. */
+static void test_key_shape(void **state)
+{
+    struct conf c = { .redis = { .prefix = "app1:" } };
+    struct conf_route r = { .name = "login" };
+    struct conf_keysrc ks[] = { { CONF_KEY_IP, NULL, 0 } };
+    struct conf_limit l = { .name = "per-ip", .keys = ks, .nkeys = 1 };
+    struct http1_head h = { 0 };
+    struct route_req req = { .buf = "", .h = &h, .ip = "2001:db8::1", .iplen = 11,
+                             .path = "/", .pathlen = 1 };
+    char out[ROUTE_MAX_KEY];
+    long n = route_key(&c, &r, &l, &req, out);
+    assert_string_equal(out, "app1:{login|per-ip|11:2001:db8::1}");
+    assert_int_equal(n, (long)strlen(out));
+
+    c.redis.prefix = NULL;              /* no prefix configured */
+    n = route_key(&c, &r, &l, &req, out);
+    assert_string_equal(out, "{login|per-ip|11:2001:db8::1}");
+
+    req.ip = NULL;                      /* no client address: not counted */
+    assert_int_equal(route_key(&c, &r, &l, &req, out), 0);
+}
+
+/* The same functions on a head parsed by the real http1.c, so the span
+ * conventions of both modules are checked together. */
+static void test_with_http1_parser(void **state)
+{
+    static const char req[] =
+        "POST /api/%6Cogin?user=al+ice&x=1 HTTP/1.1\r\n"
+        "Host: API.example.com:8443\r\n"
+        "X-Forwarded-For: 198.51.100.7, 10.1.1.1\r\n"
+        "Cookie: theme=dark; sid=s3cr3t\r\n"
+        "X-Forwarded-For: 192.168.0.2 \r\n"
+        "X-Api-Key:   k1  \r\n"
+        "Content-Length: 0\r\n"
+        "\r\n";
+    size_t len = sizeof req - 1;
+    char *buf = malloc(len);
+    assert_non_null(buf);
+    memcpy(buf, req, len);
+    struct http1 *p = http1_create(HTTP1_REQUEST);
+    struct http1_head h;
+    assert_int_equal(http1_head_parse(p, buf, len, 16384, 0, &h), 0);
+
+    char path[64];
+    long pl = route_normalize(buf + h.target.off, h.target.len, path);
+    assert_int_equal(pl, 10);
+    assert_memory_equal(path, "/api/login", 10);
+    assert_true(h.host >= 0);
+    const struct conf_route *r = route_match(&match_conf, path, (size_t)pl,
+                                             buf + h.method.off, h.method.len,
+                                             buf + h.h[h.host].value.off,
+                                             h.h[h.host].value.len);
+    assert_non_null(r);
+    assert_string_equal(r->name, "login");
+
+    struct sockaddr_storage peer = peer_of("10.0.0.1");
+    char ip[ROUTE_IP_MAX];
+    size_t iplen = route_client_ip(&xff_conf, (struct sockaddr *)&peer, buf, &h, ip);
+    assert_string_equal(ip, "198.51.100.7");
+
+    struct conf_keysrc ks[] = { { CONF_KEY_IP, NULL, 0 }, KS(CONF_KEY_QUERY, "user"),
+                                KS(CONF_KEY_COOKIE, "sid"), KS(CONF_KEY_HEADER, "x-api-key"),
+                                { CONF_KEY_METHOD, NULL, 0 }, { CONF_KEY_PATH, NULL, 0 } };
+    struct conf_limit l = { .name = "per-ip", .keys = ks, .nkeys = 6 };
+    struct route_req rq = { .buf = buf, .h = &h, .ip = ip, .iplen = iplen,
+                            .path = path, .pathlen = (size_t)pl };
+    char key[ROUTE_MAX_KEY];
+    long n = route_key(&key_conf, r, &l, &rq, key);
+    assert_string_equal(key, "sluice:{login|per-ip|12:198.51.100.76:al ice6:s3cr3t2:k14:POST"
+                             "10:/api/login}");
+    assert_int_equal(n, (long)strlen(key));
+    http1_destroy(p);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sha1_fips_vectors),
+        cmocka_unit_test(test_sha1_padding_boundaries),
+        cmocka_unit_test(test_normalize_table),
+        cmocka_unit_test(test_normalize_random),
+        cmocka_unit_test(test_match_table),
+        cmocka_unit_test(test_match_none_and_order),
+        cmocka_unit_test(test_match_after_normalize),
+        cmocka_unit_test(test_client_ip_table),
+        cmocka_unit_test(test_client_ip_edges),
+        cmocka_unit_test(test_key_table),
+        cmocka_unit_test(test_key_binary_query),
+        cmocka_unit_test(test_key_no_collision),
+        cmocka_unit_test(test_key_long_parts),
+        cmocka_unit_test(test_key_too_long),
+        cmocka_unit_test(test_key_shape),
+        cmocka_unit_test(test_with_http1_parser),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
