@@ -56,8 +56,11 @@ struct conf_upstream {
     int64_t timeout_ms;         /* waiting for (each read of) the response */
 };
 
+struct metrics_route;
+
 struct conf_route {
     char *name;
+    struct metrics_route *metrics;  /* set by metrics_bind() */
     char *path;                 /* normalised prefix, no trailing '/' except "/" */
     size_t pathlen;
     char **methods;             /* upper case; NULL when any method matches */

@@ -13,6 +13,7 @@
 #include "conf.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "worker.h"
 
 #define SLUICE_VERSION "0.1.0"
@@ -111,8 +112,10 @@ int main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
+    metrics_bind(conf);
     int rc = serve(conf);
     conf_release(conf);
+    metrics_shutdown();
     libevent_global_shutdown();
     return rc;
 }

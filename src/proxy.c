@@ -33,6 +33,7 @@
 #include "http1.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "proxy.h"
 #include "reply.h"
 #include "route.h"
@@ -93,6 +94,8 @@ struct client {
     int client_paused;                  /* reading stopped: upstream full */
     int up_paused;                      /* upstream reading stopped: client full */
     uint64_t body_bytes;                /* request payload so far */
+    int64_t redis_start_us;             /* when the decision was sent */
+    int64_t upstream_start_us;          /* when the request was forwarded */
 };
 
 static void client_process(struct client *c);
@@ -116,6 +119,7 @@ static void client_free(struct client *c)
     if (c->next)
         c->next->prev = c->prev;
     w->nclients--;
+    metrics_gauge_add(METRICS_CONN_CLIENT, -1);
     event_free(c->timer);
     bufferevent_free(c->bev);
     http1_destroy(c->parser);
@@ -174,6 +178,25 @@ static void client_close_after_write(struct client *c)
 }
 
 /* ---- small helpers ----------------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static struct metrics_route *client_metrics(const struct client *c)
+{
+    return c->route ? c->route->metrics : metrics_unrouted();
+}
 
 static const char *hb(const struct client *c, struct http1_span s)
 {
@@ -321,6 +344,7 @@ static void answer_local(struct client *c, int status, int close_after)
         reply_429(out, &c->rl, keep);
     else
         reply_error(out, status, keep);
+    metrics_response(client_metrics(c), status);
     c->resp_started = c->resp_done = 1;
     drain_head(c);
     if (!keep) {
@@ -419,6 +443,7 @@ static void parse_head(struct client *c)
 static void apply_on_error(struct client *c)
 {
     c->have_limits = 0;
+    metrics_request(c->route->metrics, METRICS_ERROR);
     switch (c->conf->redis.on_error) {
     case CONF_ON_ERROR_DENY:
         answer_local(c, 503, 0);
@@ -429,12 +454,6 @@ static void apply_on_error(struct client *c)
     }
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Build the keys of the route's limits for this request into the worker's
  * scratch, filling sl[] and c->rl.limit[]; returns how many count it. The
@@ -481,15 +500,19 @@ static void decide_cb(void *arg, const struct store_result *res)
     client_enter(c);
     c->call = NULL;
     refresh_head(c);
+    metrics_observe(METRICS_REDIS_SECONDS, now_us() - c->redis_start_us);
     if (res->status != STORE_OK) {
+        metrics_count(METRICS_REDIS_ERRORS);
         apply_on_error(c);
     } else {
         memcpy(c->rl.r, res->r, sizeof(res->r[0]) * (size_t)res->n);
         reply_pick(&c->rl, res->allowed);
         c->have_limits = 1;
         if (res->allowed) {
+            metrics_request(c->route->metrics, METRICS_ALLOWED);
             forward(c);
         } else {
+            metrics_request(c->route->metrics, METRICS_LIMITED);
             remember_denials(c, res);
             answer_local(c, 429, 0);
         }
@@ -523,18 +546,25 @@ static void decide(struct client *c, size_t pathlen)
     int n = build_keys(c, pathlen, sl);
     c->rl.n = n;
     if (n == 0) {
+        metrics_request(c->route->metrics, METRICS_ALLOWED);
         forward(c);
         return;
     }
     if (denied_by_cache(c, sl, n)) {
+        metrics_count(METRICS_DENY_CACHE_HITS);
+        metrics_request(c->route->metrics, METRICS_LIMITED);
         reply_pick(&c->rl, 0);
         c->have_limits = 1;
         answer_local(c, 429, 0);
         return;
     }
+    c->redis_start_us = now_us();
+    metrics_count(METRICS_REDIS_REQUESTS);
     c->call = store_decide(c->w->store, sl, n, decide_cb, c);
-    if (c->call == NULL)
+    if (c->call == NULL) {
+        metrics_count(METRICS_REDIS_ERRORS);
         apply_on_error(c);
+    }
 }
 
 /* ---- forwarding the request -------------------------------------------- */
@@ -617,6 +647,7 @@ static void forward(struct client *c)
         return;
     }
     c->state = CS_PROXY;
+    c->upstream_start_us = now_us();
     write_request_head(c, bufferevent_get_output(c->up->bev));
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
@@ -764,6 +795,7 @@ static int read_response_head(struct client *c)
             return -1;
         }
         drain_head(c);  /* the request head is no longer needed for a retry */
+        metrics_response(client_metrics(c), status);
         write_response_head(c, data);
         evbuffer_drain(ui, uc->head.len);
         c->resp_started = 1;
@@ -807,6 +839,7 @@ static void maybe_finish(struct client *c)
         return;
     struct upstream_conn *uc = c->up;
     c->up = NULL;
+    metrics_observe(METRICS_UPSTREAM_SECONDS, now_us() - c->upstream_start_us);
     if (uc->head.keep_alive && uc->head.body != HTTP1_BODY_EOF)
         upstream_release(uc);
     else
@@ -1031,6 +1064,7 @@ void proxy_accept(struct worker *w, int fd, const struct sockaddr *peer, int pee
         w->clients->prev = c;
     w->clients = c;
     w->nclients++;
+    metrics_gauge_add(METRICS_CONN_CLIENT, 1);
 
     /* A client that stops reading is dropped after idle_timeout. */
     struct timeval wt = { conf->client.idle_timeout_ms / 1000,

@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "upstream.h"
 
 struct upstream_pool {
@@ -41,6 +42,7 @@ const struct conf_upstream *upstream_conf(const struct upstream_pool *p)
 
 static void conn_free(struct upstream_conn *uc)
 {
+    metrics_gauge_add(METRICS_CONN_UPSTREAM, -1);
     bufferevent_free(uc->bev);
     http1_destroy(uc->parser);
     free(uc);
@@ -103,6 +105,7 @@ static struct upstream_conn *conn_new(struct upstream_pool *p)
     setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 
     struct upstream_conn *uc = mem_calloc(1, sizeof(*uc));
+    metrics_gauge_add(METRICS_CONN_UPSTREAM, 1);
     uc->pool = p;
     uc->bev = bev;
     uc->server = server;

@@ -1,0 +1,231 @@
+/* sluice - metrics.c: lock-free counters and their Prometheus rendering.
+ *
+ * Hot-path updates are single relaxed atomic adds. Only creating a route's
+ * series (at config load) and rendering take the registry lock. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <event2/buffer.h>
+
+#include "conf.h"
+#include "mem.h"
+#include "metrics.h"
+
+#define METRICS_NSTATUS 600
+
+struct metrics_route {
+    struct metrics_route *next;
+    char *name;
+    _Atomic uint64_t decisions[METRICS_NDECISIONS];
+    _Atomic uint64_t status[METRICS_NSTATUS];
+};
+
+/* Upper bounds in microseconds; the last bucket is +Inf. */
+static const int64_t hist_bounds_us[] = {
+    500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000,
+    1000000, 2500000, 5000000, 10000000,
+};
+#define METRICS_NBUCKETS (sizeof(hist_bounds_us) / sizeof(hist_bounds_us[0]) + 1)
+
+struct metrics_histogram {
+    _Atomic uint64_t buckets[METRICS_NBUCKETS];
+    _Atomic uint64_t count;
+    _Atomic uint64_t sum_us;
+};
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct metrics_route *routes;
+static _Atomic uint64_t counters[METRICS_NCOUNTERS];
+static _Atomic int64_t gauges[METRICS_NGAUGES];
+static struct metrics_histogram hists[METRICS_NHIST];
+
+static struct metrics_route *route_get(const char *name)
+{
+    struct metrics_route **pp = &routes;
+    for (; *pp; pp = &(*pp)->next)
+        if (strcmp((*pp)->name, name) == 0)
+            return *pp;
+    struct metrics_route *m = mem_calloc(1, sizeof(*m));
+    m->name = mem_strndup(name, strlen(name));
+    *pp = m;
+    return m;
+}
+
+/* Responses given before a route is known (400, 404...) are counted under
+ * route="" (a config's route names are never empty). */
+static struct metrics_route *unrouted;
+
+struct metrics_route *metrics_unrouted(void)
+{
+    return unrouted;
+}
+
+void metrics_bind(struct conf *c)
+{
+    pthread_mutex_lock(&registry_lock);
+    if (unrouted == NULL)
+        unrouted = route_get("");
+    for (int i = 0; i < c->nroutes; i++)
+        c->routes[i].metrics = route_get(c->routes[i].name);
+    pthread_mutex_unlock(&registry_lock);
+}
+
+void metrics_request(struct metrics_route *m, enum metrics_decision d)
+{
+    if (m)
+        atomic_fetch_add_explicit(&m->decisions[d], 1, memory_order_relaxed);
+}
+
+void metrics_response(struct metrics_route *m, int status)
+{
+    if (m && status >= 0 && status < METRICS_NSTATUS)
+        atomic_fetch_add_explicit(&m->status[status], 1, memory_order_relaxed);
+}
+
+void metrics_count(enum metrics_counter which)
+{
+    atomic_fetch_add_explicit(&counters[which], 1, memory_order_relaxed);
+}
+
+void metrics_gauge_add(enum metrics_gauge which, int64_t delta)
+{
+    atomic_fetch_add_explicit(&gauges[which], delta, memory_order_relaxed);
+}
+
+int64_t metrics_gauge_get(enum metrics_gauge which)
+{
+    return atomic_load_explicit(&gauges[which], memory_order_relaxed);
+}
+
+void metrics_observe(enum metrics_hist which, int64_t usec)
+{
+    struct metrics_histogram *h = &hists[which];
+    size_t b = 0;
+    while (b < METRICS_NBUCKETS - 1 && usec > hist_bounds_us[b])
+        b++;
+    atomic_fetch_add_explicit(&h->buckets[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_us, (uint64_t)(usec > 0 ? usec : 0), memory_order_relaxed);
+}
+
+static uint64_t load(_Atomic uint64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+/* Label values are route names from the config: escape per the format. */
+static void add_label(struct evbuffer *out, const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            evbuffer_add_printf(out, "\\%c", *s);
+        else if (*s == '\n')
+            evbuffer_add(out, "\\n", 2);
+        else
+            evbuffer_add(out, s, 1);
+    }
+}
+
+static void render_routes(struct evbuffer *out)
+{
+    static const char *const names[METRICS_NDECISIONS] = {
+        "allowed", "limited", "shadow_limited", "error",
+    };
+    evbuffer_add_printf(out, "# HELP sluice_requests_total Requests by route and decision.\n"
+                             "# TYPE sluice_requests_total counter\n");
+    for (struct metrics_route *m = routes; m; m = m->next)
+        for (int d = 0; d < METRICS_NDECISIONS; d++) {
+            evbuffer_add_printf(out, "sluice_requests_total{route=\"");
+            add_label(out, m->name);
+            evbuffer_add_printf(out, "\",decision=\"%s\"} %llu\n", names[d],
+                                (unsigned long long)load(&m->decisions[d]));
+        }
+    evbuffer_add_printf(out, "# HELP sluice_responses_total Responses by route and status.\n"
+                             "# TYPE sluice_responses_total counter\n");
+    for (struct metrics_route *m = routes; m; m = m->next)
+        for (int s = 0; s < METRICS_NSTATUS; s++) {
+            uint64_t v = load(&m->status[s]);
+            if (v == 0)
+                continue;
+            evbuffer_add_printf(out, "sluice_responses_total{route=\"");
+            add_label(out, m->name);
+            evbuffer_add_printf(out, "\",code=\"%d\"} %llu\n", s, (unsigned long long)v);
+        }
+}
+
+static void render_hist(struct evbuffer *out, const char *name, const char *help,
+                        struct metrics_histogram *h)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (size_t b = 0; b < METRICS_NBUCKETS; b++) {
+        cum += load(&h->buckets[b]);
+        if (b < METRICS_NBUCKETS - 1)
+            evbuffer_add_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name,
+                                (double)hist_bounds_us[b] / 1e6, (unsigned long long)cum);
+        else
+            evbuffer_add_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                                (unsigned long long)cum);
+    }
+    evbuffer_add_printf(out, "%s_sum %.6f\n%s_count %llu\n", name,
+                        (double)load(&h->sum_us) / 1e6, name,
+                        (unsigned long long)load(&h->count));
+}
+
+static void render_counter(struct evbuffer *out, const char *name, const char *help,
+                           enum metrics_counter which)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name,
+                        name, (unsigned long long)load(&counters[which]));
+}
+
+void metrics_render(struct evbuffer *out)
+{
+    pthread_mutex_lock(&registry_lock);
+    render_routes(out);
+    pthread_mutex_unlock(&registry_lock);
+    render_counter(out, "sluice_redis_requests_total", "Decisions sent to Redis.",
+                   METRICS_REDIS_REQUESTS);
+    render_counter(out, "sluice_redis_errors_total",
+                   "Decisions Redis did not answer in time or answered with an error.",
+                   METRICS_REDIS_ERRORS);
+    render_counter(out, "sluice_deny_cache_hits_total",
+                   "Requests denied from the deny cache without a Redis call.",
+                   METRICS_DENY_CACHE_HITS);
+    render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
+                &hists[METRICS_REDIS_SECONDS]);
+    render_hist(out, "sluice_upstream_duration_seconds",
+                "Time from forwarding a request to the end of its response.",
+                &hists[METRICS_UPSTREAM_SECONDS]);
+    evbuffer_add_printf(out,
+        "# HELP sluice_connections Open connections by side.\n# TYPE sluice_connections gauge\n"
+        "sluice_connections{side=\"client\"} %lld\nsluice_connections{side=\"upstream\"} %lld\n",
+        (long long)metrics_gauge_get(METRICS_CONN_CLIENT),
+        (long long)metrics_gauge_get(METRICS_CONN_UPSTREAM));
+    evbuffer_add_printf(out,
+        "# HELP sluice_redis_connected Workers whose Redis connection is up.\n"
+        "# TYPE sluice_redis_connected gauge\nsluice_redis_connected %lld\n",
+        (long long)metrics_gauge_get(METRICS_REDIS_CONNECTED));
+    evbuffer_add_printf(out,
+        "# HELP sluice_config_reloads_total Config reloads by result.\n"
+        "# TYPE sluice_config_reloads_total counter\n"
+        "sluice_config_reloads_total{result=\"ok\"} %llu\n"
+        "sluice_config_reloads_total{result=\"error\"} %llu\n",
+        (unsigned long long)load(&counters[METRICS_RELOADS_OK]),
+        (unsigned long long)load(&counters[METRICS_RELOADS_FAILED]));
+}
+
+void metrics_shutdown(void)
+{
+    pthread_mutex_lock(&registry_lock);
+    unrouted = NULL;
+    while (routes) {
+        struct metrics_route *m = routes;
+        routes = m->next;
+        free(m->name);
+        free(m);
+    }
+    pthread_mutex_unlock(&registry_lock);
+}

@@ -1,0 +1,50 @@
+/* sluice - metrics.h: process-wide counters, gauges and histograms.
+ *
+ * Workers update them with relaxed atomic adds, so the totals are exact
+ * across threads without locks; the admin thread renders them in the
+ * Prometheus text format. Per-route series live in a registry keyed by route
+ * name that outlives config reloads, so counters never go backwards. */
+#ifndef SLUICE_METRICS_H
+#define SLUICE_METRICS_H
+
+#include <stdint.h>
+
+struct evbuffer;
+struct conf;
+
+enum metrics_decision {
+    METRICS_ALLOWED, METRICS_LIMITED, METRICS_SHADOW_LIMITED, METRICS_ERROR,
+    METRICS_NDECISIONS
+};
+enum metrics_hist { METRICS_REDIS_SECONDS, METRICS_UPSTREAM_SECONDS, METRICS_NHIST };
+enum metrics_counter {
+    METRICS_REDIS_REQUESTS, METRICS_REDIS_ERRORS, METRICS_DENY_CACHE_HITS,
+    METRICS_RELOADS_OK, METRICS_RELOADS_FAILED, METRICS_NCOUNTERS
+};
+enum metrics_gauge {
+    METRICS_CONN_CLIENT, METRICS_CONN_UPSTREAM, METRICS_REDIS_CONNECTED, METRICS_NGAUGES
+};
+
+struct metrics_route;
+
+/* Point every route of c at its series (created on first sight). Called by
+ * the main thread before the config is handed to workers. */
+void metrics_bind(struct conf *c);
+
+/* The series of responses given before any route matched. */
+struct metrics_route *metrics_unrouted(void);
+
+void metrics_request(struct metrics_route *m, enum metrics_decision d);
+void metrics_response(struct metrics_route *m, int status);
+void metrics_count(enum metrics_counter which);
+void metrics_gauge_add(enum metrics_gauge which, int64_t delta);
+int64_t metrics_gauge_get(enum metrics_gauge which);
+void metrics_observe(enum metrics_hist which, int64_t usec);
+
+/* Append the whole exposition to out. */
+void metrics_render(struct evbuffer *out);
+
+/* Free the registry at exit. */
+void metrics_shutdown(void);
+
+#endif
