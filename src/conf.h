@@ -97,6 +97,7 @@ struct conf {
     struct conf_addr listen;
     int workers;                /* >= 1; "auto" resolved at load time */
     int max_connections;        /* per process; 0 = unlimited (default 10000) */
+    int64_t shutdown_timeout_ms; /* requests in flight may finish (default 10s) */
     struct conf_client client;
     struct conf_redis redis;
     struct conf_upstream *upstreams;

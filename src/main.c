@@ -28,33 +28,75 @@ static void usage(FILE *f)
             "  -h       print this help\n");
 }
 
+/* What the signal handlers act on; lives in serve()'s frame. */
+struct main_state {
+    const char *file;
+    struct conf *conf;              /* the running config */
+    struct worker **workers;
+    int n;
+    struct event_base *base;
+};
+
 static void stop_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
+    struct main_state *ms = arg;
     log_info("main: signal %d, stopping", (int)sig);
-    event_base_loopexit(arg, NULL);
+    event_base_loopexit(ms->base, NULL);
 }
 
-static int serve(struct conf *conf)
+/* SIGHUP: load the file again; a bad file is reported and changes nothing.
+ * The listening sockets stay open across a reload, so listen and workers
+ * keep their running values until a restart. */
+static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
+    struct main_state *ms = arg;
+    char *err = NULL;
+    struct conf *nc = conf_load(ms->file, &err);
+    if (nc == NULL) {
+        log_error("main: reload failed, keeping the running config: %s", err);
+        free(err);
+        metrics_count(METRICS_RELOADS_FAILED);
+        return;
+    }
+    if (strcmp(nc->listen.text, ms->conf->listen.text) != 0 || nc->workers != ms->conf->workers)
+        log_warn("main: reload: listen and workers changes apply after a restart; "
+                 "still %s with %d workers", ms->conf->listen.text, ms->conf->workers);
+    metrics_bind(nc);
+    for (int i = 0; i < ms->n; i++)
+        worker_reload(ms->workers[i], nc);
+    conf_release(ms->conf);
+    ms->conf = nc;
+    metrics_count(METRICS_RELOADS_OK);
+    log_info("main: reloaded '%s'", ms->file);
+}
+
+static int serve(struct main_state *ms)
+{
+    struct conf *conf = ms->conf;
     struct worker **workers = mem_calloc((size_t)conf->workers, sizeof(*workers));
     struct event_base *base = event_base_new();
-    struct event *sigs[2] = { NULL, NULL };
+    struct event *sigs[3] = { NULL, NULL, NULL };
     int n = 0, rc = 1;
+
+    ms->workers = workers;
+    ms->base = base;
 
     for (; n < conf->workers; n++) {
         workers[n] = worker_create(n, conf);
         if (workers[n] == NULL)
             goto out;
     }
-    sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, base);
-    sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, base);
-    evsignal_add(sigs[0], NULL);
-    evsignal_add(sigs[1], NULL);
+    ms->n = n;
+    sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, ms);
+    sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, ms);
+    sigs[2] = evsignal_new(base, SIGHUP, reload_signal_cb, ms);
+    for (int i = 0; i < 3; i++)
+        evsignal_add(sigs[i], NULL);
     for (int i = 0; i < n; i++)
         if (worker_start(workers[i]) != 0) {
             log_error("main: cannot start worker %d", i);
             for (int j = 0; j < i; j++) {
-                worker_stop(workers[j]);
+                worker_stop(workers[j], 0);
                 worker_join(workers[j]);
             }
             goto out;
@@ -63,14 +105,14 @@ static int serve(struct conf *conf)
              conf->listen.text, n, n == 1 ? "" : "s");
     event_base_dispatch(base);
     for (int i = 0; i < n; i++)
-        worker_stop(workers[i]);
+        worker_stop(workers[i], ms->conf->shutdown_timeout_ms);
     for (int i = 0; i < n; i++)
         worker_join(workers[i]);
     rc = 0;
 out:
     for (int i = 0; i < n; i++)
         worker_destroy(workers[i]);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         if (sigs[i])
             event_free(sigs[i]);
     event_base_free(base);
@@ -113,8 +155,9 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
     metrics_bind(conf);
-    int rc = serve(conf);
-    conf_release(conf);
+    struct main_state ms = { .file = file, .conf = conf };
+    int rc = serve(&ms);
+    conf_release(ms.conf);
     metrics_shutdown();
     libevent_global_shutdown();
     return rc;

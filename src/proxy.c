@@ -125,6 +125,8 @@ static void client_free(struct client *c)
     http1_destroy(c->parser);
     conf_release(c->conf);
     free(c);
+    if (w->stopping && w->nclients == 0)
+        worker_drained(w);
 }
 
 static void client_enter(struct client *c)
@@ -338,7 +340,7 @@ static int body_discardable(const struct http1_head *h)
 static void answer_local(struct client *c, int status, int close_after)
 {
     struct evbuffer *out = bufferevent_get_output(c->bev);
-    int keep = !close_after && c->head.keep_alive && !c->eof &&
+    int keep = !close_after && c->head.keep_alive && !c->eof && !c->w->stopping &&
                body_discardable(&c->head);
     if (status == 429)
         reply_429(out, &c->rl, keep);
@@ -412,7 +414,7 @@ static void parse_head(struct client *c)
     c->req_done = c->resp_started = c->resp_done = 0;
     c->out_chunked = 0;
     c->body_bytes = 0;
-    c->keep_alive = c->head.keep_alive;
+    c->keep_alive = c->head.keep_alive && !w->stopping;
     c->state = CS_DECIDE;
 
     const struct http1_head *h = &c->head;
@@ -619,12 +621,18 @@ static void write_request_head(struct client *c, struct evbuffer *out)
     evbuffer_add(out, "\r\n", 2);
 }
 
-static int pool_connect(struct client *c, int fresh)
+/* Borrow a connection from pool p (the worker's pool for the route's
+ * upstream unless given). */
+static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
 {
-    const struct conf_upstream *cu = c->route->upstream;
-    c->up = upstream_acquire(worker_pool(c->w, cu), fresh);
+    if (p == NULL)
+        p = worker_pool(c->w, c->conf, c->route->upstream);
+    if (p == NULL)
+        return -1;
+    c->up = upstream_acquire(p, fresh);
     if (c->up == NULL)
         return -1;
+    const struct conf_upstream *cu = upstream_conf(p);
     struct bufferevent *ub = c->up->bev;
     bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
     bufferevent_setwatermark(ub, EV_WRITE, PROXY_HIGH_WATER / 2, 0);
@@ -642,7 +650,7 @@ static int pool_connect(struct client *c, int fresh)
  * a fresh connection if a kept-alive one turns out to be closed. */
 static void forward(struct client *c)
 {
-    if (pool_connect(c, 0) < 0) {
+    if (pool_connect(c, NULL, 0) < 0) {
         answer_local(c, 502, 0);
         return;
     }
@@ -902,14 +910,21 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
      * fresh one if nothing was sent back and the request can be resent. */
     if (!c->resp_started && uc->reused && !c->retried && c->head_in_input &&
         !(what & BEV_EVENT_TIMEOUT)) {
-        upstream_close(uc);
+        /* Borrow first: closing the last borrowed connection of a retired
+         * pool frees the pool. */
         c->up = NULL;
         c->retried = 1;
-        if (pool_connect(c, 1) == 0) {
+        int ok = pool_connect(c, uc->pool, 1) == 0;
+        upstream_close(uc);
+        if (ok) {
             refresh_head(c);
             write_request_head(c, bufferevent_get_output(c->up->bev));
-            goto out;
+        } else {
+            fail_request(c, 502);
+            if (!c->dead)
+                client_process(c);
         }
+        goto out;
     }
     if (what & BEV_EVENT_TIMEOUT)
         log_warn("proxy: upstream '%s' timed out", cu->servers[uc->server].text);
@@ -931,7 +946,7 @@ static void request_finish(struct client *c)
 {
     drain_head(c);
     c->route = NULL;
-    if (!c->keep_alive || c->eof) {
+    if (!c->keep_alive || c->eof || c->w->stopping) {
         client_close_after_write(c);
         return;
     }
@@ -1037,7 +1052,9 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
 void proxy_accept(struct worker *w, int fd, const struct sockaddr *peer, int peerlen)
 {
     struct conf *conf = w->conf;
-    if (conf->max_connections && w->nclients >= conf->max_connections) {
+    /* max_connections is per process; each worker takes its share. */
+    int share = conf->max_connections ? (conf->max_connections + conf->workers - 1) / conf->workers : 0;
+    if (share && w->nclients >= share) {
         evutil_closesocket(fd);
         return;
     }
@@ -1075,6 +1092,19 @@ void proxy_accept(struct worker *w, int fd, const struct sockaddr *peer, int pee
     bufferevent_setcb(bev, client_read_cb, client_write_cb, client_event_cb, c);
     bufferevent_enable(bev, EV_READ | EV_WRITE);
     client_timer(c, TM_IDLE, conf->client.idle_timeout_ms);
+}
+
+void proxy_drain(struct worker *w)
+{
+    for (struct client *c = w->clients, *next; c; c = next) {
+        next = c->next;
+        c->keep_alive = 0;
+        if (c->state == CS_HEAD && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0) {
+            client_kill(c);
+            if (c->busy == 0)
+                client_free(c);
+        }
+    }
 }
 
 void proxy_close_all(struct worker *w)

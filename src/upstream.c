@@ -24,6 +24,8 @@ struct upstream_pool {
     struct upstream_conn *idle;
     int nidle;
     unsigned next_server;           /* round robin */
+    int borrowed;                   /* connections handed out */
+    int retired;                    /* config replaced: free when all return */
 };
 
 struct upstream_pool *upstream_pool_create(struct event_base *base,
@@ -48,16 +50,46 @@ static void conn_free(struct upstream_conn *uc)
     free(uc);
 }
 
-void upstream_pool_destroy(struct upstream_pool *p)
+static void pool_free(struct upstream_pool *p)
 {
-    if (p == NULL)
-        return;
     while (p->idle) {
         struct upstream_conn *uc = p->idle;
         p->idle = uc->next;
         conn_free(uc);
     }
     free(p);
+}
+
+void upstream_pool_destroy(struct upstream_pool *p)
+{
+    if (p == NULL)
+        return;
+    if (p->borrowed > 0) {      /* requests still hold connections */
+        upstream_pool_retire(p);
+        return;
+    }
+    pool_free(p);
+}
+
+void upstream_pool_retire(struct upstream_pool *p)
+{
+    p->retired = 1;
+    while (p->idle) {
+        struct upstream_conn *uc = p->idle;
+        p->idle = uc->next;
+        p->nidle--;
+        conn_free(uc);
+    }
+    if (p->borrowed == 0)
+        pool_free(p);
+}
+
+/* A borrowed connection came back (kept or closed). */
+static void pool_returned(struct upstream_pool *p)
+{
+    p->borrowed--;
+    if (p->retired && p->borrowed == 0)
+        pool_free(p);
 }
 
 static void idle_unlink(struct upstream_conn *uc)
@@ -121,20 +153,26 @@ struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh)
         p->nidle--;
         uc->next = NULL;
         uc->reused = 1;
+        p->borrowed++;
         bufferevent_setcb(uc->bev, NULL, NULL, NULL, NULL);
         return uc;
     }
-    return conn_new(p);
+    struct upstream_conn *uc = conn_new(p);
+    if (uc)
+        p->borrowed++;
+    return uc;
 }
 
 void upstream_release(struct upstream_conn *uc)
 {
     struct upstream_pool *p = uc->pool;
-    if (p->nidle >= p->cu->keepalive ||
+    if (p->retired || p->nidle >= p->cu->keepalive ||
         evbuffer_get_length(bufferevent_get_input(uc->bev)) != 0) {
         conn_free(uc);
+        pool_returned(p);
         return;
     }
+    p->borrowed--;
     /* No timeout while idle: the server decides when to drop it, and we
      * notice through the read callback. */
     bufferevent_set_timeouts(uc->bev, NULL, NULL);
@@ -147,5 +185,7 @@ void upstream_release(struct upstream_conn *uc)
 
 void upstream_close(struct upstream_conn *uc)
 {
+    struct upstream_pool *p = uc->pool;
     conn_free(uc);
+    pool_returned(p);
 }

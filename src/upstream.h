@@ -29,8 +29,13 @@ struct upstream_conn {
 
 struct upstream_pool *upstream_pool_create(struct event_base *base,
                                            const struct conf_upstream *cu);
-/* Frees idle connections; connections handed out must be returned first. */
+/* Free the pool; with connections still handed out it is retired instead. */
 void upstream_pool_destroy(struct upstream_pool *p);
+/* The config that made the pool was replaced: close idle connections, stop
+ * keeping returned ones, and free the pool when the last one comes back. The
+ * pool's conf_upstream must stay valid until then (the borrowers' requests
+ * hold a reference to their config). */
+void upstream_pool_retire(struct upstream_pool *p);
 
 /* An idle connection, or a new one whose connect is under way (fresh: never
  * an idle one). The borrower sets the callbacks. NULL when no socket could be

@@ -67,11 +67,34 @@ static int listen_socket(const struct conf_addr *a)
     return fd;
 }
 
+static void reload_cb(evutil_socket_t fd, short what, void *arg);
+
+static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct worker *w = arg;
+    log_warn("worker %d: %d connection%s still busy at shutdown_timeout; closing", w->id,
+             w->nclients, w->nclients == 1 ? "" : "s");
+    event_base_loopexit(w->base, NULL);
+}
+
 static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
+    w->stopping = 1;
     if (w->listener)
         evconnlistener_disable(w->listener);
+    proxy_drain(w);
+    if (w->nclients == 0) {
+        event_base_loopexit(w->base, NULL);
+        return;
+    }
+    struct timeval tv = { w->shutdown_timeout_ms / 1000, (w->shutdown_timeout_ms % 1000) * 1000 };
+    w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
+    evtimer_add(w->drain_timer, &tv);
+}
+
+void worker_drained(struct worker *w)
+{
     event_base_loopexit(w->base, NULL);
 }
 
@@ -80,6 +103,7 @@ struct worker *worker_create(int id, struct conf *conf)
     struct worker *w = mem_calloc(1, sizeof(*w));
     const char *step = "event base";
     w->id = id;
+    pthread_mutex_init(&w->reload_lock, NULL);
     w->conf = conf;
     conf_retain(conf);
     w->base = event_base_new();
@@ -99,6 +123,7 @@ struct worker *worker_create(int id, struct conf *conf)
     evconnlistener_set_error_cb(w->listener, accept_error_cb);
 
     w->stop_ev = event_new(w->base, -1, 0, stop_cb, w);
+    w->reload_ev = event_new(w->base, -1, 0, reload_cb, w);
     w->store = store_create(w->base, &conf->redis);
     w->deny = denycache_create(WORKER_DENY_CACHE_KEYS);
     w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
@@ -126,8 +151,9 @@ int worker_start(struct worker *w)
     return pthread_create(&w->thread, NULL, worker_main, w);
 }
 
-void worker_stop(struct worker *w)
+void worker_stop(struct worker *w, int64_t shutdown_timeout_ms)
 {
+    w->shutdown_timeout_ms = shutdown_timeout_ms;
     event_active(w->stop_ev, EV_TIMEOUT, 0);
 }
 
@@ -136,9 +162,66 @@ void worker_join(struct worker *w)
     pthread_join(w->thread, NULL);
 }
 
-struct upstream_pool *worker_pool(struct worker *w, const struct conf_upstream *cu)
+struct upstream_pool *worker_pool(struct worker *w, const struct conf *conf,
+                                  const struct conf_upstream *cu)
 {
-    return w->pools[cu - w->conf->upstreams];
+    if (conf == w->conf)
+        return w->pools[cu - conf->upstreams];
+    for (int i = 0; i < w->conf->nupstreams; i++)
+        if (strcmp(w->conf->upstreams[i].name, cu->name) == 0)
+            return w->pools[i];
+    return NULL;
+}
+
+static int same_redis(const struct conf_redis *a, const struct conf_redis *b)
+{
+    return strcmp(a->url, b->url) == 0 && a->timeout_ms == b->timeout_ms;
+}
+
+/* In the worker's thread: new pools and scratch for the new config; the old
+ * pools retire as their connections come back. A Redis connection is kept
+ * unless its settings changed; a replaced one stays open for the decisions
+ * already sent on it (freed at exit). */
+static void reload_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct worker *w = arg;
+    pthread_mutex_lock(&w->reload_lock);
+    struct conf *nc = w->pending;
+    w->pending = NULL;
+    pthread_mutex_unlock(&w->reload_lock);
+    if (nc == NULL)
+        return;
+
+    struct conf *oc = w->conf;
+    for (int i = 0; i < oc->nupstreams; i++)
+        upstream_pool_retire(w->pools[i]);
+    free(w->pools);
+    w->pools = mem_calloc((size_t)nc->nupstreams, sizeof(*w->pools));
+    for (int i = 0; i < nc->nupstreams; i++)
+        w->pools[i] = upstream_pool_create(w->base, &nc->upstreams[i]);
+    if (!same_redis(&oc->redis, &nc->redis)) {
+        w->old_stores = realloc(w->old_stores, sizeof(*w->old_stores) * (size_t)(w->nold_stores + 1));
+        if (w->old_stores == NULL)
+            abort();
+        w->old_stores[w->nold_stores++] = w->store;
+        w->store = store_create(w->base, &nc->redis);
+    }
+    free(w->path_buf);
+    w->path_buf = mem_alloc(nc->client.max_header_bytes + 1);
+    w->conf = nc;           /* the reference taken in worker_reload() */
+    conf_release(oc);
+}
+
+void worker_reload(struct worker *w, struct conf *conf)
+{
+    conf_retain(conf);
+    pthread_mutex_lock(&w->reload_lock);
+    struct conf *old = w->pending;
+    w->pending = conf;
+    pthread_mutex_unlock(&w->reload_lock);
+    if (old)
+        conf_release(old);
+    event_active(w->reload_ev, EV_TIMEOUT, 0);
 }
 
 void worker_destroy(struct worker *w)
@@ -152,14 +235,24 @@ void worker_destroy(struct worker *w)
     free(w->pools);
     if (w->store)
         store_destroy(w->store);
+    for (int i = 0; i < w->nold_stores; i++)
+        store_destroy(w->old_stores[i]);
+    free(w->old_stores);
+    if (w->pending)
+        conf_release(w->pending);
+    if (w->reload_ev)
+        event_free(w->reload_ev);
     denycache_destroy(w->deny);
     if (w->listener)
         evconnlistener_free(w->listener);
     if (w->stop_ev)
         event_free(w->stop_ev);
+    if (w->drain_timer)
+        event_free(w->drain_timer);
     if (w->base)
         event_base_free(w->base);
     free(w->path_buf);
     conf_release(w->conf);
+    pthread_mutex_destroy(&w->reload_lock);
     free(w);
 }

@@ -26,11 +26,19 @@ struct worker {
     struct event_base *base;
     struct evconnlistener *listener;
     struct event *stop_ev;
+    struct event *reload_ev;
+    pthread_mutex_t reload_lock;
+    struct conf *pending;           /* under reload_lock */
+    struct store **old_stores;      /* replaced by reloads; freed at exit */
+    int nold_stores;
     struct store *store;
     struct denycache *deny;         /* keys Redis denied, until when */
     struct conf *conf;              /* current config; clients retain it */
     struct upstream_pool **pools;   /* one per conf->upstreams[i] */
     int nclients;
+    int stopping;                   /* draining: no accepts, no keep-alive */
+    struct event *drain_timer;      /* shutdown_timeout */
+    int64_t shutdown_timeout_ms;    /* written before stop_ev fires */
     struct client *clients;         /* all open client connections */
     char *path_buf;                 /* normalised path, max_header_bytes */
     char keys[STORE_MAX_LIMITS][ROUTE_MAX_KEY];
@@ -40,11 +48,21 @@ struct worker {
  * logs when the socket cannot be bound. */
 struct worker *worker_create(int id, struct conf *conf);
 int worker_start(struct worker *w);
-/* Thread-safe: stop accepting and leave the loop. */
-void worker_stop(struct worker *w);
+/* Thread-safe: stop accepting, let requests in flight finish (up to
+ * shutdown_timeout_ms), then leave the loop. */
+void worker_stop(struct worker *w, int64_t shutdown_timeout_ms);
+/* From the worker's thread: the last client is gone while stopping. */
+void worker_drained(struct worker *w);
 void worker_join(struct worker *w);
 void worker_destroy(struct worker *w);
 
-struct upstream_pool *worker_pool(struct worker *w, const struct conf_upstream *cu);
+/* The pool for upstream cu of config conf. A request decided under a config
+ * that a reload has since replaced gets the new config's upstream of the
+ * same name; NULL when there is none. */
+struct upstream_pool *worker_pool(struct worker *w, const struct conf *conf,
+                                  const struct conf_upstream *cu);
+
+/* Thread-safe: apply a newly loaded config (retained here) to new requests. */
+void worker_reload(struct worker *w, struct conf *conf);
 
 #endif

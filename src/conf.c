@@ -1,0 +1,1868 @@
+/* sluice - conf.c: YAML file -> struct conf, the only user of libyaml.
+ *
+ * Three phases, each stopping at the first error: (1) syntax: libyaml events
+ * become a small tree of nodes that keep their file position; (2) each key:
+ * every mapping is walked with a table of {key, handler}, handlers check type
+ * and bounds and fill struct conf; (3) across keys: upstream references and
+ * duplicate names. Every error reads "FILE:LINE:COL: message" and names the
+ * key path, so an operator can fix a bad file without guessing. */
+#include "conf.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "store.h"
+
+#define CONF_MAX_FILE_BYTES (4 << 20)
+#define CONF_MAX_DEPTH      32
+/* Ten years: far beyond any sane window, small enough that ms -> us and the
+ * Lua script's doubles stay exact. */
+#define CONF_MAX_DURATION_MS (3650LL * 86400 * 1000)
+#define CONF_MAX_COUNT      1000000000LL    /* limit, burst */
+#define CONF_MAX_NAME       64
+#define CONF_MAX_PREFIX     256
+#define SHOW_BUF            80
+
+enum node_kind { NODE_NULL, NODE_SCALAR, NODE_SEQ, NODE_MAP };
+
+struct node {
+    enum node_kind kind;
+    int line, col;              /* 1-based */
+    char *str;                  /* scalar (and null) text as written */
+    int substituted;            /* ${VAR} already expanded in str */
+    struct node **kids;         /* seq: items; map: key, value, key, value... */
+    int nkids;
+};
+
+struct ctx {
+    const char *file;
+    const char *buf;            /* the file's bytes, for reader error offsets */
+    size_t len;
+    char *err;                  /* first error, malloc'd */
+    char path[256];             /* key path of the node being checked */
+    size_t pathlen;
+    struct conf *c;
+    struct node *routes;        /* the routes sequence, for phase 3 */
+};
+
+struct key_def {
+    const char *name;
+    int (*fn)(struct ctx *x, struct node *k, struct node *v, void *obj);
+    int required;
+};
+
+/* ---- memory: allocation failure is not recoverable in a proxy */
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        abort();
+    return p;
+}
+
+static char *xstrndup(const char *s, size_t n)
+{
+    char *p = xmalloc(n + 1);
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+static char *xstrdup(const char *s)
+{
+    return xstrndup(s, strlen(s));
+}
+
+/* ---- errors */
+
+/* A value as it may appear in a message: bounded, no control bytes. */
+static const char *show(const char *s, char *out)
+{
+    size_t i, max = SHOW_BUF - 4;
+    for (i = 0; s[i] && i < max; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        out[i] = (ch < 0x20 || ch == 0x7f) ? '?' : (char)ch;
+    }
+    if (s[i])
+        memcpy(out + i, "...", 3), i += 3;
+    out[i] = '\0';
+    return out;
+}
+
+static int vfail_at(struct ctx *x, int line, int col, int with_path,
+                    const char *fmt, va_list ap)
+{
+    char *msg;
+    int rc;
+    if (x->err)
+        return -1;
+    if (vasprintf(&msg, fmt, ap) < 0)
+        abort();
+    if (with_path && x->pathlen)
+        rc = asprintf(&x->err, "%s:%d:%d: %s: %s", x->file, line, col, x->path, msg);
+    else
+        rc = asprintf(&x->err, "%s:%d:%d: %s", x->file, line, col, msg);
+    if (rc < 0)
+        abort();
+    free(msg);
+    return -1;
+}
+
+/* An error at node n, prefixed with the current key path. */
+__attribute__((format(printf, 3, 4)))
+static int fail(struct ctx *x, const struct node *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail_at(x, n->line, n->col, 1, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* An error at node n whose message names the place itself. */
+__attribute__((format(printf, 3, 4)))
+static int fail_bare(struct ctx *x, const struct node *n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail_at(x, n->line, n->col, 0, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+__attribute__((format(printf, 4, 5)))
+static int fail_mark(struct ctx *x, int line, int col, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail_at(x, line, col, 0, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *where(const struct ctx *x)
+{
+    return x->pathlen ? x->path : "top level";
+}
+
+/* ---- key path: "routes[1].limits[0].window" */
+
+__attribute__((format(printf, 2, 3)))
+static size_t path_push(struct ctx *x, const char *fmt, ...)
+{
+    size_t old = x->pathlen;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(x->path + old, sizeof x->path - old, fmt, ap);
+    va_end(ap);
+    x->pathlen = strlen(x->path);
+    return old;
+}
+
+static size_t path_push_key(struct ctx *x, const char *key)
+{
+    return x->pathlen ? path_push(x, ".%s", key) : path_push(x, "%s", key);
+}
+
+static void path_pop(struct ctx *x, size_t old)
+{
+    x->pathlen = old;
+    x->path[old] = '\0';
+}
+
+/* ---- phase 1: syntax, events -> node tree */
+
+static void node_free(struct node *n)
+{
+    if (!n)
+        return;
+    for (int i = 0; i < n->nkids; i++)
+        node_free(n->kids[i]);
+    free(n->kids);
+    free(n->str);
+    free(n);
+}
+
+static struct node *node_new(enum node_kind kind, const yaml_mark_t *m)
+{
+    struct node *n = xcalloc(1, sizeof *n);
+    n->kind = kind;
+    n->line = (int)m->line + 1;
+    n->col = (int)m->column + 1;
+    return n;
+}
+
+static void node_add(struct node *n, struct node *kid, int *cap)
+{
+    if (n->nkids == *cap) {
+        *cap = *cap ? *cap * 2 : 8;
+        n->kids = realloc(n->kids, (size_t)*cap * sizeof *n->kids);
+        if (!n->kids)
+            abort();
+    }
+    n->kids[n->nkids++] = kid;
+}
+
+/* Reader errors (bad UTF-8) carry a byte offset, not a mark. */
+static void offset_to_mark(const struct ctx *x, size_t off, int *line, int *col)
+{
+    *line = 1;
+    *col = 1;
+    for (size_t i = 0; i < off && i < x->len; i++) {
+        if (x->buf[i] == '\n')
+            (*line)++, *col = 1;
+        else
+            (*col)++;
+    }
+}
+
+static int syntax_error(struct ctx *x, const yaml_parser_t *p)
+{
+    int line = (int)p->problem_mark.line + 1, col = (int)p->problem_mark.column + 1;
+    const char *problem = p->problem ? p->problem : "cannot parse";
+    if (p->error == YAML_MEMORY_ERROR)
+        abort();
+    if (p->error == YAML_READER_ERROR)
+        offset_to_mark(x, p->problem_offset, &line, &col);
+    if (p->context && p->context_mark.line == p->problem_mark.line &&
+        p->context_mark.column == p->problem_mark.column)
+        return fail_mark(x, line, col, "syntax error: %s (%s)", problem, p->context);
+    if (p->context)
+        return fail_mark(x, line, col, "syntax error: %s (%s at %d:%d)", problem,
+                         p->context, (int)p->context_mark.line + 1,
+                         (int)p->context_mark.column + 1);
+    return fail_mark(x, line, col, "syntax error: %s", problem);
+}
+
+static int next_event(struct ctx *x, yaml_parser_t *p, yaml_event_t *ev)
+{
+    if (!yaml_parser_parse(p, ev))
+        return syntax_error(x, p);
+    return 0;
+}
+
+static int is_null_text(const char *s)
+{
+    return !*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+           !strcmp(s, "NULL");
+}
+
+static struct node *tree_from(struct ctx *x, yaml_parser_t *p, yaml_event_t *ev, int depth);
+
+static struct node *tree_scalar(struct ctx *x, yaml_event_t *ev)
+{
+    const char *v = (const char *)ev->data.scalar.value;
+    size_t len = ev->data.scalar.length;
+    struct node *n;
+    if (memchr(v, '\0', len)) {
+        fail_mark(x, (int)ev->start_mark.line + 1, (int)ev->start_mark.column + 1,
+                  "a value contains a NUL byte");
+        return NULL;
+    }
+    n = node_new(NODE_SCALAR, &ev->start_mark);
+    n->str = xstrndup(v, len);
+    if (ev->data.scalar.plain_implicit && is_null_text(n->str))
+        n->kind = NODE_NULL;
+    return n;
+}
+
+/* Children of a sequence or mapping until its end event. */
+static int tree_children(struct ctx *x, yaml_parser_t *p, struct node *n,
+                         yaml_event_type_t end, int depth)
+{
+    int cap = 0;
+    for (;;) {
+        yaml_event_t ev;
+        struct node *kid;
+        if (next_event(x, p, &ev) < 0)
+            return -1;
+        if (ev.type == end) {
+            yaml_event_delete(&ev);
+            return 0;
+        }
+        kid = tree_from(x, p, &ev, depth + 1);
+        yaml_event_delete(&ev);
+        if (!kid)
+            return -1;
+        node_add(n, kid, &cap);
+        if (n->kind == NODE_MAP && n->nkids % 2 == 1 && kid->kind != NODE_SCALAR)
+            return fail_bare(x, kid, "syntax error: a mapping key must be a plain value");
+    }
+}
+
+/* The node that starts with event ev (the caller deletes ev). */
+static struct node *tree_from(struct ctx *x, yaml_parser_t *p, yaml_event_t *ev, int depth)
+{
+    struct node *n;
+    int line = (int)ev->start_mark.line + 1, col = (int)ev->start_mark.column + 1;
+    if (depth > CONF_MAX_DEPTH) {
+        fail_mark(x, line, col, "syntax error: nested deeper than %d levels", CONF_MAX_DEPTH);
+        return NULL;
+    }
+    switch (ev->type) {
+    case YAML_SCALAR_EVENT:
+        return tree_scalar(x, ev);
+    case YAML_SEQUENCE_START_EVENT:
+        n = node_new(NODE_SEQ, &ev->start_mark);
+        if (tree_children(x, p, n, YAML_SEQUENCE_END_EVENT, depth) < 0)
+            goto fail;
+        return n;
+    case YAML_MAPPING_START_EVENT:
+        n = node_new(NODE_MAP, &ev->start_mark);
+        if (tree_children(x, p, n, YAML_MAPPING_END_EVENT, depth) < 0)
+            goto fail;
+        return n;
+    case YAML_ALIAS_EVENT:
+        /* Aliases would make the tree a graph (and a "billion laughs"
+         * file a bomb); a config this small does not need them. */
+        fail_mark(x, line, col, "syntax error: aliases (*name) are not supported");
+        return NULL;
+    default:
+        fail_mark(x, line, col, "syntax error: unexpected YAML event");
+        return NULL;
+    }
+fail:
+    node_free(n);
+    return NULL;
+}
+
+/* The one document of the file, or NULL with x->err set. */
+static struct node *tree_load(struct ctx *x)
+{
+    yaml_parser_t p;
+    yaml_event_t ev;
+    struct node *root = NULL;
+    int have_ev = 0;
+
+    if (!yaml_parser_initialize(&p))
+        abort();
+    yaml_parser_set_input_string(&p, (const unsigned char *)x->buf, x->len);
+    if (next_event(x, &p, &ev) < 0)             /* stream start */
+        goto fail;
+    yaml_event_delete(&ev);
+    if (next_event(x, &p, &ev) < 0)
+        goto fail;
+    have_ev = 1;
+    if (ev.type == YAML_STREAM_END_EVENT) {
+        fail_mark(x, 1, 1, "empty file: expected a mapping with listen, upstreams and routes");
+        goto fail;
+    }
+    yaml_event_delete(&ev);                     /* document start */
+    have_ev = 0;
+    if (next_event(x, &p, &ev) < 0)
+        goto fail;
+    have_ev = 1;
+    root = tree_from(x, &p, &ev, 0);
+    if (!root)
+        goto fail;
+    yaml_event_delete(&ev);
+    have_ev = 0;
+    if (next_event(x, &p, &ev) < 0)             /* document end */
+        goto fail;
+    yaml_event_delete(&ev);
+    if (next_event(x, &p, &ev) < 0)
+        goto fail;
+    have_ev = 1;
+    if (ev.type != YAML_STREAM_END_EVENT) {
+        fail_mark(x, (int)ev.start_mark.line + 1, (int)ev.start_mark.column + 1,
+                  "syntax error: only one YAML document is allowed");
+        goto fail;
+    }
+    yaml_event_delete(&ev);
+    yaml_parser_delete(&p);
+    return root;
+fail:
+    if (have_ev)
+        yaml_event_delete(&ev);
+    yaml_parser_delete(&p);
+    node_free(root);
+    return NULL;
+}
+
+/* ---- typed access to nodes */
+
+static const char *kind_name(enum node_kind k)
+{
+    switch (k) {
+    case NODE_NULL: return "nothing";
+    case NODE_SCALAR: return "a scalar";
+    case NODE_SEQ: return "a sequence";
+    case NODE_MAP: return "a mapping";
+    }
+    return "?";
+}
+
+static int expect(struct ctx *x, const struct node *n, enum node_kind k)
+{
+    if (n->kind != k)
+        return fail(x, n, "expected %s, got %s", kind_name(k), kind_name(n->kind));
+    return 0;
+}
+
+struct strbuf { char *s; size_t len, cap; };
+
+static void sb_add(struct strbuf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->s = realloc(b->s, b->cap);
+        if (!b->s)
+            abort();
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+}
+
+/* Expand ${VAR} and ${VAR:-default} (default also when VAR is empty). */
+static int subst(struct ctx *x, struct node *n)
+{
+    struct strbuf b = { 0 };
+    const char *p = n->str, *q;
+    char sb[SHOW_BUF];
+    sb_add(&b, "", 0);
+    while ((q = strstr(p, "${")) != NULL) {
+        const char *name = q + 2, *e = name, *def = NULL, *end, *val;
+        char var[128];
+        sb_add(&b, p, (size_t)(q - p));
+        while (isalnum((unsigned char)*e) || *e == '_')
+            e++;
+        if (e == name || isdigit((unsigned char)*name) || (size_t)(e - name) >= sizeof var)
+            goto bad;
+        if (*e == '}') {
+            end = e;
+        } else if (e[0] == ':' && e[1] == '-') {
+            def = e + 2;
+            end = strchr(def, '}');
+            if (!end)
+                goto bad;
+        } else {
+            goto bad;
+        }
+        memcpy(var, name, (size_t)(e - name));
+        var[e - name] = '\0';
+        val = getenv(var);
+        if (val && (*val || !def)) {
+            sb_add(&b, val, strlen(val));
+        } else if (def) {
+            sb_add(&b, def, (size_t)(end - def));
+        } else {
+            free(b.s);
+            return fail(x, n, "environment variable '%s' is not set and has no default", var);
+        }
+        p = end + 1;
+    }
+    sb_add(&b, p, strlen(p));
+    free(n->str);
+    n->str = b.s;
+    n->substituted = 1;
+    return 0;
+bad:
+    free(b.s);
+    return fail(x, n, "bad variable reference in '%s' (use ${NAME} or ${NAME:-default})",
+                show(n->str, sb));
+}
+
+/* The scalar's text after substitution, or NULL with the error set. */
+static const char *scalar(struct ctx *x, struct node *n)
+{
+    if (expect(x, n, NODE_SCALAR) < 0)
+        return NULL;
+    if (!n->substituted && subst(x, n) < 0)
+        return NULL;
+    return n->str;
+}
+
+/* A name used in headers, JSON bodies and Redis keys: keep it plain. */
+static const char *name_scalar(struct ctx *x, struct node *n)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    size_t i;
+    if (!s)
+        return NULL;
+    for (i = 0; s[i]; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("-_.", s[i]))
+            break;
+    if (!*s || s[i] || i > CONF_MAX_NAME) {
+        fail(x, n, "bad name '%s' (use 1 to %d letters, digits, '-', '_' or '.')",
+             show(s, sb), CONF_MAX_NAME);
+        return NULL;
+    }
+    return s;
+}
+
+/* Strict decimal: optional '-', digits, nothing else. */
+static int parse_int(const char *s, int64_t *out)
+{
+    char *end;
+    long long v;
+    if (!(isdigit((unsigned char)s[0]) || (s[0] == '-' && isdigit((unsigned char)s[1]))))
+        return -1;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (*end)
+        return -1;
+    if (errno == ERANGE)
+        return -2;
+    *out = v;
+    return 0;
+}
+
+static int get_int(struct ctx *x, struct node *n, int64_t min, int64_t max, int64_t *out)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    int rc;
+    if (!s)
+        return -1;
+    rc = parse_int(s, out);
+    if (rc == -1)
+        return fail(x, n, "expected an integer, got '%s'", show(s, sb));
+    if (rc == -2 || *out < min || *out > max)
+        return fail(x, n, "%s is out of range (%lld..%lld)", show(s, sb),
+                    (long long)min, (long long)max);
+    return 0;
+}
+
+static int get_duration(struct ctx *x, struct node *n, int64_t *out_ms)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    if (!s)
+        return -1;
+    if (conf_parse_duration_ms(s, out_ms) < 0)
+        return fail(x, n, "bad duration '%s' (use e.g. 500ms, 30s, 5m, 1h, 1d, 1w)",
+                    show(s, sb));
+    if (*out_ms > CONF_MAX_DURATION_MS)
+        return fail(x, n, "duration '%s' is out of range (at most 3650d)", show(s, sb));
+    return 0;
+}
+
+/* Bytes: plain integer or with a k, m or g suffix (powers of 1024). */
+static int parse_size(const char *s, uint64_t *out)
+{
+    uint64_t v = 0, mul = 1;
+    const char *p = s;
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    for (; isdigit((unsigned char)*p); p++) {
+        if (v > (UINT64_MAX - 9) / 10)
+            return -1;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    switch (*p) {
+    case '\0': break;
+    case 'k': case 'K': mul = 1ULL << 10; p++; break;
+    case 'm': case 'M': mul = 1ULL << 20; p++; break;
+    case 'g': case 'G': mul = 1ULL << 30; p++; break;
+    default: return -1;
+    }
+    if (*p || (v && mul > UINT64_MAX / v))
+        return -1;
+    *out = v * mul;
+    return 0;
+}
+
+static int get_size(struct ctx *x, struct node *n, uint64_t min, uint64_t max, uint64_t *out)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    if (!s)
+        return -1;
+    if (parse_size(s, out) < 0)
+        return fail(x, n, "bad size '%s' (use e.g. 16384, 64k, 10m, 1g)", show(s, sb));
+    if (*out < min || *out > max)
+        return fail(x, n, "size '%s' is out of range (%llu..%llu bytes)", show(s, sb),
+                    (unsigned long long)min, (unsigned long long)max);
+    return 0;
+}
+
+static struct node *map_get(const struct node *m, const char *key)
+{
+    if (!m || m->kind != NODE_MAP)
+        return NULL;
+    for (int i = 0; i + 1 < m->nkids; i += 2)
+        if (!strcmp(m->kids[i]->str, key))
+            return m->kids[i + 1];
+    return NULL;
+}
+
+/* Walk mapping n with a table: unknown, duplicate and missing keys are
+ * errors here, so handlers see each of their keys exactly once. */
+static int walk_map(struct ctx *x, struct node *n, const struct key_def *defs, void *obj)
+{
+    char sb[SHOW_BUF];
+    uint64_t seen = 0;          /* bit d: defs[d] met; tables stay under 64 keys */
+    int i, d;
+    if (expect(x, n, NODE_MAP) < 0)
+        return -1;
+    for (i = 0; i + 1 < n->nkids; i += 2) {
+        struct node *k = n->kids[i], *v = n->kids[i + 1];
+        size_t old;
+        int rc;
+        for (d = 0; defs[d].name && strcmp(defs[d].name, k->str); d++)
+            if (d >= 63)
+                abort();
+        if (!defs[d].name)
+            return fail_bare(x, k, "unknown key '%s' in %s", show(k->str, sb), where(x));
+        if (seen & (1ULL << d))
+            return fail_bare(x, k, "duplicate key '%s' in %s", k->str, where(x));
+        seen |= 1ULL << d;
+        old = path_push_key(x, defs[d].name);
+        rc = defs[d].fn(x, k, v, obj);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    for (d = 0; defs[d].name; d++)
+        if (defs[d].required && !(seen & (1ULL << d)))
+            return fail_bare(x, n, "missing required key '%s' in %s", defs[d].name, where(x));
+    return 0;
+}
+
+/* ---- values: durations, rates, addresses, CIDRs, URLs */
+
+static const struct { const char *unit; int64_t ms; } duration_units[] = {
+    { "ms", 1 }, { "s", 1000 }, { "m", 60000 }, { "h", 3600000 },
+    { "d", 86400000 }, { "w", 604800000 }, { NULL, 0 },
+};
+
+static int64_t unit_ms(const char *u)
+{
+    for (int i = 0; duration_units[i].unit; i++)
+        if (!strcmp(u, duration_units[i].unit))
+            return duration_units[i].ms;
+    return 0;
+}
+
+/* Leading digits into *out; returns the first byte after them, NULL on
+ * no digits or int64 overflow. */
+static const char *parse_digits(const char *s, int64_t *out)
+{
+    int64_t v = 0;
+    if (!isdigit((unsigned char)*s))
+        return NULL;
+    for (; isdigit((unsigned char)*s); s++) {
+        int d = *s - '0';
+        if (v > (INT64_MAX - d) / 10)
+            return NULL;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return s;
+}
+
+int conf_parse_duration_ms(const char *s, int64_t *out_ms)
+{
+    int64_t n, mul, ms;
+    const char *u = parse_digits(s, &n);
+    if (!u || n <= 0)
+        return -1;
+    mul = unit_ms(u);
+    if (!mul || __builtin_mul_overflow(n, mul, &ms))
+        return -1;
+    *out_ms = ms;
+    return 0;
+}
+
+int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms)
+{
+    int64_t n, ms;
+    const char *p = parse_digits(s, &n);
+    if (!p || n < 1 || *p != '/')
+        return -1;
+    p++;
+    ms = unit_ms(p);            /* "10/s": a bare unit means one of it */
+    if (!ms && conf_parse_duration_ms(p, &ms) < 0)
+        return -1;
+    *count = n;
+    *period_ms = ms;
+    return 0;
+}
+
+/* "1" .. "65535", digits only. */
+static int parse_port(const char *s, int *port)
+{
+    int64_t v;
+    const char *e = parse_digits(s, &v);
+    if (!e || *e || e - s > 5 || v < 1 || v > 65535)
+        return -1;
+    *port = (int)v;
+    return 0;
+}
+
+/* host:port with a numeric host, [v6]:port, or localhost:port. */
+static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sslen)
+{
+    char host[INET6_ADDRSTRLEN + 64];
+    const char *hs = s, *he, *ps;
+    struct addrinfo hints, *res;
+    unsigned char probe[sizeof(struct in6_addr)];
+    int family, port;
+
+    if (s[0] == '[') {
+        hs = s + 1;
+        he = strchr(hs, ']');
+        if (!he || he[1] != ':')
+            return -1;
+        ps = he + 2;
+        family = AF_INET6;
+    } else {
+        he = strrchr(s, ':');
+        if (!he || memchr(s, ':', (size_t)(he - s)))
+            return -1;
+        ps = he + 1;
+        family = AF_INET;
+    }
+    if (he == hs || (size_t)(he - hs) >= sizeof host || parse_port(ps, &port) < 0)
+        return -1;
+    memcpy(host, hs, (size_t)(he - hs));
+    host[he - hs] = '\0';
+    if (family == AF_INET && !strcmp(host, "localhost"))
+        strcpy(host, "127.0.0.1");
+    /* getaddrinfo also takes "127.1"; insist on the usual dotted quad. */
+    if (family == AF_INET && inet_pton(AF_INET, host, probe) != 1)
+        return -1;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    if (getaddrinfo(host, ps, &hints, &res) != 0)
+        return -1;
+    if (res->ai_addrlen > sizeof *ss) {
+        freeaddrinfo(res);
+        return -1;
+    }
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sslen = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static int get_addr(struct ctx *x, struct node *n, struct conf_addr *a)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    if (!s)
+        return -1;
+    if (parse_addr(s, &a->ss, &a->sslen) < 0)
+        return fail(x, n, "bad address '%s' (use IP:PORT, [IPV6]:PORT or localhost:PORT)",
+                    show(s, sb));
+    free(a->text);
+    a->text = xstrdup(s);
+    return 0;
+}
+
+/* "10.0.0.0/8", "fd00::/8", or a bare address (/32, /128). */
+static int parse_cidr(const char *s, struct conf_cidr *out)
+{
+    char host[INET6_ADDRSTRLEN];
+    const char *slash = strchr(s, '/');
+    size_t hl = slash ? (size_t)(slash - s) : strlen(s);
+    int64_t bits;
+    int max;
+    memset(out, 0, sizeof *out);
+    if (hl == 0 || hl >= sizeof host)
+        return -1;
+    memcpy(host, s, hl);
+    host[hl] = '\0';
+    if (inet_pton(AF_INET, host, out->addr) == 1)
+        out->family = AF_INET, max = 32;
+    else if (inet_pton(AF_INET6, host, out->addr) == 1)
+        out->family = AF_INET6, max = 128;
+    else
+        return -1;
+    bits = max;
+    if (slash) {
+        const char *e = parse_digits(slash + 1, &bits);
+        if (!e || *e || e - (slash + 1) > 3 || bits > max)
+            return -1;
+    }
+    out->bits = (int)bits;
+    for (int i = 0; i < max / 8; i++) {
+        int keep = (int)bits - i * 8;
+        if (keep <= 0)
+            out->addr[i] = 0;
+        else if (keep < 8)
+            out->addr[i] &= (uint8_t)(0xff00 >> keep);
+    }
+    return 0;
+}
+
+static int prefix_eq(const uint8_t *a, const uint8_t *b, int bits)
+{
+    int full = bits / 8, rest = bits % 8;
+    if (memcmp(a, b, (size_t)full))
+        return 0;
+    if (rest) {
+        uint8_t mask = (uint8_t)(0xff00 >> rest);
+        return (a[full] & mask) == (b[full] & mask);
+    }
+    return 1;
+}
+
+int conf_cidr_match(const struct conf_cidr *cidrs, int n, const struct sockaddr *addr)
+{
+    static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+    uint8_t v4[4], v6[16];
+    int has4 = 0;
+    if (!addr)
+        return 0;
+    if (addr->sa_family == AF_INET) {
+        struct sockaddr_in sin;
+        memcpy(&sin, addr, sizeof sin);
+        memcpy(v4, &sin.sin_addr, 4);
+        memcpy(v6, mapped, 12);
+        memcpy(v6 + 12, v4, 4);
+        has4 = 1;
+    } else if (addr->sa_family == AF_INET6) {
+        struct sockaddr_in6 sin6;
+        memcpy(&sin6, addr, sizeof sin6);
+        memcpy(v6, &sin6.sin6_addr, 16);
+        if (!memcmp(v6, mapped, 12)) {
+            memcpy(v4, v6 + 12, 4);
+            has4 = 1;
+        }
+    } else {
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        if (cidrs[i].family == AF_INET && has4 && prefix_eq(v4, cidrs[i].addr, cidrs[i].bits))
+            return 1;
+        if (cidrs[i].family == AF_INET6 && prefix_eq(v6, cidrs[i].addr, cidrs[i].bits))
+            return 1;
+    }
+    return 0;
+}
+
+static int hexval(int ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch = tolower(ch);
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+/* Percent-decoded copy of s[0..n), NULL on a bad escape or %00. */
+static char *pct_decode(const char *s, size_t n)
+{
+    char *out = xmalloc(n + 1), *o = out;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '%') {
+            if (i + 2 >= n) {
+                free(out);
+                return NULL;
+            }
+            int a = hexval((unsigned char)s[i + 1]), b = hexval((unsigned char)s[i + 2]);
+            if (a < 0 || b < 0 || (a == 0 && b == 0)) {
+                free(out);
+                return NULL;
+            }
+            *o++ = (char)(a * 16 + b);
+            i += 2;
+        } else {
+            *o++ = s[i];
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
+static int host_chars_ok(const char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("-._", s[i]))
+            return 0;
+    return 1;
+}
+
+/* redis://[user:password@]host[:port][/db] or unix:///path.sock[?db=N].
+ * Returns NULL or the reason; never echoes the URL (it may hold a password). */
+static const char *parse_redis_url(const char *url, struct conf_redis *r)
+{
+    const char *p, *auth_end, *at, *hp, *he, *colon;
+    int64_t db = 0;
+
+    if (!strncmp(url, "unix://", 7)) {
+        const char *path = url + 7, *q = strchr(path, '?');
+        size_t plen = q ? (size_t)(q - path) : strlen(path);
+        if (plen < 2 || path[0] != '/')
+            return "unix socket path must be absolute";
+        if (plen >= sizeof(((struct sockaddr_un *)0)->sun_path))
+            return "unix socket path too long";
+        if (q) {
+            const char *e;
+            if (strncmp(q, "?db=", 4) || !(e = parse_digits(q + 4, &db)) || *e || db > 65535)
+                return "db must be ?db=N with N in 0..65535";
+        }
+        r->is_unix = 1;
+        r->host = xstrndup(path, plen);
+        r->port = 0;
+        r->db = (int)db;
+        return NULL;
+    }
+    if (strncmp(url, "redis://", 8))
+        return "scheme must be redis:// or unix://";
+    p = url + 8;
+    auth_end = p + strcspn(p, "/?#");
+    if (*auth_end == '?' || *auth_end == '#')
+        return "query and fragment are not supported on redis://";
+    at = NULL;
+    for (const char *q = p; q < auth_end; q++)
+        if (*q == '@')
+            at = q;
+    hp = p;
+    if (at) {
+        colon = memchr(p, ':', (size_t)(at - p));
+        if (!colon)
+            return "credentials must be user:password@ (user may be empty)";
+        if (colon > p && !(r->user = pct_decode(p, (size_t)(colon - p))))
+            return "bad percent-escape in user";
+        if (!(r->password = pct_decode(colon + 1, (size_t)(at - colon - 1))))
+            return "bad percent-escape in password";
+        hp = at + 1;
+    }
+    r->port = 6379;
+    if (*hp == '[') {
+        char v6[INET6_ADDRSTRLEN];
+        unsigned char probe[sizeof(struct in6_addr)];
+        he = memchr(hp, ']', (size_t)(auth_end - hp));
+        if (!he || (size_t)(he - hp - 1) >= sizeof v6)
+            return "bad [IPv6] host";
+        memcpy(v6, hp + 1, (size_t)(he - hp - 1));
+        v6[he - hp - 1] = '\0';
+        if (inet_pton(AF_INET6, v6, probe) != 1)
+            return "bad [IPv6] host";
+        r->host = xstrdup(v6);
+        colon = he + 1 < auth_end ? he + 1 : NULL;
+        if (colon && *colon != ':')
+            return "bad [IPv6] host";
+    } else {
+        colon = memchr(hp, ':', (size_t)(auth_end - hp));
+        he = colon ? colon : auth_end;
+        if (!host_chars_ok(hp, (size_t)(he - hp)))
+            return "bad host";
+        r->host = xstrndup(hp, (size_t)(he - hp));
+    }
+    if (colon) {
+        char port[8];
+        size_t pl = (size_t)(auth_end - colon - 1);
+        if (pl == 0 || pl >= sizeof port)
+            return "port must be 1..65535";
+        memcpy(port, colon + 1, pl);
+        port[pl] = '\0';
+        if (parse_port(port, &r->port) < 0)
+            return "port must be 1..65535";
+    }
+    if (*auth_end == '/' && auth_end[1]) {
+        const char *e = parse_digits(auth_end + 1, &db);
+        if (!e || *e || db > 65535)
+            return "db must be a number in 0..65535";
+    }
+    r->is_unix = 0;
+    r->db = (int)db;
+    return NULL;
+}
+
+static void redis_free_target(struct conf_redis *r)
+{
+    free(r->url);
+    free(r->host);
+    free(r->user);
+    free(r->password);
+    r->url = r->host = r->user = r->password = NULL;
+}
+
+/* ---- phase 2: each key. Handlers: (ctx, key node, value node, object). */
+
+static int tchar(int ch)
+{
+    return isalnum(ch) || (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static int is_token(const char *s)
+{
+    if (!*s)
+        return 0;
+    for (; *s; s++)
+        if (!tchar((unsigned char)*s))
+            return 0;
+    return 1;
+}
+
+static int h_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_addr(x, v, &((struct conf *)obj)->listen);
+}
+
+static int h_workers(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    const char *s = scalar(x, v);
+    int64_t n;
+    if (!s)
+        return -1;
+    if (!strcmp(s, "auto")) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        c->workers = cpus < 1 ? 1 : cpus > 1024 ? 1024 : (int)cpus;
+        return 0;
+    }
+    if (get_int(x, v, 1, 1024, &n) < 0)
+        return -1;
+    c->workers = (int)n;
+    return 0;
+}
+
+static int h_max_connections(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n;
+    if (get_int(x, v, 0, 10000000, &n) < 0)
+        return -1;
+    ((struct conf *)obj)->max_connections = (int)n;
+    return 0;
+}
+
+static int h_max_header_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    uint64_t n;
+    if (get_size(x, v, 1024, 1048576, &n) < 0)
+        return -1;
+    ((struct conf_client *)obj)->max_header_bytes = (size_t)n;
+    return 0;
+}
+
+static int h_max_body_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_size(x, v, 0, UINT64_MAX, &((struct conf_client *)obj)->max_body_bytes);
+}
+
+static int h_header_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_duration(x, v, &((struct conf_client *)obj)->header_timeout_ms);
+}
+
+static int h_idle_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_duration(x, v, &((struct conf_client *)obj)->idle_timeout_ms);
+}
+
+static int h_body_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_duration(x, v, &((struct conf_client *)obj)->body_timeout_ms);
+}
+
+static int h_shutdown_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_duration(x, v, &((struct conf *)obj)->shutdown_timeout_ms);
+}
+
+static const struct key_def client_keys[] = {
+    { "max_header_bytes", h_max_header_bytes, 0 },
+    { "max_body_bytes", h_max_body_bytes, 0 },
+    { "header_timeout", h_header_timeout, 0 },
+    { "idle_timeout", h_idle_timeout, 0 },
+    { "body_timeout", h_body_timeout, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_client(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return walk_map(x, v, client_keys, &((struct conf *)obj)->client);
+}
+
+static int h_redis_url(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj, t = { 0 };
+    const char *s = scalar(x, v), *why;
+    if (!s)
+        return -1;
+    why = parse_redis_url(s, &t);
+    if (why) {
+        redis_free_target(&t);
+        return fail(x, v, "bad redis url: %s (use redis://[user:password@]host[:port][/db] "
+                    "or unix:///path.sock[?db=N])", why);
+    }
+    redis_free_target(r);
+    t.url = xstrdup(s);
+    r->url = t.url, r->host = t.host, r->user = t.user, r->password = t.password;
+    r->is_unix = t.is_unix, r->port = t.port, r->db = t.db;
+    return 0;
+}
+
+static int h_redis_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_duration(x, v, &((struct conf_redis *)obj)->timeout_ms);
+}
+
+static int h_redis_prefix(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj;
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    /* Braces would become the Redis Cluster hash tag of every key. */
+    if (strpbrk(s, "{}"))
+        return fail(x, v, "prefix must not contain '{' or '}' (keys use them as the "
+                    "Redis Cluster hash tag)");
+    if (strlen(s) > CONF_MAX_PREFIX)
+        return fail(x, v, "prefix is longer than %d bytes", CONF_MAX_PREFIX);
+    free(r->prefix);
+    r->prefix = xstrdup(s);
+    return 0;
+}
+
+static int h_redis_on_error(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *names[] = { "allow", "deny", "local" };
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    for (int i = 0; i < 3; i++) {
+        if (!strcmp(s, names[i])) {
+            ((struct conf_redis *)obj)->on_error = (enum conf_on_error)i;
+            return 0;
+        }
+    }
+    return fail(x, v, "bad value '%s' (use allow, deny or local)", show(s, sb));
+}
+
+static const struct key_def redis_keys[] = {
+    { "url", h_redis_url, 0 },
+    { "timeout", h_redis_timeout, 0 },
+    { "prefix", h_redis_prefix, 0 },
+    { "on_error", h_redis_on_error, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_redis(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return walk_map(x, v, redis_keys, &((struct conf *)obj)->redis);
+}
+
+static int h_up_servers(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_upstream *u = obj;
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one server");
+    u->servers = xcalloc((size_t)v->nkids, sizeof *u->servers);
+    u->nservers = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        int rc = get_addr(x, v->kids[i], &u->servers[i]);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int h_up_keepalive(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n;
+    if (get_int(x, v, 0, 65536, &n) < 0)
+        return -1;
+    ((struct conf_upstream *)obj)->keepalive = (int)n;
+    return 0;
+}
+
+static int h_up_connect_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_duration(x, v, &((struct conf_upstream *)obj)->connect_timeout_ms);
+}
+
+static int h_up_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_duration(x, v, &((struct conf_upstream *)obj)->timeout_ms);
+}
+
+static const struct key_def upstream_keys[] = {
+    { "servers", h_up_servers, 1 },
+    { "keepalive", h_up_keepalive, 0 },
+    { "connect_timeout", h_up_connect_timeout, 0 },
+    { "timeout", h_up_timeout, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* upstreams: a mapping of name -> upstream, so no fixed key table here. */
+static int h_upstreams(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    if (expect(x, v, NODE_MAP) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one upstream");
+    c->nupstreams = v->nkids / 2;
+    c->upstreams = xcalloc((size_t)c->nupstreams, sizeof *c->upstreams);
+    for (int i = 0; i < c->nupstreams; i++) {
+        struct conf_upstream *u = &c->upstreams[i];
+        struct node *name = v->kids[2 * i];
+        const char *s = name_scalar(x, name);
+        size_t old;
+        int rc;
+        if (!s)
+            return -1;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(c->upstreams[j].name, s))
+                return fail(x, name, "duplicate upstream '%s'", s);
+        u->name = xstrdup(s);
+        u->keepalive = 32;
+        u->connect_timeout_ms = 2000;
+        u->timeout_ms = 30000;
+        old = path_push_key(x, s);
+        rc = walk_map(x, v->kids[2 * i + 1], upstream_keys, u);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    char sb[SHOW_BUF];
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    c->trusted = xcalloc((size_t)v->nkids, sizeof *c->trusted);
+    c->ntrusted = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        const char *s = scalar(x, v->kids[i]);
+        int rc = s ? parse_cidr(s, &c->trusted[i]) : -1;
+        if (s && rc < 0)
+            fail(x, v->kids[i], "bad CIDR '%s' (use e.g. 10.0.0.0/8, 192.0.2.7, fd00::/8)",
+                 show(s, sb));
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Route match path: starts with '/', '//' merged, no trailing '/'. */
+static int h_match_path(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, v);
+    char *out, *o;
+    if (!s)
+        return -1;
+    if (s[0] != '/')
+        return fail(x, v, "path '%s' must start with '/'", show(s, sb));
+    /* Requests are matched decoded, so an escape here could never match. */
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f || strchr("?#%", *p))
+            return fail(x, v, "path '%s' has a space, control byte, '?', '#' or '%%' "
+                        "(write it decoded)", show(s, sb));
+    out = o = xmalloc(strlen(s) + 1);
+    for (const char *p = s; *p; p++)
+        if (!(*p == '/' && o > out && o[-1] == '/'))
+            *o++ = *p;
+    if (o - out > 1 && o[-1] == '/')
+        o--;
+    *o = '\0';
+    for (const char *p = out; (p = strchr(p, '/')) != NULL; p++) {
+        size_t seg = strcspn(p + 1, "/");
+        if ((seg == 1 && p[1] == '.') || (seg == 2 && p[1] == '.' && p[2] == '.')) {
+            free(out);
+            return fail(x, v, "path '%s' has a '.' or '..' segment", show(s, sb));
+        }
+    }
+    free(r->path);
+    r->path = out;
+    r->pathlen = (size_t)(o - out);
+    return 0;
+}
+
+static int h_match_methods(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    char sb[SHOW_BUF];
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one method (leave methods out to match any)");
+    r->methods = xcalloc((size_t)v->nkids, sizeof *r->methods);
+    r->nmethods = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        const char *s = scalar(x, v->kids[i]);
+        int ok = s && is_token(s) && strlen(s) <= 32;
+        if (s && !ok)
+            fail(x, v->kids[i], "bad method '%s'", show(s, sb));
+        path_pop(x, old);
+        if (!ok)
+            return -1;
+        r->methods[i] = xstrdup(s);
+        for (char *p = r->methods[i]; *p; p++)
+            *p = (char)toupper((unsigned char)*p);
+    }
+    return 0;
+}
+
+/* Host: name or [v6], lower-cased, an optional :port dropped. */
+static int h_match_host(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, v), *end, *port = NULL;
+    int portnum;
+    if (!s)
+        return -1;
+    if (s[0] == '[') {
+        end = strchr(s, ']');
+        if (!end || end == s + 1 || strspn(s + 1, "0123456789abcdefABCDEF:.") != (size_t)(end - s - 1))
+            goto bad;
+        end++;
+    } else {
+        end = s + strcspn(s, ":");
+        if (!host_chars_ok(s, (size_t)(end - s)))
+            goto bad;
+    }
+    if (*end == ':')
+        port = end + 1;
+    else if (*end)
+        goto bad;
+    if (port && parse_port(port, &portnum) < 0)
+        goto bad;
+    free(r->host);
+    r->host = xstrndup(s, (size_t)(end - s));
+    for (char *p = r->host; *p; p++)
+        *p = (char)tolower((unsigned char)*p);
+    return 0;
+bad:
+    return fail(x, v, "bad host '%s' (use e.g. api.example.com or [::1], optionally with :port)",
+                show(s, sb));
+}
+
+static const struct key_def match_keys[] = {
+    { "path", h_match_path, 1 },
+    { "methods", h_match_methods, 0 },
+    { "host", h_match_host, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_route_name(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    const char *s = name_scalar(x, v);
+    if (!s)
+        return -1;
+    r->name = xstrdup(s);
+    return 0;
+}
+
+static int h_route_match(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return walk_map(x, v, match_keys, obj);
+}
+
+/* Resolved in phase 3: the upstreams may come later in the file. */
+static int h_route_upstream(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return name_scalar(x, v) ? 0 : -1;
+}
+
+/* A limit's raw parameters: their meaning depends on the algorithm. */
+struct limit_src {
+    struct conf_limit *l;
+    struct node *algorithm, *limit, *window, *rate, *burst;   /* values */
+    struct node *limit_k, *window_k, *rate_k, *burst_k;       /* their keys */
+};
+
+static int h_limit_name(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    const char *s = name_scalar(x, v);
+    if (!s)
+        return -1;
+    ls->l->name = xstrdup(s);
+    return 0;
+}
+
+static int h_limit_algorithm(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    ((struct limit_src *)obj)->algorithm = v;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static int h_limit_limit(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->limit = v, ls->limit_k = k;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static int h_limit_window(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->window = v, ls->window_k = k;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static int h_limit_rate(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->rate = v, ls->rate_k = k;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static int h_limit_burst(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->burst = v, ls->burst_k = k;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static const struct { const char *word; enum conf_keysrc_kind kind; int has_arg; } keysrcs[] = {
+    { "ip", CONF_KEY_IP, 0 }, { "method", CONF_KEY_METHOD, 0 }, { "path", CONF_KEY_PATH, 0 },
+    { "header", CONF_KEY_HEADER, 1 }, { "query", CONF_KEY_QUERY, 1 },
+    { "cookie", CONF_KEY_COOKIE, 1 }, { NULL, 0, 0 },
+};
+
+static int parse_keysrc(const char *s, struct conf_keysrc *out)
+{
+    const char *colon = strchr(s, ':');
+    size_t wl = colon ? (size_t)(colon - s) : strlen(s);
+    for (int i = 0; keysrcs[i].word; i++) {
+        if (strlen(keysrcs[i].word) != wl || strncmp(s, keysrcs[i].word, wl))
+            continue;
+        if (!keysrcs[i].has_arg != !colon)
+            return -1;
+        if (colon && (!is_token(colon + 1) || strlen(colon + 1) > 256))
+            return -1;
+        out->kind = keysrcs[i].kind;
+        out->arg = colon ? xstrdup(colon + 1) : NULL;
+        out->arglen = colon ? strlen(colon + 1) : 0;
+        return 0;
+    }
+    return -1;
+}
+
+static int h_limit_key(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_limit *l = ((struct limit_src *)obj)->l;
+    char sb[SHOW_BUF];
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one key source (e.g. [ip])");
+    l->keys = xcalloc((size_t)v->nkids, sizeof *l->keys);
+    l->nkeys = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        const char *s = scalar(x, v->kids[i]);
+        int rc = s ? parse_keysrc(s, &l->keys[i]) : -1;
+        if (s && rc < 0)
+            fail(x, v->kids[i], "bad key source '%s' (use ip, method, path, header:NAME, "
+                 "query:NAME or cookie:NAME)", show(s, sb));
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static const struct key_def limit_keys[] = {
+    { "name", h_limit_name, 1 },
+    { "algorithm", h_limit_algorithm, 1 },
+    { "limit", h_limit_limit, 0 },
+    { "window", h_limit_window, 0 },
+    { "rate", h_limit_rate, 0 },
+    { "burst", h_limit_burst, 0 },
+    { "key", h_limit_key, 1 },
+    { NULL, NULL, 0 },
+};
+
+static int algo_from_name(const char *s, enum limiter_algo *out)
+{
+    for (int a = LIMITER_FIXED_WINDOW; a <= LIMITER_GCRA; a++) {
+        if (!strcmp(s, limiter_algo_name((enum limiter_algo)a))) {
+            *out = (enum limiter_algo)a;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Window algorithms: limit per window. */
+static int limit_window_params(struct ctx *x, struct node *m, struct limit_src *ls,
+                               const char *an)
+{
+    struct limiter_params *lp = &ls->l->params;
+    size_t old;
+    int rc;
+    if (ls->rate_k || ls->burst_k)
+        return fail_bare(x, ls->rate_k ? ls->rate_k : ls->burst_k,
+                         "'%s' does not apply to %s in %s (use limit and window)",
+                         ls->rate_k ? "rate" : "burst", an, where(x));
+    if (!ls->limit || !ls->window)
+        return fail_bare(x, m, "missing required key '%s' in %s (%s needs limit and window)",
+                         ls->limit ? "window" : "limit", where(x), an);
+    old = path_push_key(x, "limit");
+    rc = get_int(x, ls->limit, 1, CONF_MAX_COUNT, &lp->limit);
+    path_pop(x, old);
+    if (rc < 0)
+        return -1;
+    old = path_push_key(x, "window");
+    rc = get_duration(x, ls->window, &lp->window_ms);
+    path_pop(x, old);
+    lp->interval_us = 0;
+    return rc;
+}
+
+/* token_bucket, gcra: one token per interval_us, burst back to back. */
+static int limit_bucket_params(struct ctx *x, struct node *m, struct limit_src *ls,
+                               const char *an)
+{
+    struct limiter_params *lp = &ls->l->params;
+    char sb[SHOW_BUF];
+    int64_t n, period_ms, burst, win_us;
+    size_t old;
+    int rc;
+    if (ls->limit_k || ls->window_k)
+        return fail_bare(x, ls->limit_k ? ls->limit_k : ls->window_k,
+                         "'%s' does not apply to %s in %s (use rate and burst)",
+                         ls->limit_k ? "limit" : "window", an, where(x));
+    if (!ls->rate || !ls->burst)
+        return fail_bare(x, m, "missing required key '%s' in %s (%s needs rate and burst)",
+                         ls->rate ? "burst" : "rate", where(x), an);
+    old = path_push_key(x, "rate");
+    if (conf_parse_rate(ls->rate->str, &n, &period_ms) < 0)
+        rc = fail(x, ls->rate, "bad rate '%s' (use e.g. 10/s, 100/m, 5/h, 1000/d, 100/10s)",
+                  show(ls->rate->str, sb));
+    else if (period_ms > CONF_MAX_DURATION_MS)
+        rc = fail(x, ls->rate, "rate '%s' is out of range (period at most 3650d)",
+                  show(ls->rate->str, sb));
+    else
+        rc = 0;
+    path_pop(x, old);
+    if (rc < 0)
+        return -1;
+    old = path_push_key(x, "burst");
+    rc = get_int(x, ls->burst, 1, CONF_MAX_COUNT, &burst);
+    path_pop(x, old);
+    if (rc < 0)
+        return -1;
+    lp->limit = burst;
+    lp->interval_us = period_ms * 1000 / n;
+    if (lp->interval_us < 1)
+        lp->interval_us = 1;
+    if (__builtin_mul_overflow(burst, lp->interval_us, &win_us) ||
+        win_us / 1000 > CONF_MAX_DURATION_MS)
+        return fail(x, m, "rate and burst give a refill time beyond 3650d");
+    lp->window_ms = win_us / 1000 > 0 ? win_us / 1000 : 1;
+    return 0;
+}
+
+static int limit_load(struct ctx *x, struct node *m, struct conf_limit *l)
+{
+    struct limit_src ls = { .l = l };
+    char sb[SHOW_BUF];
+    const char *an;
+    size_t old;
+    if (walk_map(x, m, limit_keys, &ls) < 0)
+        return -1;
+    an = ls.algorithm->str;
+    if (algo_from_name(an, &l->params.algo) < 0) {
+        old = path_push_key(x, "algorithm");
+        fail(x, ls.algorithm, "unknown algorithm '%s' (use fixed_window, sliding_window, "
+             "sliding_log, token_bucket or gcra)", show(an, sb));
+        path_pop(x, old);
+        return -1;
+    }
+    if (l->params.algo == LIMITER_TOKEN_BUCKET || l->params.algo == LIMITER_GCRA)
+        return limit_bucket_params(x, m, &ls, an);
+    return limit_window_params(x, m, &ls, an);
+}
+
+static int h_route_limits(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids > STORE_MAX_LIMITS)
+        return fail(x, v, "at most %d limits per route, got %d", STORE_MAX_LIMITS, v->nkids);
+    r->limits = xcalloc((size_t)v->nkids, sizeof *r->limits);
+    r->nlimits = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        int rc = limit_load(x, v->kids[i], &r->limits[i]);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static const struct key_def route_keys[] = {
+    { "name", h_route_name, 1 },
+    { "match", h_route_match, 1 },
+    { "upstream", h_route_upstream, 1 },
+    { "limits", h_route_limits, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_routes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one route");
+    c->routes = xcalloc((size_t)v->nkids, sizeof *c->routes);
+    c->nroutes = v->nkids;
+    x->routes = v;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        int rc = walk_map(x, v->kids[i], route_keys, &c->routes[i]);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Later keys (issue 3: admin, access_log, backend...) are one line each.
+ * route->metrics is not ours: metrics_bind() points it into its registry. */
+static const struct key_def top_keys[] = {
+    { "listen", h_listen, 1 },
+    { "workers", h_workers, 0 },
+    { "max_connections", h_max_connections, 0 },
+    { "shutdown_timeout", h_shutdown_timeout, 0 },
+    { "client", h_client, 0 },
+    { "redis", h_redis, 0 },
+    { "upstreams", h_upstreams, 1 },
+    { "trusted_proxies", h_trusted, 0 },
+    { "routes", h_routes, 1 },
+    { NULL, NULL, 0 },
+};
+
+/* ---- phase 3: across keys */
+
+static int check_route(struct ctx *x, int i)
+{
+    struct conf *c = x->c;
+    struct conf_route *r = &c->routes[i];
+    struct node *rn = x->routes->kids[i], *name = map_get(rn, "name");
+    struct node *up = map_get(rn, "upstream"), *limits = map_get(rn, "limits");
+    char sb[SHOW_BUF];
+    size_t old = path_push(x, "routes[%d]", i), o2;
+    int rc = 0;
+
+    for (int j = 0; j < i && rc == 0; j++) {
+        if (!strcmp(c->routes[j].name, r->name)) {
+            struct node *first = map_get(x->routes->kids[j], "name");
+            o2 = path_push(x, ".name");
+            rc = fail(x, name, "duplicate route name '%s' (first at %d:%d)", r->name,
+                      first->line, first->col);
+            path_pop(x, o2);
+        }
+    }
+    for (int j = 0; j < c->nupstreams && rc == 0 && !r->upstream; j++)
+        if (!strcmp(c->upstreams[j].name, up->str))
+            r->upstream = &c->upstreams[j];
+    if (rc == 0 && !r->upstream) {
+        o2 = path_push(x, ".upstream");
+        rc = fail(x, up, "unknown upstream '%s'", show(up->str, sb));
+        path_pop(x, o2);
+    }
+    for (int a = 0; a < r->nlimits && rc == 0; a++) {
+        for (int b = 0; b < a && rc == 0; b++) {
+            if (!strcmp(r->limits[a].name, r->limits[b].name)) {
+                struct node *n = map_get(limits->kids[a], "name");
+                struct node *first = map_get(limits->kids[b], "name");
+                o2 = path_push(x, ".limits[%d].name", a);
+                rc = fail(x, n, "duplicate limit name '%s' in this route (first at %d:%d)",
+                          r->limits[a].name, first->line, first->col);
+                path_pop(x, o2);
+            }
+        }
+    }
+    path_pop(x, old);
+    return rc;
+}
+
+static int conf_from_tree(struct ctx *x, struct node *root)
+{
+    if (root->kind != NODE_MAP)
+        return fail_bare(x, root, "top level: expected a mapping, got %s", kind_name(root->kind));
+    if (walk_map(x, root, top_keys, x->c) < 0)
+        return -1;
+    for (int i = 0; i < x->c->nroutes; i++)
+        if (check_route(x, i) < 0)
+            return -1;
+    return 0;
+}
+
+/* ---- load, retain, release */
+
+static struct conf *conf_new(const char *file)
+{
+    struct conf *c = xcalloc(1, sizeof *c);
+    c->file = xstrdup(file);
+    c->workers = 1;
+    c->max_connections = 10000;
+    c->shutdown_timeout_ms = 10000;
+    c->client.max_header_bytes = 16384;
+    c->client.max_body_bytes = 0;
+    c->client.header_timeout_ms = 10000;
+    c->client.idle_timeout_ms = 60000;
+    c->client.body_timeout_ms = 60000;
+    if (parse_redis_url("redis://127.0.0.1:6379/0", &c->redis) != NULL)
+        abort();
+    c->redis.url = xstrdup("redis://127.0.0.1:6379/0");
+    c->redis.timeout_ms = 50;
+    c->redis.prefix = xstrdup("sluice:");
+    c->redis.on_error = CONF_ON_ERROR_ALLOW;
+    c->refs = 1;
+    return c;
+}
+
+static void conf_free(struct conf *c)
+{
+    free(c->file);
+    free(c->listen.text);
+    redis_free_target(&c->redis);
+    free(c->redis.prefix);
+    for (int i = 0; i < c->nupstreams; i++) {
+        struct conf_upstream *u = &c->upstreams[i];
+        for (int j = 0; j < u->nservers; j++)
+            free(u->servers[j].text);
+        free(u->servers);
+        free(u->name);
+    }
+    free(c->upstreams);
+    for (int i = 0; i < c->nroutes; i++) {
+        struct conf_route *r = &c->routes[i];
+        for (int j = 0; j < r->nmethods; j++)
+            free(r->methods[j]);
+        free(r->methods);
+        for (int j = 0; j < r->nlimits; j++) {
+            for (int k = 0; k < r->limits[j].nkeys; k++)
+                free(r->limits[j].keys[k].arg);
+            free(r->limits[j].keys);
+            free(r->limits[j].name);
+        }
+        free(r->limits);
+        free(r->name);
+        free(r->path);
+        free(r->host);
+    }
+    free(c->routes);
+    free(c->trusted);
+    free(c);
+}
+
+/* The whole file, bounded in size; NULL with x->err set. */
+static char *read_file(struct ctx *x, size_t *len)
+{
+    FILE *f = fopen(x->file, "rb");
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    const char *why;
+    if (!f) {
+        why = strerror(errno);
+        goto fail;
+    }
+    do {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16384;
+            if (cap > CONF_MAX_FILE_BYTES + 1)
+                cap = CONF_MAX_FILE_BYTES + 1;
+            buf = realloc(buf, cap);
+            if (!buf)
+                abort();
+        }
+        n += fread(buf + n, 1, cap - n, f);
+    } while (n == cap && n <= CONF_MAX_FILE_BYTES && !ferror(f));
+    if (ferror(f)) {
+        why = strerror(errno);
+        goto fail;
+    }
+    if (n > CONF_MAX_FILE_BYTES) {
+        why = "larger than 4 MiB";
+        goto fail;
+    }
+    fclose(f);
+    *len = n;
+    return buf;
+fail:
+    if (f)
+        fclose(f);
+    free(buf);
+    if (asprintf(&x->err, "%s: cannot read: %s", x->file, why) < 0)
+        abort();
+    return NULL;
+}
+
+struct conf *conf_load(const char *file, char **err)
+{
+    struct ctx x;
+    struct node *root = NULL;
+    char *buf;
+
+    memset(&x, 0, sizeof x);
+    x.file = file;
+    if (err)
+        *err = NULL;
+    buf = read_file(&x, &x.len);
+    if (buf) {
+        x.buf = buf;
+        x.c = conf_new(file);
+        root = tree_load(&x);
+        if (root)
+            conf_from_tree(&x, root);
+        node_free(root);
+        free(buf);
+    }
+    if (x.err) {
+        if (x.c)
+            conf_free(x.c);
+        if (err)
+            *err = x.err;
+        else
+            free(x.err);
+        return NULL;
+    }
+    return x.c;
+}
+
+void conf_retain(struct conf *c)
+{
+    __atomic_fetch_add(&c->refs, 1, __ATOMIC_RELAXED);
+}
+
+void conf_release(struct conf *c)
+{
+    if (c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        conf_free(c);
+}
