@@ -5,7 +5,7 @@
 CC       ?= cc
 PKGS     := libevent libevent_pthreads hiredis yaml-0.1
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
             -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhiredis -lhttp_parser -lpthread -lm
 ifeq ($(SANITIZE),1)
@@ -79,3 +79,6 @@ run: deps all
 
 clean:
 	rm -rf build
+
+# Fuzz targets (libFuzzer, clang-14) live in their own fragment.
+-include tests/fuzz/fuzz.mk

@@ -15,6 +15,11 @@
 #include "limiter.h"
 
 enum conf_on_error { CONF_ON_ERROR_ALLOW, CONF_ON_ERROR_DENY, CONF_ON_ERROR_LOCAL };
+enum conf_backend { CONF_BACKEND_REDIS, CONF_BACKEND_MEMORY };
+/* Which rate-limit fields a route's responses carry. */
+enum conf_headers { CONF_HEADERS_FULL, CONF_HEADERS_IETF, CONF_HEADERS_LEGACY, CONF_HEADERS_NONE };
+
+#define CONF_MAX_STATUS 600
 
 /* A host:port (or [v6]:port, or unix:///path for Redis) resolved at load time. */
 struct conf_addr {
@@ -31,13 +36,14 @@ struct conf_cidr {
 
 enum conf_keysrc_kind {
     CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
-    CONF_KEY_METHOD, CONF_KEY_PATH,
+    CONF_KEY_METHOD, CONF_KEY_PATH, CONF_KEY_CAPTURE,
 };
 
 struct conf_keysrc {
     enum conf_keysrc_kind kind;
     char *arg;                  /* header/query/cookie name; NULL otherwise */
     size_t arglen;
+    int capture;                /* CONF_KEY_CAPTURE: group 1..9 of path_regex */
 };
 
 struct conf_limit {
@@ -45,6 +51,14 @@ struct conf_limit {
     struct limiter_params params;
     struct conf_keysrc *keys;
     int nkeys;
+    int shadow;                 /* counted and reported, never rejects */
+    char *cost_header;          /* header whose integer value is the cost; NULL */
+    /* count_status: only responses with these statuses consume; the check
+     * before forwarding still rejects a key already over its limit. */
+    int has_count_status;
+    uint8_t count_status[CONF_MAX_STATUS];  /* 1 = counts */
+    int status;                 /* rejection status, default 429 */
+    char *message;              /* rejection "message" in the JSON body; NULL */
 };
 
 struct conf_upstream {
@@ -66,9 +80,19 @@ struct conf_route {
     char **methods;             /* upper case; NULL when any method matches */
     int nmethods;
     char *host;                 /* lower case, no port; NULL when any host */
+    void *regex;                /* compiled path_regex (regex_t *), or NULL;
+                                 * then path is NULL and the regex is matched
+                                 * against the normalised path */
+    char *path_regex;           /* as written */
+    int ncaptures;              /* groups in path_regex */
     struct conf_upstream *upstream;
     struct conf_limit *limits;
     int nlimits;
+    struct conf_cidr *allow;    /* clients that bypass this route's limits */
+    int nallow;
+    int64_t cost;               /* units a request consumes, default 1 */
+    enum conf_headers headers;  /* default full */
+    int upgrade;                /* tunnel Upgrade requests after a 101 */
 };
 
 struct conf_redis {
@@ -106,6 +130,14 @@ struct conf {
     int nroutes;
     struct conf_cidr *trusted;
     int ntrusted;
+    struct conf_cidr *allow;    /* top-level allow: bypass every limit */
+    int nallow;
+    enum conf_backend backend;  /* default redis */
+    size_t memory_max_keys;     /* memory backend bound, default 1000000 */
+    size_t deny_cache_max_keys; /* per worker, default 100000; 0 = off */
+    int has_admin;
+    struct conf_addr admin_listen;
+    char *access_log;           /* NULL = off, "stdout", or a file path */
     int refs;                   /* atomic; starts at 1 */
 };
 

@@ -86,6 +86,7 @@ struct client {
     struct upstream_conn *up;
     int retried;
     int head_request;                   /* method HEAD: response has no body */
+    struct route_captures caps;         /* path_regex groups */
     int req_done;                       /* request body fully read */
     int resp_started;                   /* response head sent to client */
     int resp_done;
@@ -427,7 +428,7 @@ static void parse_head(struct client *c)
     const char *host = h->host >= 0 ? hb(c, h->h[h->host].value) : NULL;
     size_t hostlen = h->host >= 0 ? h->h[h->host].value.len : 0;
     c->route = route_match(c->conf, w->path_buf, (size_t)plen, hb(c, h->method),
-                           h->method.len, host, hostlen);
+                           h->method.len, host, hostlen, &c->caps);
     if (c->route == NULL) {
         answer_local(c, 404, 0);
         return;
@@ -467,7 +468,8 @@ static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
     char ip[ROUTE_IP_MAX];
     size_t iplen = route_client_ip(c->conf, (const struct sockaddr *)&c->peer,
                                    c->hbuf, &c->head, ip);
-    struct route_req req = { c->hbuf, &c->head, ip, iplen, w->path_buf, pathlen };
+    struct route_req req = { c->hbuf, &c->head, ip, iplen, w->path_buf, pathlen,
+                             c->route->regex ? &c->caps : NULL };
     int n = 0;
     for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
         long klen = route_key(c->conf, r, &r->limits[i], &req, w->keys[n]);

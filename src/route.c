@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <regex.h>
 #include <string.h>
 #include "route.h"
 #include "sha1.h"
@@ -228,13 +229,45 @@ static int route_host_meets(const struct conf_route *r, const char *host, size_t
     return route_caseeq(want, wantlen, host, hostlen);
 }
 
+/* path_regex routes: POSIX ERE on the normalised path, which is not NUL
+ * terminated (REG_STARTEND bounds it). */
+static int route_regex_meets(const struct conf_route *r, const char *path, size_t pathlen,
+                             struct route_captures *caps)
+{
+    regmatch_t m[ROUTE_MAX_CAPTURES];
+    m[0].rm_so = 0;
+    m[0].rm_eo = (regoff_t)pathlen;
+    if (regexec((const regex_t *)r->regex, path, ROUTE_MAX_CAPTURES, m, REG_STARTEND) != 0)
+        return 0;
+    if (caps) {
+        caps->n = 0;
+        caps->set = 0;
+        for (int i = 0; i < ROUTE_MAX_CAPTURES && i <= r->ncaptures; i++) {
+            int set = m[i].rm_so >= 0;
+            caps->off[i] = set ? (size_t)m[i].rm_so : 0;
+            caps->len[i] = set ? (size_t)(m[i].rm_eo - m[i].rm_so) : 0;
+            caps->set |= (unsigned)set << i;
+            caps->n = i + 1;
+        }
+    }
+    return 1;
+}
+
 const struct conf_route *route_match(const struct conf *c,
                                      const char *path, size_t pathlen,
                                      const char *method, size_t methodlen,
-                                     const char *host, size_t hostlen)
+                                     const char *host, size_t hostlen,
+                                     struct route_captures *caps)
 {
     for (int i = 0; i < c->nroutes; i++) {
         const struct conf_route *r = &c->routes[i];
+        if (r->regex != NULL) {
+            if (route_method_meets(r, method, methodlen) &&
+                route_host_meets(r, host, hostlen) &&
+                route_regex_meets(r, path, pathlen, caps))
+                return r;
+            continue;
+        }
         if (route_path_meets(r, path, pathlen) &&
             route_method_meets(r, method, methodlen) &&
             route_host_meets(r, host, hostlen))
@@ -660,6 +693,15 @@ static int route_locate(const struct conf_keysrc *ks, const struct route_req *re
         return route_find_query(req, ks->arg, ks->arglen, &pt->p, &pt->n);
     case CONF_KEY_COOKIE:
         return route_find_cookie(req, ks->arg, ks->arglen, &pt->p, &pt->n);
+    case CONF_KEY_CAPTURE:
+        /* An unset group (an optional one that did not take part) is
+         * absent; a group that matched nothing is an empty part. */
+        if (req->caps == NULL || ks->capture >= req->caps->n ||
+            !(req->caps->set & (1u << ks->capture)))
+            return 0;
+        pt->p = req->path + req->caps->off[ks->capture];
+        pt->n = req->caps->len[ks->capture];
+        return 1;
     }
     abort();                            /* conf.c only makes the kinds above */
 }

@@ -25,12 +25,23 @@
  * a 400: not origin-form, bad or NUL percent-escape, climbing above root. */
 long route_normalize(const char *target, size_t len, char *out);
 
+/* Groups a path_regex route captured from the normalised path. */
+#define ROUTE_MAX_CAPTURES 10
+struct route_captures {
+    int n;                              /* groups reported, group 0 included */
+    unsigned set;                       /* bit i: group i took part */
+    size_t off[ROUTE_MAX_CAPTURES];     /* into the normalised path */
+    size_t len[ROUTE_MAX_CAPTURES];
+};
+
 /* First route (file order) matching path, method and Host value (which may
- * carry a port; compared case-insensitively without it). NULL: no route. */
+ * carry a port; compared case-insensitively without it). NULL: no route.
+ * For a path_regex route, caps (when not NULL) gets its groups. */
 const struct conf_route *route_match(const struct conf *c,
                                      const char *path, size_t pathlen,
                                      const char *method, size_t methodlen,
-                                     const char *host, size_t hostlen);
+                                     const char *host, size_t hostlen,
+                                     struct route_captures *caps);
 
 /* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
  * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.
@@ -46,6 +57,7 @@ struct route_req {
     size_t iplen;
     const char *path;           /* normalised */
     size_t pathlen;
+    const struct route_captures *caps;  /* NULL when the route has no regex */
 };
 
 /* Write the Redis key of limit l of route r for this request into

@@ -173,16 +173,19 @@ static void store_handshake_cb(redisAsyncContext *ac, void *r, void *privdata)
     store_reply_seen(s);
     if (reply == NULL)
         return;                     /* disconnecting: onDisconnect handles it */
+    if (s->handshake_failed)
+        return;                     /* the rest of a failed handshake */
     if (reply->type == REDIS_REPLY_ERROR) {
-        if (strcmp(step, "AUTH") == 0)
+        /* once per outage, not at every retry */
+        if (!s->down_logged && strcmp(step, "AUTH") == 0)
             log_error("store: auth failed '%s': %s", s->name, reply->str);
-        else
+        else if (!s->down_logged)
             log_error("store: %s failed '%s': %s", step, s->name, reply->str);
         s->handshake_failed = 1;
         store_kill_later(s, "handshake failed");
         return;
     }
-    if (strcmp(step, "SCRIPT LOAD") != 0 || s->handshake_failed)
+    if (strcmp(step, "SCRIPT LOAD") != 0)
         return;
     if (reply->type != REDIS_REPLY_STRING || strcmp(reply->str, limit_lua_sha) != 0)
         log_warn("store: script sha mismatch '%s': redis says %s, built %s",

@@ -366,7 +366,7 @@ static void test_match_table(void **state)
         const struct match_case *t = &match_cases[i];
         const struct conf_route *r = route_match(&match_conf, t->path, strlen(t->path),
                                                  t->method, strlen(t->method), t->host,
-                                                 t->host ? strlen(t->host) : 0);
+                                                 t->host ? strlen(t->host) : 0, NULL);
         const char *got = r ? r->name : "(none)";
         if (strcmp(got, t->route ? t->route : "(none)") != 0)
             fail_msg("case %zu %s %s host=%s: expected %s, got %s", i, t->method, t->path,
@@ -381,12 +381,12 @@ static void test_match_none_and_order(void **state)
         { .name = "ab", .path = "/a/b", .pathlen = 4 },     /* shadowed by "a" */
     };
     struct conf c = { .routes = routes, .nroutes = 2 };
-    assert_null(route_match(&c, "/b", 2, "GET", 3, NULL, 0));
-    assert_null(route_match(&c, "/", 1, "GET", 3, NULL, 0));
-    assert_null(route_match(&c, "/ab", 3, "GET", 3, NULL, 0));
-    assert_string_equal(route_match(&c, "/a/b", 4, "GET", 3, NULL, 0)->name, "a");
+    assert_null(route_match(&c, "/b", 2, "GET", 3, NULL, 0, NULL));
+    assert_null(route_match(&c, "/", 1, "GET", 3, NULL, 0, NULL));
+    assert_null(route_match(&c, "/ab", 3, "GET", 3, NULL, 0, NULL));
+    assert_string_equal(route_match(&c, "/a/b", 4, "GET", 3, NULL, 0, NULL)->name, "a");
     struct conf empty = { 0 };
-    assert_null(route_match(&empty, "/", 1, "GET", 3, NULL, 0));
+    assert_null(route_match(&empty, "/", 1, "GET", 3, NULL, 0, NULL));
 }
 
 /* The path handed to route_match is the normalised one: every trick meets
@@ -402,7 +402,7 @@ static void test_match_after_normalize(void **state)
         long n = route_normalize(tricks[i], strlen(tricks[i]), out);
         assert_true(n > 0);
         const struct conf_route *r = route_match(&match_conf, out, (size_t)n, "POST", 4,
-                                                 "api.example.com", 15);
+                                                 "api.example.com", 15, NULL);
         assert_non_null(r);
         assert_string_equal(r->name, "login");
     }
@@ -849,7 +849,7 @@ static void test_with_http1_parser(void **state)
     const struct conf_route *r = route_match(&match_conf, path, (size_t)pl,
                                              buf + h.method.off, h.method.len,
                                              buf + h.h[h.host].value.off,
-                                             h.h[h.host].value.len);
+                                             h.h[h.host].value.len, NULL);
     assert_non_null(r);
     assert_string_equal(r->name, "login");
 

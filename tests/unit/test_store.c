@@ -604,6 +604,43 @@ static void test_cancel(void **state)
     assert_int_equal(r.remaining, 3);
 }
 
+/* AUTH (with and without a user name) and SELECT go first on a connection;
+ * a wrong password never marks the store connected. */
+static void test_auth_and_db(void **state)
+{
+    freeReplyObject(cmd("CONFIG SET requirepass s3cret"));
+    struct conf_redis cr = { 0 };
+    cr.host = "127.0.0.1";
+    cr.port = redis_port;
+    cr.timeout_ms = 1000;
+    cr.password = "wrong";
+    struct store *bad = store_create(base, &cr);
+    cr.password = "s3cret";
+    cr.user = "default";
+    cr.db = 3;
+    struct store *good = store_create(base, &cr);
+    loop_until_connected(good, 1, 3000);
+    loop_until(NULL, 300);
+    int bad_connected = store_connected(bad), good_connected = store_connected(good);
+    char key[128];
+    key_new(key, sizeof(key), "db3");
+    struct store_limit l = { key, strlen(key), &fixed_5m, 1 };
+    struct store_result res;
+    int status = good_connected ? decide_on(good, &l, 1, &res) : -1;
+    store_destroy(bad);
+    store_destroy(good);
+    freeReplyObject(cmd("CONFIG SET requirepass %s", ""));
+    assert_false(bad_connected);
+    assert_true(good_connected);
+    assert_int_equal(status, STORE_OK);
+    freeReplyObject(cmd("SELECT 3"));
+    redisReply *r = cmd("EXISTS %s", key);
+    int64_t in_db3 = r->integer;
+    freeReplyObject(r);
+    freeReplyObject(cmd("SELECT 0"));
+    assert_int_equal(in_db3, 1);
+}
+
 static void test_timeout(void **state)
 {
     struct store *s = store_new(50, redis_port);
@@ -781,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_not_connected),
         cmocka_unit_test(test_destroy_with_calls_pending),
+        cmocka_unit_test(test_auth_and_db),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_stall_reconnects),
         cmocka_unit_test(test_redis_down_and_back),
