@@ -10,6 +10,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "admin.h"
 #include "conf.h"
 #include "log.h"
 #include "mem.h"
@@ -35,6 +36,7 @@ struct main_state {
     struct worker **workers;
     int n;
     struct event_base *base;
+    struct admin *admin;
 };
 
 static void stop_signal_cb(evutil_socket_t sig, short what, void *arg)
@@ -64,6 +66,8 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
     metrics_bind(nc);
     for (int i = 0; i < ms->n; i++)
         worker_reload(ms->workers[i], nc);
+    admin_set_on_error(ms->admin, nc->backend == CONF_BACKEND_MEMORY ? CONF_ON_ERROR_ALLOW
+                                                                     : nc->redis.on_error);
     conf_release(ms->conf);
     ms->conf = nc;
     metrics_count(METRICS_RELOADS_OK);
@@ -87,6 +91,12 @@ static int serve(struct main_state *ms)
             goto out;
     }
     ms->n = n;
+    if (conf->has_admin) {
+        ms->admin = admin_start(&conf->admin_listen, conf->backend == CONF_BACKEND_MEMORY
+                                                         ? CONF_ON_ERROR_ALLOW : conf->redis.on_error);
+        if (ms->admin == NULL)
+            goto out;
+    }
     sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, ms);
     sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, ms);
     sigs[2] = evsignal_new(base, SIGHUP, reload_signal_cb, ms);
@@ -110,6 +120,7 @@ static int serve(struct main_state *ms)
         worker_join(workers[i]);
     rc = 0;
 out:
+    admin_stop(ms->admin);
     for (int i = 0; i < n; i++)
         worker_destroy(workers[i]);
     for (int i = 0; i < 3; i++)

@@ -40,6 +40,14 @@ static struct metrics_route *routes;
 static _Atomic uint64_t counters[METRICS_NCOUNTERS];
 static _Atomic int64_t gauges[METRICS_NGAUGES];
 static struct metrics_histogram hists[METRICS_NHIST];
+#define METRICS_MAX_WORKERS 256
+static _Atomic uint64_t worker_requests[METRICS_MAX_WORKERS];
+
+void metrics_worker_request(int worker)
+{
+    if (worker >= 0 && worker < METRICS_MAX_WORKERS)
+        atomic_fetch_add_explicit(&worker_requests[worker], 1, memory_order_relaxed);
+}
 
 static struct metrics_route *route_get(const char *name)
 {
@@ -186,6 +194,14 @@ void metrics_render(struct evbuffer *out)
     pthread_mutex_lock(&registry_lock);
     render_routes(out);
     pthread_mutex_unlock(&registry_lock);
+    evbuffer_add_printf(out, "# HELP sluice_worker_requests_total Requests read by each worker thread.\n"
+                             "# TYPE sluice_worker_requests_total counter\n");
+    for (int i = 0; i < METRICS_MAX_WORKERS; i++) {
+        uint64_t v = load(&worker_requests[i]);
+        if (v)
+            evbuffer_add_printf(out, "sluice_worker_requests_total{worker=\"%d\"} %llu\n", i,
+                                (unsigned long long)v);
+    }
     render_counter(out, "sluice_redis_requests_total", "Decisions sent to Redis.",
                    METRICS_REDIS_REQUESTS);
     render_counter(out, "sluice_redis_errors_total",

@@ -37,6 +37,8 @@ struct metrics_route *metrics_unrouted(void);
 void metrics_request(struct metrics_route *m, enum metrics_decision d);
 void metrics_response(struct metrics_route *m, int status);
 void metrics_count(enum metrics_counter which);
+/* A request read by worker thread `worker` (shows that every worker serves). */
+void metrics_worker_request(int worker);
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta);
 int64_t metrics_gauge_get(enum metrics_gauge which);
 void metrics_observe(enum metrics_hist which, int64_t usec);

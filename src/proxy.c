@@ -18,6 +18,7 @@
  * evbuffers piece by piece (http1 reports where payload is), never copied
  * whole. Callbacks never free a client directly: they mark it dead and the
  * outermost callback frees it when the stack unwinds. */
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -49,16 +50,30 @@
  * connection can stay open; a larger one closes it. */
 #define PROXY_DISCARD_MAX  (1024 * 1024)
 #define PROXY_RESP_HEAD_MAX (64 * 1024)
+/* A client's X-Request-Id is kept when it is this long at most and only
+ * visible ASCII; otherwise sluice makes its own. */
+#define PROXY_RID_MAX 128
 
 enum client_state {
     CS_HEAD,        /* waiting for a request head */
     CS_DECIDE,      /* waiting for the store */
     CS_PROXY,       /* forwarded: request body and response streaming */
     CS_DISCARD,     /* answered locally, dropping the request body */
+    CS_TUNNEL,      /* after a 101: bytes pass both ways untouched */
     CS_CLOSING,     /* flushing the last response, then free */
 };
 
 enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY };
+
+/* Limits with count_status were only checked before forwarding; their keys
+ * wait here for the response status that decides whether they consume. */
+struct counted {
+    int n;
+    const struct conf_limit *limit[STORE_MAX_LIMITS];
+    int64_t cost[STORE_MAX_LIMITS];
+    size_t off[STORE_MAX_LIMITS], len[STORE_MAX_LIMITS];
+    char keys[];
+};
 
 struct client {
     struct worker *w;
@@ -86,7 +101,12 @@ struct client {
     struct upstream_conn *up;
     int retried;
     int head_request;                   /* method HEAD: response has no body */
+    int upgrade;                        /* Upgrade request on an upgrade route */
     struct route_captures caps;         /* path_regex groups */
+    struct counted *counted;            /* count_status limits, until the status is known */
+    char rid[PROXY_RID_MAX + 1];        /* X-Request-Id, sent up and back */
+    size_t rid_len;
+    int rid_from_client;                /* forwarded among the client's fields */
     int req_done;                       /* request body fully read */
     int resp_started;                   /* response head sent to client */
     int resp_done;
@@ -113,6 +133,7 @@ static void client_free(struct client *c)
         store_cancel(c->call);
     if (c->up)
         upstream_close(c->up);
+    free(c->counted);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -216,6 +237,21 @@ static void refresh_head(struct client *c)
                                                 (ssize_t)c->head.len);
 }
 
+static int span_int(const char *buf, struct http1_span v, int64_t *out)
+{
+    if (v.len == 0 || v.len > 18)
+        return 0;
+    int64_t n = 0;
+    for (uint32_t i = 0; i < v.len; i++) {
+        char ch = buf[v.off + i];
+        if (ch < '0' || ch > '9')
+            return 0;
+        n = n * 10 + (ch - '0');
+    }
+    *out = n;
+    return 1;
+}
+
 static void drain_head(struct client *c)
 {
     if (c->head_in_input) {
@@ -264,6 +300,14 @@ static int is_hop_by_hop(const char *buf, const struct http1_head *h,
         if (span_is(buf, name, hop[i]))
             return 1;
     return has_conn && named_by_connection(buf, h, name);
+}
+
+static void copy_field(struct evbuffer *out, const char *buf, const struct http1_header *hd)
+{
+    evbuffer_add(out, buf + hd->name.off, hd->name.len);
+    evbuffer_add(out, ": ", 2);
+    evbuffer_add(out, buf + hd->value.off, hd->value.len);
+    evbuffer_add(out, "\r\n", 2);
 }
 
 static void add_hex(struct evbuffer *out, size_t n)
@@ -344,9 +388,9 @@ static void answer_local(struct client *c, int status, int close_after)
     int keep = !close_after && c->head.keep_alive && !c->eof && !c->w->stopping &&
                body_discardable(&c->head);
     if (status == 429)
-        reply_429(out, &c->rl, keep);
+        reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
     else
-        reply_error(out, status, keep);
+        reply_error(out, status, keep, c->rid, c->rid_len);
     metrics_response(client_metrics(c), status);
     c->resp_started = c->resp_done = 1;
     drain_head(c);
@@ -381,6 +425,41 @@ static void fail_request(struct client *c, int status)
 
 /* ---- request head ------------------------------------------------------ */
 
+static int rid_acceptable(const char *v, size_t n)
+{
+    if (n == 0 || n > PROXY_RID_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] < 0x21 || v[i] > 0x7e)
+            return 0;
+    return 1;
+}
+
+/* The client's X-Request-Id when it is sane, otherwise 32 random hex digits
+ * from the worker's generator. */
+static void set_request_id(struct client *c)
+{
+    int i = http1_find(c->hbuf, &c->head, "x-request-id", 0);
+    c->rid_from_client = 0;
+    if (i >= 0 && http1_find(c->hbuf, &c->head, "x-request-id", i + 1) < 0) {
+        const char *v = hb(c, c->head.h[i].value);
+        size_t n = c->head.h[i].value.len;
+        if (rid_acceptable(v, n)) {
+            memcpy(c->rid, v, n);
+            c->rid_len = n;
+            c->rid_from_client = 1;
+            return;
+        }
+    }
+    static const char hex[] = "0123456789abcdef";
+    uint64_t a = worker_random(c->w), b = worker_random(c->w);
+    for (int k = 0; k < 16; k++) {
+        c->rid[k] = hex[(a >> (4 * k)) & 15];
+        c->rid[16 + k] = hex[(b >> (4 * k)) & 15];
+    }
+    c->rid_len = 32;
+}
+
 static void parse_head(struct client *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -403,6 +482,7 @@ static void parse_head(struct client *c)
     }
     client_timer(c, TM_NONE, 0);
     struct worker *w = c->w;
+    metrics_worker_request(w->id);
     if (w->conf != c->conf) {   /* a reload happened: new requests see it */
         conf_release(c->conf);
         c->conf = w->conf;
@@ -412,6 +492,8 @@ static void parse_head(struct client *c)
     c->have_limits = 0;
     c->up = NULL;
     c->retried = 0;
+    free(c->counted);
+    c->counted = NULL;
     c->req_done = c->resp_started = c->resp_done = 0;
     c->out_chunked = 0;
     c->body_bytes = 0;
@@ -420,6 +502,8 @@ static void parse_head(struct client *c)
 
     const struct http1_head *h = &c->head;
     c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
+    c->upgrade = 0;
+    set_request_id(c);
     long plen = route_normalize(hb(c, h->target), h->target.len, w->path_buf);
     if (plen < 0) {
         answer_local(c, 400, 1);
@@ -433,6 +517,7 @@ static void parse_head(struct client *c)
         answer_local(c, 404, 0);
         return;
     }
+    c->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE;
     uint64_t max_body = c->conf->client.max_body_bytes;
     if (max_body && h->body == HTTP1_BODY_LENGTH && h->content_length > max_body) {
         answer_local(c, 413, 1);
@@ -458,6 +543,21 @@ static void apply_on_error(struct client *c)
 }
 
 
+/* cost_header: a whole number 1..1000000 replaces the route's cost; a
+ * missing field keeps it; anything else is a bad request. */
+static int request_cost(struct client *c, const char *name, int64_t *cost)
+{
+    int i = http1_find(c->hbuf, &c->head, name, 0);
+    if (i < 0)
+        return 0;
+    int64_t v;
+    if (http1_find(c->hbuf, &c->head, name, i + 1) >= 0 ||
+        !span_int(c->hbuf, c->head.h[i].value, &v) || v < 1 || v > 1000000)
+        return -1;
+    *cost = v;
+    return 0;
+}
+
 /* Build the keys of the route's limits for this request into the worker's
  * scratch, filling sl[] and c->rl.limit[]; returns how many count it. The
  * normalised path must be in w->path_buf. */
@@ -472,11 +572,17 @@ static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
                              c->route->regex ? &c->caps : NULL };
     int n = 0;
     for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
-        long klen = route_key(c->conf, r, &r->limits[i], &req, w->keys[n]);
+        const struct conf_limit *l = &r->limits[i];
+        long klen = route_key(c->conf, r, l, &req, w->keys[n]);
         if (klen <= 0)      /* a key source is absent: not counted */
             continue;
-        sl[n] = (struct store_limit){ w->keys[n], (size_t)klen, &r->limits[i].params, 1 };
-        c->rl.limit[n] = &r->limits[i];
+        int64_t cost = r->cost > 0 ? r->cost : 1;
+        if (l->cost_header && request_cost(c, l->cost_header, &cost) < 0)
+            return -1;
+        unsigned flags = (l->shadow ? STORE_SHADOW : 0) |
+                         (l->has_count_status ? STORE_CHECK_ONLY : 0);
+        sl[n] = (struct store_limit){ w->keys[n], (size_t)klen, &l->params, cost, flags };
+        c->rl.limit[n] = l;
         n++;
     }
     return n;
@@ -494,7 +600,7 @@ static void remember_denials(struct client *c, const struct store_result *res)
         return;
     int64_t now = now_ms();
     for (int i = 0; i < res->n; i++)
-        if (!res->r[i].allowed && res->r[i].retry_ms > 0)
+        if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(sl[i].flags & STORE_SHADOW))
             denycache_put(w->deny, sl[i].key, sl[i].keylen, now + res->r[i].retry_ms);
 }
 
@@ -513,7 +619,11 @@ static void decide_cb(void *arg, const struct store_result *res)
         reply_pick(&c->rl, res->allowed);
         c->have_limits = 1;
         if (res->allowed) {
-            metrics_request(c->route->metrics, METRICS_ALLOWED);
+            int shadow_denied = 0;
+            for (int i = 0; i < res->n; i++)
+                shadow_denied |= !res->r[i].allowed;    /* only shadow ones can */
+            metrics_request(c->route->metrics,
+                            shadow_denied ? METRICS_SHADOW_LIMITED : METRICS_ALLOWED);
             forward(c);
         } else {
             metrics_request(c->route->metrics, METRICS_LIMITED);
@@ -524,6 +634,83 @@ static void decide_cb(void *arg, const struct store_result *res)
     if (!c->dead)
         client_process(c);
     client_leave(c);
+}
+
+static void save_counted(struct client *c, const struct store_limit *sl, int n)
+{
+    size_t total = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (sl[i].flags & STORE_CHECK_ONLY)
+            total += sl[i].keylen, k++;
+    if (k == 0)
+        return;
+    struct counted *ct = mem_alloc(sizeof(*ct) + total);
+    size_t off = 0;
+    ct->n = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(sl[i].flags & STORE_CHECK_ONLY))
+            continue;
+        ct->limit[ct->n] = c->rl.limit[i];
+        ct->cost[ct->n] = sl[i].cost;
+        ct->off[ct->n] = off;
+        ct->len[ct->n] = sl[i].keylen;
+        memcpy(ct->keys + off, sl[i].key, sl[i].keylen);
+        off += sl[i].keylen;
+        ct->n++;
+    }
+    c->counted = ct;
+}
+
+static void counted_done_cb(void *arg, const struct store_result *res)
+{
+    if (res->status != STORE_OK)
+        metrics_count(METRICS_REDIS_ERRORS);
+}
+
+/* The response status is known: limits whose count_status lists it consume
+ * now, in one call of their own. Nobody waits for the answer. */
+static void consume_counted(struct client *c, int status)
+{
+    struct counted *ct = c->counted;
+    struct store_limit sl[STORE_MAX_LIMITS];
+    int n = 0;
+    if (ct == NULL || status < 0 || status >= CONF_MAX_STATUS)
+        return;
+    for (int i = 0; i < ct->n; i++)
+        if (ct->limit[i]->count_status[status])
+            sl[n++] = (struct store_limit){ ct->keys + ct->off[i], ct->len[i],
+                                            &ct->limit[i]->params, ct->cost[i],
+                                            ct->limit[i]->shadow ? STORE_SHADOW : 0 };
+    if (n > 0) {
+        metrics_count(METRICS_REDIS_REQUESTS);
+        if (store_decide(c->w->store, sl, n, counted_done_cb, NULL) == NULL)
+            metrics_count(METRICS_REDIS_ERRORS);
+    }
+    free(ct);
+    c->counted = NULL;
+}
+
+/* Is the client on the top-level or the route's allow list? */
+static int client_allowed(struct client *c)
+{
+    const struct conf *conf = c->conf;
+    if (conf->nallow == 0 && c->route->nallow == 0)
+        return 0;
+    char ip[ROUTE_IP_MAX];
+    route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head, ip);
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, ip, &s4->sin_addr) == 1)
+        ss.ss_family = AF_INET;
+    else if (inet_pton(AF_INET6, ip, &s6->sin6_addr) == 1)
+        ss.ss_family = AF_INET6;
+    else
+        return 0;
+    return conf_cidr_match(conf->allow, conf->nallow, (struct sockaddr *)&ss) ||
+           conf_cidr_match(c->route->allow, c->route->nallow, (struct sockaddr *)&ss);
 }
 
 /* A key in the deny cache decides the request without Redis. */
@@ -547,7 +734,16 @@ static void decide(struct client *c, size_t pathlen)
 {
     struct store_limit sl[STORE_MAX_LIMITS];
     c->rl.route = c->route;
+    if (client_allowed(c)) {        /* allow lists bypass limiting */
+        metrics_request(c->route->metrics, METRICS_ALLOWED);
+        forward(c);
+        return;
+    }
     int n = build_keys(c, pathlen, sl);
+    if (n < 0) {
+        answer_local(c, 400, 0);
+        return;
+    }
     c->rl.n = n;
     if (n == 0) {
         metrics_request(c->route->metrics, METRICS_ALLOWED);
@@ -562,6 +758,7 @@ static void decide(struct client *c, size_t pathlen)
         answer_local(c, 429, 0);
         return;
     }
+    save_counted(c, sl, n);
     c->redis_start_us = now_us();
     metrics_count(METRICS_REDIS_REQUESTS);
     c->call = store_decide(c->w->store, sl, n, decide_cb, c);
@@ -594,8 +791,13 @@ static void write_request_head(struct client *c, struct evbuffer *out)
             nxff++;
             continue;
         }
+        if (c->upgrade && span_is(buf, hd->name, "upgrade")) {
+            copy_field(out, buf, hd);
+            continue;
+        }
         if (is_hop_by_hop(buf, h, hd->name, has_conn) ||
-            span_is(buf, hd->name, "x-forwarded-proto"))
+            span_is(buf, hd->name, "x-forwarded-proto") ||
+            (!c->rid_from_client && span_is(buf, hd->name, "x-request-id")))
             continue;
         evbuffer_add(out, buf + hd->name.off, hd->name.len);
         evbuffer_add(out, ": ", 2);
@@ -611,6 +813,13 @@ static void write_request_head(struct client *c, struct evbuffer *out)
         }
     evbuffer_add(out, c->peer_text, strlen(c->peer_text));
     evbuffer_add(out, "\r\nX-Forwarded-Proto: http\r\n", 27);
+    if (c->upgrade)
+        evbuffer_add(out, "Connection: upgrade\r\n", 21);
+    if (!c->rid_from_client) {
+        evbuffer_add(out, "X-Request-Id: ", 14);
+        evbuffer_add(out, c->rid, c->rid_len);
+        evbuffer_add(out, "\r\n", 2);
+    }
     if (h->body == HTTP1_BODY_CHUNKED)
         evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
     if (h->host < 0) {      /* HTTP/1.0 without Host: name the server */
@@ -725,12 +934,52 @@ static void discard_body(struct client *c)
 
 /* Status line and fields as the upstream sent them, less hop-by-hop fields,
  * plus ours; the body framing chosen for this client. */
+/* The upstream's own rate-limit fields, for merging with ours. */
+static int is_limit_field(const char *buf, struct http1_span name, enum conf_headers mode)
+{
+    int legacy = mode == CONF_HEADERS_FULL || mode == CONF_HEADERS_LEGACY;
+    int ietf = mode == CONF_HEADERS_FULL || mode == CONF_HEADERS_IETF;
+    return (legacy && (span_is(buf, name, "x-ratelimit-limit") ||
+                       span_is(buf, name, "x-ratelimit-remaining") ||
+                       span_is(buf, name, "x-ratelimit-reset"))) ||
+           (ietf && (span_is(buf, name, "ratelimit") ||
+                     span_is(buf, name, "ratelimit-policy")));
+}
+
+
+static void upstream_limits(const char *buf, const struct http1_head *h,
+                            struct reply_upstream *up)
+{
+    int have[3] = { 0, 0, 0 };
+    memset(up, 0, sizeof(*up));
+    for (int i = 0; i < h->nheaders; i++) {
+        const struct http1_header *hd = &h->h[i];
+        if (span_is(buf, hd->name, "x-ratelimit-limit"))
+            have[0] = span_int(buf, hd->value, &up->limit);
+        else if (span_is(buf, hd->name, "x-ratelimit-remaining"))
+            have[1] = span_int(buf, hd->value, &up->remaining);
+        else if (span_is(buf, hd->name, "x-ratelimit-reset"))
+            have[2] = span_int(buf, hd->value, &up->reset);
+        else if (span_is(buf, hd->name, "ratelimit-policy") && !up->policy) {
+            up->policy = buf + hd->value.off;
+            up->policy_len = hd->value.len;
+        } else if (span_is(buf, hd->name, "ratelimit") && !up->ratelimit) {
+            up->ratelimit = buf + hd->value.off;
+            up->ratelimit_len = hd->value.len;
+        }
+    }
+    up->has_legacy = have[0] && have[1] && have[2];
+}
+
+/* Status line and fields as the upstream sent them, less hop-by-hop fields,
+ * plus ours; the body framing chosen for this client. */
 static void write_response_head(struct client *c, const char *buf)
 {
     struct upstream_conn *uc = c->up;
     const struct http1_head *h = &uc->head;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     int has_conn = http1_find(buf, h, "connection", 0) >= 0;
+    enum conf_headers mode = c->have_limits ? c->route->headers : CONF_HEADERS_NONE;
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
         if (c->head.minor >= 1)
@@ -743,23 +992,27 @@ static void write_response_head(struct client *c, const char *buf)
     evbuffer_add(out, "HTTP/1.1 ", 9);
     evbuffer_add(out, buf + 9, (size_t)(eol - buf) - 9);
     evbuffer_add(out, "\r\n", 2);
+    int rid_seen = 0;
     for (int i = 0; i < h->nheaders; i++) {
         const struct http1_header *hd = &h->h[i];
-        if (is_hop_by_hop(buf, h, hd->name, has_conn))
+        if (is_hop_by_hop(buf, h, hd->name, has_conn) || is_limit_field(buf, hd->name, mode))
             continue;
-        if (c->have_limits && (span_is(buf, hd->name, "x-ratelimit-limit") ||
-                               span_is(buf, hd->name, "x-ratelimit-remaining") ||
-                               span_is(buf, hd->name, "x-ratelimit-reset") ||
-                               span_is(buf, hd->name, "ratelimit") ||
-                               span_is(buf, hd->name, "ratelimit-policy")))
-            continue;
+        rid_seen |= span_is(buf, hd->name, "x-request-id");
         evbuffer_add(out, buf + hd->name.off, hd->name.len);
         evbuffer_add(out, ": ", 2);
         evbuffer_add(out, buf + hd->value.off, hd->value.len);
         evbuffer_add(out, "\r\n", 2);
     }
-    if (c->have_limits)
-        reply_limit_headers(out, &c->rl, 0);
+    if (mode != CONF_HEADERS_NONE) {
+        struct reply_upstream up;
+        upstream_limits(buf, h, &up);
+        reply_limit_headers(out, &c->rl, 0, &up);
+    }
+    if (!rid_seen) {
+        evbuffer_add(out, "X-Request-Id: ", 14);
+        evbuffer_add(out, c->rid, c->rid_len);
+        evbuffer_add(out, "\r\n", 2);
+    }
     if (c->out_chunked)
         evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
     if (!c->keep_alive || c->eof)
@@ -767,6 +1020,59 @@ static void write_response_head(struct client *c, const char *buf)
     else if (c->head.minor == 0)
         evbuffer_add(out, "Connection: keep-alive\r\n", 24);
     evbuffer_add(out, "\r\n", 2);
+}
+
+/* A 101: the upstream's fields less hop-by-hop ones, then the upgrade. */
+static void write_switch_head(struct client *c, const char *buf)
+{
+    const struct http1_head *h = &c->up->head;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    int has_conn = http1_find(buf, h, "connection", 0) >= 0;
+    const char *eol = memchr(buf, '\r', h->len);
+    evbuffer_add(out, "HTTP/1.1 ", 9);
+    evbuffer_add(out, buf + 9, (size_t)(eol - buf) - 9);
+    evbuffer_add(out, "\r\n", 2);
+    for (int i = 0; i < h->nheaders; i++) {
+        const struct http1_header *hd = &h->h[i];
+        if (span_is(buf, hd->name, "upgrade") || !is_hop_by_hop(buf, h, hd->name, has_conn))
+            copy_field(out, buf, hd);
+    }
+    if (c->have_limits)
+        reply_limit_headers(out, &c->rl, 0, NULL);
+    evbuffer_add(out, "Connection: upgrade\r\n\r\n", 23);
+}
+
+/* Move what each side has to the other. */
+static void tunnel_pump(struct client *c)
+{
+    struct bufferevent *ub = c->up->bev;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *uo = bufferevent_get_output(ub);
+    evbuffer_add_buffer(uo, bufferevent_get_input(c->bev));
+    evbuffer_add_buffer(out, bufferevent_get_input(ub));
+    /* Whichever side is slow to read holds back the other. */
+    if (evbuffer_get_length(uo) > PROXY_HIGH_WATER) {
+        bufferevent_disable(c->bev, EV_READ);
+        c->client_paused = 1;
+    }
+    if (evbuffer_get_length(out) > PROXY_HIGH_WATER) {
+        bufferevent_disable(ub, EV_READ);
+        c->up_paused = 1;
+    }
+}
+
+/* After the 101 the connection belongs to the upgraded protocol: no more
+ * HTTP parsing, no timeouts (a WebSocket may idle for long). */
+static void start_tunnel(struct client *c)
+{
+    c->state = CS_TUNNEL;
+    c->resp_started = 1;
+    c->keep_alive = 0;
+    client_timer(c, TM_NONE, 0);
+    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    bufferevent_set_timeouts(c->up->bev, NULL, NULL);
+    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
+    tunnel_pump(c);
 }
 
 /* Parse response heads until a final one is sent to the client.
@@ -800,12 +1106,21 @@ static int read_response_head(struct client *c)
             evbuffer_drain(ui, uc->head.len);
             continue;
         }
-        if (status == 101) {    /* upgrades are not supported yet */
-            fail_request(c, 502);
+        if (status == 101) {
+            if (!c->upgrade) {  /* a switch nobody asked for */
+                fail_request(c, 502);
+                return -1;
+            }
+            drain_head(c);
+            metrics_response(client_metrics(c), status);
+            write_switch_head(c, data);
+            evbuffer_drain(ui, uc->head.len);
+            start_tunnel(c);
             return -1;
         }
         drain_head(c);  /* the request head is no longer needed for a retry */
         metrics_response(client_metrics(c), status);
+        consume_counted(c, status);
         write_response_head(c, data);
         evbuffer_drain(ui, uc->head.len);
         c->resp_started = 1;
@@ -861,6 +1176,10 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
 {
     struct client *c = arg;
     client_enter(c);
+    if (c->state == CS_TUNNEL) {
+        tunnel_pump(c);
+        goto out;
+    }
     if (!c->resp_started && read_response_head(c) <= 0)
         goto out;
     pump_response_body(c);
@@ -895,6 +1214,13 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         struct timeval tv = { cu->timeout_ms / 1000, (cu->timeout_ms % 1000) * 1000 };
         bufferevent_set_timeouts(bev, &tv, NULL);
+        goto out;
+    }
+    if (c->state == CS_TUNNEL) {
+        tunnel_pump(c);
+        upstream_close(uc);
+        c->up = NULL;
+        client_close_after_write(c);
         goto out;
     }
     if ((what & BEV_EVENT_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
@@ -980,6 +1306,10 @@ static void client_process(struct client *c)
         case CS_DISCARD:
             discard_body(c);
             break;
+        case CS_TUNNEL:
+            if (c->up)
+                tunnel_pump(c);
+            return;
         case CS_DECIDE:
         case CS_CLOSING:
             return;
@@ -1027,6 +1357,8 @@ static void client_event_cb(struct bufferevent *bev, short what, void *arg)
          * down; it still gets the answer to a request already read. */
         c->eof = 1;
         c->keep_alive = 0;
+        if (c->state == CS_TUNNEL && c->up)
+            tunnel_pump(c);
         int waiting = c->state == CS_DECIDE ||
                       (c->state == CS_PROXY && c->req_done);
         if (!waiting && c->state != CS_CLOSING)

@@ -58,14 +58,19 @@ void reply_pick(struct reply_limits *rl, int allowed)
     int best = 0;
     for (int i = 1; i < rl->n; i++) {
         const struct limiter_result *a = &rl->r[i], *b = &rl->r[best];
+        /* A shadow limit never denies, so it is never the one shown for
+         * a rejection. */
+        int a_denies = !a->allowed && !rl->limit[i]->shadow;
+        int b_denies = !b->allowed && !rl->limit[best]->shadow;
         if (allowed ? a->remaining < b->remaining
-                    : (!a->allowed && (b->allowed || a->retry_ms > b->retry_ms)))
+                    : (a_denies && (!b_denies || a->retry_ms > b->retry_ms)))
             best = i;
     }
     rl->shown = best;
 }
 
-static void add_policy(struct evbuffer *out, const struct conf_route *route)
+static void add_policy(struct evbuffer *out, const struct conf_route *route,
+                       const char *more, size_t more_len)
 {
     ADD_LIT(out, "RateLimit-Policy: ");
     for (int i = 0; i < route->nlimits; i++) {
@@ -78,32 +83,56 @@ static void add_policy(struct evbuffer *out, const struct conf_route *route)
         ADD_LIT(out, ";w=");
         add_int(out, reply_seconds(l->params.window_ms));
     }
+    if (more) {
+        ADD_LIT(out, ", ");
+        evbuffer_add(out, more, more_len);
+    }
     ADD_LIT(out, "\r\n");
 }
 
-void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, int denied)
+static void add_legacy(struct evbuffer *out, int64_t limit, int64_t remaining, int64_t reset)
 {
+    ADD_LIT(out, "X-RateLimit-Limit: ");
+    add_int(out, limit);
+    ADD_LIT(out, "\r\nX-RateLimit-Remaining: ");
+    add_int(out, remaining);
+    ADD_LIT(out, "\r\nX-RateLimit-Reset: ");
+    add_int(out, reset);
+    ADD_LIT(out, "\r\n");
+}
+
+void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, int denied,
+                         const struct reply_upstream *up)
+{
+    enum conf_headers mode = rl->route->headers;
     const struct limiter_result *r = &rl->r[rl->shown];
     /* On a denial the quota is "reset" for this client when its next
      * request would pass: the same value as Retry-After. */
     int64_t reset = reply_seconds(denied ? r->retry_ms : r->reset_ms);
     if (denied && reset < 1)
         reset = 1;
-    ADD_LIT(out, "X-RateLimit-Limit: ");
-    add_int(out, r->limit);
-    ADD_LIT(out, "\r\nX-RateLimit-Remaining: ");
-    add_int(out, r->remaining);
-    ADD_LIT(out, "\r\nX-RateLimit-Reset: ");
-    add_int(out, reset);
-    ADD_LIT(out, "\r\n");
-    add_policy(out, rl->route);
-    ADD_LIT(out, "RateLimit: ");
-    add_quoted(out, rl->limit[rl->shown]->name);
-    ADD_LIT(out, ";r=");
-    add_int(out, r->remaining);
-    ADD_LIT(out, ";t=");
-    add_int(out, reset);
-    ADD_LIT(out, "\r\n");
+    if (mode == CONF_HEADERS_FULL || mode == CONF_HEADERS_LEGACY) {
+        if (up && up->has_legacy && up->remaining < r->remaining)
+            add_legacy(out, up->limit, up->remaining, up->reset);
+        else
+            add_legacy(out, r->limit, r->remaining, reset);
+    }
+    if (mode == CONF_HEADERS_FULL || mode == CONF_HEADERS_IETF) {
+        /* Both are lists: the upstream's items follow ours, and a client
+         * heeds the most restrictive item. */
+        add_policy(out, rl->route, up ? up->policy : NULL, up ? up->policy_len : 0);
+        ADD_LIT(out, "RateLimit: ");
+        add_quoted(out, rl->limit[rl->shown]->name);
+        ADD_LIT(out, ";r=");
+        add_int(out, r->remaining);
+        ADD_LIT(out, ";t=");
+        add_int(out, reset);
+        if (up && up->ratelimit) {
+            ADD_LIT(out, ", ");
+            evbuffer_add(out, up->ratelimit, up->ratelimit_len);
+        }
+        ADD_LIT(out, "\r\n");
+    }
 }
 
 static void add_status_line(struct evbuffer *out, int status)
@@ -149,8 +178,14 @@ static const char *error_name(int status)
     }
 }
 
-static void add_json_head(struct evbuffer *out, size_t body_len, int keep_alive)
+static void add_json_head(struct evbuffer *out, size_t body_len, int keep_alive,
+                          const char *rid, size_t rid_len)
 {
+    if (rid_len) {
+        ADD_LIT(out, "X-Request-Id: ");
+        evbuffer_add(out, rid, rid_len);
+        ADD_LIT(out, "\r\n");
+    }
     ADD_LIT(out, "Content-Type: application/json\r\nContent-Length: ");
     add_int(out, (int64_t)body_len);
     if (keep_alive)
@@ -159,12 +194,13 @@ static void add_json_head(struct evbuffer *out, size_t body_len, int keep_alive)
         ADD_LIT(out, "\r\nConnection: close\r\n\r\n");
 }
 
-void reply_error(struct evbuffer *out, int status, int keep_alive)
+void reply_error(struct evbuffer *out, int status, int keep_alive,
+                 const char *rid, size_t rid_len)
 {
     char body[64];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", error_name(status));
     add_status_line(out, status);
-    add_json_head(out, (size_t)n, keep_alive);
+    add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
     evbuffer_add(out, body, (size_t)n);
 }
 
@@ -184,30 +220,38 @@ static size_t int_len(int64_t v)
     return n;
 }
 
-void reply_429(struct evbuffer *out, const struct reply_limits *rl, int keep_alive)
+void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
+                   const char *rid, size_t rid_len)
 {
     static const char b1[] = "{\"error\":\"rate_limited\",\"route\":";
     static const char b2[] = ",\"limit\":";
     static const char b3[] = ",\"retry_after\":";
+    static const char b4[] = ",\"message\":";
+    const struct conf_limit *l = rl->limit[rl->shown];
     const struct limiter_result *r = &rl->r[rl->shown];
-    const char *lname = rl->limit[rl->shown]->name;
     int64_t retry = reply_seconds(r->retry_ms);
     if (retry < 1)
         retry = 1;
 
-    add_status_line(out, 429);
+    add_status_line(out, l->status ? l->status : 429);
     ADD_LIT(out, "Retry-After: ");
     add_int(out, retry);
     ADD_LIT(out, "\r\n");
-    reply_limit_headers(out, rl, 1);
+    reply_limit_headers(out, rl, 1, NULL);
     size_t body_len = sizeof(b1) - 1 + quoted_len(rl->route->name) + sizeof(b2) - 1
-                      + quoted_len(lname) + sizeof(b3) - 1 + int_len(retry) + 1;
-    add_json_head(out, body_len, keep_alive);
+                      + quoted_len(l->name) + sizeof(b3) - 1 + int_len(retry) + 1;
+    if (l->message)
+        body_len += sizeof(b4) - 1 + quoted_len(l->message);
+    add_json_head(out, body_len, keep_alive, rid, rid_len);
     ADD_LIT(out, b1);
     add_quoted(out, rl->route->name);
     ADD_LIT(out, b2);
-    add_quoted(out, lname);
+    add_quoted(out, l->name);
     ADD_LIT(out, b3);
     add_int(out, retry);
+    if (l->message) {
+        ADD_LIT(out, b4);
+        add_quoted(out, l->message);
+    }
     ADD_LIT(out, "}");
 }

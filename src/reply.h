@@ -23,18 +23,35 @@ struct reply_limits {
     int shown;      /* index shown: least remaining, or the denying limit */
 };
 
+/* The upstream's own rate-limit fields on a proxied response (values point
+ * into its head). sluice merges with them and never shows a client more
+ * quota than the upstream did. */
+struct reply_upstream {
+    int has_legacy;             /* X-RateLimit-Remaining present and numeric */
+    int64_t limit, remaining, reset;
+    const char *policy;         /* RateLimit-Policy value, or NULL */
+    size_t policy_len;
+    const char *ratelimit;      /* RateLimit value, or NULL */
+    size_t ratelimit_len;
+};
+
 /* Pick the limit the headers show: on a denial, the denying limit that
  * waits longest; otherwise the one with least remaining. */
 void reply_pick(struct reply_limits *rl, int allowed);
 
-/* Append the rate-limit header fields (each ending in CRLF). */
-void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, int denied);
+/* Append the rate-limit header fields the route's `headers` setting asks
+ * for (each ending in CRLF), merged with the upstream's (up may be NULL). */
+void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, int denied,
+                         const struct reply_upstream *up);
 
-/* A complete 429 response. */
-void reply_429(struct evbuffer *out, const struct reply_limits *rl, int keep_alive);
+/* A complete rejection: the denying limit's status (429 unless set) with
+ * Retry-After, the rate-limit fields and a JSON body. */
+void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
+                   const char *request_id, size_t request_id_len);
 
 /* A complete error response with a JSON body {"error":"..."}. */
-void reply_error(struct evbuffer *out, int status, int keep_alive);
+void reply_error(struct evbuffer *out, int status, int keep_alive,
+                 const char *request_id, size_t request_id_len);
 
 /* Whole seconds, rounded up, at least 1 when ms > 0. */
 int64_t reply_seconds(int64_t ms);

@@ -18,6 +18,7 @@
 
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 #include "store.h"
 
 /* Generated from scripts/limit.lua by the Makefile (build/limit_lua.c). */
@@ -64,11 +65,19 @@ struct store {
     struct event *kill_ev;          /* drop the connection outside hiredis */
     const char *kill_reason;
     int inflight;                   /* our commands awaiting replies */
-    int64_t progress_ms;            /* last reply, or when inflight left 0 */
+    int64_t progress_ms;            /* last reply, or when inflight rose from 0 */
     int script_loads;               /* SCRIPT LOADs awaiting replies */
     struct store_call *free_calls;
     int ncalls, nfree;
 };
+/* ready also feeds the process-wide gauge behind /readyz. */
+static void store_set_ready(struct store *s, int ready)
+{
+    if (s->ready != ready)
+        metrics_gauge_add(METRICS_REDIS_CONNECTED, ready ? 1 : -1);
+    s->ready = ready;
+}
+
 
 static void store_connect(struct store *s);
 static void store_drop(struct store *s, const char *reason);
@@ -105,7 +114,7 @@ static void store_log_down(struct store *s, const char *reason, int64_t retry_ms
 /* The connection is gone (or never came): wait, then try again. */
 static void store_schedule_retry(struct store *s, const char *reason)
 {
-    s->ready = 0;
+    store_set_ready(s, 0);
     s->ac = NULL;
     s->inflight = 0;
     s->script_loads = 0;
@@ -120,13 +129,13 @@ static void store_schedule_retry(struct store *s, const char *reason)
         s->backoff_ms = STORE_BACKOFF_MAX_MS;
 }
 
-static void store_reply_sent(struct store *s)
+static void store_expect_reply(struct store *s)
 {
     if (s->inflight++ == 0)
         s->progress_ms = store_now_ms();
 }
 
-static void store_reply_seen(struct store *s)
+static void store_got_reply(struct store *s)
 {
     if (s->inflight > 0)
         s->inflight--;
@@ -137,7 +146,7 @@ static void store_reply_seen(struct store *s)
  * event loop to do it once the stack has unwound. */
 static void store_kill_later(struct store *s, const char *reason)
 {
-    s->ready = 0;
+    store_set_ready(s, 0);
     s->kill_reason = reason;
     event_active(s->kill_ev, EV_TIMEOUT, 0);
 }
@@ -154,7 +163,7 @@ static void store_kill_cb(evutil_socket_t fd, short what, void *arg)
 static void store_drop(struct store *s, const char *reason)
 {
     redisAsyncContext *ac = s->ac;
-    s->ready = 0;
+    store_set_ready(s, 0);
     if (ac != NULL) {
         s->dropping = 1;
         redisAsyncFree(ac);
@@ -170,7 +179,7 @@ static void store_handshake_cb(redisAsyncContext *ac, void *r, void *privdata)
     const char *step = privdata;
     if (s == NULL || s->destroying)
         return;
-    store_reply_seen(s);
+    store_got_reply(s);
     if (reply == NULL)
         return;                     /* disconnecting: onDisconnect handles it */
     if (s->handshake_failed)
@@ -193,7 +202,7 @@ static void store_handshake_cb(redisAsyncContext *ac, void *r, void *privdata)
                  limit_lua_sha);
     /* The last handshake reply: the connection is usable from now on. */
     event_del(s->connect_ev);
-    s->ready = 1;
+    store_set_ready(s, 1);
     s->backoff_ms = STORE_BACKOFF_MIN_MS;
     s->down_logged = 0;
     log_info("store: redis '%s' connected", s->name);
@@ -208,7 +217,7 @@ static int store_send_handshake(struct store *s, const char *step,
     if (redisAsyncCommandArgv(s->ac, store_handshake_cb, (void *)step,
                               argc, argv, len) != REDIS_OK)
         return -1;
-    store_reply_sent(s);
+    store_expect_reply(s);
     return 0;
 }
 
@@ -219,7 +228,7 @@ static void store_script_cb(redisAsyncContext *ac, void *r, void *privdata)
     redisReply *reply = r;
     if (s == NULL || s->destroying)
         return;
-    store_reply_seen(s);
+    store_got_reply(s);
     if (s->script_loads > 0)
         s->script_loads--;
     if (reply != NULL && reply->type == REDIS_REPLY_ERROR)
@@ -402,7 +411,7 @@ static int store_retry_noscript(struct store_call *c)
         size_t len[3] = { 6, 4, strlen(limit_lua) };
         if (redisAsyncCommandArgv(s->ac, store_script_cb, NULL, 3, argv, len) != REDIS_OK)
             return -1;
-        store_reply_sent(s);
+        store_expect_reply(s);
         s->script_loads++;
     }
     return store_send(c);
@@ -415,9 +424,9 @@ static void store_reply_cb(redisAsyncContext *ac, void *r, void *privdata)
     redisReply *reply = r;
     c->in_hiredis = 0;
     if (!s->destroying)
-        store_reply_seen(s);
+        store_got_reply(s);
     if (reply == NULL)
-        s->ready = 0;           /* the connection is going away */
+        store_set_ready(s, 0);           /* the connection is going away */
     if (c->answered || s->destroying) {
         c->answered = 1;
         store_call_put(c);
@@ -499,12 +508,12 @@ static char *store_put_int(char *p, int64_t v)
 }
 
 /* Encode EVALSHA sha n key1..keyN d n (algo limit window_ms interval_us
- * cost)*n straight into the call's buffer: RESP is what hiredis would build,
+ * cost flags)*n straight into the call's buffer: RESP is what hiredis would build,
  * and keeping it lets a NOSCRIPT retry resend it after the caller's keys are
  * gone. The buffer grows to the largest call seen, then is reused. */
 static void store_encode(struct store_call *c, const struct store_limit *limits, int n)
 {
-    int argc = 3 + n + 2 + 5 * n;
+    int argc = 3 + n + 2 + 6 * n;
     /* 24 bytes of bulk framing per argument bounds every number's digits too */
     size_t need = 16 + (size_t)argc * (24 + 24) + 40;
     for (int i = 0; i < n; i++)
@@ -534,6 +543,7 @@ static void store_encode(struct store_call *c, const struct store_limit *limits,
         p = store_put_int(p, lp->window_ms);
         p = store_put_int(p, lp->interval_us);
         p = store_put_int(p, limits[i].cost);
+        p = store_put_int(p, (int64_t)limits[i].flags);
     }
     c->cmdlen = (size_t)(p - c->cmd);
     assert(c->cmdlen <= c->cmdcap);
@@ -545,7 +555,7 @@ static int store_send(struct store_call *c)
     if (redisAsyncFormattedCommand(s->ac, store_reply_cb, c, c->cmd, c->cmdlen) != REDIS_OK)
         return -1;
     c->in_hiredis = 1;
-    store_reply_sent(s);
+    store_expect_reply(s);
     return 0;
 }
 
@@ -588,7 +598,7 @@ void store_destroy(struct store *s)
         return;
     assert(s->in_user_cb == 0);
     s->destroying = 1;
-    s->ready = 0;
+    store_set_ready(s, 0);
     if (s->ac != NULL) {
         redisAsyncContext *ac = s->ac;
         s->ac = NULL;

@@ -28,7 +28,14 @@ struct store_limit {
     size_t keylen;
     const struct limiter_params *params;
     int64_t cost;               /* units this request consumes, >= 1 */
+    unsigned flags;             /* STORE_SHADOW, STORE_CHECK_ONLY */
 };
+
+/* A shadow limit is decided and consumed like the others but its denial
+ * never denies the request. A check-only limit can deny but consumes
+ * nothing (count_status: it is consumed after the response, if at all). */
+#define STORE_SHADOW     1u
+#define STORE_CHECK_ONLY 2u
 
 enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT };
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/random.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <event2/event.h>
@@ -21,8 +22,6 @@
 #include "upstream.h"
 #include "worker.h"
 
-/* Until the config grows deny_cache.max_keys. */
-#define WORKER_DENY_CACHE_KEYS 100000
 
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
                       struct sockaddr *sa, int salen, void *arg)
@@ -103,6 +102,10 @@ struct worker *worker_create(int id, struct conf *conf)
     struct worker *w = mem_calloc(1, sizeof(*w));
     const char *step = "event base";
     w->id = id;
+    if (getrandom(w->rng, sizeof(w->rng), 0) != (ssize_t)sizeof(w->rng) || (w->rng[0] | w->rng[1]) == 0) {
+        w->rng[0] = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)w;
+        w->rng[1] = 0xbf58476d1ce4e5b9ULL ^ (uint64_t)id;
+    }
     pthread_mutex_init(&w->reload_lock, NULL);
     w->conf = conf;
     conf_retain(conf);
@@ -125,7 +128,7 @@ struct worker *worker_create(int id, struct conf *conf)
     w->stop_ev = event_new(w->base, -1, 0, stop_cb, w);
     w->reload_ev = event_new(w->base, -1, 0, reload_cb, w);
     w->store = store_create(w->base, &conf->redis);
-    w->deny = denycache_create(WORKER_DENY_CACHE_KEYS);
+    w->deny = denycache_create(conf->deny_cache_max_keys);
     w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
     for (int i = 0; i < conf->nupstreams; i++)
         w->pools[i] = upstream_pool_create(w->base, &conf->upstreams[i]);
@@ -222,6 +225,15 @@ void worker_reload(struct worker *w, struct conf *conf)
     if (old)
         conf_release(old);
     event_active(w->reload_ev, EV_TIMEOUT, 0);
+}
+
+uint64_t worker_random(struct worker *w)
+{
+    uint64_t x = w->rng[0], y = w->rng[1];
+    w->rng[0] = y;
+    x ^= x << 23;
+    w->rng[1] = x ^ y ^ (x >> 17) ^ (y >> 26);
+    return w->rng[1] + y;
 }
 
 void worker_destroy(struct worker *w)

@@ -42,6 +42,7 @@ struct worker {
     struct client *clients;         /* all open client connections */
     char *path_buf;                 /* normalised path, max_header_bytes */
     char keys[STORE_MAX_LIMITS][ROUTE_MAX_KEY];
+    uint64_t rng[2];                /* xorshift128+ state, for request ids */
 };
 
 /* Create a worker listening on conf->listen (SO_REUSEPORT). Returns NULL and
@@ -55,6 +56,9 @@ void worker_stop(struct worker *w, int64_t shutdown_timeout_ms);
 void worker_drained(struct worker *w);
 void worker_join(struct worker *w);
 void worker_destroy(struct worker *w);
+
+/* 64 random bits from the worker's own generator (not for secrets). */
+uint64_t worker_random(struct worker *w);
 
 /* The pool for upstream cu of config conf. A request decided under a config
  * that a reload has since replaced gets the new config's upstream of the

@@ -6,18 +6,23 @@
 -- Redis TIME, read once, so several proxies agree. Every key written gets
 -- its expiry here, in the same script: none can live without a TTL.
 --
--- Call:   EVALSHA sha N key1..keyN  mode N  (algo limit window_ms interval_us cost) x N
+-- Call:   EVALSHA sha N key1..keyN  mode N  (algo limit window_ms interval_us cost flags) x N
 --   ARGV[1]             mode: "d" = decide and consume (the only mode so far)
 --   ARGV[2]             N, equal to #KEYS
---   ARGV[3+5*(i-1)]     algo: 0 fixed_window, 1 sliding_window, 2 sliding_log,
+--   ARGV[3+6*(i-1)]     algo: 0 fixed_window, 1 sliding_window, 2 sliding_log,
 --                             3 token_bucket, 4 gcra  (enum limiter_algo)
---   ARGV[4+5*(i-1)]     limit: requests per window, or the burst (bucket, gcra)
---   ARGV[5+5*(i-1)]     window_ms (window algorithms; ignored otherwise)
---   ARGV[6+5*(i-1)]     interval_us: microseconds per token (bucket, gcra)
---   ARGV[7+5*(i-1)]     cost: units this request consumes (>= 1)
+--   ARGV[4+6*(i-1)]     limit: requests per window, or the burst (bucket, gcra)
+--   ARGV[5+6*(i-1)]     window_ms (window algorithms; ignored otherwise)
+--   ARGV[6+6*(i-1)]     interval_us: microseconds per token (bucket, gcra)
+--   ARGV[7+6*(i-1)]     cost: units this request consumes (>= 1)
+--   ARGV[8+6*(i-1)]     flags: 1 shadow (its denial does not deny the request;
+--                       it consumes when it allows and the request passes),
+--                       2 check only (may deny; never consumes here)
 -- Reply:  { allowed, then per limit: allowed_i, remaining_i, reset_ms_i, retry_ms_i }
 --   all integers; retry_ms_i is 0 for an allowing limit and >= 1 otherwise;
---   when the request is denied, allowing limits report their unconsumed state.
+--   allowed is 1 when every limit that is not shadow allows; then each
+--   allowing limit that is not check-only is consumed. Limits that are not
+--   consumed report their unconsumed state.
 --
 -- Key layouts (one key per limit, so each lives under its one hash tag):
 --   fixed_window    HASH {w = window index, n = count}
@@ -260,7 +265,7 @@ if ARGV[1] ~= 'd' then
     return redis.error_reply('ERR sluice limit.lua: unknown mode')
 end
 local n = tonumber(ARGV[2])
-if n == nil or n ~= #KEYS or n < 1 or #ARGV ~= 2 + 5 * n then
+if n == nil or n ~= #KEYS or n < 1 or #ARGV ~= 2 + 6 * n then
     return redis.error_reply('ERR sluice limit.lua: bad argument count')
 end
 
@@ -268,10 +273,10 @@ end
 local decisions = {}
 local all_ok = true
 for i = 1, n do
-    local a = 3 + 5 * (i - 1)
+    local a = 3 + 6 * (i - 1)
     local algo, L, W = arg_int(a, 0), arg_int(a + 1, 0), arg_int(a + 2, 0)
-    local I, c = arg_int(a + 3, 0), arg_int(a + 4, 1)
-    if algo == nil or L == nil or W == nil or I == nil or c == nil then
+    local I, c, f = arg_int(a + 3, 0), arg_int(a + 4, 1), arg_int(a + 5, 0)
+    if algo == nil or L == nil or W == nil or I == nil or c == nil or f == nil or f > 3 then
         return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
     end
     local key = KEYS[i]
@@ -292,8 +297,10 @@ for i = 1, n do
     else
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
     end
+    d.shadow = f % 2 == 1
+    d.check_only = f >= 2
     decisions[i] = d
-    if not d.ok then all_ok = false end
+    if not d.ok and not d.shadow then all_ok = false end
 end
 
 -- Phase 2: consume everywhere or nowhere.
@@ -301,7 +308,7 @@ local out = { all_ok and 1 or 0 }
 for i = 1, n do
     local d = decisions[i]
     local rem, reset, retry = d.rem, d.reset, d.retry
-    if all_ok then
+    if all_ok and d.ok and not d.check_only then
         d.write()
     elseif d.ok then
         rem, reset, retry = d.rem0, d.reset0, 0
