@@ -82,3 +82,6 @@ clean:
 
 # Fuzz targets (libFuzzer, clang-14) live in their own fragment.
 -include tests/fuzz/fuzz.mk
+
+# The benchmark (wrk against sluice, nginx and HAProxy) lives in bench/.
+-include bench/bench.mk

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <regex.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,13 @@
 #define CONF_MAX_COUNT      1000000000LL    /* limit, burst */
 #define CONF_MAX_NAME       64
 #define CONF_MAX_PREFIX     256
+#define CONF_MAX_HOSTNAME   253
+#define CONF_MAX_REGEX      512     /* path_regex bytes */
+#define CONF_MAX_REGEX_WEIGHT 1000    /* see regex_weight() */
+#define CONF_MAX_CAPTURES   9       /* capture:1..9 */
+#define CONF_MAX_COST       1000000 /* route cost */
+#define CONF_MAX_MESSAGE    256     /* limit message bytes */
+#define CONF_MAX_MEMORY_KEYS 100000000LL   /* memory.max_keys, deny_cache.max_keys */
 #define SHOW_BUF            80
 
 enum node_kind { NODE_NULL, NODE_SCALAR, NODE_SEQ, NODE_MAP };
@@ -598,6 +606,48 @@ static int get_size(struct ctx *x, struct node *n, uint64_t min, uint64_t max, u
     return 0;
 }
 
+/* YAML 1.2 core booleans only: "yes", "on" and "True" are typos here. */
+static int get_bool(struct ctx *x, struct node *n, int *out)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    if (!s)
+        return -1;
+    if (!strcmp(s, "true") || !strcmp(s, "false")) {
+        *out = s[0] == 't';
+        return 0;
+    }
+    return fail(x, n, "expected true or false, got '%s'", show(s, sb));
+}
+
+/* One of names[0..n), by index; the message lists them. */
+static int get_enum(struct ctx *x, struct node *n, const char *const *names, int count,
+                    const char *choices, int *out)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    if (!s)
+        return -1;
+    for (int i = 0; i < count; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = i;
+            return 0;
+        }
+    }
+    return fail(x, n, "bad value '%s' (use %s)", show(s, sb), choices);
+}
+
+/* The key node of key in mapping m (for positions), or NULL. */
+static struct node *map_key(const struct node *m, const char *key)
+{
+    if (!m || m->kind != NODE_MAP)
+        return NULL;
+    for (int i = 0; i + 1 < m->nkids; i += 2)
+        if (!strcmp(m->kids[i]->str, key))
+            return m->kids[i];
+    return NULL;
+}
+
 static struct node *map_get(const struct node *m, const char *key)
 {
     if (!m || m->kind != NODE_MAP)
@@ -712,14 +762,49 @@ static int parse_port(const char *s, int *port)
     return 0;
 }
 
-/* host:port with a numeric host, [v6]:port, or localhost:port. */
-static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sslen)
+/* A name getaddrinfo may look up: dot-separated labels of letters, digits,
+ * '-' and '_' (docker-compose service names), none empty or starting with
+ * '-', the last not all digits (RFC 3696), one trailing dot allowed. So
+ * "10.0.0.256", "127.1" or "0x7f.1" are typos, not names: inet_aton would
+ * even take the last two as numbers. */
+static int hostname_ok(const char *s)
 {
-    char host[INET6_ADDRSTRLEN + 64];
+    struct in_addr probe;
+    size_t label = 0, n = strlen(s);
+    int digits = 1;
+    if (n > 1 && s[n - 1] == '.')
+        n--;
+    if (n == 0 || n > CONF_MAX_HOSTNAME || inet_aton(s, &probe))
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (ch == '.') {
+            if (label == 0)
+                return 0;
+            label = 0;
+            digits = 1;
+        } else if ((isalnum((unsigned char)ch) || ch == '_' || (ch == '-' && label > 0)) &&
+                   label < 63) {
+            label++;
+            digits &= isdigit((unsigned char)ch) != 0;
+        } else {
+            return 0;
+        }
+    }
+    return label > 0 && !digits;
+}
+
+/* host:port with a numeric host, [v6]:port, localhost:port or NAME:port.
+ * Returns 0, -1 on bad syntax, or a getaddrinfo error when a name does not
+ * resolve; host receives the host part (for that message). Names resolve
+ * now, once: the first address wins, as docker-compose service names need. */
+static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sslen,
+                      char host[CONF_MAX_HOSTNAME + 1])
+{
     const char *hs = s, *he, *ps;
     struct addrinfo hints, *res;
     unsigned char probe[sizeof(struct in6_addr)];
-    int family, port;
+    int family, port, rc;
 
     if (s[0] == '[') {
         hs = s + 1;
@@ -735,21 +820,25 @@ static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *ssl
         ps = he + 1;
         family = AF_INET;
     }
-    if (he == hs || (size_t)(he - hs) >= sizeof host || parse_port(ps, &port) < 0)
+    if (he == hs || (size_t)(he - hs) > CONF_MAX_HOSTNAME || parse_port(ps, &port) < 0)
         return -1;
     memcpy(host, hs, (size_t)(he - hs));
     host[he - hs] = '\0';
-    if (family == AF_INET && !strcmp(host, "localhost"))
-        strcpy(host, "127.0.0.1");
-    /* getaddrinfo also takes "127.1"; insist on the usual dotted quad. */
-    if (family == AF_INET && inet_pton(AF_INET, host, probe) != 1)
-        return -1;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = family;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-    if (getaddrinfo(host, ps, &hints, &res) != 0)
-        return -1;
+    if (family == AF_INET && !strcmp(host, "localhost")) {
+        strcpy(host, "127.0.0.1");      /* not ::1 first, whatever the resolver says */
+    } else if (family == AF_INET && inet_pton(AF_INET, host, probe) != 1) {
+        if (!hostname_ok(host))
+            return -1;
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_flags = AI_NUMERICSERV;
+    }
+    rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc != 0)
+        return hints.ai_flags & AI_NUMERICHOST ? -1 : (rc == -1 ? EAI_FAIL : rc);
     if (res->ai_addrlen > sizeof *ss) {
         freeaddrinfo(res);
         return -1;
@@ -763,13 +852,17 @@ static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *ssl
 
 static int get_addr(struct ctx *x, struct node *n, struct conf_addr *a)
 {
-    char sb[SHOW_BUF];
+    char sb[SHOW_BUF], host[CONF_MAX_HOSTNAME + 1];
     const char *s = scalar(x, n);
+    int rc;
     if (!s)
         return -1;
-    if (parse_addr(s, &a->ss, &a->sslen) < 0)
-        return fail(x, n, "bad address '%s' (use IP:PORT, [IPV6]:PORT or localhost:PORT)",
+    rc = parse_addr(s, &a->ss, &a->sslen, host);
+    if (rc == -1)
+        return fail(x, n, "bad address '%s' (use IP:PORT, [IPV6]:PORT or HOST:PORT)",
                     show(s, sb));
+    if (rc != 0)
+        return fail(x, n, "cannot resolve '%s': %s", show(host, sb), gai_strerror(rc));
     free(a->text);
     a->text = xstrdup(s);
     return 0;
@@ -1137,18 +1230,12 @@ static int h_redis_prefix(struct ctx *x, struct node *k, struct node *v, void *o
 
 static int h_redis_on_error(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    static const char *names[] = { "allow", "deny", "local" };
-    char sb[SHOW_BUF];
-    const char *s = scalar(x, v);
-    if (!s)
+    static const char *const names[] = { "allow", "deny", "local" };
+    int i = 0;
+    if (get_enum(x, v, names, 3, "allow, deny or local", &i) < 0)
         return -1;
-    for (int i = 0; i < 3; i++) {
-        if (!strcmp(s, names[i])) {
-            ((struct conf_redis *)obj)->on_error = (enum conf_on_error)i;
-            return 0;
-        }
-    }
-    return fail(x, v, "bad value '%s' (use allow, deny or local)", show(s, sb));
+    ((struct conf_redis *)obj)->on_error = (enum conf_on_error)i;
+    return 0;
 }
 
 static const struct key_def redis_keys[] = {
@@ -1244,18 +1331,18 @@ static int h_upstreams(struct ctx *x, struct node *k, struct node *v, void *obj)
     return 0;
 }
 
-static int h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj)
+/* A sequence of CIDRs (trusted_proxies, allow) into a fresh array. */
+static int get_cidrs(struct ctx *x, struct node *v, struct conf_cidr **out, int *n)
 {
-    struct conf *c = obj;
     char sb[SHOW_BUF];
     if (expect(x, v, NODE_SEQ) < 0)
         return -1;
-    c->trusted = xcalloc((size_t)v->nkids, sizeof *c->trusted);
-    c->ntrusted = v->nkids;
+    *out = xcalloc((size_t)v->nkids, sizeof **out);
+    *n = v->nkids;
     for (int i = 0; i < v->nkids; i++) {
         size_t old = path_push(x, "[%d]", i);
         const char *s = scalar(x, v->kids[i]);
-        int rc = s ? parse_cidr(s, &c->trusted[i]) : -1;
+        int rc = s ? parse_cidr(s, &(*out)[i]) : -1;
         if (s && rc < 0)
             fail(x, v->kids[i], "bad CIDR '%s' (use e.g. 10.0.0.0/8, 192.0.2.7, fd00::/8)",
                  show(s, sb));
@@ -1263,6 +1350,106 @@ static int h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj)
         if (rc < 0)
             return -1;
     }
+    return 0;
+}
+
+static int h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    return get_cidrs(x, v, &c->trusted, &c->ntrusted);
+}
+
+static int h_allow(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    return get_cidrs(x, v, &c->allow, &c->nallow);
+}
+
+static int h_backend(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "redis", "memory" };
+    int i = 0;
+    if (get_enum(x, v, names, 2, "redis or memory", &i) < 0)
+        return -1;
+    ((struct conf *)obj)->backend = i == 0 ? CONF_BACKEND_REDIS : CONF_BACKEND_MEMORY;
+    return 0;
+}
+
+static int h_memory_max_keys(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n;
+    if (get_int(x, v, 1, CONF_MAX_MEMORY_KEYS, &n) < 0)
+        return -1;
+    ((struct conf *)obj)->memory_max_keys = (size_t)n;
+    return 0;
+}
+
+static const struct key_def memory_keys[] = {
+    { "max_keys", h_memory_max_keys, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_memory(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return walk_map(x, v, memory_keys, obj);
+}
+
+static int h_deny_cache_max_keys(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n;
+    if (get_int(x, v, 0, CONF_MAX_MEMORY_KEYS, &n) < 0)
+        return -1;
+    ((struct conf *)obj)->deny_cache_max_keys = (size_t)n;
+    return 0;
+}
+
+static const struct key_def deny_cache_keys[] = {
+    { "max_keys", h_deny_cache_max_keys, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_deny_cache(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return walk_map(x, v, deny_cache_keys, obj);
+}
+
+static int h_admin_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    if (get_addr(x, v, &c->admin_listen) < 0)
+        return -1;
+    c->has_admin = 1;
+    return 0;
+}
+
+static const struct key_def admin_keys[] = {
+    { "listen", h_admin_listen, 1 },
+    { NULL, NULL, 0 },
+};
+
+static int h_admin(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return walk_map(x, v, admin_keys, obj);
+}
+
+/* off (NULL), stdout, or a file path; the file is opened by the access log
+ * module, which reopens it on SIGUSR1. */
+static int h_access_log(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s)
+        return fail(x, v, "empty value (use off, stdout or a file path)");
+    if (strlen(s) > PATH_MAX)
+        return fail(x, v, "path is longer than %d bytes", PATH_MAX);
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return fail(x, v, "path '%s' has a control byte", show(s, sb));
+    free(c->access_log);
+    c->access_log = strcmp(s, "off") ? xstrdup(s) : NULL;
     return 0;
 }
 
@@ -1363,8 +1550,139 @@ bad:
                 show(s, sb));
 }
 
+/* How many nodes glibc's regcomp may build for an ERE, roughly: it copies
+ * the atom of a bound {m,n} max(m,n) times, so a{1,32767} or nested bounds
+ * take seconds and gigabytes. Each atom weighs 1, a group the sum of its
+ * contents, a bound multiplies the atom before it; saturates at limit+1.
+ * -1 when groups nest deeper than CONF_MAX_CAPTURES (every ERE group
+ * captures, so such a pattern is refused anyway). */
+static int64_t regex_weight(const char *re, int64_t limit)
+{
+    int64_t sum[CONF_MAX_CAPTURES + 1], last[CONF_MAX_CAPTURES + 1];
+    int d = 0;
+    sum[0] = last[0] = 0;
+    for (const char *p = re; *p; p++) {
+        int64_t atom = 1, m = 0, n = 0;
+        const char *q;
+        switch (*p) {
+        case '\\':
+            if (p[1])
+                p++;
+            break;
+        case '[':                       /* to the closing ']' of the bracket */
+            q = p + 1 + (p[1] == '^');
+            if (*q == ']')
+                q++;
+            while (*q && *q != ']') {
+                if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
+                    const char *e = strchr(q + 2, q[1]);
+                    q = e && e[1] == ']' ? e + 2 : q + 1;
+                } else {
+                    q++;
+                }
+            }
+            p = *q ? q : q - 1;
+            break;
+        case '(':
+            if (d == CONF_MAX_CAPTURES)
+                return -1;
+            sum[++d] = 0;
+            last[d] = 0;
+            continue;
+        case ')':
+            if (d == 0)
+                break;                  /* regcomp reports it */
+            atom = sum[d] ? sum[d] : 1;
+            d--;
+            break;
+        case '{':
+            q = parse_digits(p + 1, &m);
+            if (!q)
+                break;                  /* a literal '{' */
+            if (*q == ',' && isdigit((unsigned char)q[1]))
+                q = parse_digits(q + 1, &n);
+            else if (*q == ',')
+                q++;
+            if (!q || *q != '}')
+                break;
+            m = m > n ? m : n;
+            if (m > limit)
+                return limit + 1;
+            sum[d] += last[d] * (m > 1 ? m - 1 : 0);
+            last[d] *= m > 1 ? m : 1;
+            if (sum[d] > limit)
+                return limit + 1;
+            p = q;
+            continue;
+        case '*': case '+': case '?': case '|': case '^': case '$':
+            last[d] = 0;
+            continue;
+        default:
+            break;
+        }
+        last[d] = atom;
+        sum[d] += atom;
+        if (sum[d] > limit)
+            return limit + 1;
+    }
+    return sum[0];
+}
+
+/* path_regex: POSIX ERE against the normalised path. Bounded so that a
+ * config (or a fuzzer) cannot make regcomp, or regexec on every request,
+ * slow: length, expansion weight, and no backreferences. */
+static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    char sb[SHOW_BUF], why[160];
+    const char *s = scalar(x, v);
+    regex_t *re;
+    int64_t weight;
+    int rc;
+    if (!s)
+        return -1;
+    if (!*s)
+        return fail(x, v, "empty regex");
+    if (strlen(s) > CONF_MAX_REGEX)
+        return fail(x, v, "regex is longer than %d bytes", CONF_MAX_REGEX);
+    for (const char *p = s; *p; p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return fail(x, v, "regex '%s' has a control byte", show(s, sb));
+        if (*p == '\\' && isdigit((unsigned char)p[1]))
+            return fail(x, v, "bad regex '%s': backreferences are not supported", show(s, sb));
+        if (*p == '\\' && p[1])
+            p++;
+    }
+    weight = regex_weight(s, CONF_MAX_REGEX_WEIGHT);
+    if (weight < 0)
+        return fail(x, v, "regex '%s' has more than %d groups", show(s, sb),
+                    CONF_MAX_CAPTURES);
+    if (weight > CONF_MAX_REGEX_WEIGHT)
+        return fail(x, v, "bad regex '%s': repetition bounds expand beyond %d atoms",
+                    show(s, sb), CONF_MAX_REGEX_WEIGHT);
+    re = xcalloc(1, sizeof *re);
+    rc = regcomp(re, s, REG_EXTENDED);
+    if (rc != 0) {
+        regerror(rc, re, why, sizeof why);
+        free(re);
+        return fail(x, v, "bad regex '%s': %s", show(s, sb), why);
+    }
+    if (re->re_nsub > CONF_MAX_CAPTURES) {
+        size_t nsub = re->re_nsub;
+        regfree(re);
+        free(re);
+        return fail(x, v, "regex '%s' has %zu groups, at most %d", show(s, sb), nsub,
+                    CONF_MAX_CAPTURES);
+    }
+    r->regex = re;
+    r->ncaptures = (int)re->re_nsub;
+    r->path_regex = xstrdup(s);
+    return 0;
+}
+
 static const struct key_def match_keys[] = {
-    { "path", h_match_path, 1 },
+    { "path", h_match_path, 0 },
+    { "path_regex", h_match_path_regex, 0 },
     { "methods", h_match_methods, 0 },
     { "host", h_match_host, 0 },
     { NULL, NULL, 0 },
@@ -1380,9 +1698,18 @@ static int h_route_name(struct ctx *x, struct node *k, struct node *v, void *obj
     return 0;
 }
 
+/* Exactly one of path and path_regex. */
 static int h_route_match(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    return walk_map(x, v, match_keys, obj);
+    struct conf_route *r = obj;
+    if (walk_map(x, v, match_keys, obj) < 0)
+        return -1;
+    if (r->path && r->regex)
+        return fail_bare(x, map_key(v, "path_regex"), "'path' and 'path_regex' both set in "
+                         "%s (use one)", where(x));
+    if (!r->path && !r->regex)
+        return fail_bare(x, v, "missing required key 'path' in %s", where(x));
+    return 0;
 }
 
 /* Resolved in phase 3: the upstreams may come later in the file. */
@@ -1448,10 +1775,20 @@ static const struct { const char *word; enum conf_keysrc_kind kind; int has_arg;
     { "cookie", CONF_KEY_COOKIE, 1 }, { NULL, 0, 0 },
 };
 
+/* 0, or -1 for an unknown source, -2 for a bad capture number. capture:N
+ * is checked against the route's path_regex in phase 3 (match may come
+ * after limits in the file). */
 static int parse_keysrc(const char *s, struct conf_keysrc *out)
 {
     const char *colon = strchr(s, ':');
     size_t wl = colon ? (size_t)(colon - s) : strlen(s);
+    if (wl == 7 && !strncmp(s, "capture", 7)) {
+        if (!colon || colon[1] < '1' || colon[1] > '0' + CONF_MAX_CAPTURES || colon[2])
+            return -2;
+        out->kind = CONF_KEY_CAPTURE;
+        out->capture = colon[1] - '0';
+        return 0;
+    }
     for (int i = 0; keysrcs[i].word; i++) {
         if (strlen(keysrcs[i].word) != wl || strncmp(s, keysrcs[i].word, wl))
             continue;
@@ -1481,13 +1818,99 @@ static int h_limit_key(struct ctx *x, struct node *k, struct node *v, void *obj)
         size_t old = path_push(x, "[%d]", i);
         const char *s = scalar(x, v->kids[i]);
         int rc = s ? parse_keysrc(s, &l->keys[i]) : -1;
-        if (s && rc < 0)
+        if (s && rc == -2)
+            fail(x, v->kids[i], "bad key source '%s' (capture:N takes a group number "
+                 "1..%d)", show(s, sb), CONF_MAX_CAPTURES);
+        else if (s && rc < 0)
             fail(x, v->kids[i], "bad key source '%s' (use ip, method, path, header:NAME, "
                  "query:NAME or cookie:NAME)", show(s, sb));
         path_pop(x, old);
         if (rc < 0)
             return -1;
     }
+    return 0;
+}
+
+static int h_limit_shadow(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_bool(x, v, &((struct limit_src *)obj)->l->shadow);
+}
+
+static int h_limit_cost_header(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_limit *l = ((struct limit_src *)obj)->l;
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (!is_token(s) || strlen(s) > 256)
+        return fail(x, v, "bad header name '%s'", show(s, sb));
+    l->cost_header = xstrdup(s);
+    return 0;
+}
+
+/* One count_status item: a status 100..599, or a class 1xx..5xx. */
+static int count_status_item(struct ctx *x, struct node *n, struct conf_limit *l)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, n);
+    int64_t st;
+    if (!s)
+        return -1;
+    if (s[0] >= '1' && s[0] <= '5' && !strcmp(s + 1, "xx")) {
+        int base = (s[0] - '0') * 100;
+        memset(l->count_status + base, 1, 100);
+        return 0;
+    }
+    if (parse_int(s, &st) != 0 || st < 100 || st > 599)
+        return fail(x, n, "bad status '%s' (use 100..599, or 1xx, 2xx, 3xx, 4xx, 5xx)",
+                    show(s, sb));
+    l->count_status[st] = 1;
+    return 0;
+}
+
+static int h_limit_count_status(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_limit *l = ((struct limit_src *)obj)->l;
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one status (leave count_status out to count all)");
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        int rc = count_status_item(x, v->kids[i], l);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    l->has_count_status = 1;
+    return 0;
+}
+
+static int h_limit_status(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n;
+    if (get_int(x, v, 400, 599, &n) < 0)
+        return -1;
+    ((struct limit_src *)obj)->l->status = (int)n;
+    return 0;
+}
+
+/* Goes into the JSON body of a rejection: bounded, no control bytes. */
+static int h_limit_message(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_limit *l = ((struct limit_src *)obj)->l;
+    const char *s = scalar(x, v);
+    size_t n;
+    if (!s)
+        return -1;
+    n = strlen(s);
+    if (n > CONF_MAX_MESSAGE)
+        return fail(x, v, "message is %zu bytes, at most %d", n, CONF_MAX_MESSAGE);
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return fail(x, v, "message has a control byte");
+    l->message = xstrdup(s);
     return 0;
 }
 
@@ -1499,6 +1922,11 @@ static const struct key_def limit_keys[] = {
     { "rate", h_limit_rate, 0 },
     { "burst", h_limit_burst, 0 },
     { "key", h_limit_key, 1 },
+    { "shadow", h_limit_shadow, 0 },
+    { "cost_header", h_limit_cost_header, 0 },
+    { "count_status", h_limit_count_status, 0 },
+    { "status", h_limit_status, 0 },
+    { "message", h_limit_message, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -1589,6 +2017,7 @@ static int limit_load(struct ctx *x, struct node *m, struct conf_limit *l)
     char sb[SHOW_BUF];
     const char *an;
     size_t old;
+    l->status = 429;
     if (walk_map(x, m, limit_keys, &ls) < 0)
         return -1;
     an = ls.algorithm->str;
@@ -1623,11 +2052,41 @@ static int h_route_limits(struct ctx *x, struct node *k, struct node *v, void *o
     return 0;
 }
 
+static int h_route_allow(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    return get_cidrs(x, v, &r->allow, &r->nallow);
+}
+
+static int h_route_cost(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_int(x, v, 1, CONF_MAX_COST, &((struct conf_route *)obj)->cost);
+}
+
+static int h_route_headers(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "full", "ietf", "legacy", "none" };
+    int i = 0;
+    if (get_enum(x, v, names, 4, "full, ietf, legacy or none", &i) < 0)
+        return -1;
+    ((struct conf_route *)obj)->headers = (enum conf_headers)i;
+    return 0;
+}
+
+static int h_route_upgrade(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_bool(x, v, &((struct conf_route *)obj)->upgrade);
+}
+
 static const struct key_def route_keys[] = {
     { "name", h_route_name, 1 },
     { "match", h_route_match, 1 },
     { "upstream", h_route_upstream, 1 },
     { "limits", h_route_limits, 0 },
+    { "allow", h_route_allow, 0 },
+    { "cost", h_route_cost, 0 },
+    { "headers", h_route_headers, 0 },
+    { "upgrade", h_route_upgrade, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -1643,7 +2102,10 @@ static int h_routes(struct ctx *x, struct node *k, struct node *v, void *obj)
     x->routes = v;
     for (int i = 0; i < v->nkids; i++) {
         size_t old = path_push(x, "[%d]", i);
-        int rc = walk_map(x, v->kids[i], route_keys, &c->routes[i]);
+        int rc;
+        c->routes[i].cost = 1;
+        c->routes[i].headers = CONF_HEADERS_FULL;
+        rc = walk_map(x, v->kids[i], route_keys, &c->routes[i]);
         path_pop(x, old);
         if (rc < 0)
             return -1;
@@ -1651,8 +2113,7 @@ static int h_routes(struct ctx *x, struct node *k, struct node *v, void *obj)
     return 0;
 }
 
-/* Later keys (issue 3: admin, access_log, backend...) are one line each.
- * route->metrics is not ours: metrics_bind() points it into its registry. */
+/* route->metrics is not ours: metrics_bind() points it into its registry. */
 static const struct key_def top_keys[] = {
     { "listen", h_listen, 1 },
     { "workers", h_workers, 0 },
@@ -1663,6 +2124,12 @@ static const struct key_def top_keys[] = {
     { "upstreams", h_upstreams, 1 },
     { "trusted_proxies", h_trusted, 0 },
     { "routes", h_routes, 1 },
+    { "allow", h_allow, 0 },
+    { "backend", h_backend, 0 },
+    { "memory", h_memory, 0 },
+    { "deny_cache", h_deny_cache, 0 },
+    { "admin", h_admin, 0 },
+    { "access_log", h_access_log, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -1711,6 +2178,48 @@ static int check_route(struct ctx *x, int i)
     return rc;
 }
 
+/* capture:N needs the route's path_regex to have at least N groups. */
+static int check_captures(struct ctx *x, int i)
+{
+    const struct conf_route *r = &x->c->routes[i];
+    struct node *limits = map_get(x->routes->kids[i], "limits");
+    int rc = 0;
+    for (int j = 0; j < r->nlimits && rc == 0; j++) {
+        struct node *keys = map_get(limits->kids[j], "key");
+        for (int k = 0; k < r->limits[j].nkeys && rc == 0; k++) {
+            const struct conf_keysrc *ks = &r->limits[j].keys[k];
+            size_t old;
+            if (ks->kind != CONF_KEY_CAPTURE || ks->capture <= r->ncaptures)
+                continue;
+            old = path_push(x, "routes[%d].limits[%d].key[%d]", i, j, k);
+            if (!r->regex)
+                rc = fail(x, keys->kids[k], "capture:%d but the route has no path_regex",
+                          ks->capture);
+            else
+                rc = fail(x, keys->kids[k], "capture:%d but path_regex has %d group%s",
+                          ks->capture, r->ncaptures, r->ncaptures == 1 ? "" : "s");
+            path_pop(x, old);
+        }
+    }
+    return rc;
+}
+
+/* The admin endpoint must not share the public listener's address. */
+static int check_admin(struct ctx *x, struct node *root)
+{
+    const struct conf *c = x->c;
+    struct node *admin = map_get(root, "admin");
+    size_t old;
+    if (!c->has_admin || c->admin_listen.sslen != c->listen.sslen ||
+        memcmp(&c->admin_listen.ss, &c->listen.ss, c->listen.sslen))
+        return 0;
+    old = path_push(x, "admin.listen");
+    fail(x, map_get(admin, "listen"), "same address as listen (the admin endpoint must "
+         "not be on the public listener)");
+    path_pop(x, old);
+    return -1;
+}
+
 static int conf_from_tree(struct ctx *x, struct node *root)
 {
     if (root->kind != NODE_MAP)
@@ -1718,9 +2227,9 @@ static int conf_from_tree(struct ctx *x, struct node *root)
     if (walk_map(x, root, top_keys, x->c) < 0)
         return -1;
     for (int i = 0; i < x->c->nroutes; i++)
-        if (check_route(x, i) < 0)
+        if (check_route(x, i) < 0 || check_captures(x, i) < 0)
             return -1;
-    return 0;
+    return check_admin(x, root);
 }
 
 /* ---- load, retain, release */
@@ -1743,6 +2252,9 @@ static struct conf *conf_new(const char *file)
     c->redis.timeout_ms = 50;
     c->redis.prefix = xstrdup("sluice:");
     c->redis.on_error = CONF_ON_ERROR_ALLOW;
+    c->backend = CONF_BACKEND_REDIS;
+    c->memory_max_keys = 1000000;
+    c->deny_cache_max_keys = 100000;
     c->refs = 1;
     return c;
 }
@@ -1771,14 +2283,24 @@ static void conf_free(struct conf *c)
                 free(r->limits[j].keys[k].arg);
             free(r->limits[j].keys);
             free(r->limits[j].name);
+            free(r->limits[j].cost_header);
+            free(r->limits[j].message);
         }
         free(r->limits);
         free(r->name);
         free(r->path);
         free(r->host);
+        if (r->regex)
+            regfree(r->regex);
+        free(r->regex);
+        free(r->path_regex);
+        free(r->allow);
     }
     free(c->routes);
     free(c->trusted);
+    free(c->allow);
+    free(c->admin_listen.text);
+    free(c->access_log);
     free(c);
 }
 

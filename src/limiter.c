@@ -1,9 +1,15 @@
-/* sluice - limiter.c: the rate-limit algorithms in C.
+/* sluice - limiter.c: the five rate-limit algorithms as pure C.
  *
- * For now only their names, shared by the config loader (which parses them)
- * and the headers and logs (which print them). The pure C algorithms of the
- * in-process backend (issue 3) will live here too, on the same
- * struct limiter_params as scripts/limit.lua. */
+ * The same arithmetic as scripts/limit.lua, step for step: integer ms and us,
+ * floor and ceil in the same places, token_bucket in doubles evaluated in the
+ * Lua's order, so both give identical answers on tests/unit/data/
+ * limiter_cases.txt. No I/O, no allocation, no clock: the caller passes now_us
+ * and owns the state (memstore.c keeps one per key). */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "limiter.h"
 
 const char *limiter_algo_name(enum limiter_algo algo)
@@ -16,4 +22,443 @@ const char *limiter_algo_name(enum limiter_algo algo)
     case LIMITER_GCRA: return "gcra";
     }
     return "unknown";
+}
+
+/* Beyond 2^53 the Lua's doubles stop being exact integers. */
+#define LIMITER_EXACT_MAX ((int64_t)1 << 53)
+
+/* One limit's decision, as the Lua's table d: what to report when consumed
+ * (ok) or denied here (not ok), and rem0/reset0 for an allowing limit of a
+ * denied request. */
+struct decision {
+    int ok;
+    int64_t rem, reset, retry;
+    int64_t rem0, reset0;
+};
+
+static int64_t div_floor(int64_t a, int64_t b)
+{
+    int64_t q = a / b;
+    if (a % b != 0 && (a < 0) != (b < 0))
+        q--;
+    return q;
+}
+
+static int64_t div_ceil(int64_t a, int64_t b)
+{
+    int64_t q = a / b;
+    if (a % b != 0 && (a < 0) == (b < 0))
+        q++;
+    return q;
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static int64_t atleast1(int64_t x) { return x < 1 ? 1 : x; }
+static double atleast1d(double x) { return x < 1 ? 1 : x; }
+
+static int64_t now_ms_of(int64_t now_us) { return div_floor(now_us, 1000); }
+
+int limiter_expired(const struct limiter_state *s, int64_t now_us)
+{
+    /* Redis drops a key once its clock is past the expiry (now > when). */
+    return !s->used || now_ms_of(now_us) > s->expire_ms;
+}
+
+/* A state reads as the Lua would read its key: absent when never written,
+ * expired, or written by another algorithm (a key of the wrong type). */
+static int live(const struct limiter_state *s, const struct limiter_params *p,
+                int64_t now_us)
+{
+    return s->algo == p->algo && !limiter_expired(s, now_us);
+}
+
+int limiter_valid(const struct limiter_params *p, int64_t cost)
+{
+    int64_t unit;
+    if (p->limit < 0 || cost < 1 || cost > LIMITER_EXACT_MAX)
+        return -1;
+    switch (p->algo) {
+    case LIMITER_FIXED_WINDOW:
+    case LIMITER_SLIDING_WINDOW:
+    case LIMITER_SLIDING_LOG:
+        unit = p->window_ms;
+        break;
+    case LIMITER_TOKEN_BUCKET:
+    case LIMITER_GCRA:
+        unit = p->interval_us;
+        break;
+    default:
+        return -1;
+    }
+    if (unit < 1 || unit > LIMITER_EXACT_MAX || p->limit > LIMITER_EXACT_MAX / unit)
+        return -1;
+    return 0;
+}
+
+void limiter_state_init(struct limiter_state *s, struct limiter_log_entry *log,
+                        uint32_t log_cap)
+{
+    memset(s, 0, sizeof(*s));
+    s->log = log;
+    s->log_cap = log_cap;
+}
+
+/* ---- sliding_log's ring, sorted by ms from log_head ------------------------ */
+
+static struct limiter_log_entry *log_at(const struct limiter_state *s, uint32_t i)
+{
+    return &s->log[(s->log_head + i) % s->log_cap];
+}
+
+void limiter_log_move(struct limiter_state *s, struct limiter_log_entry *to,
+                      uint32_t cap)
+{
+    assert(cap >= s->log_len);
+    for (uint32_t i = 0; i < s->log_len; i++)
+        to[i] = *log_at(s, i);
+    s->log = to;
+    s->log_cap = cap;
+    s->log_head = 0;
+}
+
+/* Index of the first entry newer than thr_ms, and the units before it. */
+static uint32_t log_first_live(const struct limiter_state *s, int64_t thr_ms,
+                               int64_t *stale_units)
+{
+    uint32_t i = 0;
+    *stale_units = 0;
+    while (i < s->log_len && log_at(s, i)->ms <= thr_ms)
+        *stale_units += log_at(s, i++)->n;
+    return i;
+}
+
+/* The ms of the k-th oldest live unit (1-based), as ZRANGEBYSCORE LIMIT k-1 1. */
+static int64_t log_kth(const struct limiter_state *s, uint32_t first, int64_t k)
+{
+    for (uint32_t i = first; i < s->log_len; i++) {
+        k -= log_at(s, i)->n;
+        if (k <= 0)
+            return log_at(s, i)->ms;
+    }
+    abort();    /* callers ask only for k <= the live count */
+}
+
+/* ZREMRANGEBYSCORE -inf thr_ms, then ZADD cost members scored now_ms. */
+static void log_add(struct limiter_state *s, int64_t thr_ms, int64_t now_ms, int64_t cost)
+{
+    int64_t stale;
+    uint32_t drop = log_first_live(s, thr_ms, &stale);
+    s->log_head = s->log_len ? (s->log_head + drop) % s->log_cap : 0;
+    s->log_len -= drop;
+    s->u.log.total -= stale;
+    s->u.log.total += cost;
+
+    uint32_t i = s->log_len;        /* insertion point: usually the end */
+    while (i > 0 && log_at(s, i - 1)->ms > now_ms)
+        i--;
+    if (i > 0 && log_at(s, i - 1)->ms == now_ms) {
+        log_at(s, i - 1)->n += cost;
+        return;
+    }
+    assert(s->log_len < s->log_cap);    /* the caller grows the ring first */
+    for (uint32_t j = s->log_len; j > i; j--)   /* a clock that went back */
+        *log_at(s, j) = *log_at(s, j - 1);
+    *log_at(s, i) = (struct limiter_log_entry){ now_ms, cost };
+    s->log_len++;
+}
+
+/* ---- the algorithms: each mirrors its decide_* in limit.lua ---------------- */
+
+static void decide_fixed(const struct limiter_state *s, int is_live,
+                         const struct limiter_params *p, int64_t c, int64_t now_us,
+                         struct decision *d)
+{
+    int64_t L = p->limit, W = p->window_ms, now_ms = now_ms_of(now_us);
+    int64_t win = div_floor(now_ms, W);
+    int64_t n = is_live && s->u.fixed.win == win ? s->u.fixed.n : 0;
+    int64_t reset = (win + 1) * W - now_ms;
+    d->ok = n + c <= L;
+    d->reset = d->reset0 = reset;
+    d->rem0 = max64(0, L - n);
+    if (d->ok) {
+        d->rem = L - n - c;
+        d->retry = 0;
+    } else {
+        d->rem = 0;
+        d->retry = c > L ? W : reset;
+    }
+}
+
+/* The sliding window's stored counts as seen in the current window cur. */
+static void sliding_counts(const struct limiter_state *s, int is_live, int64_t cur,
+                           int64_t *cc, int64_t *pc)
+{
+    *cc = *pc = 0;
+    if (!is_live)
+        return;
+    if (s->u.sliding.win >= cur) {          /* this window, or a clock gone back */
+        *cc = s->u.sliding.cur;
+        *pc = s->u.sliding.prev;
+    } else if (s->u.sliding.win == cur - 1) {
+        *pc = s->u.sliding.cur;
+    }
+}
+
+struct sliding {
+    int64_t L, W, now_ms, cur, elapsed, pc, decay;
+};
+
+static int64_t sliding_remaining(const struct sliding *w, int64_t count)
+{
+    return max64(0, div_floor(w->L * w->W - w->decay - count * w->W, w->W));
+}
+
+static int64_t sliding_reset(const struct sliding *w, int64_t count)
+{
+    if (count > 0)
+        return (w->cur + 2) * w->W - w->now_ms;
+    if (w->pc > 0)
+        return (w->cur + 1) * w->W - w->now_ms;
+    return 0;
+}
+
+/* When denied with c <= L: within this window once enough of the previous
+ * count decayed, else in the next one, where today's count decays. */
+static int64_t sliding_retry(const struct sliding *w, int64_t cc, int64_t c)
+{
+    int64_t L = w->L, W = w->W;
+    if (c > L)
+        return W;
+    if (w->pc > 0 && cc + c <= L) {
+        int64_t at = div_ceil(W * (w->pc + cc + c - L), w->pc);
+        if (at < W)
+            return atleast1(at - w->elapsed);
+    }
+    int64_t e = cc > 0 ? max64(0, div_ceil(W * (cc + c - L), cc)) : 0;
+    return atleast1((w->cur + 1) * W + e - w->now_ms);
+}
+
+static void decide_sliding(const struct limiter_state *s, int is_live,
+                           const struct limiter_params *p, int64_t c, int64_t now_us,
+                           struct decision *d)
+{
+    struct sliding w = { .L = p->limit, .W = p->window_ms, .now_ms = now_ms_of(now_us) };
+    int64_t cc;
+    w.cur = div_floor(w.now_ms, w.W);
+    sliding_counts(s, is_live, w.cur, &cc, &w.pc);
+    w.elapsed = w.now_ms - w.cur * w.W;
+    w.decay = w.pc * (w.W - w.elapsed);     /* the previous count's weight, times W */
+    d->ok = c <= w.L && w.decay + (cc + c) * w.W <= w.L * w.W;
+    d->rem0 = sliding_remaining(&w, cc);
+    d->reset0 = sliding_reset(&w, cc);
+    if (d->ok) {
+        d->rem = sliding_remaining(&w, cc + c);
+        d->reset = sliding_reset(&w, cc + c);
+        d->retry = 0;
+    } else {
+        d->rem = 0;
+        d->reset = sliding_reset(&w, cc);
+        d->retry = sliding_retry(&w, cc, c);
+    }
+}
+
+/* Entries exactly W old are out: the live range is (now_ms - W, +inf). */
+static void decide_log(const struct limiter_state *s, int is_live,
+                       const struct limiter_params *p, int64_t c, int64_t now_us,
+                       struct decision *d)
+{
+    int64_t L = p->limit, W = p->window_ms, now_ms = now_ms_of(now_us);
+    int64_t count = 0, stale = 0;
+    uint32_t first = 0;
+    if (is_live) {
+        first = log_first_live(s, now_ms - W, &stale);
+        count = s->u.log.total - stale;
+    }
+    int64_t reset0 = 0;
+    if (count > 0)
+        reset0 = max64(0, log_at(s, s->log_len - 1)->ms + W - now_ms);
+    d->ok = count + c <= L;
+    d->rem0 = max64(0, L - count);
+    d->reset0 = reset0;
+    if (d->ok) {
+        d->rem = L - count - c;
+        d->reset = W;
+        d->retry = 0;
+    } else {
+        d->rem = 0;
+        d->reset = reset0;
+        /* count + c - L oldest units must leave before c more fit */
+        d->retry = c > L ? W : atleast1(log_kth(s, first, count + c - L) + W - now_ms);
+    }
+}
+
+struct bucket {
+    double B, I, tokens;
+};
+
+static double bucket_refill_ms(const struct bucket *b, double tk)
+{
+    return ceil((b->B - tk) * b->I / 1000);
+}
+
+static void bucket_tokens(const struct limiter_state *s, int is_live,
+                          const struct limiter_params *p, int64_t now_us, struct bucket *b)
+{
+    b->B = (double)p->limit;
+    b->I = (double)p->interval_us;
+    b->tokens = b->B;                       /* a missing bucket is a full one */
+    if (is_live) {
+        int64_t elapsed = max64(0, now_us - s->u.bucket.last_us);
+        double t = s->u.bucket.tokens + (double)elapsed / b->I;
+        b->tokens = t < b->B ? t : b->B;
+    }
+}
+
+static void decide_bucket(const struct limiter_state *s, int is_live,
+                          const struct limiter_params *p, int64_t c, int64_t now_us,
+                          struct decision *d)
+{
+    struct bucket b;
+    bucket_tokens(s, is_live, p, now_us, &b);
+    double cd = (double)c;
+    double after = b.tokens - cd;
+    d->ok = cd <= b.B && b.tokens >= cd;
+    d->rem0 = (int64_t)floor(b.tokens);
+    d->reset0 = (int64_t)bucket_refill_ms(&b, b.tokens);
+    if (d->ok) {
+        d->rem = (int64_t)floor(after);
+        d->reset = (int64_t)bucket_refill_ms(&b, after);
+        d->retry = 0;
+    } else {
+        d->rem = 0;
+        d->reset = d->reset0;
+        if (cd > b.B)
+            d->retry = (int64_t)atleast1d(ceil(b.B * b.I / 1000));
+        else
+            d->retry = (int64_t)atleast1d(ceil((cd - b.tokens) * b.I / 1000));
+    }
+}
+
+static void decide_gcra(const struct limiter_state *s, int is_live,
+                        const struct limiter_params *p, int64_t c, int64_t now_us,
+                        struct decision *d)
+{
+    int64_t B = p->limit, I = p->interval_us;
+    int64_t tat = now_us;
+    if (is_live)
+        tat = max64(s->u.gcra.tat_us, now_us);
+    d->rem0 = max64(0, div_floor(B * I - (tat - now_us), I));
+    d->reset0 = div_ceil(tat - now_us, 1000);
+    if (c > B) {                /* never fits; c * I might not fit in 64 bits */
+        d->ok = 0;
+        d->rem = 0;
+        d->reset = d->reset0;
+        d->retry = atleast1(div_ceil(B * I, 1000));
+        return;
+    }
+    int64_t new_tat = tat + c * I;
+    d->ok = new_tat - now_us <= B * I;
+    if (d->ok) {
+        d->rem = div_floor(B * I - (new_tat - now_us), I);
+        d->reset = div_ceil(new_tat - now_us, 1000);
+        d->retry = 0;
+    } else {
+        d->rem = 0;
+        d->reset = d->reset0;
+        d->retry = atleast1(div_ceil(new_tat - B * I - now_us, 1000));
+    }
+}
+
+static void decide(const struct limiter_state *s, const struct limiter_params *p,
+                   int64_t c, int64_t now_us, struct decision *d)
+{
+    int is_live = live(s, p, now_us);
+    switch (p->algo) {
+    case LIMITER_FIXED_WINDOW: decide_fixed(s, is_live, p, c, now_us, d); return;
+    case LIMITER_SLIDING_WINDOW: decide_sliding(s, is_live, p, c, now_us, d); return;
+    case LIMITER_SLIDING_LOG: decide_log(s, is_live, p, c, now_us, d); return;
+    case LIMITER_TOKEN_BUCKET: decide_bucket(s, is_live, p, c, now_us, d); return;
+    case LIMITER_GCRA: decide_gcra(s, is_live, p, c, now_us, d); return;
+    }
+    abort();
+}
+
+int limiter_check(const struct limiter_state *s, const struct limiter_params *p,
+                  int64_t cost, int64_t now_us, struct limiter_result *r)
+{
+    struct decision d;
+    assert(limiter_valid(p, cost) == 0);
+    decide(s, p, cost, now_us, &d);
+    r->allowed = d.ok;
+    r->limit = p->limit;
+    r->remaining = d.rem;
+    r->reset_ms = max64(0, d.reset);
+    r->retry_ms = d.retry;
+    return d.ok;
+}
+
+void limiter_unconsumed(const struct limiter_state *s, const struct limiter_params *p,
+                        int64_t now_us, struct limiter_result *r)
+{
+    struct decision d;
+    decide(s, p, 1, now_us, &d);
+    r->allowed = 1;
+    r->limit = p->limit;
+    r->remaining = d.rem0;
+    r->reset_ms = max64(0, d.reset0);
+    r->retry_ms = 0;
+}
+
+/* The writes of the Lua's d.write(), with the key's expiry. */
+void limiter_commit(struct limiter_state *s, const struct limiter_params *p,
+                    int64_t cost, int64_t now_us)
+{
+    int64_t now_ms = now_ms_of(now_us), W = p->window_ms;
+    int is_live = live(s, p, now_us);
+
+    assert(limiter_valid(p, cost) == 0);
+    if (!is_live) {             /* DEL of a stale key: start from absent */
+        s->log_head = s->log_len = 0;
+        memset(&s->u, 0, sizeof(s->u));
+    }
+    s->used = 1;
+    s->algo = p->algo;
+    switch (p->algo) {
+    case LIMITER_FIXED_WINDOW: {
+        int64_t win = div_floor(now_ms, W);
+        s->u.fixed.n = (is_live && s->u.fixed.win == win ? s->u.fixed.n : 0) + cost;
+        s->u.fixed.win = win;
+        s->expire_ms = (win + 1) * W;
+        return;
+    }
+    case LIMITER_SLIDING_WINDOW: {
+        int64_t cur = div_floor(now_ms, W), cc, pc;
+        sliding_counts(s, is_live, cur, &cc, &pc);
+        s->u.sliding.win = cur;
+        s->u.sliding.cur = cc + cost;
+        s->u.sliding.prev = pc;
+        s->expire_ms = (cur + 2) * W;
+        return;
+    }
+    case LIMITER_SLIDING_LOG:
+        log_add(s, now_ms - W, now_ms, cost);
+        s->expire_ms = now_ms + W;
+        return;
+    case LIMITER_TOKEN_BUCKET: {
+        struct bucket b;
+        bucket_tokens(s, is_live, p, now_us, &b);
+        double after = b.tokens - (double)cost;
+        s->u.bucket.tokens = after;
+        s->u.bucket.last_us = now_us;
+        s->expire_ms = now_ms + (int64_t)atleast1d(bucket_refill_ms(&b, after));
+        return;
+    }
+    case LIMITER_GCRA: {
+        int64_t tat = is_live ? max64(s->u.gcra.tat_us, now_us) : now_us;
+        s->u.gcra.tat_us = tat + cost * p->interval_us;
+        s->expire_ms = now_ms + atleast1(div_ceil(s->u.gcra.tat_us - now_us, 1000));
+        return;
+    }
+    }
+    abort();
 }

@@ -41,4 +41,65 @@ struct limiter_result {
 
 const char *limiter_algo_name(enum limiter_algo algo);
 
+/* ---- The pure C algorithms (the in-process backend, memstore.c) ----------
+ *
+ * The exact arithmetic of scripts/limit.lua, on a clock the caller supplies
+ * (microseconds), with no I/O, no allocation and no clock reads. A decision
+ * is limiter_check() on every limit, then limiter_commit() on each only when
+ * all allowed, else limiter_unconsumed() for the ones that allowed. */
+
+/* sliding_log: n units admitted at ms (the Lua keeps one ZSET member per
+ * unit, all scored ms; units of one millisecond are counted together). */
+struct limiter_log_entry {
+    int64_t ms;
+    int64_t n;
+};
+
+/* One key's state: what the Redis key holds, plus its expiry. A state that
+ * is unused, expired, or written by another algorithm reads as absent, as a
+ * missing or wrong-typed key does in the Lua. */
+struct limiter_state {
+    int used;
+    enum limiter_algo algo;
+    int64_t expire_ms;          /* the key's PEXPIRE(AT): absent after it */
+    union {
+        struct { int64_t win, n; } fixed;                   /* window index, count */
+        struct { int64_t win, cur, prev; } sliding;         /* window index, counts */
+        struct { int64_t total; } log;                      /* units in the ring */
+        struct { double tokens; int64_t last_us; } bucket;  /* fractional tokens */
+        struct { int64_t tat_us; } gcra;                    /* theoretical arrival */
+    } u;
+    /* sliding_log only: a ring of log_cap entries owned by the caller, sorted
+     * by ms from log_head, log_len in use. Before limiter_commit() of a
+     * sliding_log the caller makes sure log_len < log_cap (at most limit
+     * entries are ever live after a commit). */
+    struct limiter_log_entry *log;
+    uint32_t log_cap, log_head, log_len;
+};
+
+/* An absent state; log/cap may be NULL/0 for the other algorithms. */
+void limiter_state_init(struct limiter_state *s, struct limiter_log_entry *log,
+                        uint32_t log_cap);
+/* Moves the log into to[0..cap) (cap >= log_len); the caller frees the old. */
+void limiter_log_move(struct limiter_state *s, struct limiter_log_entry *to,
+                      uint32_t cap);
+
+/* Decide one limit for cost units at now_us without changing s. Fills r as
+ * the Lua reports it when the request is consumed (allowed) or denied here;
+ * returns r->allowed. */
+int limiter_check(const struct limiter_state *s, const struct limiter_params *p,
+                  int64_t cost, int64_t now_us, struct limiter_result *r);
+/* What a limit that allowed reports when another one denied: its state as
+ * it is, nothing consumed, retry 0. */
+void limiter_unconsumed(const struct limiter_state *s, const struct limiter_params *p,
+                        int64_t now_us, struct limiter_result *r);
+/* Consume cost units at now_us (only after limiter_check() allowed). */
+void limiter_commit(struct limiter_state *s, const struct limiter_params *p,
+                    int64_t cost, int64_t now_us);
+/* 1 when s reads as absent at now_us, so its memory may be reclaimed. */
+int limiter_expired(const struct limiter_state *s, int64_t now_us);
+/* 0 when p is what the Lua accepts (limit >= 0; window >= 1 ms for window
+ * algorithms, interval >= 1 us for the others) and cost >= 1, else -1. */
+int limiter_valid(const struct limiter_params *p, int64_t cost);
+
 #endif

@@ -10,10 +10,12 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "accesslog.h"
 #include "admin.h"
 #include "conf.h"
 #include "log.h"
 #include "mem.h"
+#include "memstore.h"
 #include "metrics.h"
 #include "worker.h"
 
@@ -37,6 +39,8 @@ struct main_state {
     int n;
     struct event_base *base;
     struct admin *admin;
+    struct memstore *mem;           /* in-process limiter, when configured */
+    struct accesslog *alog;         /* NULL when access_log is off */
 };
 
 static void stop_signal_cb(evutil_socket_t sig, short what, void *arg)
@@ -74,19 +78,28 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
     log_info("main: reloaded '%s'", ms->file);
 }
 
+static void reopen_signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    struct main_state *ms = arg;
+    if (ms->alog) {
+        accesslog_reopen(ms->alog);
+        log_info("main: SIGUSR1, reopening the access log");
+    }
+}
+
 static int serve(struct main_state *ms)
 {
     struct conf *conf = ms->conf;
     struct worker **workers = mem_calloc((size_t)conf->workers, sizeof(*workers));
     struct event_base *base = event_base_new();
-    struct event *sigs[3] = { NULL, NULL, NULL };
+    struct event *sigs[4] = { NULL, NULL, NULL, NULL };
     int n = 0, rc = 1;
 
     ms->workers = workers;
     ms->base = base;
 
     for (; n < conf->workers; n++) {
-        workers[n] = worker_create(n, conf);
+        workers[n] = worker_create(n, conf, ms->mem, ms->alog);
         if (workers[n] == NULL)
             goto out;
     }
@@ -100,7 +113,8 @@ static int serve(struct main_state *ms)
     sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, ms);
     sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, ms);
     sigs[2] = evsignal_new(base, SIGHUP, reload_signal_cb, ms);
-    for (int i = 0; i < 3; i++)
+    sigs[3] = evsignal_new(base, SIGUSR1, reopen_signal_cb, ms);
+    for (int i = 0; i < 4; i++)
         evsignal_add(sigs[i], NULL);
     for (int i = 0; i < n; i++)
         if (worker_start(workers[i]) != 0) {
@@ -123,7 +137,7 @@ out:
     admin_stop(ms->admin);
     for (int i = 0; i < n; i++)
         worker_destroy(workers[i]);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (sigs[i])
             event_free(sigs[i]);
     event_base_free(base);
@@ -167,7 +181,23 @@ int main(int argc, char **argv)
     evthread_use_pthreads();
     metrics_bind(conf);
     struct main_state ms = { .file = file, .conf = conf };
+    /* The in-process limiter outlives reloads, so its counts do too, and a
+     * reload may switch to it: it always exists (empty costs little). The
+     * access log's target is fixed until a restart. */
+    ms.mem = memstore_create(conf->memory_max_keys);
+    if (conf->access_log) {
+        ms.alog = accesslog_open(conf->access_log, &err);
+        if (ms.alog == NULL) {
+            fprintf(stderr, "%s\n", err);
+            free(err);
+            memstore_destroy(ms.mem);
+            conf_release(conf);
+            return 1;
+        }
+    }
     int rc = serve(&ms);
+    accesslog_close(ms.alog);       /* every worker has been joined */
+    memstore_destroy(ms.mem);
     conf_release(ms.conf);
     metrics_shutdown();
     libevent_global_shutdown();

@@ -30,10 +30,12 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "accesslog.h"
 #include "denycache.h"
 #include "http1.h"
 #include "log.h"
 #include "mem.h"
+#include "memstore.h"
 #include "metrics.h"
 #include "proxy.h"
 #include "reply.h"
@@ -64,6 +66,20 @@ enum client_state {
 };
 
 enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY };
+
+/* What the access-log line needs once the head is gone. */
+#define PROXY_LOG_TARGET_MAX 1024
+struct reqlog {
+    int64_t wall_us, start_us, upstream_us;
+    int status;
+    int decision;                       /* enum metrics_decision, or -1 */
+    uint64_t bytes_in, bytes_out;
+    int active;                         /* a request is being served */
+    size_t method_len, target_len, client_len;
+    char client[ROUTE_IP_MAX];
+    char method[32];
+    char target[PROXY_LOG_TARGET_MAX];
+};
 
 /* Limits with count_status were only checked before forwarding; their keys
  * wait here for the response status that decides whether they consume. */
@@ -104,6 +120,7 @@ struct client {
     int upgrade;                        /* Upgrade request on an upgrade route */
     struct route_captures caps;         /* path_regex groups */
     struct counted *counted;            /* count_status limits, until the status is known */
+    struct reqlog *reqlog;              /* access-log facts; NULL when logging is off */
     char rid[PROXY_RID_MAX + 1];        /* X-Request-Id, sent up and back */
     size_t rid_len;
     int rid_from_client;                /* forwarded among the client's fields */
@@ -123,6 +140,8 @@ static void client_process(struct client *c);
 static void request_finish(struct client *c);
 static void forward(struct client *c);
 static void decide(struct client *c, size_t pathlen);
+static void reqlog_end(struct client *c);
+static const char *hb(const struct client *c, struct http1_span s);
 
 /* ---- lifetime ---------------------------------------------------------- */
 
@@ -134,6 +153,7 @@ static void client_free(struct client *c)
     if (c->up)
         upstream_close(c->up);
     free(c->counted);
+    free(c->reqlog);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -168,6 +188,7 @@ static int client_leave(struct client *c)
 
 static void client_kill(struct client *c)
 {
+    reqlog_end(c);      /* a request cut short is logged with what was sent */
     c->dead = 1;
     if (c->call) {
         store_cancel(c->call);
@@ -193,6 +214,7 @@ static void client_timer(struct client *c, enum timer_mode mode, int64_t ms)
 /* Stop reading requests and close once what is queued has been written. */
 static void client_close_after_write(struct client *c)
 {
+    reqlog_end(c);
     c->state = CS_CLOSING;
     c->keep_alive = 0;
     client_timer(c, TM_NONE, 0);
@@ -220,6 +242,87 @@ static int64_t now_us(void)
 static struct metrics_route *client_metrics(const struct client *c)
 {
     return c->route ? c->route->metrics : metrics_unrouted();
+}
+
+static void count_decision(struct client *c, enum metrics_decision d)
+{
+    metrics_request(c->route->metrics, d);
+    if (c->reqlog)
+        c->reqlog->decision = (int)d;
+}
+
+static void count_response(struct client *c, int status)
+{
+    metrics_response(client_metrics(c), status);
+    if (c->reqlog)
+        c->reqlog->status = status;
+}
+
+static void count_out(struct client *c, uint64_t n)
+{
+    if (c->reqlog)
+        c->reqlog->bytes_out += n;
+}
+
+/* One access-log line for the request in progress, once. */
+static void reqlog_end(struct client *c)
+{
+    static const char *const decisions[] = { "allowed", "limited", "shadow_limited", "error" };
+    struct reqlog *rq = c->reqlog;
+    if (rq == NULL || !rq->active)
+        return;
+    rq->active = 0;
+    const struct limiter_result *r = c->have_limits ? &c->rl.r[c->rl.shown] : NULL;
+    struct accesslog_entry e = {
+        .time_us = rq->wall_us,
+        .client = rq->client, .client_len = rq->client_len,
+        .method = rq->method, .method_len = rq->method_len,
+        .path = rq->target, .path_len = rq->target_len,
+        .status = rq->status,
+        .route = c->route ? c->route->name : NULL,
+        .decision = rq->decision >= 0 ? decisions[rq->decision] : NULL,
+        .limit = r ? c->rl.limit[c->rl.shown]->name : NULL,
+        .remaining = r ? r->remaining : -1,
+        .upstream_us = rq->upstream_us,
+        .total_us = now_us() - rq->start_us,
+        .bytes_in = rq->bytes_in, .bytes_out = rq->bytes_out,
+        .request_id = c->rid, .request_id_len = c->rid_len,
+    };
+    accesslog_write(c->w->alog, &e);
+}
+
+/* A head arrived: note what the log line will need. A head that did not
+ * parse (parsed = 0) is logged without method and target. */
+static void reqlog_begin(struct client *c, int parsed)
+{
+    if (c->w->alog == NULL)
+        return;
+    if (c->reqlog == NULL)
+        c->reqlog = mem_alloc(sizeof(*c->reqlog));
+    struct reqlog *rq = c->reqlog;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    rq->wall_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    rq->start_us = now_us();
+    rq->upstream_us = -1;
+    rq->status = 0;
+    rq->decision = -1;
+    rq->active = 1;
+    rq->bytes_out = 0;
+    if (!parsed) {
+        rq->bytes_in = 0;
+        rq->method_len = rq->target_len = 0;
+        rq->client_len = route_client_ip(c->conf, (const struct sockaddr *)&c->peer, NULL,
+                                         NULL, rq->client);
+        return;
+    }
+    rq->bytes_in = c->head.len;
+    rq->method_len = c->head.method.len < sizeof(rq->method) ? c->head.method.len : sizeof(rq->method);
+    memcpy(rq->method, hb(c, c->head.method), rq->method_len);
+    rq->target_len = c->head.target.len < sizeof(rq->target) ? c->head.target.len : sizeof(rq->target);
+    memcpy(rq->target, hb(c, c->head.target), rq->target_len);
+    rq->client_len = route_client_ip(c->conf, (const struct sockaddr *)&c->peer, c->hbuf,
+                                     &c->head, rq->client);
 }
 
 static const char *hb(const struct client *c, struct http1_span s)
@@ -385,13 +488,15 @@ static int body_discardable(const struct http1_head *h)
 static void answer_local(struct client *c, int status, int close_after)
 {
     struct evbuffer *out = bufferevent_get_output(c->bev);
+    size_t out_before = evbuffer_get_length(out);
     int keep = !close_after && c->head.keep_alive && !c->eof && !c->w->stopping &&
                body_discardable(&c->head);
     if (status == 429)
         reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
     else
         reply_error(out, status, keep, c->rid, c->rid_len);
-    metrics_response(client_metrics(c), status);
+    count_response(c, status);
+    count_out(c, evbuffer_get_length(out) - out_before);
     c->resp_started = c->resp_done = 1;
     drain_head(c);
     if (!keep) {
@@ -477,6 +582,10 @@ static void parse_head(struct client *c)
     c->hbuf = data;
     c->head_in_input = 1;
     if (rc != 0) {
+        c->route = NULL;
+        c->have_limits = 0;
+        c->rid_len = 0;
+        reqlog_begin(c, 0);
         answer_local(c, rc, 1);
         return;
     }
@@ -504,6 +613,7 @@ static void parse_head(struct client *c)
     c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     c->upgrade = 0;
     set_request_id(c);
+    reqlog_begin(c, 1);
     long plen = route_normalize(hb(c, h->target), h->target.len, w->path_buf);
     if (plen < 0) {
         answer_local(c, 400, 1);
@@ -528,19 +638,6 @@ static void parse_head(struct client *c)
 
 /* ---- decision ---------------------------------------------------------- */
 
-static void apply_on_error(struct client *c)
-{
-    c->have_limits = 0;
-    metrics_request(c->route->metrics, METRICS_ERROR);
-    switch (c->conf->redis.on_error) {
-    case CONF_ON_ERROR_DENY:
-        answer_local(c, 503, 0);
-        break;
-    default:        /* allow: forwarded without rate-limit fields */
-        forward(c);
-        break;
-    }
-}
 
 
 /* cost_header: a whole number 1..1000000 replaces the route's cost; a
@@ -604,6 +701,73 @@ static void remember_denials(struct client *c, const struct store_result *res)
             denycache_put(w->deny, sl[i].key, sl[i].keylen, now + res->r[i].retry_ms);
 }
 
+static int64_t wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* A decision is in: forward, or reject with the limits' fields. */
+static void apply_decision(struct client *c, const struct store_result *res, int from_redis)
+{
+    memcpy(c->rl.r, res->r, sizeof(res->r[0]) * (size_t)res->n);
+    reply_pick(&c->rl, res->allowed);
+    c->have_limits = 1;
+    if (res->allowed) {
+        int shadow_denied = 0;
+        for (int i = 0; i < res->n; i++)
+            shadow_denied |= !res->r[i].allowed;    /* only shadow ones can */
+        count_decision(c, shadow_denied ? METRICS_SHADOW_LIMITED : METRICS_ALLOWED);
+        forward(c);
+    } else {
+        count_decision(c, METRICS_LIMITED);
+        if (from_redis)
+            remember_denials(c, res);
+        answer_local(c, 429, 0);
+    }
+}
+
+/* Decide in process (backend memory, or on_error local). The keys are
+ * built again: the worker's scratch may have served others since. */
+static int decide_locally(struct client *c, struct store_result *res)
+{
+    struct worker *w = c->w;
+    struct store_limit sl[STORE_MAX_LIMITS];
+    long plen = route_normalize(hb(c, c->head.target), c->head.target.len, w->path_buf);
+    if (plen < 0 || w->mem == NULL)
+        return -1;
+    int n = build_keys(c, (size_t)plen, sl);
+    if (n <= 0)
+        return -1;
+    return memstore_decide(w->mem, sl, n, wall_us(), res);
+}
+
+/* Redis could not decide: on_error says what the request gets. */
+static void apply_on_error(struct client *c)
+{
+    struct store_result res;
+    switch (c->conf->redis.on_error) {
+    case CONF_ON_ERROR_DENY:
+        c->have_limits = 0;
+        count_decision(c, METRICS_ERROR);
+        answer_local(c, 503, 0);
+        break;
+    case CONF_ON_ERROR_LOCAL:
+        if (decide_locally(c, &res) == 0) {
+            apply_decision(c, &res, 0);
+            break;
+        }
+        /* no local answer either: as allow */
+        __attribute__((fallthrough));
+    default:        /* allow: forwarded without rate-limit fields */
+        c->have_limits = 0;
+        count_decision(c, METRICS_ERROR);
+        forward(c);
+        break;
+    }
+}
+
 static void decide_cb(void *arg, const struct store_result *res)
 {
     struct client *c = arg;
@@ -615,21 +779,7 @@ static void decide_cb(void *arg, const struct store_result *res)
         metrics_count(METRICS_REDIS_ERRORS);
         apply_on_error(c);
     } else {
-        memcpy(c->rl.r, res->r, sizeof(res->r[0]) * (size_t)res->n);
-        reply_pick(&c->rl, res->allowed);
-        c->have_limits = 1;
-        if (res->allowed) {
-            int shadow_denied = 0;
-            for (int i = 0; i < res->n; i++)
-                shadow_denied |= !res->r[i].allowed;    /* only shadow ones can */
-            metrics_request(c->route->metrics,
-                            shadow_denied ? METRICS_SHADOW_LIMITED : METRICS_ALLOWED);
-            forward(c);
-        } else {
-            metrics_request(c->route->metrics, METRICS_LIMITED);
-            remember_denials(c, res);
-            answer_local(c, 429, 0);
-        }
+        apply_decision(c, res, 1);
     }
     if (!c->dead)
         client_process(c);
@@ -682,7 +832,10 @@ static void consume_counted(struct client *c, int status)
             sl[n++] = (struct store_limit){ ct->keys + ct->off[i], ct->len[i],
                                             &ct->limit[i]->params, ct->cost[i],
                                             ct->limit[i]->shadow ? STORE_SHADOW : 0 };
-    if (n > 0) {
+    if (n > 0 && c->conf->backend == CONF_BACKEND_MEMORY) {
+        struct store_result res;
+        memstore_decide(c->w->mem, sl, n, wall_us(), &res);
+    } else if (n > 0) {
         metrics_count(METRICS_REDIS_REQUESTS);
         if (store_decide(c->w->store, sl, n, counted_done_cb, NULL) == NULL)
             metrics_count(METRICS_REDIS_ERRORS);
@@ -735,7 +888,7 @@ static void decide(struct client *c, size_t pathlen)
     struct store_limit sl[STORE_MAX_LIMITS];
     c->rl.route = c->route;
     if (client_allowed(c)) {        /* allow lists bypass limiting */
-        metrics_request(c->route->metrics, METRICS_ALLOWED);
+        count_decision(c, METRICS_ALLOWED);
         forward(c);
         return;
     }
@@ -746,19 +899,27 @@ static void decide(struct client *c, size_t pathlen)
     }
     c->rl.n = n;
     if (n == 0) {
-        metrics_request(c->route->metrics, METRICS_ALLOWED);
+        count_decision(c, METRICS_ALLOWED);
         forward(c);
         return;
     }
     if (denied_by_cache(c, sl, n)) {
         metrics_count(METRICS_DENY_CACHE_HITS);
-        metrics_request(c->route->metrics, METRICS_LIMITED);
+        count_decision(c, METRICS_LIMITED);
         reply_pick(&c->rl, 0);
         c->have_limits = 1;
         answer_local(c, 429, 0);
         return;
     }
     save_counted(c, sl, n);
+    if (c->conf->backend == CONF_BACKEND_MEMORY) {
+        struct store_result res;
+        if (memstore_decide(c->w->mem, sl, n, wall_us(), &res) == 0)
+            apply_decision(c, &res, 0);
+        else
+            answer_local(c, 500, 0);
+        return;
+    }
     c->redis_start_us = now_us();
     metrics_count(METRICS_REDIS_REQUESTS);
     c->call = store_decide(c->w->store, sl, n, decide_cb, c);
@@ -892,6 +1053,8 @@ static void pump_request_body(struct client *c)
         size_t payload;
         int rc = pump_once(c->parser, in, uo, chunked, &payload);
         c->body_bytes += payload;
+        if (c->reqlog)
+            c->reqlog->bytes_in += payload;
         if (rc < 0) {
             fail_request(c, 400);
             return;
@@ -1112,16 +1275,18 @@ static int read_response_head(struct client *c)
                 return -1;
             }
             drain_head(c);
-            metrics_response(client_metrics(c), status);
+            count_response(c, status);
             write_switch_head(c, data);
             evbuffer_drain(ui, uc->head.len);
             start_tunnel(c);
             return -1;
         }
         drain_head(c);  /* the request head is no longer needed for a retry */
-        metrics_response(client_metrics(c), status);
+        count_response(c, status);
         consume_counted(c, status);
+        size_t out_before = evbuffer_get_length(bufferevent_get_output(c->bev));
         write_response_head(c, data);
+        count_out(c, evbuffer_get_length(bufferevent_get_output(c->bev)) - out_before);
         evbuffer_drain(ui, uc->head.len);
         c->resp_started = 1;
         if (uc->head.body == HTTP1_BODY_NONE)
@@ -1143,6 +1308,7 @@ static void pump_response_body(struct client *c)
         }
         size_t payload;
         int rc = pump_once(uc->parser, ui, out, c->out_chunked, &payload);
+        count_out(c, payload);
         if (rc < 0) {
             log_warn("proxy: bad response body from upstream '%s': cutting the client",
                      upstream_conf(uc->pool)->servers[uc->server].text);
@@ -1164,7 +1330,10 @@ static void maybe_finish(struct client *c)
         return;
     struct upstream_conn *uc = c->up;
     c->up = NULL;
-    metrics_observe(METRICS_UPSTREAM_SECONDS, now_us() - c->upstream_start_us);
+    int64_t up_us = now_us() - c->upstream_start_us;
+    metrics_observe(METRICS_UPSTREAM_SECONDS, up_us);
+    if (c->reqlog)
+        c->reqlog->upstream_us = up_us;
     if (uc->head.keep_alive && uc->head.body != HTTP1_BODY_EOF)
         upstream_release(uc);
     else
@@ -1272,6 +1441,7 @@ out:
  * next one, or close. */
 static void request_finish(struct client *c)
 {
+    reqlog_end(c);
     drain_head(c);
     c->route = NULL;
     if (!c->keep_alive || c->eof || c->w->stopping) {
@@ -1376,6 +1546,9 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
     if (c->timer_mode == TM_HEADER && c->state == CS_HEAD) {
         /* A head that does not arrive in time (slowloris): 408, close. */
         c->head_in_input = 0;
+        c->route = NULL;
+        c->have_limits = 0;
+        reqlog_begin(c, 0);
         answer_local(c, 408, 1);
     } else {
         client_kill(c);     /* idle keep-alive, or a stalled body */

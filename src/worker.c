@@ -97,9 +97,12 @@ void worker_drained(struct worker *w)
     event_base_loopexit(w->base, NULL);
 }
 
-struct worker *worker_create(int id, struct conf *conf)
+struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
+                             struct accesslog *alog)
 {
     struct worker *w = mem_calloc(1, sizeof(*w));
+    w->mem = mem;
+    w->alog = alog;
     const char *step = "event base";
     w->id = id;
     if (getrandom(w->rng, sizeof(w->rng), 0) != (ssize_t)sizeof(w->rng) || (w->rng[0] | w->rng[1]) == 0) {
@@ -127,7 +130,8 @@ struct worker *worker_create(int id, struct conf *conf)
 
     w->stop_ev = event_new(w->base, -1, 0, stop_cb, w);
     w->reload_ev = event_new(w->base, -1, 0, reload_cb, w);
-    w->store = store_create(w->base, &conf->redis);
+    if (conf->backend == CONF_BACKEND_REDIS)
+        w->store = store_create(w->base, &conf->redis);
     w->deny = denycache_create(conf->deny_cache_max_keys);
     w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
     for (int i = 0; i < conf->nupstreams; i++)
@@ -202,11 +206,13 @@ static void reload_cb(evutil_socket_t fd, short what, void *arg)
     w->pools = mem_calloc((size_t)nc->nupstreams, sizeof(*w->pools));
     for (int i = 0; i < nc->nupstreams; i++)
         w->pools[i] = upstream_pool_create(w->base, &nc->upstreams[i]);
-    if (!same_redis(&oc->redis, &nc->redis)) {
+    if (nc->backend == CONF_BACKEND_REDIS &&
+        (w->store == NULL || !same_redis(&oc->redis, &nc->redis))) {
         w->old_stores = realloc(w->old_stores, sizeof(*w->old_stores) * (size_t)(w->nold_stores + 1));
         if (w->old_stores == NULL)
             abort();
-        w->old_stores[w->nold_stores++] = w->store;
+        if (w->store)
+            w->old_stores[w->nold_stores++] = w->store;
         w->store = store_create(w->base, &nc->redis);
     }
     free(w->path_buf);

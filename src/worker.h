@@ -19,6 +19,8 @@ struct evconnlistener;
 struct upstream_pool;
 struct client;
 struct denycache;
+struct accesslog;
+struct memstore;
 
 struct worker {
     int id;
@@ -33,6 +35,8 @@ struct worker {
     int nold_stores;
     struct store *store;
     struct denycache *deny;         /* keys Redis denied, until when */
+    struct memstore *mem;           /* in-process limiter, shared; not owned */
+    struct accesslog *alog;         /* shared; not owned; NULL when off */
     struct conf *conf;              /* current config; clients retain it */
     struct upstream_pool **pools;   /* one per conf->upstreams[i] */
     int nclients;
@@ -47,7 +51,8 @@ struct worker {
 
 /* Create a worker listening on conf->listen (SO_REUSEPORT). Returns NULL and
  * logs when the socket cannot be bound. */
-struct worker *worker_create(int id, struct conf *conf);
+struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
+                             struct accesslog *alog);
 int worker_start(struct worker *w);
 /* Thread-safe: stop accepting, let requests in flight finish (up to
  * shutdown_timeout_ms), then leave the loop. */

@@ -7,7 +7,9 @@
 -- its expiry here, in the same script: none can live without a TTL.
 --
 -- Call:   EVALSHA sha N key1..keyN  mode N  (algo limit window_ms interval_us cost flags) x N
---   ARGV[1]             mode: "d" = decide and consume (the only mode so far)
+--   ARGV[1]             mode: "d" = decide and consume; "t" = the same on a
+--                       fake clock, for tests only (the proxy never sends
+--                       it): one more ARGV, last, is now_us
 --   ARGV[2]             N, equal to #KEYS
 --   ARGV[3+6*(i-1)]     algo: 0 fixed_window, 1 sliding_window, 2 sliding_log,
 --                             3 token_bucket, 4 gcra  (enum limiter_algo)
@@ -39,6 +41,13 @@ local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
 
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- Mode "t" (test_limiter_table.py runs the shared table of cases through
+-- this script): only the time differs from "d".
+local fake_us = nil
+if ARGV[1] == 't' then
+    fake_us = tonumber(ARGV[#ARGV])
+    if fake_us ~= nil and fake_us == floor(fake_us) then now_us = fake_us end
+end
 local now_ms = floor(now_us / 1000)
 local member_base = t[1] .. '.' .. t[2] .. '-'
 
@@ -261,12 +270,15 @@ local function arg_int(i, lowest)
     return v
 end
 
-if ARGV[1] ~= 'd' then
+if ARGV[1] ~= 'd' and ARGV[1] ~= 't' then
     return redis.error_reply('ERR sluice limit.lua: unknown mode')
 end
 local n = tonumber(ARGV[2])
-if n == nil or n ~= #KEYS or n < 1 or #ARGV ~= 2 + 6 * n then
+if n == nil or n ~= #KEYS or n < 1 or #ARGV ~= 2 + 6 * n + (fake_us and 1 or 0) then
     return redis.error_reply('ERR sluice limit.lua: bad argument count')
+end
+if ARGV[1] == 't' and now_us ~= fake_us then
+    return redis.error_reply('ERR sluice limit.lua: bad time')
 end
 
 -- Phase 1: decide every limit, write nothing.

@@ -1,0 +1,369 @@
+/* sluice - memstore.c: the in-process backend, a striped table of limiter states.
+ *
+ * Keys hash (SipHash-2-4 with a random key: they come from clients) to one
+ * of up to 64 stripes, each a chained hash table with its own mutex, LRU list
+ * and bound. A decision locks its stripes in ascending order (so two never
+ * deadlock), runs limiter_check() on every limit and limiter_commit() on
+ * the allowing ones only when the request passes, exactly as limit.lua does
+ * in Redis, shadow and check-only limits (store.h) included. */
+#include <assert.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/random.h>
+
+#include "limiter.h"
+#include "mem.h"
+#include "memstore.h"
+
+#define MEMSTORE_STRIPES_MAX 64
+#define MEMSTORE_BUCKETS_MIN 16
+#define MEMSTORE_SWEEP 8            /* entries one decision examines per stripe */
+#define MEMSTORE_SWEEP_FULL 64      /* ... when the stripe is nearly full */
+#define MEMSTORE_LOG_MIN 4          /* first sliding_log ring, in entries */
+
+struct mentry {
+    struct mentry *hnext;                   /* hash chain */
+    struct mentry *newer, *older;           /* LRU list */
+    uint64_t hash;
+    struct limiter_state st;                /* st.log is ours (mem_alloc) */
+    size_t keylen;
+    char key[];
+};
+
+struct stripe {
+    _Alignas(64) pthread_mutex_t lock;      /* one cache line per stripe head */
+    struct mentry **buckets;
+    size_t nbuckets;                        /* a power of two */
+    size_t count, cap;
+    struct mentry *newest, *oldest;
+    size_t hand;                            /* the sweep's next bucket */
+};
+
+struct memstore {
+    unsigned nstripes;                      /* a power of two */
+    uint64_t k0, k1;                        /* SipHash key */
+    struct stripe *stripes;
+};
+
+/* ---- SipHash-2-4 ----------------------------------------------------------- */
+
+static uint64_t rotl(uint64_t x, int b) { return (x << b) | (x >> (64 - b)); }
+
+#define SIPROUND do { \
+        v0 += v1; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32); \
+        v2 += v3; v3 = rotl(v3, 16); v3 ^= v2; \
+        v0 += v3; v3 = rotl(v3, 21); v3 ^= v0; \
+        v2 += v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32); \
+    } while (0)
+
+static uint64_t memstore_hash(const struct memstore *m, const char *key, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)key;
+    uint64_t v0 = 0x736f6d6570736575ULL ^ m->k0, v1 = 0x646f72616e646f6dULL ^ m->k1;
+    uint64_t v2 = 0x6c7967656e657261ULL ^ m->k0, v3 = 0x7465646279746573ULL ^ m->k1;
+    uint64_t b = (uint64_t)len << 56;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w = 0;
+        for (int j = 7; j >= 0; j--)
+            w = (w << 8) | p[i + j];
+        v3 ^= w;
+        SIPROUND; SIPROUND;
+        v0 ^= w;
+    }
+    for (int j = 0; i + j < len; j++)
+        b |= (uint64_t)p[i + j] << (8 * j);
+    v3 ^= b;
+    SIPROUND; SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xff;
+    SIPROUND; SIPROUND; SIPROUND; SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+static void memstore_seed(struct memstore *m)
+{
+    uint64_t k[2];
+    if (getrandom(k, sizeof(k), 0) != (ssize_t)sizeof(k)) {
+        /* no entropy yet: a weaker key is still better than none */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        k[0] = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)(uintptr_t)m;
+        k[1] = rotl(k[0], 17) ^ 0x9e3779b97f4a7c15ULL;
+    }
+    m->k0 = k[0];
+    m->k1 = k[1];
+}
+
+/* ---- one stripe: hash chains and an LRU list, under its lock --------------- */
+
+static struct mentry **stripe_slot(struct stripe *s, uint64_t hash)
+{
+    return &s->buckets[hash & (s->nbuckets - 1)];
+}
+
+static void lru_unlink(struct stripe *s, struct mentry *e)
+{
+    if (e->newer) e->newer->older = e->older; else s->newest = e->older;
+    if (e->older) e->older->newer = e->newer; else s->oldest = e->newer;
+}
+
+static void lru_push(struct stripe *s, struct mentry *e)
+{
+    e->newer = NULL;
+    e->older = s->newest;
+    if (s->newest) s->newest->newer = e; else s->oldest = e;
+    s->newest = e;
+}
+
+static void stripe_remove(struct stripe *s, struct mentry *e)
+{
+    struct mentry **pp = stripe_slot(s, e->hash);
+    while (*pp != e)
+        pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    lru_unlink(s, e);
+    s->count--;
+    free(e->st.log);
+    free(e);
+}
+
+static void stripe_grow(struct stripe *s)
+{
+    size_t n = s->nbuckets * 2;
+    struct mentry **b = mem_calloc(n, sizeof(*b));
+    for (size_t i = 0; i < s->nbuckets; i++) {
+        struct mentry *e = s->buckets[i], *next;
+        for (; e; e = next) {
+            next = e->hnext;
+            e->hnext = b[e->hash & (n - 1)];
+            b[e->hash & (n - 1)] = e;
+        }
+    }
+    free(s->buckets);
+    s->buckets = b;
+    s->nbuckets = n;
+}
+
+/* Reclaim expired keys: visit whole buckets from the sweep hand on until
+ * budget buckets and entries were seen, so that over many decisions every
+ * key is looked at. (Chains are short: the hash is keyed, load <= 1.) */
+static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
+{
+    size_t seen = 0;
+    while (seen < budget) {
+        struct mentry **pp = &s->buckets[s->hand];
+        seen++;
+        while (*pp) {
+            struct mentry *e = *pp;
+            seen++;
+            if (limiter_expired(&e->st, now_us))
+                stripe_remove(s, e);    /* *pp is now the next one */
+            else
+                pp = &e->hnext;
+        }
+        s->hand = (s->hand + 1) & (s->nbuckets - 1);
+    }
+}
+
+/* The entry of key, created absent when missing; it becomes the newest. The
+ * caller has fetched fewer than STORE_MAX_LIMITS <= cap entries of this
+ * stripe in this decision, all newer than the oldest, so an eviction never
+ * takes one of them. */
+static struct mentry *stripe_get(struct stripe *s, const char *key, size_t len,
+                                 uint64_t hash)
+{
+    struct mentry *e = *stripe_slot(s, hash);
+    for (; e; e = e->hnext)
+        if (e->hash == hash && e->keylen == len && memcmp(e->key, key, len) == 0)
+            break;
+    if (e == NULL) {
+        if (s->count >= s->cap)
+            stripe_remove(s, s->oldest);
+        if (s->count >= s->nbuckets)
+            stripe_grow(s);
+        e = mem_alloc(sizeof(*e) + len);
+        e->hash = hash;
+        e->keylen = len;
+        memcpy(e->key, key, len);
+        limiter_state_init(&e->st, NULL, 0);
+        e->hnext = *stripe_slot(s, hash);
+        *stripe_slot(s, hash) = e;
+        s->count++;
+    } else {
+        lru_unlink(s, e);
+    }
+    lru_push(s, e);
+    return e;
+}
+
+/* sliding_log: limiter_commit() needs one free ring entry. */
+static void entry_log_room(struct mentry *e)
+{
+    if (e->st.log_len < e->st.log_cap)
+        return;
+    uint32_t cap = e->st.log_cap ? e->st.log_cap * 2 : MEMSTORE_LOG_MIN;
+    struct limiter_log_entry *old = e->st.log;
+    limiter_log_move(&e->st, mem_alloc(cap * sizeof(*old)), cap);
+    free(old);
+}
+
+/* ---- the store --------------------------------------------------------------- */
+
+struct memstore *memstore_create(size_t max_keys)
+{
+    struct memstore *m = mem_calloc(1, sizeof(*m));
+    if (max_keys < STORE_MAX_LIMITS)
+        max_keys = STORE_MAX_LIMITS;
+    /* as many stripes as keep each able to hold a whole decision's keys */
+    m->nstripes = MEMSTORE_STRIPES_MAX;
+    while (m->nstripes > 1 && max_keys / m->nstripes < STORE_MAX_LIMITS)
+        m->nstripes /= 2;
+    memstore_seed(m);
+    m->stripes = mem_calloc(m->nstripes, sizeof(*m->stripes));
+    for (unsigned i = 0; i < m->nstripes; i++) {
+        struct stripe *s = &m->stripes[i];
+        if (pthread_mutex_init(&s->lock, NULL) != 0)
+            abort();
+        s->cap = max_keys / m->nstripes;
+        s->nbuckets = MEMSTORE_BUCKETS_MIN;
+        s->buckets = mem_calloc(s->nbuckets, sizeof(*s->buckets));
+    }
+    return m;
+}
+
+void memstore_destroy(struct memstore *m)
+{
+    if (m == NULL)
+        return;
+    for (unsigned i = 0; i < m->nstripes; i++) {
+        struct stripe *s = &m->stripes[i];
+        while (s->oldest)
+            stripe_remove(s, s->oldest);
+        free(s->buckets);
+        pthread_mutex_destroy(&s->lock);
+    }
+    free(m->stripes);
+    free(m);
+}
+
+size_t memstore_count(struct memstore *m)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < m->nstripes; i++) {
+        pthread_mutex_lock(&m->stripes[i].lock);
+        n += m->stripes[i].count;
+        pthread_mutex_unlock(&m->stripes[i].lock);
+    }
+    return n;
+}
+
+static int memstore_valid(const struct store_limit *limits, int n)
+{
+    if (n < 1 || n > STORE_MAX_LIMITS)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (limits[i].params == NULL || limits[i].key == NULL ||
+            (limits[i].flags & ~(STORE_SHADOW | STORE_CHECK_ONLY)) != 0 ||
+            limiter_valid(limits[i].params, limits[i].cost) != 0)
+            return -1;
+    return 0;
+}
+
+static unsigned stripe_of(const struct memstore *m, uint64_t hash)
+{
+    return (unsigned)(hash >> 40) & (m->nstripes - 1);
+}
+
+/* The distinct stripes of a decision, ascending: the locking order. */
+static int memstore_stripes(const struct memstore *m, const uint64_t *hash, int n,
+                            unsigned *order)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        unsigned s = stripe_of(m, hash[i]);
+        int j = k;
+        while (j > 0 && order[j - 1] > s)
+            j--;
+        if (j > 0 && order[j - 1] == s)
+            continue;
+        memmove(&order[j + 1], &order[j], (size_t)(k - j) * sizeof(*order));
+        order[j] = s;
+        k++;
+    }
+    return k;
+}
+
+/* Whether limit i writes its key: the request passes, it allows, and it is
+ * not check-only. A key named by several writing limits is written once, by
+ * the last: the Lua's last write wins, computed from the same state. */
+static int memstore_writes(const struct store_limit *l, const struct store_result *res,
+                           int all_ok, int i)
+{
+    return all_ok && res->r[i].allowed && !(l[i].flags & STORE_CHECK_ONLY);
+}
+
+/* Under the locks: phase 1 checks every limit, phase 2 consumes from the
+ * allowing ones only when every limit that is not shadow allowed, and has
+ * the others report their unconsumed state, as limit.lua's two phases. */
+static int memstore_apply(struct memstore *m, const struct store_limit *limits, int n,
+                          const uint64_t *hash, int64_t now_us, struct store_result *res)
+{
+    struct mentry *e[STORE_MAX_LIMITS];
+    int all_ok = 1;
+    for (int i = 0; i < n; i++) {
+        struct stripe *s = &m->stripes[stripe_of(m, hash[i])];
+        e[i] = stripe_get(s, limits[i].key, limits[i].keylen, hash[i]);
+        if (!limiter_check(&e[i]->st, limits[i].params, limits[i].cost, now_us, &res->r[i]) &&
+            !(limits[i].flags & STORE_SHADOW))
+            all_ok = 0;
+    }
+    /* unconsumed views first: they read the state as phase 1 saw it */
+    for (int i = 0; i < n; i++)
+        if (res->r[i].allowed && !memstore_writes(limits, res, all_ok, i))
+            limiter_unconsumed(&e[i]->st, limits[i].params, now_us, &res->r[i]);
+    for (int i = 0; i < n; i++) {
+        int later = 0;
+        if (!memstore_writes(limits, res, all_ok, i))
+            continue;
+        for (int j = i + 1; j < n && !later; j++)
+            later = e[j] == e[i] && memstore_writes(limits, res, all_ok, j);
+        if (later)
+            continue;
+        if (limits[i].params->algo == LIMITER_SLIDING_LOG)
+            entry_log_room(e[i]);
+        limiter_commit(&e[i]->st, limits[i].params, limits[i].cost, now_us);
+    }
+    return all_ok;
+}
+
+int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
+                    int64_t now_us, struct store_result *res)
+{
+    uint64_t hash[STORE_MAX_LIMITS];
+    unsigned order[STORE_MAX_LIMITS];
+
+    res->n = 0;
+    res->allowed = 0;
+    if (memstore_valid(limits, n) != 0) {
+        res->status = STORE_ERROR;
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        hash[i] = memstore_hash(m, limits[i].key, limits[i].keylen);
+    int k = memstore_stripes(m, hash, n, order);
+    for (int i = 0; i < k; i++) {
+        struct stripe *s = &m->stripes[order[i]];
+        pthread_mutex_lock(&s->lock);
+        /* before any entry of this decision is fetched: the sweep frees */
+        stripe_sweep(s, now_us, s->count + n >= s->cap ? MEMSTORE_SWEEP_FULL : MEMSTORE_SWEEP);
+    }
+    res->allowed = memstore_apply(m, limits, n, hash, now_us, res);
+    for (int i = k - 1; i >= 0; i--)
+        pthread_mutex_unlock(&m->stripes[order[i]].lock);
+    res->status = STORE_OK;
+    res->n = n;
+    return 0;
+}

@@ -1,0 +1,38 @@
+/* sluice - memstore.h: rate-limit decisions in process (backend: memory).
+ *
+ * The same decisions as the Redis store (scripts/limit.lua), made by the pure
+ * C algorithms of limiter.c on a table of keys shared by all worker threads.
+ * Synchronous and thread-safe: keys live in striped hash tables, each stripe
+ * with its own mutex; one decision locks the stripes of its keys in ascending
+ * order, checks every limit, and consumes from all of them or from none. */
+#ifndef SLUICE_MEMSTORE_H
+#define SLUICE_MEMSTORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "store.h"
+
+struct memstore;
+
+/* At most max_keys keys are kept (raised to STORE_MAX_LIMITS if lower).
+ * Keys whose state is back to "absent" (what Redis would have expired) are
+ * reclaimed by a bounded sweep on each decision; beyond the bound the least
+ * recently used key of its stripe is evicted, which forgets its count (the
+ * client gets a fresh quota: the limiter fails open, never closed). */
+struct memstore *memstore_create(size_t max_keys);
+void memstore_destroy(struct memstore *m);  /* no decision may be running */
+
+/* Decide limits[0..n) at now_us (the caller's clock, CLOCK_REALTIME-based
+ * microseconds in the proxy) and fill res as the Redis store does: status
+ * STORE_OK, allowed, and per limit r[i] with limit filled, honouring
+ * STORE_SHADOW and STORE_CHECK_ONLY as limit.lua does. Keys are copied;
+ * limits[] need only live during the call. Returns 0, or -1 with res->status
+ * STORE_ERROR when n is outside 1..STORE_MAX_LIMITS or a limit's parameters
+ * or cost are ones limit.lua would refuse. */
+int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
+                    int64_t now_us, struct store_result *res);
+
+/* Keys held now (tests, metrics). */
+size_t memstore_count(struct memstore *m);
+
+#endif

@@ -1,0 +1,580 @@
+# sluice - tests/integration/conftest.py: real processes for the integration tests.
+#
+# Starts a real redis-server and the echo upstream (tests/upstream.py) on free
+# loopback ports, and a factory that runs the sluice binary (SLUICE_BIN) with
+# a config written to tmp_path. Every process is ended by PID in a finalizer,
+# so nothing is left running even when a test fails. Also holds the small
+# clients the tests share: a RESP client (python3-redis is not installed) and
+# a raw-socket HTTP/1.1 client for exact bytes.
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+UPSTREAM_PY = os.path.join(ROOT, "tests", "upstream.py")
+PYTHON = "/usr/bin/python3"
+START_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 5.0
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long-running test, run by make test-slow")
+
+
+def sluice_bin():
+    path = os.environ.get("SLUICE_BIN") or os.path.join(ROOT, "build", "sluice")
+    if not os.path.exists(path):
+        pytest.fail("sluice binary not found at %s (set SLUICE_BIN)" % path)
+    return path
+
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_port(port, proc=None, timeout_s=START_TIMEOUT_S, host="127.0.0.1"):
+    """True once host:port accepts; False on timeout or process exit."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            socket.create_connection((host, port), timeout=0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.03)
+    return False
+
+
+def stop_process(proc, sig=signal.SIGTERM, timeout_s=STOP_TIMEOUT_S):
+    """Signal proc by PID, wait; kill on timeout. Returns the exit code or None."""
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+        return None
+
+
+# ---------------------------------------------------------------- Redis ----
+
+class RedisError(Exception):
+    pass
+
+
+def _resp_encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if not isinstance(a, bytes):
+            a = str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class _RespReader:
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("redis closed the connection")
+            self.buf += data
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n):
+        while len(self.buf) < n + 2:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("redis closed the connection")
+            self.buf += data
+        out, self.buf = self.buf[:n], self.buf[n + 2:]
+        return out
+
+    def reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return RedisError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n)
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.reply() for _ in range(n)]
+        raise RedisError("bad RESP reply: %r" % line)
+
+
+def redis_cmd(port, *args, timeout_s=3.0):
+    """Run one Redis command on a fresh connection; raises RedisError on -ERR."""
+    return redis_cmds(port, [args], timeout_s=timeout_s)[-1]
+
+
+def redis_cmds(port, cmds, timeout_s=3.0):
+    """Run commands in order on one fresh connection (for AUTH, SELECT...);
+    returns their replies; raises RedisError on the first -ERR."""
+    out = []
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        reader = _RespReader(s)
+        for args in cmds:
+            s.sendall(_resp_encode(args))
+            r = reader.reply()
+            if isinstance(r, RedisError):
+                raise r
+            out.append(r)
+    return out
+
+
+def redis_time_s(port):
+    sec, usec = redis_cmd(port, "TIME")
+    return int(sec) + int(usec) / 1e6
+
+
+def redis_keys(port):
+    """Every key, by SCAN (bounded)."""
+    keys, cursor = [], b"0"
+    for _ in range(10000):
+        cursor, batch = redis_cmd(port, "SCAN", cursor, "COUNT", 1000)
+        keys += batch
+        if cursor == b"0":
+            return keys
+    raise AssertionError("SCAN did not finish")
+
+
+def redis_clients(port):
+    """{client id: last command} of the clients connected to a Redis, or None
+    when it does not answer."""
+    try:
+        text = redis_cmd(port, "CLIENT", "LIST", timeout_s=0.5).decode()
+    except (OSError, ConnectionError, RedisError):
+        return None
+    out = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split(" ") if "=" in f)
+        out[fields.get("id")] = fields.get("cmd", "")
+    return out
+
+
+def wait_script_loaded(port, before, timeout_s=START_TIMEOUT_S):
+    """Wait (bounded) until a client that was not in `before` has run SCRIPT
+    LOAD or a script: the spec's per-connection handshake, after which sluice
+    decides through Redis. Without it the first requests would meet on_error
+    while sluice is still connecting (slow under sanitizers)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        clients = redis_clients(port) or {}
+        for cid, cmd in clients.items():
+            if cid not in before and (cmd.startswith("script") or cmd.startswith("eval")):
+                time.sleep(0.05)    # the reply is on its way to sluice
+                return True
+        time.sleep(0.02)
+    return False
+
+
+class RedisServer:
+    def __init__(self, workdir, port=None, extra_args=(), password=None):
+        self.port = port or free_port()
+        self.workdir = workdir
+        self.extra_args = list(extra_args)
+        self.password = password
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+             "--loglevel", "warning", "--daemonize", "no"] + self.extra_args +
+            (["--requirepass", self.password] if self.password else []),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                auth = [("AUTH", self.password)] if self.password else []
+                if redis_cmds(self.port, auth + [("PING",)], timeout_s=0.5)[-1] == "PONG":
+                    return self
+            except (OSError, ConnectionError, RedisError):
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("redis-server did not start on port %d" % self.port)
+
+    def stop(self):
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    srv = RedisServer(tmp_path_factory.mktemp("redis"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def redis(redis_server):
+    """The session redis, flushed before each test."""
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.start()
+    redis_cmd(redis_server.port, "FLUSHALL")
+    return redis_server
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A redis-server of this test's own, which the test may stop and restart."""
+    srv = RedisServer(tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+# ------------------------------------------------------------- upstream ----
+
+class Upstream:
+    def __init__(self):
+        self.proc = subprocess.Popen([PYTHON, UPSTREAM_PY, "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        line = self.proc.stdout.readline()
+        if not line.strip().isdigit():
+            stop_process(self.proc)
+            raise RuntimeError("upstream did not report its port")
+        self.port = int(line)
+        if not wait_port(self.port, self.proc):
+            stop_process(self.proc)
+            raise RuntimeError("upstream does not accept")
+
+    def stats(self):
+        r = http_get(self.port, "/__stats")
+        return r.json()
+
+    def stop(self):
+        stop_process(self.proc)
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    up = Upstream()
+    yield up
+    up.stop()
+
+
+# --------------------------------------------------------------- sluice ----
+
+BASE_CONF = """\
+listen: 127.0.0.1:@LISTEN_PORT@
+workers: 1
+client:
+  max_header_bytes: @MAX_HEADER_BYTES@
+redis:
+  url: redis://127.0.0.1:@REDIS_PORT@/0
+  timeout: @REDIS_TIMEOUT@
+  prefix: "@PREFIX@"
+  on_error: @ON_ERROR@
+upstreams:
+  api:
+    servers: [127.0.0.1:@UPSTREAM_PORT@]
+    keepalive: 8
+    connect_timeout: 1s
+    timeout: @UPSTREAM_TIMEOUT@
+  dead:
+    servers: [127.0.0.1:@DEAD_PORT@]
+    keepalive: 2
+    connect_timeout: 500ms
+    timeout: 2s
+@TRUSTED@
+routes:
+"""
+
+
+def make_conf(routes, on_error="allow", redis_timeout="50ms", prefix="itest:",
+              upstream_timeout="5s", trusted=None, max_header_bytes=16384):
+    """A whole config: BASE_CONF plus the routes (a YAML block, indented by 2)."""
+    text = BASE_CONF
+    subst = {"@ON_ERROR@": on_error, "@REDIS_TIMEOUT@": redis_timeout,
+             "@PREFIX@": prefix, "@UPSTREAM_TIMEOUT@": upstream_timeout,
+             "@MAX_HEADER_BYTES@": str(max_header_bytes),
+             "@TRUSTED@": "trusted_proxies: [%s]" % ", ".join(trusted) if trusted else ""}
+    for k, v in subst.items():
+        text = text.replace(k, v)
+    return text + routes
+
+
+class Sluice:
+    def __init__(self, proc, port, conf_path, stderr_path):
+        self.proc = proc
+        self.port = port
+        self.conf_path = conf_path
+        self.stderr_path = stderr_path
+
+    @property
+    def stderr(self):
+        with open(self.stderr_path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+
+
+@pytest.fixture
+def sluice(tmp_path, redis_server, upstream):
+    """Factory: sluice(yaml_text, redis_port=, upstream_port=, env=) -> Sluice.
+
+    When the Redis answers, waits (bounded) for sluice's connection to it.
+    @LISTEN_PORT@, @REDIS_PORT@, @UPSTREAM_PORT@ and @DEAD_PORT@ (a port with
+    nothing listening) are substituted. At teardown each instance gets SIGTERM
+    and must exit 0 within 5 s."""
+    started = []
+
+    def start(yaml_text, redis_port=None, upstream_port=None, env=None,
+              listen_port=None, wait_redis=True, listen_host="127.0.0.1"):
+        port = listen_port or free_port()
+        rport = redis_port or redis_server.port
+        before = redis_clients(rport) if wait_redis else None
+        text = (yaml_text.replace("@LISTEN_PORT@", str(port))
+                .replace("@REDIS_PORT@", str(rport))
+                .replace("@UPSTREAM_PORT@", str(upstream_port or upstream.port))
+                .replace("@DEAD_PORT@", str(free_port())))
+        n = len(started)
+        conf_path = tmp_path / ("sluice%d.yaml" % n)
+        conf_path.write_text(text)
+        stderr_path = tmp_path / ("sluice%d.stderr" % n)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        with open(stderr_path, "wb") as errf:
+            proc = subprocess.Popen([sluice_bin(), "-c", str(conf_path)],
+                                    stdout=subprocess.DEVNULL, stderr=errf, env=full_env)
+        s = Sluice(proc, port, conf_path, stderr_path)
+        started.append(s)
+        if not wait_port(port, proc, host=listen_host):
+            pytest.fail("sluice did not start listening on %d (exit %r); stderr:\n%s"
+                        % (port, proc.poll(), s.stderr))
+        if before is not None:
+            wait_script_loaded(rport, before)
+        return s
+
+    yield start
+
+    failures = []
+    for s in started:
+        was_running = s.proc.poll() is None
+        rc = stop_process(s.proc)
+        if was_running and rc != 0:
+            failures.append("sluice on %d exited %r after SIGTERM; stderr:\n%s"
+                            % (s.port, rc, s.stderr[-3000:]))
+        elif any(m in s.stderr for m in SANITIZER_MARKS):
+            failures.append("sluice on %d: sanitizer report:\n%s" % (s.port, s.stderr[-5000:]))
+    if failures:
+        pytest.fail("\n".join(failures))
+
+
+# ------------------------------------------------------------ raw HTTP ----
+
+class Response:
+    def __init__(self, version, status, reason, headers, body, chunked):
+        self.version = version
+        self.status = status
+        self.reason = reason
+        self.headers = headers          # [(name, value)] in received order
+        self.body = body
+        self.chunked = chunked
+
+    def header(self, name, default=None):
+        for n, v in self.headers:
+            if n.lower() == name.lower():
+                return v
+        return default
+
+    def header_all(self, name):
+        return [v for n, v in self.headers if n.lower() == name.lower()]
+
+    def json(self):
+        return json.loads(self.body.decode())
+
+    def __repr__(self):
+        return "<Response %d %r %r>" % (self.status, self.headers, self.body[:300])
+
+
+class Conn:
+    """One client connection for exact bytes; every read is bounded by timeout."""
+
+    def __init__(self, port, timeout_s=5.0, host="127.0.0.1"):
+        self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        self.buf = b""
+        self.timeout_s = timeout_s
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _fill(self):
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise EOFError("connection closed")
+        self.buf += data
+
+    def _until(self, delim, limit=1 << 20):
+        while delim not in self.buf:
+            if len(self.buf) > limit:
+                raise AssertionError("no %r in %d bytes" % (delim, limit))
+            self._fill()
+        out, self.buf = self.buf.split(delim, 1)
+        return out
+
+    def _exact(self, n):
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def read_response(self, head_request=False):
+        while True:
+            head = self._until(b"\r\n\r\n")
+            lines = head.split(b"\r\n")
+            version, _, rest = lines[0].decode("latin-1").partition(" ")
+            code, _, reason = rest.partition(" ")
+            status = int(code)
+            headers = []
+            for line in lines[1:]:
+                n, _, v = line.decode("latin-1").partition(":")
+                headers.append((n, v.strip()))
+            if 100 <= status < 200 and status != 101:
+                continue
+            break
+        resp = Response(version, status, reason, headers, b"", False)
+        te = ",".join(resp.header_all("Transfer-Encoding")).lower()
+        if head_request or status in (204, 304):
+            return resp
+        if "chunked" in te:
+            resp.chunked = True
+            parts = []
+            while True:
+                size = int(self._until(b"\r\n").split(b";")[0], 16)
+                if size == 0:
+                    break
+                parts.append(self._exact(size))
+                assert self._exact(2) == b"\r\n"
+            while self._until(b"\r\n") != b"":
+                pass
+            resp.body = b"".join(parts)
+        elif resp.header("Content-Length") is not None:
+            resp.body = self._exact(int(resp.header("Content-Length")))
+        else:
+            try:
+                while True:
+                    self._fill()
+            except EOFError:
+                pass
+            resp.body, self.buf = self.buf, b""
+        return resp
+
+    def is_closed(self, wait_s=2.0):
+        """True when the peer closes (EOF or reset) within wait_s with no more bytes."""
+        self.sock.settimeout(wait_s)
+        try:
+            data = self.sock.recv(65536)
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            return True
+        finally:
+            self.sock.settimeout(self.timeout_s)
+        if data:
+            self.buf += data
+            return False
+        return True
+
+
+def build_request(method, target, headers=None, body=None, host="localhost",
+                  version="HTTP/1.1"):
+    lines = ["%s %s %s" % (method, target, version)]
+    if host is not None:
+        lines.append("Host: %s" % host)
+    for n, v in (headers or []):
+        lines.append("%s: %s" % (n, v))
+    if body is not None and not any(n.lower() in ("content-length", "transfer-encoding")
+                                    for n, _ in (headers or [])):
+        lines.append("Content-Length: %d" % len(body))
+    data = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return data + (body or b"")
+
+
+def http_get(port, target, method="GET", headers=None, body=None, host="localhost",
+             timeout_s=5.0):
+    """One request on a new connection; returns the Response."""
+    with Conn(port, timeout_s) as c:
+        c.send(build_request(method, target, headers, body, host))
+        return c.read_response(head_request=(method == "HEAD"))
+
+
+def raw_exchange(port, data, timeout_s=5.0):
+    """Send raw bytes; returns (Response or None, closed_afterwards)."""
+    with Conn(port, timeout_s) as c:
+        c.send(data)
+        try:
+            resp = c.read_response()
+        except (EOFError, ConnectionResetError):
+            return None, True
+        return resp, c.is_closed()
+
+
+def rl_headers(resp):
+    """The rate-limit headers of a response, as a dict (absent ones missing)."""
+    out = {}
+    for name in ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
+                 "RateLimit", "RateLimit-Policy", "Retry-After"):
+        v = resp.header(name)
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def sleep_until_redis_phase(redis_port, window_s, phase_s, min_wait_s=0.0):
+    """Sleep until Redis time is phase_s past a multiple of window_s (at least
+    min_wait_s from now). Returns the Redis time of that window edge."""
+    now = redis_time_s(redis_port)
+    offset = now - time.time()
+    edge = (int(now // window_s) + 1) * window_s
+    while edge + phase_s - now < min_wait_s:
+        edge += window_s
+    target = edge + phase_s
+    delay = target - now
+    assert 0 <= delay < window_s + min_wait_s + 1
+    time.sleep(max(0.0, target - offset - time.time()))
+    return edge

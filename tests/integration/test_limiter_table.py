@@ -1,0 +1,161 @@
+# sluice - tests/integration/test_limiter_table.py: limit.lua against the shared table.
+#
+# tests/unit/data/limiter_cases.txt is the one table of cases that the pure C
+# limiter (test_limiter.c) and the in-process backend (test_memstore.c) pass;
+# here the real script runs it in a real redis-server, in its test-only mode
+# "t" (the same as "d" but now_us comes from the last argument), so that the
+# Lua and the C are proven to give the same answers on the same fake clock.
+# A table line this file cannot read fails the run: nothing is skipped.
+
+import os
+import re
+import time
+
+import pytest
+
+from conftest import RedisError, RedisServer, redis_cmd, redis_cmds, redis_keys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TABLE = os.path.join(ROOT, "tests", "unit", "data", "limiter_cases.txt")
+SCRIPT = os.path.join(ROOT, "src", "scripts", "limit.lua")
+DAY_MS = 86400000
+ALGOS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra"]
+STEP = re.compile(r"^at (-?\d+) cost (\d+) -> ([01])((?: \| [01] -?\d+ -?\d+ -?\d+)+)\s*$")
+
+
+class Case:
+    def __init__(self, name, line):
+        self.name = name
+        self.line = line
+        self.limits = []    # dicts: algo, limit, window_ms, interval_us, flags, key
+        self.steps = []     # (line, at_us, cost, allowed, [(a, rem, reset, retry)...])
+
+
+def parse_limit(case, rest, lineno):
+    words = rest.split()
+    if not words or words[0] not in ALGOS:
+        raise ValueError("%s:%d: unknown algorithm" % (TABLE, lineno))
+    lim = {"algo": ALGOS.index(words[0]), "limit": 0, "window_ms": 0, "interval_us": 0,
+           "flags": 0, "key": str(len(case.limits))}
+    for w in words[1:]:
+        k, sep, v = w.partition("=")
+        if not sep or k not in lim or k == "algo":
+            raise ValueError("%s:%d: bad field %r" % (TABLE, lineno, w))
+        lim[k] = v if k == "key" else int(v)
+    if lim["algo"] <= 2 and (lim["window_ms"] < 1 or DAY_MS % lim["window_ms"]):
+        raise ValueError("%s:%d: a window must divide a day" % (TABLE, lineno))
+    case.limits.append(lim)
+
+
+def parse_step(case, rest, lineno):
+    m = STEP.match("at " + rest)
+    if not m or not case.limits:
+        raise ValueError("%s:%d: cannot read step" % (TABLE, lineno))
+    per = [tuple(int(x) for x in part.split()) for part in m.group(4).split("|")[1:]]
+    if len(per) != len(case.limits):
+        raise ValueError("%s:%d: %d results for %d limits" %
+                         (TABLE, lineno, len(per), len(case.limits)))
+    case.steps.append((lineno, int(m.group(1)), int(m.group(2)), int(m.group(3)), per))
+
+
+def load_cases():
+    cases = []
+    with open(TABLE) as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            word, _, rest = line.partition(" ")
+            if word == "case":
+                cases.append(Case(rest, lineno))
+            elif word == "limit" and cases:
+                parse_limit(cases[-1], rest, lineno)
+            elif word == "at" and cases:
+                parse_step(cases[-1], rest, lineno)
+            else:
+                raise ValueError("%s:%d: cannot read %r" % (TABLE, lineno, line))
+    for c in cases:
+        if not c.steps:
+            raise ValueError("%s:%d: case %s has no steps" % (TABLE, c.line, c.name))
+    return cases
+
+
+CASES = load_cases()      # a table error fails collection, loudly
+
+
+@pytest.fixture(scope="module")
+def lua_redis(tmp_path_factory):
+    """A redis-server of this module's own, with limit.lua loaded; killed by PID."""
+    srv = RedisServer(tmp_path_factory.mktemp("lua-table"))
+    srv.start()
+    try:
+        with open(SCRIPT, "rb") as f:
+            sha = redis_cmd(srv.port, "SCRIPT", "LOAD", f.read()).decode()
+        # Time is shifted by whole days, so every window stays aligned, and
+        # into the future, so that PEXPIREAT (Redis' real clock) keeps the keys.
+        base_ms = (int(time.time() * 1000) // DAY_MS + 2) * DAY_MS
+        yield srv.port, sha, base_ms * 1000
+    finally:
+        srv.stop()
+
+
+def evalsha_t(port, sha, keys, limits, cost, now_us):
+    args = ["EVALSHA", sha, len(keys)] + keys + ["t", len(limits)]
+    for lim in limits:
+        args += [lim["algo"], lim["limit"], lim["window_ms"], lim["interval_us"], cost,
+                 lim["flags"]]
+    return redis_cmds(port, [args + [now_us]])[-1]
+
+
+def test_table_is_big_enough():
+    assert len(CASES) >= 40
+    per_algo = [0] * len(ALGOS)
+    for c in CASES:
+        for lim in c.limits:
+            per_algo[lim["algo"]] += 1
+    assert min(per_algo) >= 5, per_algo
+
+
+@pytest.mark.parametrize("idx", range(len(CASES)), ids=[c.name for c in CASES])
+def test_case(lua_redis, idx):
+    port, sha, base_us = lua_redis
+    case = CASES[idx]
+    keys = ["ltable:{%d}:%s" % (idx, lim["key"]) for lim in case.limits]
+    bad = []
+    for lineno, at_us, cost, allowed, want in case.steps:
+        reply = evalsha_t(port, sha, keys, case.limits, cost, base_us + at_us)
+        got = [tuple(reply[1 + 4 * i: 5 + 4 * i]) for i in range(len(case.limits))]
+        if reply[0] != allowed or got != want:
+            bad.append("%s:%d: got %d %s, want %d %s" % (TABLE, lineno, reply[0], got,
+                                                       allowed, want))
+        # the script's contract: no key it writes lives without a TTL
+        for k in set(keys):
+            assert redis_cmd(port, "PTTL", k) != -1, "%s has no TTL" % k
+    assert not bad, "\n".join(bad)
+
+
+def test_mode_t_refuses_a_bad_time(lua_redis):
+    port, sha, base_us = lua_redis
+    lim = [0, 5, 1000, 0, 1, 0]
+    for bad in ["soon", "1.5"]:
+        with pytest.raises(RedisError):
+            redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "t", 1] + lim + [bad]])
+    with pytest.raises(RedisError):         # "t" without its time
+        redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "t", 1] + lim])
+    with pytest.raises(RedisError):         # "d" takes no time
+        redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "d", 1] + lim + [base_us]])
+    assert "ltable:bad" not in [k.decode() for k in redis_keys(port)]
+
+
+def test_mode_d_still_uses_redis_time(lua_redis):
+    """The fake clock is only in "t": "d" on the same key follows TIME."""
+    port, sha, _ = lua_redis
+    lim = [0, 2, 86400000, 0, 1, 0]        # fixed_window 2 per day
+    out = [redis_cmds(port, [["EVALSHA", sha, 1, "ltable:d", "d", 1] + lim])[-1]
+           for _ in range(3)]
+    assert [o[0] for o in out] == [1, 1, 0]
+    sec, usec = redis_cmd(port, "TIME")
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    reset_ms = DAY_MS - now_ms % DAY_MS
+    assert abs(out[2][3] - reset_ms) <= 1000   # retry: until the day ends
