@@ -9,6 +9,7 @@
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <http_parser.h>
 
 #include "http1.h"
@@ -279,6 +280,22 @@ static int te_ends_chunked(const char *d, struct http1_span v)
     return span_is(d, trim(d, (struct http1_span){ start, end - start }), "chunked");
 }
 
+/* http_parser 2.9.4 takes a name that merely starts with one of the names
+ * it interprets ("Transfer-Encodingf") for that name, while every other
+ * reader sees an unknown field (found by fuzzing): refuse such names. */
+static int special_prefix(const char *d, struct http1_span name)
+{
+    static const char *const special[] = {
+        "content-length", "transfer-encoding", "connection", "proxy-connection", "upgrade",
+    };
+    for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++) {
+        size_t n = strlen(special[i]);
+        if (name.len > n && strncasecmp(d + name.off, special[i], n) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 struct framing {
     int ncl, nte, nhost, te_chunked;
     uint64_t cl;
@@ -296,6 +313,8 @@ static int check_headers(const char *d, struct http1_head *h, struct framing *f)
             if (!is_tchar((unsigned char)d[hd->name.off + k]))
                 return 400;
         hd->value = trim(d, hd->value);
+        if (special_prefix(d, hd->name))
+            return 400;
         if (span_is(d, hd->name, "content-length")) {
             if (++f->ncl > 1 || parse_length(d, hd->value, &f->cl) < 0)
                 return 400;
@@ -486,7 +505,11 @@ int http1_head_parse(struct http1 *p, const char *data, size_t len,
 
 /* One byte of chunk framing (size line, extension, CRLF, trailer): chunk
  * data is followed by exactly CRLF, every CR by LF, every LF follows a CR, and
- * no control byte but HTAB. Non-strict http_parser checks none of these. */
+ * no control byte but HTAB. Non-strict http_parser checks none of these.
+ * Bytes from 0x80 up are refused too: http_parser's hex table reads them as
+ * the digit 0, so "\xff" would end a body where any other server sees a bad
+ * chunk size (found by fuzzing; extensions and trailers are dropped, so
+ * refusing obs-text there costs nothing). */
 static int frame_byte(struct http1 *p, unsigned char c)
 {
     if (p->crlf_need > 0) {
@@ -497,7 +520,7 @@ static int frame_byte(struct http1 *p, unsigned char c)
     if (p->prev_cr != (c == '\n'))
         return -1;
     p->prev_cr = c == '\r';
-    if ((c < 0x20 && c != '\t' && c != '\r' && c != '\n') || c == 0x7f)
+    if ((c < 0x20 && c != '\t' && c != '\r' && c != '\n') || c >= 0x7f)
         return -1;
     return 0;
 }

@@ -165,7 +165,10 @@ long route_normalize(const char *target, size_t len, char *out)
     long n = route_decode_path(target, pathlen, out);
     if (n < 0)
         return -1;
-    return route_dot_segments(out, (size_t)n);
+    n = route_dot_segments(out, (size_t)n);
+    if (n >= 0)     /* regexec() reads up to a NUL whatever REG_STARTEND says */
+        out[n] = '\0';
+    return n;
 }
 
 /* ---- matching ---- */

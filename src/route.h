@@ -21,7 +21,7 @@
 #define ROUTE_IP_MAX   64
 
 /* Normalise the path of a request target (the bytes before '?'); out must
- * hold len bytes. Returns the normalised length, or -1 for a target that gets
+ * hold len + 1 bytes (the result is NUL-terminated, for regexec). Returns the normalised length, or -1 for a target that gets
  * a 400: not origin-form, bad or NUL percent-escape, climbing above root. */
 long route_normalize(const char *target, size_t len, char *out);
 

@@ -227,8 +227,9 @@ static void test_normalize_table(void **state)
     for (size_t i = 0; i < ncases; i++) {
         const struct norm_case *t = &norm_cases[i];
         size_t len = t->inlen ? t->inlen : strlen(t->in);
-        /* exact-size copies: ASan catches any byte read or written past len */
-        char *in = malloc(len ? len : 1), *out = malloc(len ? len : 1);
+        /* exact-size copies: ASan catches any byte read or written past
+         * len (out: len + 1 for the NUL) */
+        char *in = malloc(len ? len : 1), *out = malloc(len + 1);
         assert_non_null(in);
         assert_non_null(out);
         memcpy(in, t->in, len);
@@ -276,7 +277,7 @@ static void test_normalize_random(void **state)
     uint32_t x = 12345;
     long ok = 0, bad = 0;
     for (int iter = 0; iter < 200000; iter++) {
-        char in[32], out[32];
+        char in[32], out[33];
         x = x * 1103515245u + 12345u;
         size_t len = 1 + (x >> 16) % sizeof in;
         for (size_t i = 0; i < len; i++) {
