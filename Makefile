@@ -18,7 +18,9 @@ endif
 
 PYTEST   := /usr/bin/python3 -m pytest
 SRCS     := $(wildcard src/*.c)
-OBJS     := $(patsubst src/%.c,$(BUILD)/%.o,$(SRCS)) $(BUILD)/limit_lua.o
+SCRIPTS  := $(wildcard src/scripts/*.lua)
+OBJS     := $(patsubst src/%.c,$(BUILD)/%.o,$(SRCS)) \
+            $(patsubst src/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS))
 LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
 UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
@@ -26,6 +28,8 @@ DEBS     := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
             libhttp-parser-dev libcmocka-dev redis-server python3-pytest python3-requests curl
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
+# Keep the generated script sources (build/NAME_lua.c) for inspection.
+.SECONDARY:
 
 all: $(BUILD)/sluice
 
@@ -35,15 +39,16 @@ $(BUILD)/sluice: $(OBJS)
 $(BUILD)/%.o: src/%.c src/*.h | $(BUILD)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-# The Redis script is embedded as a C string with its SHA-1, so EVALSHA works
-# from the first request and NOSCRIPT needs only a SCRIPT LOAD.
-$(BUILD)/limit_lua.c: src/scripts/limit.lua | $(BUILD)
-	{ printf 'const char limit_lua_sha[] = "%s";\n' "$$(sha1sum < $< | cut -c1-40)"; \
-	  printf 'const char limit_lua[] =\n'; \
+# Each Redis script (src/scripts/NAME.lua) is embedded as the C strings
+# NAME_lua and NAME_lua_sha, so EVALSHA works from the first request and
+# NOSCRIPT needs only a SCRIPT LOAD.
+$(BUILD)/%_lua.c: src/scripts/%.lua | $(BUILD)
+	{ printf 'const char $*_lua_sha[] = "%s";\n' "$$(sha1sum < $< | cut -c1-40)"; \
+	  printf 'const char $*_lua[] =\n'; \
 	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; \
 	  printf ';\n'; } > $@
 
-$(BUILD)/limit_lua.o: $(BUILD)/limit_lua.c
+$(BUILD)/%_lua.o: $(BUILD)/%_lua.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD):
