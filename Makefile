@@ -90,3 +90,7 @@ clean:
 
 # The benchmark (wrk against sluice, nginx and HAProxy) lives in bench/.
 -include bench/bench.mk
+
+# Static analysis and valgrind (tests/lint.mk), the container test (docker/docker.mk).
+-include tests/lint.mk
+-include docker/docker.mk
