@@ -106,6 +106,15 @@ struct conf_redis {
     int64_t timeout_ms;
     char *prefix;
     enum conf_on_error on_error;
+    /* Redis Cluster: seed nodes "host:port" (ncluster 0: not a cluster). */
+    char **cluster;
+    int ncluster;
+    /* Redis Sentinel: the master's name and the sentinels "host:port"
+     * (sentinel_master NULL: no sentinel). */
+    char *sentinel_master;
+    char **sentinel_nodes;
+    int nsentinel_nodes;
+    char *sentinel_password;    /* NULL when absent */
 };
 
 struct conf_client {
