@@ -15,6 +15,7 @@ struct dc_entry {
     struct dc_entry *lprev, *lnext;     /* LRU: head is most recent */
     uint64_t hash;
     int64_t until_ms;
+    int64_t cost;                       /* denied at this cost or more */
     size_t len;
     char key[];
 };
@@ -127,16 +128,23 @@ static void dc_grow(struct denycache *dc)
     dc->nbuckets = n;
 }
 
-void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t until_ms)
+void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t until_ms,
+                   int64_t cost)
 {
     if (dc->max_keys == 0)
         return;
     uint64_t h = dc_hash(dc, key, len);
     struct dc_entry **pp = dc_slot(dc, h, key, len);
     if (*pp) {
+        /* Keep one fact that stays true: the cheaper denial, or the later
+         * deadline for the same cost. */
         struct dc_entry *e = *pp;
-        if (until_ms > e->until_ms)
+        if (cost < e->cost || e->until_ms <= 0) {
+            e->cost = cost;
             e->until_ms = until_ms;
+        } else if (cost == e->cost && until_ms > e->until_ms) {
+            e->until_ms = until_ms;
+        }
         lru_unlink(dc, e);
         lru_push(dc, e);
         return;
@@ -148,6 +156,7 @@ void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t un
     struct dc_entry *e = mem_alloc(sizeof(*e) + len);
     e->hash = h;
     e->until_ms = until_ms;
+    e->cost = cost;
     e->len = len;
     memcpy(e->key, key, len);
     pp = &dc->buckets[h & (dc->nbuckets - 1)];
@@ -158,7 +167,8 @@ void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t un
     dc->count++;
 }
 
-int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms)
+int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms,
+                      int64_t cost)
 {
     if (dc->count == 0)
         return 0;
@@ -170,6 +180,8 @@ int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t
         dc_remove(dc, e);
         return 0;
     }
+    if (cost < e->cost)
+        return 0;
     lru_unlink(dc, e);
     lru_push(dc, e);
     return e->until_ms - now_ms;

@@ -17,12 +17,16 @@ struct denycache;
 struct denycache *denycache_create(size_t max_keys);
 void denycache_destroy(struct denycache *dc);
 
-/* Remember that key is denied until until_ms (a monotonic clock). */
-void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t until_ms);
+/* Remember that a request costing `cost` on key is denied until until_ms
+ * (a monotonic clock). */
+void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t until_ms,
+                   int64_t cost);
 
-/* The time key stays denied after now_ms, or 0 when it is not (expired
- * entries are dropped on the way). */
-int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms);
+/* How long a request costing `cost` on key stays denied after now_ms, or 0
+ * when the cache does not know (expired entries are dropped on the way). A
+ * cheaper request than the one denied may still fit, so it is not denied. */
+int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms,
+                      int64_t cost);
 
 size_t denycache_size(const struct denycache *dc);
 

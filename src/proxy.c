@@ -37,6 +37,7 @@
 #include "mem.h"
 #include "memstore.h"
 #include "metrics.h"
+#include "obuf.h"
 #include "proxy.h"
 #include "reply.h"
 #include "route.h"
@@ -97,7 +98,8 @@ struct client {
     struct conf *conf;                  /* retained */
     struct bufferevent *bev;
     struct sockaddr_storage peer;
-    char peer_text[ROUTE_IP_MAX];
+    char peer_text[ROUTE_IP_MAX];       /* the peer's address, as keys use it */
+    size_t peer_len;
     struct http1 *parser;
     struct http1_head head;
     struct event *timer;
@@ -244,6 +246,21 @@ static struct metrics_route *client_metrics(const struct client *c)
     return c->route ? c->route->metrics : metrics_unrouted();
 }
 
+/* The client's address as text: the peer's, computed once per connection,
+ * unless the peer is a trusted proxy whose X-Forwarded-For must be read for
+ * each request. Returns a pointer to the text (buf or the connection's). */
+static const char *client_ip(struct client *c, char *buf, size_t *len)
+{
+    const struct conf *conf = c->conf;
+    if (conf->ntrusted == 0 ||
+        !conf_cidr_match(conf->trusted, conf->ntrusted, (const struct sockaddr *)&c->peer)) {
+        *len = c->peer_len;
+        return c->peer_text;
+    }
+    *len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head, buf);
+    return buf;
+}
+
 static void count_decision(struct client *c, enum metrics_decision d)
 {
     metrics_request(c->route->metrics, d);
@@ -321,8 +338,9 @@ static void reqlog_begin(struct client *c, int parsed)
     memcpy(rq->method, hb(c, c->head.method), rq->method_len);
     rq->target_len = c->head.target.len < sizeof(rq->target) ? c->head.target.len : sizeof(rq->target);
     memcpy(rq->target, hb(c, c->head.target), rq->target_len);
-    rq->client_len = route_client_ip(c->conf, (const struct sockaddr *)&c->peer, c->hbuf,
-                                     &c->head, rq->client);
+    const char *ip = client_ip(c, rq->client, &rq->client_len);
+    if (ip != rq->client)
+        memcpy(rq->client, ip, rq->client_len + 1);
 }
 
 static const char *hb(const struct client *c, struct http1_span s)
@@ -405,12 +423,12 @@ static int is_hop_by_hop(const char *buf, const struct http1_head *h,
     return has_conn && named_by_connection(buf, h, name);
 }
 
-static void copy_field(struct evbuffer *out, const char *buf, const struct http1_header *hd)
+static void copy_field(struct obuf *out, const char *buf, const struct http1_header *hd)
 {
-    evbuffer_add(out, buf + hd->name.off, hd->name.len);
-    evbuffer_add(out, ": ", 2);
-    evbuffer_add(out, buf + hd->value.off, hd->value.len);
-    evbuffer_add(out, "\r\n", 2);
+    obuf_add(out, buf + hd->name.off, hd->name.len);
+    obuf_add(out, ": ", 2);
+    obuf_add(out, buf + hd->value.off, hd->value.len);
+    obuf_add(out, "\r\n", 2);
 }
 
 static void add_hex(struct evbuffer *out, size_t n)
@@ -662,9 +680,9 @@ static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
 {
     struct worker *w = c->w;
     const struct conf_route *r = c->route;
-    char ip[ROUTE_IP_MAX];
-    size_t iplen = route_client_ip(c->conf, (const struct sockaddr *)&c->peer,
-                                   c->hbuf, &c->head, ip);
+    char buf[ROUTE_IP_MAX];
+    size_t iplen;
+    const char *ip = client_ip(c, buf, &iplen);
     struct route_req req = { c->hbuf, &c->head, ip, iplen, w->path_buf, pathlen,
                              c->route->regex ? &c->caps : NULL };
     int n = 0;
@@ -698,7 +716,8 @@ static void remember_denials(struct client *c, const struct store_result *res)
     int64_t now = now_ms();
     for (int i = 0; i < res->n; i++)
         if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(sl[i].flags & STORE_SHADOW))
-            denycache_put(w->deny, sl[i].key, sl[i].keylen, now + res->r[i].retry_ms);
+            denycache_put(w->deny, sl[i].key, sl[i].keylen, now + res->r[i].retry_ms,
+                          sl[i].cost);
 }
 
 static int64_t wall_us(void)
@@ -850,8 +869,9 @@ static int client_allowed(struct client *c)
     const struct conf *conf = c->conf;
     if (conf->nallow == 0 && c->route->nallow == 0)
         return 0;
-    char ip[ROUTE_IP_MAX];
-    route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head, ip);
+    char buf[ROUTE_IP_MAX];
+    size_t iplen;
+    const char *ip = client_ip(c, buf, &iplen);
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof(ss));
     struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
@@ -872,7 +892,7 @@ static int denied_by_cache(struct client *c, const struct store_limit *sl, int n
     struct worker *w = c->w;
     int64_t now = now_ms(), denied = 0;
     for (int i = 0; i < n; i++) {
-        int64_t left = denycache_get(w->deny, sl[i].key, sl[i].keylen, now);
+        int64_t left = denycache_get(w->deny, sl[i].key, sl[i].keylen, now, sl[i].cost);
         struct limiter_result *r = &c->rl.r[i];
         r->limit = sl[i].params->limit;
         r->allowed = left == 0;
@@ -935,17 +955,19 @@ static void up_read_cb(struct bufferevent *bev, void *arg);
 static void up_write_cb(struct bufferevent *bev, void *arg);
 static void up_event_cb(struct bufferevent *bev, short what, void *arg);
 
-static void write_request_head(struct client *c, struct evbuffer *out)
+static void write_request_head(struct client *c, struct evbuffer *dst)
 {
+    struct obuf ob, *out = &ob;
     const struct http1_head *h = &c->head;
     const char *buf = c->hbuf;
     int has_conn = http1_find(buf, h, "connection", 0) >= 0;
     int nxff = 0;
 
-    evbuffer_add(out, hb(c, h->method), h->method.len);
-    evbuffer_add(out, " ", 1);
-    evbuffer_add(out, hb(c, h->target), h->target.len);
-    evbuffer_add(out, " HTTP/1.1\r\n", 11);
+    obuf_begin(out, dst, h->len + 512);
+    obuf_add(out, hb(c, h->method), h->method.len);
+    obuf_add(out, " ", 1);
+    obuf_add(out, hb(c, h->target), h->target.len);
+    obuf_add(out, " HTTP/1.1\r\n", 11);
     for (int i = 0; i < h->nheaders; i++) {
         const struct http1_header *hd = &h->h[i];
         if (span_is(buf, hd->name, "x-forwarded-for")) {
@@ -960,37 +982,35 @@ static void write_request_head(struct client *c, struct evbuffer *out)
             span_is(buf, hd->name, "x-forwarded-proto") ||
             (!c->rid_from_client && span_is(buf, hd->name, "x-request-id")))
             continue;
-        evbuffer_add(out, buf + hd->name.off, hd->name.len);
-        evbuffer_add(out, ": ", 2);
-        evbuffer_add(out, buf + hd->value.off, hd->value.len);
-        evbuffer_add(out, "\r\n", 2);
+        copy_field(out, buf, hd);
     }
     /* Every X-Forwarded-For field joins one list, in order, ours last. */
-    evbuffer_add(out, "X-Forwarded-For: ", 17);
+    obuf_add(out, "X-Forwarded-For: ", 17);
     for (int i = 0; nxff && i < h->nheaders; i++)
         if (span_is(buf, h->h[i].name, "x-forwarded-for")) {
-            evbuffer_add(out, buf + h->h[i].value.off, h->h[i].value.len);
-            evbuffer_add(out, ", ", 2);
+            obuf_add(out, buf + h->h[i].value.off, h->h[i].value.len);
+            obuf_add(out, ", ", 2);
         }
-    evbuffer_add(out, c->peer_text, strlen(c->peer_text));
-    evbuffer_add(out, "\r\nX-Forwarded-Proto: http\r\n", 27);
+    obuf_add(out, c->peer_text, c->peer_len);
+    obuf_add(out, "\r\nX-Forwarded-Proto: http\r\n", 27);
     if (c->upgrade)
-        evbuffer_add(out, "Connection: upgrade\r\n", 21);
+        obuf_add(out, "Connection: upgrade\r\n", 21);
     if (!c->rid_from_client) {
-        evbuffer_add(out, "X-Request-Id: ", 14);
-        evbuffer_add(out, c->rid, c->rid_len);
-        evbuffer_add(out, "\r\n", 2);
+        obuf_add(out, "X-Request-Id: ", 14);
+        obuf_add(out, c->rid, c->rid_len);
+        obuf_add(out, "\r\n", 2);
     }
     if (h->body == HTTP1_BODY_CHUNKED)
-        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+        obuf_add(out, "Transfer-Encoding: chunked\r\n", 28);
     if (h->host < 0) {      /* HTTP/1.0 without Host: name the server */
         const struct conf_upstream *cu = upstream_conf(c->up->pool);
         const char *t = cu->servers[c->up->server].text;
-        evbuffer_add(out, "Host: ", 6);
-        evbuffer_add(out, t, strlen(t));
-        evbuffer_add(out, "\r\n", 2);
+        obuf_add(out, "Host: ", 6);
+        obuf_add(out, t, strlen(t));
+        obuf_add(out, "\r\n", 2);
     }
-    evbuffer_add(out, "\r\n", 2);
+    obuf_add(out, "\r\n", 2);
+    obuf_end(out);
 }
 
 /* Borrow a connection from pool p (the worker's pool for the route's
@@ -1140,7 +1160,7 @@ static void write_response_head(struct client *c, const char *buf)
 {
     struct upstream_conn *uc = c->up;
     const struct http1_head *h = &uc->head;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct obuf ob, *out = &ob;
     int has_conn = http1_find(buf, h, "connection", 0) >= 0;
     enum conf_headers mode = c->have_limits ? c->route->headers : CONF_HEADERS_NONE;
 
@@ -1150,21 +1170,22 @@ static void write_response_head(struct client *c, const char *buf)
         else
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
     }
+    obuf_begin(out, bufferevent_get_output(c->bev), h->len + 1024);
     /* "HTTP/1.x " is 9 bytes; the rest of the status line is kept. */
     const char *eol = memchr(buf, '\r', h->len);
-    evbuffer_add(out, "HTTP/1.1 ", 9);
-    evbuffer_add(out, buf + 9, (size_t)(eol - buf) - 9);
-    evbuffer_add(out, "\r\n", 2);
+    obuf_add(out, "HTTP/1.1 ", 9);
+    obuf_add(out, buf + 9, (size_t)(eol - buf) - 9);
+    obuf_add(out, "\r\n", 2);
     int rid_seen = 0;
     for (int i = 0; i < h->nheaders; i++) {
         const struct http1_header *hd = &h->h[i];
         if (is_hop_by_hop(buf, h, hd->name, has_conn) || is_limit_field(buf, hd->name, mode))
             continue;
         rid_seen |= span_is(buf, hd->name, "x-request-id");
-        evbuffer_add(out, buf + hd->name.off, hd->name.len);
-        evbuffer_add(out, ": ", 2);
-        evbuffer_add(out, buf + hd->value.off, hd->value.len);
-        evbuffer_add(out, "\r\n", 2);
+        obuf_add(out, buf + hd->name.off, hd->name.len);
+        obuf_add(out, ": ", 2);
+        obuf_add(out, buf + hd->value.off, hd->value.len);
+        obuf_add(out, "\r\n", 2);
     }
     if (mode != CONF_HEADERS_NONE) {
         struct reply_upstream up;
@@ -1172,29 +1193,31 @@ static void write_response_head(struct client *c, const char *buf)
         reply_limit_headers(out, &c->rl, 0, &up);
     }
     if (!rid_seen) {
-        evbuffer_add(out, "X-Request-Id: ", 14);
-        evbuffer_add(out, c->rid, c->rid_len);
-        evbuffer_add(out, "\r\n", 2);
+        obuf_add(out, "X-Request-Id: ", 14);
+        obuf_add(out, c->rid, c->rid_len);
+        obuf_add(out, "\r\n", 2);
     }
     if (c->out_chunked)
-        evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+        obuf_add(out, "Transfer-Encoding: chunked\r\n", 28);
     if (!c->keep_alive || c->eof)
-        evbuffer_add(out, "Connection: close\r\n", 19);
+        obuf_add(out, "Connection: close\r\n", 19);
     else if (c->head.minor == 0)
-        evbuffer_add(out, "Connection: keep-alive\r\n", 24);
-    evbuffer_add(out, "\r\n", 2);
+        obuf_add(out, "Connection: keep-alive\r\n", 24);
+    obuf_add(out, "\r\n", 2);
+    obuf_end(out);
 }
 
 /* A 101: the upstream's fields less hop-by-hop ones, then the upgrade. */
 static void write_switch_head(struct client *c, const char *buf)
 {
     const struct http1_head *h = &c->up->head;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct obuf ob, *out = &ob;
     int has_conn = http1_find(buf, h, "connection", 0) >= 0;
+    obuf_begin(out, bufferevent_get_output(c->bev), h->len + 1024);
     const char *eol = memchr(buf, '\r', h->len);
-    evbuffer_add(out, "HTTP/1.1 ", 9);
-    evbuffer_add(out, buf + 9, (size_t)(eol - buf) - 9);
-    evbuffer_add(out, "\r\n", 2);
+    obuf_add(out, "HTTP/1.1 ", 9);
+    obuf_add(out, buf + 9, (size_t)(eol - buf) - 9);
+    obuf_add(out, "\r\n", 2);
     for (int i = 0; i < h->nheaders; i++) {
         const struct http1_header *hd = &h->h[i];
         if (span_is(buf, hd->name, "upgrade") || !is_hop_by_hop(buf, h, hd->name, has_conn))
@@ -1202,7 +1225,8 @@ static void write_switch_head(struct client *c, const char *buf)
     }
     if (c->have_limits)
         reply_limit_headers(out, &c->rl, 0, NULL);
-    evbuffer_add(out, "Connection: upgrade\r\n\r\n", 23);
+    obuf_add(out, "Connection: upgrade\r\n\r\n", 23);
+    obuf_end(out);
 }
 
 /* Move what each side has to the other. */
@@ -1579,7 +1603,7 @@ void proxy_accept(struct worker *w, int fd, const struct sockaddr *peer, int pee
     conf_retain(conf);
     c->bev = bev;
     memcpy(&c->peer, peer, (size_t)peerlen < sizeof(c->peer) ? (size_t)peerlen : sizeof(c->peer));
-    route_client_ip(conf, peer, NULL, NULL, c->peer_text);
+    c->peer_len = route_client_ip(conf, peer, NULL, NULL, c->peer_text);
     c->parser = http1_create(HTTP1_REQUEST);
     c->timer = evtimer_new(w->base, client_timer_cb, c);
     c->state = CS_HEAD;

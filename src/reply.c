@@ -6,41 +6,26 @@
 #include <string.h>
 #include <event2/buffer.h>
 
+#include "obuf.h"
+
 #include "reply.h"
 
-#define ADD_LIT(out, s) evbuffer_add((out), (s), sizeof(s) - 1)
-
-static void add_str(struct evbuffer *out, const char *s)
-{
-    evbuffer_add(out, s, strlen(s));
-}
-
-static void add_int(struct evbuffer *out, int64_t v)
-{
-    char tmp[24];
-    char *p = tmp + sizeof(tmp);
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        *--p = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *--p = '-';
-    evbuffer_add(out, p, (size_t)(tmp + sizeof(tmp) - p));
-}
+#define ADD_LIT(out, s) OBUF_LIT(out, s)
+#define add_int obuf_int
+#define add_str obuf_str
 
 /* Names come from the config file; escape them for JSON and for the quoted
  * strings of the IETF fields (both treat '"' and '\' the same way). */
-static void add_quoted(struct evbuffer *out, const char *s)
+static void add_quoted(struct obuf *out, const char *s)
 {
     ADD_LIT(out, "\"");
     for (const char *p = s; *p; p++) {
         unsigned char ch = (unsigned char)*p;
         if (ch == '"' || ch == '\\') {
             char esc[2] = { '\\', (char)ch };
-            evbuffer_add(out, esc, 2);
+            obuf_add(out, esc, 2);
         } else if (ch >= 0x20 && ch != 0x7f) {
-            evbuffer_add(out, p, 1);
+            obuf_add(out, p, 1);
         }
     }
     ADD_LIT(out, "\"");
@@ -69,7 +54,7 @@ void reply_pick(struct reply_limits *rl, int allowed)
     rl->shown = best;
 }
 
-static void add_policy(struct evbuffer *out, const struct conf_route *route,
+static void add_policy(struct obuf *out, const struct conf_route *route,
                        const char *more, size_t more_len)
 {
     ADD_LIT(out, "RateLimit-Policy: ");
@@ -85,12 +70,12 @@ static void add_policy(struct evbuffer *out, const struct conf_route *route,
     }
     if (more) {
         ADD_LIT(out, ", ");
-        evbuffer_add(out, more, more_len);
+        obuf_add(out, more, more_len);
     }
     ADD_LIT(out, "\r\n");
 }
 
-static void add_legacy(struct evbuffer *out, int64_t limit, int64_t remaining, int64_t reset)
+static void add_legacy(struct obuf *out, int64_t limit, int64_t remaining, int64_t reset)
 {
     ADD_LIT(out, "X-RateLimit-Limit: ");
     add_int(out, limit);
@@ -101,7 +86,7 @@ static void add_legacy(struct evbuffer *out, int64_t limit, int64_t remaining, i
     ADD_LIT(out, "\r\n");
 }
 
-void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, int denied,
+void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int denied,
                          const struct reply_upstream *up)
 {
     enum conf_headers mode = rl->route->headers;
@@ -129,13 +114,13 @@ void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, in
         add_int(out, reset);
         if (up && up->ratelimit) {
             ADD_LIT(out, ", ");
-            evbuffer_add(out, up->ratelimit, up->ratelimit_len);
+            obuf_add(out, up->ratelimit, up->ratelimit_len);
         }
         ADD_LIT(out, "\r\n");
     }
 }
 
-static void add_status_line(struct evbuffer *out, int status)
+static void add_status_line(struct obuf *out, int status)
 {
     static const struct { int code; const char *line; } lines[] = {
         { 400, "HTTP/1.1 400 Bad Request\r\n" },
@@ -178,12 +163,12 @@ static const char *error_name(int status)
     }
 }
 
-static void add_json_head(struct evbuffer *out, size_t body_len, int keep_alive,
+static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
                           const char *rid, size_t rid_len)
 {
     if (rid_len) {
         ADD_LIT(out, "X-Request-Id: ");
-        evbuffer_add(out, rid, rid_len);
+        obuf_add(out, rid, rid_len);
         ADD_LIT(out, "\r\n");
     }
     ADD_LIT(out, "Content-Type: application/json\r\nContent-Length: ");
@@ -194,14 +179,17 @@ static void add_json_head(struct evbuffer *out, size_t body_len, int keep_alive,
         ADD_LIT(out, "\r\nConnection: close\r\n\r\n");
 }
 
-void reply_error(struct evbuffer *out, int status, int keep_alive,
+void reply_error(struct evbuffer *buf, int status, int keep_alive,
                  const char *rid, size_t rid_len)
 {
+    struct obuf ob, *out = &ob;
+    obuf_begin(out, buf, 256 + rid_len);
     char body[64];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", error_name(status));
     add_status_line(out, status);
     add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
-    evbuffer_add(out, body, (size_t)n);
+    obuf_add(out, body, (size_t)n);
+    obuf_end(out);
 }
 
 static size_t quoted_len(const char *s)
@@ -220,9 +208,11 @@ static size_t int_len(int64_t v)
     return n;
 }
 
-void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
+void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep_alive,
                    const char *rid, size_t rid_len)
 {
+    struct obuf ob, *out = &ob;
+    obuf_begin(out, buf, 1024 + rid_len);
     static const char b1[] = "{\"error\":\"rate_limited\",\"route\":";
     static const char b2[] = ",\"limit\":";
     static const char b3[] = ",\"retry_after\":";
@@ -254,4 +244,5 @@ void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep
         add_quoted(out, l->message);
     }
     ADD_LIT(out, "}");
+    obuf_end(out);
 }

@@ -13,6 +13,7 @@
 #include "store.h"
 
 struct evbuffer;
+struct obuf;
 
 /* The outcome of one decision, as the headers show it. */
 struct reply_limits {
@@ -41,7 +42,7 @@ void reply_pick(struct reply_limits *rl, int allowed);
 
 /* Append the rate-limit header fields the route's `headers` setting asks
  * for (each ending in CRLF), merged with the upstream's (up may be NULL). */
-void reply_limit_headers(struct evbuffer *out, const struct reply_limits *rl, int denied,
+void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int denied,
                          const struct reply_upstream *up);
 
 /* A complete rejection: the denying limit's status (429 unless set) with

@@ -571,8 +571,15 @@ static void route_put_part(struct route_out *o, const struct route_part *pt,
         route_put(o, hex, 40);
         return;
     }
-    int nl = snprintf(num, sizeof num, "%zu:", k.len);
-    route_put(o, num, (size_t)nl);
+    /* "<len>:" without printf: this runs for every part of every key. */
+    char *q = num + sizeof num;
+    *--q = ':';
+    size_t v = k.len;
+    do {
+        *--q = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    route_put(o, q, (size_t)(num + sizeof num - q));
     k.mode = ROUTE_SINK_WRITE;
     k.out = o;
     route_part_emit(pt, req, &k);

@@ -1,12 +1,16 @@
-/* sluice - store.c: rate-limit decisions in Redis over one async connection.
+/* sluice - store.c: rate-limit decisions in Redis, single, Cluster or Sentinel.
  *
- * The only file that includes hiredis. It owns the connection's life (connect,
- * handshake, backoff, stall detection), sends each decision as one EVALSHA of
- * scripts/limit.lua, and turns replies, errors and timeouts into exactly one
- * callback per call. See store.h for the contract and limit.lua for the
- * script's arguments and reply. */
+ * The only file that includes hiredis. A store owns one or more nodes (async
+ * connections: connect, handshake, backoff, stall detection), sends each
+ * decision as EVALSHA of scripts/limit.lua, and turns replies, errors and
+ * timeouts into exactly one callback per call. Redis Cluster (hiredis 0.14
+ * has none) is built here: CRC16 slots, CLUSTER SLOTS on a control
+ * connection, MOVED/ASK/TRYAGAIN, and per-slot groups with refund.lua when a
+ * route spans slots. Sentinel: a control connection asks for the master and
+ * listens for +switch-master. See store.h for the contract. */
 #include <assert.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,44 +25,43 @@
 #include "metrics.h"
 #include "store.h"
 
-/* Generated from scripts/limit.lua by the Makefile (build/limit_lua.c). */
+/* Generated from scripts/NAME.lua by the Makefile (build/NAME_lua.c). */
 extern const char limit_lua[];
 extern const char limit_lua_sha[];
+extern const char refund_lua[];
+extern const char refund_lua_sha[];
 
 #define STORE_BACKOFF_MIN_MS 100
 #define STORE_BACKOFF_MAX_MS 5000
 #define STORE_CONNECT_MIN_MS 1000     /* connect + handshake budget floor */
+#define STORE_SLOTS 16384
+#define STORE_MAX_NODES 1024
+#define STORE_WAIT_MS 20              /* no usable node yet: look again after */
+#define STORE_MAX_REDIRECTS 8         /* per request: MOVED/ASK loops end here */
+#define STORE_REFRESH_MIN_MS 100      /* between two CLUSTER SLOTS */
+#define STORE_REFRESH_EVERY_MS 5000   /* even when nothing asks for it */
+#define STORE_REFUND_BUDGET_MS 2000   /* a refund is retried this long */
+#define STORE_REDIRECT_LOG_MS 1000    /* one info line per kind this often */
 
-/* A call's life: it leaves the free list in store_decide(), is answered at
- * most once (reply, error or timeout; or cancelled, which also counts), and
- * returns to the free list only when it is answered AND hiredis no longer
- * holds it as privdata, so a late reply never touches a reused call. */
-struct store_call {
+enum store_mode { STORE_SINGLE, STORE_CLUSTER, STORE_SENTINEL };
+/* A data node runs the scripts; the control node asks the topology
+ * (CLUSTER SLOTS, or a sentinel). */
+enum node_role { NODE_DATA, NODE_CTL };
+
+struct store_node {
     struct store *s;
-    struct store_call *next;        /* free list */
-    struct event *timer;            /* created once, reused */
-    store_cb *cb;
-    void *arg;
-    int n;
-    int64_t limit[STORE_MAX_LIMITS];
-    int answered;                   /* callback done, timed out or cancelled */
-    int in_hiredis;                 /* a reply callback is still due */
-    int retried;                    /* NOSCRIPT reload already tried */
-    char *cmd;                      /* the RESP-encoded EVALSHA, kept for a retry */
-    size_t cmdlen, cmdcap;
-};
-
-struct store {
-    struct event_base *base;
-    struct conf_redis rc;           /* strings owned (copied) */
-    char *name;                     /* "host:port" or the socket path, for logs */
+    enum node_role role;
+    char *host;                     /* or the socket path */
+    int port;
+    int is_unix;
+    char name[300];                 /* "host:port", for logs */
     redisAsyncContext *ac;          /* NULL while disconnected */
+    int active;                     /* wanted: (re)connects; 0 = retired */
     int ready;                      /* connected and handshake done */
+    int hs_left;                    /* handshake replies still due */
     int handshake_failed;
-    int dropping;                   /* inside store_drop(): ignore onDisconnect */
-    int destroying;
+    int dropping;                   /* inside node_drop(): ignore onDisconnect */
     int down_logged;                /* "down" logged since the last "connected" */
-    int in_user_cb;                 /* depth of user callbacks on the stack */
     int64_t backoff_ms;
     struct event *retry_ev;         /* reconnect after backoff */
     struct event *connect_ev;       /* connect + handshake deadline */
@@ -67,20 +70,103 @@ struct store {
     int inflight;                   /* our commands awaiting replies */
     int64_t progress_ms;            /* last reply, or when inflight rose from 0 */
     int script_loads;               /* SCRIPT LOADs awaiting replies */
-    struct store_call *free_calls;
-    int ncalls, nfree;
+    int in_map;                     /* cluster: owns slots in the last map */
+    int slots_inflight;             /* ctl: CLUSTER SLOTS awaiting its reply */
 };
-/* ready also feeds the process-wide gauge behind /readyz. */
-static void store_set_ready(struct store *s, int ready)
-{
-    if (s->ready != ready)
-        metrics_gauge_add(METRICS_REDIS_CONNECTED, ready ? 1 : -1);
-    s->ready = ready;
-}
 
+/* One EVALSHA on one slot: a group of a call's limits, or a refund. A
+ * request is in hiredis at most once at a time (it is resent only from its
+ * own reply or from its wait timer), and is released only outside it. */
+struct store_req {
+    struct store *s;
+    struct store_call *call;        /* NULL: a refund, which owns itself */
+    struct store_req *next, *prev;  /* the store's refunds */
+    int slot;                       /* -1 outside a cluster */
+    struct store_node *node;        /* where it was last sent */
+    struct store_node *ask;         /* ASK: send ASKING and the command here */
+    int asked;                      /* the last send went with ASKING */
+    struct event *wait_ev;          /* resend after STORE_WAIT_MS */
+    int in_hiredis;
+    int done;                       /* replied, or given up */
+    int noscript_tried;
+    int redirects;
+    int64_t deadline_ms;            /* refunds: give up after this */
+    char *cmd;                      /* RESP, kept for resending */
+    size_t cmdlen, cmdcap;
+    int n;
+    int idx[STORE_MAX_LIMITS];      /* which limits of the call */
+    int allowed;
+    int64_t time_s, time_us;        /* mode "c": TIME the script ran at */
+    int64_t mark[STORE_MAX_LIMITS];
+};
 
-static void store_connect(struct store *s);
-static void store_drop(struct store *s, const char *reason);
+/* A call's life: it leaves the free list in store_decide(), is answered at
+ * most once (reply, error or timeout; or cancelled, which also counts), and
+ * returns to the free list only when it is answered AND hiredis holds none
+ * of its requests, so a late reply never touches a reused call. */
+struct store_call {
+    struct store *s;
+    struct store_call *next;        /* free list */
+    struct store_call *all_next;    /* every call ever made, for destroy */
+    struct event *timer;            /* created once, reused */
+    store_cb *cb;
+    void *arg;
+    int answered;
+    int pooled;
+    int n;
+    struct limiter_params params[STORE_MAX_LIMITS];
+    int64_t cost[STORE_MAX_LIMITS];
+    unsigned flags[STORE_MAX_LIMITS];
+    char *keys;                     /* every key, back to back */
+    size_t keycap;
+    size_t koff[STORE_MAX_LIMITS], klen[STORE_MAX_LIMITS];
+    int nreq;
+    int pending;                    /* requests not replied yet */
+    struct store_req req[STORE_MAX_LIMITS];
+    struct store_result res;
+};
+
+struct store_addr {
+    char *host;
+    int port;
+};
+
+struct store {
+    struct event_base *base;
+    struct conf_redis rc;           /* strings owned (copied) */
+    enum store_mode mode;
+    struct store_node **nodes;      /* data nodes; single and sentinel: one */
+    int nnodes, capnodes;
+    struct store_node *ctl;         /* cluster or sentinel control connection */
+    struct store_addr *seeds;       /* cluster seeds, or the sentinels */
+    int nseeds;
+    int cand;                       /* the ctl's current candidate address */
+    int16_t owner[STORE_SLOTS];     /* slot -> index in nodes, -1 unknown */
+    int map_known;                  /* some slots known */
+    int map_complete;               /* every slot known */
+    int ready;
+    int destroying;
+    int in_user_cb;                 /* depth of user callbacks on the stack */
+    struct event *refresh_ev;
+    struct event *periodic_ev;
+    int64_t last_refresh_ms;
+    int refresh_wanted;
+    struct store_call *free_calls, *all_calls;
+    struct store_req *refunds;
+    uint64_t redirects[2];          /* ask, moved: this store's */
+    int64_t redirect_logged_ms[2];
+};
+
+static uint64_t store_redirect_total[2];   /* ask, moved: the process' */
+
+static void node_connect(struct store_node *n);
+static void node_drop(struct store_node *n, const char *reason);
+static void store_node_lost(struct store *s, struct store_node *n);
+static void store_node_up(struct store *s, struct store_node *n);
+static void store_refresh_soon(struct store *s);
+static int req_dispatch(struct store_req *q);
+static void req_wait(struct store_req *q);
+static void req_settle(struct store_req *q);
 
 static int64_t store_now_ms(void)
 {
@@ -100,263 +186,762 @@ static char *store_strdup(const char *p)
     return p ? mem_strndup(p, strlen(p)) : NULL;
 }
 
-/* ---- connection state ---------------------------------------------------- */
-
-static void store_log_down(struct store *s, const char *reason, int64_t retry_ms)
+static struct event *store_timer(struct store *s, event_callback_fn fn, void *arg)
 {
-    if (s->down_logged)
+    struct event *ev = evtimer_new(s->base, fn, arg);
+    if (ev == NULL) {
+        log_error("store: cannot create a timer");
+        abort();
+    }
+    return ev;
+}
+
+/* "host:port" or "[v6]:port" -> host, port; -1 when malformed. */
+static int store_split_addr(const char *text, char *host, size_t hostsize, int *port)
+{
+    const char *colon, *h = text, *hend;
+    if (text[0] == '[') {
+        hend = strchr(text, ']');
+        if (hend == NULL || hend[1] != ':')
+            return -1;
+        h = text + 1;
+        colon = hend + 1;
+    } else {
+        colon = strrchr(text, ':');
+        if (colon == NULL)
+            return -1;
+        hend = colon;
+    }
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (hend == h || (size_t)(hend - h) >= hostsize || *end != '\0' || p < 1 || p > 65535)
+        return -1;
+    memcpy(host, h, (size_t)(hend - h));
+    host[hend - h] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
+/* ---- slots ------------------------------------------------------------------ */
+
+/* CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as the Redis
+ * Cluster specification defines the key slot. */
+static uint16_t store_crc16(const char *buf, size_t len)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < len; i++) {
+        crc ^= (uint16_t)((uint8_t)buf[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
+    }
+    return crc;
+}
+
+/* Only the part between the first '{' and the next '}' is hashed, when
+ * that part is not empty: route keys put each limit's key under one tag. */
+int store_slot(const char *key, size_t len)
+{
+    const char *open = memchr(key, '{', len);
+    if (open != NULL) {
+        size_t from = (size_t)(open - key) + 1;
+        const char *close = memchr(open + 1, '}', len - from);
+        if (close != NULL && close > open + 1)
+            return store_crc16(open + 1, (size_t)(close - open - 1)) & (STORE_SLOTS - 1);
+    }
+    return store_crc16(key, len) & (STORE_SLOTS - 1);
+}
+
+void store_redirects(uint64_t *ask, uint64_t *moved)
+{
+    *ask = __atomic_load_n(&store_redirect_total[0], __ATOMIC_RELAXED);
+    *moved = __atomic_load_n(&store_redirect_total[1], __ATOMIC_RELAXED);
+}
+
+/* ---- readiness ----------------------------------------------------------- */
+
+/* Single and sentinel: the data node is ready. Cluster: every slot has a
+ * master, and each of them is connected. */
+static void store_update_ready(struct store *s)
+{
+    int ready;
+    if (s->destroying) {
+        ready = 0;
+    } else if (s->mode != STORE_CLUSTER) {
+        ready = s->nnodes > 0 && s->nodes[0]->ready;
+    } else {
+        ready = s->map_complete;
+        for (int i = 0; i < s->nnodes && ready; i++)
+            if (s->nodes[i]->in_map && !s->nodes[i]->ready)
+                ready = 0;
+    }
+    /* ready also feeds the process-wide gauge behind /readyz */
+    if (s->ready != ready)
+        metrics_gauge_add(METRICS_REDIS_CONNECTED, ready ? 1 : -1);
+    s->ready = ready;
+}
+
+static void node_set_ready(struct store_node *n, int ready)
+{
+    n->ready = ready;
+    store_update_ready(n->s);
+}
+
+/* ---- nodes: one connection each ------------------------------------------ */
+
+static void node_expect_reply(struct store_node *n)
+{
+    if (n->inflight++ == 0)
+        n->progress_ms = store_now_ms();
+}
+
+static void node_got_reply(struct store_node *n)
+{
+    if (n->inflight > 0)
+        n->inflight--;
+    n->progress_ms = store_now_ms();
+}
+
+static void node_log_down(struct store_node *n, const char *reason, int64_t retry_ms)
+{
+    if (n->down_logged)
         return;
-    s->down_logged = 1;
-    log_warn("store: redis '%s' down: %s, retrying in %lld ms", s->name,
+    n->down_logged = 1;
+    log_warn("store: redis '%s' down: %s, retrying in %lld ms", n->name,
              reason ? reason : "unknown error", (long long)retry_ms);
 }
 
-/* The connection is gone (or never came): wait, then try again. */
-static void store_schedule_retry(struct store *s, const char *reason)
+/* The connection is gone (or never came): tell the store, then wait and try
+ * again while the node is still wanted. */
+static void node_down(struct store_node *n, const char *reason)
 {
-    store_set_ready(s, 0);
-    s->ac = NULL;
-    s->inflight = 0;
-    s->script_loads = 0;
-    event_del(s->connect_ev);
+    struct store *s = n->s;
+    n->ac = NULL;
+    n->inflight = 0;
+    n->script_loads = 0;
+    n->slots_inflight = 0;
+    event_del(n->connect_ev);
+    node_set_ready(n, 0);
     if (s->destroying)
         return;
-    store_log_down(s, reason, s->backoff_ms);
-    struct timeval tv = store_tv(s->backoff_ms);
-    event_add(s->retry_ev, &tv);
-    s->backoff_ms *= 2;
-    if (s->backoff_ms > STORE_BACKOFF_MAX_MS)
-        s->backoff_ms = STORE_BACKOFF_MAX_MS;
-}
-
-static void store_expect_reply(struct store *s)
-{
-    if (s->inflight++ == 0)
-        s->progress_ms = store_now_ms();
-}
-
-static void store_got_reply(struct store *s)
-{
-    if (s->inflight > 0)
-        s->inflight--;
-    s->progress_ms = store_now_ms();
+    store_node_lost(s, n);
+    if (!n->active)
+        return;
+    node_log_down(n, reason, n->backoff_ms);
+    struct timeval tv = store_tv(n->backoff_ms);
+    event_add(n->retry_ev, &tv);
+    n->backoff_ms *= 2;
+    if (n->backoff_ms > STORE_BACKOFF_MAX_MS)
+        n->backoff_ms = STORE_BACKOFF_MAX_MS;
 }
 
 /* From inside a hiredis callback the context must not be freed: ask the
  * event loop to do it once the stack has unwound. */
-static void store_kill_later(struct store *s, const char *reason)
+static void node_kill_later(struct store_node *n, const char *reason)
 {
-    store_set_ready(s, 0);
-    s->kill_reason = reason;
-    event_active(s->kill_ev, EV_TIMEOUT, 0);
+    node_set_ready(n, 0);
+    n->kill_reason = reason;
+    event_active(n->kill_ev, EV_TIMEOUT, 0);
 }
 
-static void store_kill_cb(evutil_socket_t fd, short what, void *arg)
+static void node_kill_cb(evutil_socket_t fd, short what, void *arg)
 {
-    struct store *s = arg;
-    if (s->ac != NULL)
-        store_drop(s, s->kill_reason);
+    struct store_node *n = arg;
+    if (n->ac != NULL)
+        node_drop(n, n->kill_reason);
 }
 
-/* Free the context from outside hiredis' callbacks. Pending calls get NULL
- * replies (already timed out ones are merely released). */
-static void store_drop(struct store *s, const char *reason)
+/* Free the context from outside hiredis' callbacks. Pending requests get
+ * NULL replies (already answered ones are merely released). */
+static void node_drop(struct store_node *n, const char *reason)
 {
-    redisAsyncContext *ac = s->ac;
-    store_set_ready(s, 0);
+    redisAsyncContext *ac = n->ac;
+    node_set_ready(n, 0);
     if (ac != NULL) {
-        s->dropping = 1;
+        n->dropping = 1;
         redisAsyncFree(ac);
-        s->dropping = 0;
+        n->dropping = 0;
     }
-    store_schedule_retry(s, reason);
+    node_down(n, reason);
 }
 
-static void store_handshake_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void node_ready(struct store_node *n)
 {
-    struct store *s = ac->data;
+    event_del(n->connect_ev);
+    n->backoff_ms = STORE_BACKOFF_MIN_MS;
+    n->down_logged = 0;
+    node_set_ready(n, 1);
+    log_info("store: redis '%s' connected%s", n->name,
+             n->role == NODE_CTL ? (n->s->mode == STORE_CLUSTER ?
+                                    " (cluster topology)" : " (sentinel)") : "");
+    store_node_up(n->s, n);
+}
+
+static void store_set_master(struct store *s, const char *host, int port);
+
+/* Sentinel: "SENTINEL get-master-addr-by-name" answers [ip, port] or nil. */
+static int node_take_master(struct store_node *n, const redisReply *reply)
+{
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 2 ||
+        reply->element[0]->type != REDIS_REPLY_STRING ||
+        reply->element[1]->type != REDIS_REPLY_STRING)
+        return -1;
+    int port = atoi(reply->element[1]->str);
+    if (port < 1 || port > 65535)
+        return -1;
+    store_set_master(n->s, reply->element[0]->str, port);
+    return 0;
+}
+
+static int node_is_master(const redisReply *reply)
+{
+    return reply->type == REDIS_REPLY_ARRAY && reply->elements >= 1 &&
+           reply->element[0]->type == REDIS_REPLY_STRING &&
+           strcmp(reply->element[0]->str, "master") == 0;
+}
+
+static void node_handshake_cb(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct store_node *n = ac->data;
     redisReply *reply = r;
     const char *step = privdata;
-    if (s == NULL || s->destroying)
+    if (n == NULL || n->s->destroying)
         return;
-    store_got_reply(s);
-    if (reply == NULL)
-        return;                     /* disconnecting: onDisconnect handles it */
-    if (s->handshake_failed)
-        return;                     /* the rest of a failed handshake */
-    if (reply->type == REDIS_REPLY_ERROR) {
+    node_got_reply(n);
+    if (reply == NULL || n->handshake_failed)
+        return;                     /* disconnecting, or the rest of a failure */
+    const char *why = NULL;
+    if (reply->type == REDIS_REPLY_ERROR)
+        why = reply->str;
+    else if (strcmp(step, "ROLE") == 0 && !node_is_master(reply))
+        why = "not a master (a failover is under way)";
+    else if (strcmp(step, "SENTINEL") == 0 && node_take_master(n, reply) != 0)
+        why = "the sentinel does not know the master";
+    else if (strcmp(step, "SCRIPT LOAD") == 0 &&
+             (reply->type != REDIS_REPLY_STRING || strcmp(reply->str, limit_lua_sha) != 0))
+        log_warn("store: script sha mismatch '%s': redis says %s, built %s", n->name,
+                 reply->type == REDIS_REPLY_STRING ? reply->str : "?", limit_lua_sha);
+    if (why != NULL) {
         /* once per outage, not at every retry */
-        if (!s->down_logged && strcmp(step, "AUTH") == 0)
-            log_error("store: auth failed '%s': %s", s->name, reply->str);
-        else if (!s->down_logged)
-            log_error("store: %s failed '%s': %s", step, s->name, reply->str);
-        s->handshake_failed = 1;
-        store_kill_later(s, "handshake failed");
+        if (!n->down_logged)
+            log_error("store: %s failed '%s': %s", step, n->name, why);
+        n->handshake_failed = 1;
+        node_kill_later(n, "handshake failed");
         return;
     }
-    if (strcmp(step, "SCRIPT LOAD") != 0)
-        return;
-    if (reply->type != REDIS_REPLY_STRING || strcmp(reply->str, limit_lua_sha) != 0)
-        log_warn("store: script sha mismatch '%s': redis says %s, built %s",
-                 s->name, reply->type == REDIS_REPLY_STRING ? reply->str : "?",
-                 limit_lua_sha);
-    /* The last handshake reply: the connection is usable from now on. */
-    event_del(s->connect_ev);
-    store_set_ready(s, 1);
-    s->backoff_ms = STORE_BACKOFF_MIN_MS;
-    s->down_logged = 0;
-    log_info("store: redis '%s' connected", s->name);
+    if (--n->hs_left == 0)
+        node_ready(n);
 }
 
-static int store_send_handshake(struct store *s, const char *step,
-                                int argc, const char **argv)
+static int node_send_handshake(struct store_node *n, const char *step,
+                               int argc, const char **argv)
 {
     size_t len[4];
     for (int i = 0; i < argc; i++)
         len[i] = strlen(argv[i]);
-    if (redisAsyncCommandArgv(s->ac, store_handshake_cb, (void *)step,
+    if (redisAsyncCommandArgv(n->ac, node_handshake_cb, (void *)step,
                               argc, argv, len) != REDIS_OK)
         return -1;
-    store_expect_reply(s);
+    node_expect_reply(n);
+    n->hs_left++;
     return 0;
 }
 
 /* The script reload after NOSCRIPT; its reply only needs checking. */
-static void store_script_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void node_script_cb(redisAsyncContext *ac, void *r, void *privdata)
 {
-    struct store *s = ac->data;
+    struct store_node *n = ac->data;
     redisReply *reply = r;
-    if (s == NULL || s->destroying)
+    if (n == NULL || n->s->destroying)
         return;
-    store_got_reply(s);
-    if (s->script_loads > 0)
-        s->script_loads--;
+    node_got_reply(n);
+    if (n->script_loads > 0)
+        n->script_loads--;
     if (reply != NULL && reply->type == REDIS_REPLY_ERROR)
-        log_error("store: SCRIPT LOAD failed '%s': %s", s->name, reply->str);
+        log_error("store: SCRIPT LOAD failed '%s': %s", n->name, reply->str);
 }
 
-static void store_connect_cb(const redisAsyncContext *cac, int status)
+/* Commands are answered in order, so one SCRIPT LOAD already in the pipeline
+ * serves every resend queued after it. */
+static int node_load_scripts(struct store_node *n)
+{
+    if (n->script_loads > 0)
+        return 0;
+    const char *scripts[2] = { limit_lua, refund_lua };
+    int nscripts = n->s->mode == STORE_CLUSTER ? 2 : 1;
+    for (int i = 0; i < nscripts; i++) {
+        const char *argv[3] = { "SCRIPT", "LOAD", scripts[i] };
+        size_t len[3] = { 6, 4, strlen(scripts[i]) };
+        if (redisAsyncCommandArgv(n->ac, node_script_cb, NULL, 3, argv, len) != REDIS_OK)
+            return -1;
+        node_expect_reply(n);
+        n->script_loads++;
+    }
+    return 0;
+}
+
+/* Pipelined: replies come back in this order; the last makes the node ready. */
+static int node_handshake(struct store_node *n)
+{
+    struct store *s = n->s;
+    const char *user = s->rc.user, *password = s->rc.password;
+    int rc = 0;
+    if (n->role == NODE_CTL && s->mode == STORE_SENTINEL) {
+        user = NULL;
+        password = s->rc.sentinel_password;
+    }
+    if (password != NULL) {
+        const char *auth[3] = { "AUTH", NULL, NULL };
+        int argc = 1;
+        if (user != NULL)
+            auth[argc++] = user;
+        auth[argc++] = password;
+        rc |= node_send_handshake(n, "AUTH", argc, auth);
+    }
+    if (n->role == NODE_CTL && s->mode == STORE_SENTINEL) {
+        const char *q[3] = { "SENTINEL", "get-master-addr-by-name", s->rc.sentinel_master };
+        return rc | node_send_handshake(n, "SENTINEL", 3, q);
+    }
+    if (n->role == NODE_CTL) {
+        const char *ping[1] = { "PING" };
+        return rc | node_send_handshake(n, "PING", 1, ping);
+    }
+    char db[16];
+    if (s->rc.db != 0 && s->mode != STORE_CLUSTER) {
+        const char *select[2] = { "SELECT", db };
+        snprintf(db, sizeof(db), "%d", s->rc.db);
+        rc |= node_send_handshake(n, "SELECT", 2, select);
+    }
+    if (s->mode == STORE_SENTINEL) {
+        const char *role[1] = { "ROLE" };
+        rc |= node_send_handshake(n, "ROLE", 1, role);
+    }
+    const char *load[3] = { "SCRIPT", "LOAD", limit_lua };
+    rc |= node_send_handshake(n, "SCRIPT LOAD", 3, load);
+    if (s->mode == STORE_CLUSTER) {
+        const char *refund[3] = { "SCRIPT", "LOAD", refund_lua };
+        rc |= node_send_handshake(n, "SCRIPT LOAD refund", 3, refund);
+    }
+    return rc;
+}
+
+static void node_connect_cb(const redisAsyncContext *cac, int status)
 {
     redisAsyncContext *ac = (redisAsyncContext *)cac;
-    struct store *s = ac->data;
-    if (s == NULL || s->destroying)
+    struct store_node *n = ac->data;
+    if (n == NULL || n->s->destroying)
         return;
     if (status != REDIS_OK) {
         /* hiredis frees the context after this returns; ac->errstr is only
          * copied from the inner context after this callback */
-        store_schedule_retry(s, ac->c.errstr[0] ? ac->c.errstr : "connect failed");
+        node_down(n, ac->c.errstr[0] ? ac->c.errstr : "connect failed");
         return;
     }
-    /* Pipelined: replies come back in this order, SCRIPT LOAD last. */
-    char db[16];
-    const char *auth[3] = { "AUTH", NULL, NULL };
-    const char *select[2] = { "SELECT", db };
-    const char *load[3] = { "SCRIPT", "LOAD", limit_lua };
-    int rc = 0;
-    if (s->rc.password != NULL) {
-        int argc = 1;
-        if (s->rc.user != NULL)
-            auth[argc++] = s->rc.user;
-        auth[argc++] = s->rc.password;
-        rc |= store_send_handshake(s, "AUTH", argc, auth);
-    }
-    if (s->rc.db != 0) {
-        snprintf(db, sizeof(db), "%d", s->rc.db);
-        rc |= store_send_handshake(s, "SELECT", 2, select);
-    }
-    rc |= store_send_handshake(s, "SCRIPT LOAD", 3, load);
-    if (rc != 0)
-        store_kill_later(s, "cannot queue the handshake");
+    if (node_handshake(n) != 0)
+        node_kill_later(n, "cannot queue the handshake");
 }
 
-static void store_disconnect_cb(const redisAsyncContext *cac, int status)
+static void node_disconnect_cb(const redisAsyncContext *cac, int status)
 {
-    struct store *s = cac->data;
-    if (s == NULL || s->dropping || s->destroying)
+    struct store_node *n = cac->data;
+    if (n == NULL || n->dropping || n->s->destroying)
         return;
     /* hiredis frees the context after this returns */
-    store_schedule_retry(s, cac->c.errstr[0] ? cac->c.errstr : "connection closed");
+    node_down(n, cac->c.errstr[0] ? cac->c.errstr : "connection closed");
 }
 
-static void store_connect_timeout_cb(evutil_socket_t fd, short what, void *arg)
+static void node_connect_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
-    struct store *s = arg;
-    store_drop(s, "connect timed out");
+    node_drop(arg, "connect timed out");
 }
 
-static void store_retry_cb(evutil_socket_t fd, short what, void *arg)
+static void node_retry_cb(evutil_socket_t fd, short what, void *arg)
 {
-    store_connect(arg);
+    node_connect(arg);
 }
 
-static void store_connect(struct store *s)
+static void node_connect(struct store_node *n)
 {
+    struct store *s = n->s;
+    if (!n->active || n->ac != NULL || s->destroying)
+        return;
     redisAsyncContext *ac;
-    if (s->rc.is_unix)
-        ac = redisAsyncConnectUnix(s->rc.host);
+    if (n->is_unix)
+        ac = redisAsyncConnectUnix(n->host);
     else
-        ac = redisAsyncConnect(s->rc.host, s->rc.port);
+        ac = redisAsyncConnect(n->host, n->port);
     if (ac == NULL) {
-        store_schedule_retry(s, "out of memory");
+        node_down(n, "out of memory");
         return;
     }
     if (ac->err) {
         char reason[128];
         snprintf(reason, sizeof(reason), "%s", ac->c.errstr);
         redisAsyncFree(ac);     /* not attached, no callbacks: ours to free */
-        store_schedule_retry(s, reason);
+        node_down(n, reason);
         return;
     }
-    ac->data = s;
-    s->ac = ac;
-    s->handshake_failed = 0;
-    s->inflight = 0;
-    s->script_loads = 0;
+    ac->data = n;
+    n->ac = ac;
+    n->handshake_failed = 0;
+    n->hs_left = 0;
+    n->inflight = 0;
+    n->script_loads = 0;
     redisLibeventAttach(ac, s->base);
-    redisAsyncSetConnectCallback(ac, store_connect_cb);
-    redisAsyncSetDisconnectCallback(ac, store_disconnect_cb);
+    redisAsyncSetConnectCallback(ac, node_connect_cb);
+    redisAsyncSetDisconnectCallback(ac, node_disconnect_cb);
     int64_t budget_ms = 2 * s->rc.timeout_ms;
     if (budget_ms < STORE_CONNECT_MIN_MS)
         budget_ms = STORE_CONNECT_MIN_MS;
     struct timeval tv = store_tv(budget_ms);
-    event_add(s->connect_ev, &tv);
+    event_add(n->connect_ev, &tv);
 }
 
-/* ---- calls ---------------------------------------------------------------- */
+static void node_set_addr(struct store_node *n, const char *host, int port, int is_unix)
+{
+    free(n->host);
+    n->host = store_strdup(host);
+    n->port = port;
+    n->is_unix = is_unix;
+    if (is_unix)
+        snprintf(n->name, sizeof(n->name), "%s", host);
+    else if (strchr(host, ':') != NULL)
+        snprintf(n->name, sizeof(n->name), "[%s]:%d", host, port);
+    else
+        snprintf(n->name, sizeof(n->name), "%s:%d", host, port);
+}
+
+static struct store_node *node_new(struct store *s, enum node_role role,
+                                   const char *host, int port, int is_unix)
+{
+    struct store_node *n = mem_calloc(1, sizeof(*n));
+    n->s = s;
+    n->role = role;
+    node_set_addr(n, host ? host : "?", port, is_unix);
+    n->backoff_ms = STORE_BACKOFF_MIN_MS;
+    n->retry_ev = store_timer(s, node_retry_cb, n);
+    n->connect_ev = store_timer(s, node_connect_timeout_cb, n);
+    n->kill_ev = event_new(s->base, -1, 0, node_kill_cb, n);
+    if (n->kill_ev == NULL)
+        abort();
+    return n;
+}
+
+/* Wanted from now on: connect at once unless already connected or waiting
+ * for a retry. */
+static void node_start(struct store_node *n)
+{
+    n->active = 1;
+    if (n->ac == NULL && !evtimer_pending(n->retry_ev, NULL))
+        node_connect(n);
+}
+
+/* No longer wanted: close the connection (its requests go elsewhere). */
+static void node_stop(struct store_node *n)
+{
+    n->active = 0;
+    event_del(n->retry_ev);
+    if (n->ac != NULL)
+        node_kill_later(n, "no longer a master");
+}
+
+/* Point the node at another server (sentinel: the new master; cluster ctl:
+ * the next candidate) and reconnect soon. */
+static void node_move(struct store_node *n, const char *host, int port)
+{
+    node_set_addr(n, host, port, 0);
+    n->backoff_ms = STORE_BACKOFF_MIN_MS;
+    n->down_logged = 0;
+    if (n->ac != NULL) {
+        node_kill_later(n, "moving to another server");
+    } else if (n->active) {
+        event_del(n->retry_ev);
+        struct timeval tv = { 0, 0 };
+        event_add(n->retry_ev, &tv);    /* not from inside a hiredis callback */
+    }
+}
+
+static void node_free(struct store_node *n)
+{
+    event_free(n->retry_ev);
+    event_free(n->connect_ev);
+    event_free(n->kill_ev);
+    free(n->host);
+    free(n);
+}
+
+/* ---- cluster: the slot map ------------------------------------------------ */
+
+static int store_node_index(struct store *s, const char *host, int port)
+{
+    for (int i = 0; i < s->nnodes; i++)
+        if (s->nodes[i]->port == port && strcmp(s->nodes[i]->host, host) == 0)
+            return i;
+    if (s->nnodes == STORE_MAX_NODES)
+        return -1;
+    if (s->nnodes == s->capnodes) {
+        s->capnodes = s->capnodes ? 2 * s->capnodes : 8;
+        struct store_node **nn = mem_alloc(sizeof(*nn) * (size_t)s->capnodes);
+        if (s->nnodes > 0)
+            memcpy(nn, s->nodes, sizeof(*nn) * (size_t)s->nnodes);
+        free(s->nodes);
+        s->nodes = nn;
+    }
+    s->nodes[s->nnodes] = node_new(s, NODE_DATA, host, port, 0);
+    return s->nnodes++;
+}
+
+/* CLUSTER SLOTS: [[start, end, [host, port, id], replicas...], ...]. */
+static int store_parse_slots(struct store *s, const redisReply *reply, int16_t *owner)
+{
+    if (reply->type != REDIS_REPLY_ARRAY)
+        return -1;
+    for (int i = 0; i < STORE_SLOTS; i++)
+        owner[i] = -1;
+    for (size_t i = 0; i < reply->elements; i++) {
+        const redisReply *e = reply->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+            e->element[0]->type != REDIS_REPLY_INTEGER ||
+            e->element[1]->type != REDIS_REPLY_INTEGER ||
+            e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
+            e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+            e->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
+            return -1;
+        long long lo = e->element[0]->integer, hi = e->element[1]->integer;
+        const char *host = e->element[2]->element[0]->str;
+        long long port = e->element[2]->element[1]->integer;
+        if (lo < 0 || hi >= STORE_SLOTS || lo > hi || port < 1 || port > 65535)
+            return -1;
+        if (host[0] == '\0')            /* "unknown": the node we asked */
+            host = s->ctl->host;
+        int idx = store_node_index(s, host, (int)port);
+        if (idx < 0)
+            return -1;
+        for (long long k = lo; k <= hi; k++)
+            owner[k] = (int16_t)idx;
+    }
+    return 0;
+}
+
+static void store_apply_map(struct store *s, const int16_t *owner)
+{
+    int known = 0;
+    for (int i = 0; i < s->nnodes; i++)
+        s->nodes[i]->in_map = 0;
+    for (int k = 0; k < STORE_SLOTS; k++) {
+        s->owner[k] = owner[k];
+        if (owner[k] >= 0) {
+            s->nodes[owner[k]]->in_map = 1;
+            known++;
+        }
+    }
+    s->map_known = known > 0;
+    s->map_complete = known == STORE_SLOTS;
+    for (int i = 0; i < s->nnodes; i++) {
+        struct store_node *n = s->nodes[i];
+        if (n->in_map && !n->active)
+            node_start(n);
+        else if (!n->in_map && n->active)
+            node_stop(n);
+    }
+    store_update_ready(s);
+}
+
+static void store_slots_cb(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct store_node *n = ac->data;
+    struct store *s = n->s;
+    redisReply *reply = r;
+    if (s->destroying)
+        return;
+    node_got_reply(n);
+    n->slots_inflight = 0;
+    if (reply == NULL)
+        return;
+    int16_t *owner = mem_alloc(sizeof(int16_t) * STORE_SLOTS);
+    if (reply->type == REDIS_REPLY_ERROR)
+        log_error("store: CLUSTER SLOTS failed '%s': %s", n->name, reply->str);
+    else if (store_parse_slots(s, reply, owner) != 0)
+        log_error("store: CLUSTER SLOTS from '%s': unexpected reply", n->name);
+    else
+        store_apply_map(s, owner);
+    free(owner);
+    if (s->refresh_wanted)
+        store_refresh_soon(s);
+}
+
+static void store_refresh_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct store *s = arg;
+    struct store_node *n = s->ctl;
+    if (!n->ready || n->ac == NULL || n->slots_inflight)
+        return;                 /* asked again when it is ready, or replies */
+    if (redisAsyncCommand(n->ac, store_slots_cb, NULL, "CLUSTER SLOTS") != REDIS_OK)
+        return;
+    node_expect_reply(n);
+    n->slots_inflight = 1;
+    s->refresh_wanted = 0;
+    s->last_refresh_ms = store_now_ms();
+}
+
+/* At most one CLUSTER SLOTS every STORE_REFRESH_MIN_MS, however many
+ * redirects and lost connections ask for it. */
+static void store_refresh_soon(struct store *s)
+{
+    if (s->mode != STORE_CLUSTER || s->destroying)
+        return;
+    s->refresh_wanted = 1;
+    if (evtimer_pending(s->refresh_ev, NULL))
+        return;
+    int64_t wait_ms = s->last_refresh_ms + STORE_REFRESH_MIN_MS - store_now_ms();
+    struct timeval tv = store_tv(wait_ms > 0 ? wait_ms : 0);
+    event_add(s->refresh_ev, &tv);
+}
+
+static void store_periodic_cb(evutil_socket_t fd, short what, void *arg)
+{
+    store_refresh_soon(arg);
+}
+
+/* The control connection failed: try the next address. Cluster: the seeds,
+ * then every master learned; sentinel: the next sentinel. */
+static void store_ctl_next(struct store *s)
+{
+    int total = s->nseeds + (s->mode == STORE_CLUSTER ? s->nnodes : 0);
+    if (total == 0)
+        return;
+    s->cand = (s->cand + 1) % total;
+    const char *host;
+    int port;
+    if (s->cand < s->nseeds) {
+        host = s->seeds[s->cand].host;
+        port = s->seeds[s->cand].port;
+    } else {
+        host = s->nodes[s->cand - s->nseeds]->host;
+        port = s->nodes[s->cand - s->nseeds]->port;
+    }
+    node_set_addr(s->ctl, host, port, 0);
+}
+
+/* ---- sentinel -------------------------------------------------------------- */
+
+static void store_set_master(struct store *s, const char *host, int port)
+{
+    struct store_node *n = s->nodes[0];
+    if (n->active && n->port == port && strcmp(n->host, host) == 0)
+        return;
+    log_info("store: sentinel master '%s' is %s:%d", s->rc.sentinel_master, host, port);
+    if (!n->active) {
+        node_set_addr(n, host, port, 0);
+        node_start(n);
+    } else {
+        node_move(n, host, port);
+    }
+}
+
+/* "+switch-master" carries "NAME OLDIP OLDPORT NEWIP NEWPORT". */
+static void store_switch_cb(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct store_node *n = ac->data;
+    redisReply *reply = r;
+    if (n == NULL || n->s->destroying || reply == NULL)
+        return;
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 ||
+        reply->element[0]->type != REDIS_REPLY_STRING ||
+        strcmp(reply->element[0]->str, "message") != 0 ||
+        reply->element[2]->type != REDIS_REPLY_STRING)
+        return;                 /* the subscribe confirmation */
+    char name[256], oldip[64], newip[64];
+    int oldport, newport;
+    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",
+               name, oldip, &oldport, newip, &newport) != 5 ||
+        strcmp(name, n->s->rc.sentinel_master) != 0 || newport < 1 || newport > 65535)
+        return;
+    log_info("store: sentinel '%s' switched master '%s' to %s:%d", n->name, name,
+             newip, newport);
+    store_set_master(n->s, newip, newport);
+}
+
+/* ---- what the store does when nodes come and go ---------------------------- */
+
+static void store_node_up(struct store *s, struct store_node *n)
+{
+    if (n != s->ctl)
+        return;
+    if (s->mode == STORE_CLUSTER) {
+        store_refresh_soon(s);
+    } else if (s->mode == STORE_SENTINEL &&
+               redisAsyncCommand(n->ac, store_switch_cb, NULL,
+                                 "SUBSCRIBE +switch-master") != REDIS_OK) {
+        node_kill_later(n, "cannot subscribe");
+    }
+}
+
+static void store_node_lost(struct store *s, struct store_node *n)
+{
+    if (n == s->ctl) {
+        if (s->mode == STORE_CLUSTER)
+            s->refresh_wanted = 1;
+        store_ctl_next(s);
+    } else if (s->mode == STORE_CLUSTER) {
+        store_refresh_soon(s);
+    } else if (s->mode == STORE_SENTINEL && s->ctl->ready) {
+        /* the master may have changed while we were not listening: ask the
+         * sentinels again (the subscribed connection cannot) */
+        node_kill_later(s->ctl, "asking for the master again");
+    }
+}
+
+/* ---- calls and requests ---------------------------------------------------- */
 
 static struct store_call *store_call_get(struct store *s)
 {
     struct store_call *c = s->free_calls;
     if (c != NULL) {
         s->free_calls = c->next;
-        s->nfree--;
+        c->pooled = 0;
         return c;
     }
     c = mem_calloc(1, sizeof(*c));
     c->s = s;
-    s->ncalls++;
+    c->timer = NULL;
+    c->all_next = s->all_calls;
+    s->all_calls = c;
+    for (int i = 0; i < STORE_MAX_LIMITS; i++) {
+        c->req[i].s = s;
+        c->req[i].call = c;
+    }
     return c;
 }
 
-static void store_call_put(struct store_call *c)
+/* Back to the free list once answered and no request is held by hiredis. */
+static void store_call_settle(struct store_call *c)
 {
-    struct store *s = c->s;
-    assert(c->answered && !c->in_hiredis);
+    if (!c->answered || c->pooled)
+        return;
+    for (int i = 0; i < c->nreq; i++)
+        if (c->req[i].in_hiredis)
+            return;
+    for (int i = 0; i < c->nreq; i++)
+        if (c->req[i].wait_ev != NULL)
+            event_del(c->req[i].wait_ev);
     c->cb = NULL;
     c->arg = NULL;
-    c->next = s->free_calls;
-    s->free_calls = c;
-    s->nfree++;
+    c->pooled = 1;
+    c->next = c->s->free_calls;
+    c->s->free_calls = c;
 }
 
 /* Deliver the one answer of a call. The call stays alive while hiredis
- * still holds it. */
+ * still holds any of its requests. */
 static void store_call_answer(struct store_call *c, const struct store_result *res)
 {
     struct store *s = c->s;
     assert(!c->answered);
     c->answered = 1;
     event_del(c->timer);
+    for (int i = 0; i < c->nreq; i++)
+        if (c->req[i].wait_ev != NULL)
+            event_del(c->req[i].wait_ev);
     s->in_user_cb++;
     c->cb(c->arg, res);
     s->in_user_cb--;
@@ -369,104 +954,6 @@ static void store_call_fail(struct store_call *c, enum store_status status)
     res.allowed = 0;
     res.n = 0;
     store_call_answer(c, &res);
-}
-
-/* The reply of limit.lua: { allowed, (allowed_i remaining_i reset_i retry_i)*n }. */
-static int store_parse(const struct store_call *c, const redisReply *reply,
-                       struct store_result *res)
-{
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 1 + 4 * (size_t)c->n)
-        return -1;
-    for (size_t i = 0; i < reply->elements; i++)
-        if (reply->element[i]->type != REDIS_REPLY_INTEGER)
-            return -1;
-    res->status = STORE_OK;
-    res->allowed = reply->element[0]->integer != 0;
-    res->n = c->n;
-    for (int i = 0; i < c->n; i++) {
-        redisReply **e = reply->element + 1 + 4 * i;
-        struct limiter_result *r = &res->r[i];
-        r->allowed = e[0]->integer != 0;
-        r->limit = c->limit[i];
-        r->remaining = e[1]->integer;
-        r->reset_ms = e[2]->integer;
-        r->retry_ms = e[3]->integer;
-    }
-    return 0;
-}
-
-static int store_send(struct store_call *c);
-
-/* NOSCRIPT: the server lost the script (restart, SCRIPT FLUSH). Load it and
- * send the same call again, once. Commands are answered in order, so one
- * SCRIPT LOAD already in the pipeline serves every retry queued after it. */
-static int store_retry_noscript(struct store_call *c)
-{
-    struct store *s = c->s;
-    if (c->retried || s->ac == NULL)
-        return -1;
-    c->retried = 1;
-    if (s->script_loads == 0) {
-        const char *argv[3] = { "SCRIPT", "LOAD", limit_lua };
-        size_t len[3] = { 6, 4, strlen(limit_lua) };
-        if (redisAsyncCommandArgv(s->ac, store_script_cb, NULL, 3, argv, len) != REDIS_OK)
-            return -1;
-        store_expect_reply(s);
-        s->script_loads++;
-    }
-    return store_send(c);
-}
-
-static void store_reply_cb(redisAsyncContext *ac, void *r, void *privdata)
-{
-    struct store_call *c = privdata;
-    struct store *s = c->s;
-    redisReply *reply = r;
-    c->in_hiredis = 0;
-    if (!s->destroying)
-        store_got_reply(s);
-    if (reply == NULL)
-        store_set_ready(s, 0);           /* the connection is going away */
-    if (c->answered || s->destroying) {
-        c->answered = 1;
-        store_call_put(c);
-        return;
-    }
-    struct store_result res;
-    if (reply == NULL) {
-        store_call_fail(c, STORE_ERROR);
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-        if (strncmp(reply->str, "NOSCRIPT", 8) == 0 && store_retry_noscript(c) == 0)
-            return;             /* same call, same timer, answered later */
-        log_debug("store: EVALSHA failed '%s': %s", s->name, reply->str);
-        store_call_fail(c, STORE_ERROR);
-    } else if (store_parse(c, reply, &res) != 0) {
-        log_debug("store: unexpected reply from '%s'", s->name);
-        store_call_fail(c, STORE_ERROR);
-    } else {
-        store_call_answer(c, &res);
-    }
-    if (!c->in_hiredis)
-        store_call_put(c);
-}
-
-/* A timed-out call is answered now; its late reply will only release it.
- * When nothing at all came back for two timeouts, the server is paused or
- * gone: drop the connection rather than queue behind it forever. */
-static void store_timeout_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct store_call *c = arg;
-    struct store *s = c->s;
-    if (c->answered)
-        return;
-    int stalled = s->ac != NULL && s->inflight > 0 &&
-                  store_now_ms() - s->progress_ms > 2 * s->rc.timeout_ms;
-    store_call_fail(c, STORE_TIMEOUT);
-    if (!c->in_hiredis) {
-        store_call_put(c);
-    }
-    if (stalled && s->ac != NULL)
-        store_drop(s, "no reply within twice the timeout");
 }
 
 /* Decimal digits of v (>= 0) written backwards from end; returns the start. */
@@ -507,88 +994,567 @@ static char *store_put_int(char *p, int64_t v)
     return store_put_bulk(p, start, (size_t)(end - start));
 }
 
-/* Encode EVALSHA sha n key1..keyN d n (algo limit window_ms interval_us
- * cost flags)*n straight into the call's buffer: RESP is what hiredis would build,
- * and keeping it lets a NOSCRIPT retry resend it after the caller's keys are
- * gone. The buffer grows to the largest call seen, then is reused. */
-static void store_encode(struct store_call *c, const struct store_limit *limits, int n)
+static char *store_put_header(char *p, int argc)
 {
-    int argc = 3 + n + 2 + 6 * n;
-    /* 24 bytes of bulk framing per argument bounds every number's digits too */
-    size_t need = 16 + (size_t)argc * (24 + 24) + 40;
-    for (int i = 0; i < n; i++)
-        need += limits[i].keylen;
-    if (c->cmdcap < need) {
-        free(c->cmd);
-        c->cmd = mem_alloc(need);
-        c->cmdcap = need;
-    }
-    char *p = c->cmd;
     char num[24];
     char *start = store_fmt_u64(num + sizeof(num), (uint64_t)argc);
     *p++ = '*';
     p = store_put(p, start, (size_t)(num + sizeof(num) - start));
-    p = store_put(p, "\r\n", 2);
+    return store_put(p, "\r\n", 2);
+}
+
+/* Room for argc arguments plus the keys: 24 bytes of bulk framing per
+ * argument bounds every number's digits too. */
+static void store_req_reserve(struct store_req *q, int argc)
+{
+    const struct store_call *c = q->call;
+    size_t need = 16 + (size_t)argc * (24 + 24) + 80;
+    for (int i = 0; i < q->n; i++)
+        need += c->klen[q->idx[i]];
+    if (q->cmdcap < need) {
+        free(q->cmd);
+        q->cmd = mem_alloc(need);
+        q->cmdcap = need;
+    }
+}
+
+/* EVALSHA limit n key1..keyN mode n (algo limit window_ms interval_us cost
+ * flags)*n straight into the request's buffer: RESP is what hiredis would
+ * build, and keeping it lets a retry resend it after the caller's keys are
+ * gone. The buffer grows to the largest request seen, then is reused. */
+static void store_encode(struct store_req *q, char mode)
+{
+    const struct store_call *c = q->call;
+    int n = q->n;
+    int argc = 3 + n + 2 + 6 * n;
+    store_req_reserve(q, argc);
+    char *p = store_put_header(q->cmd, argc);
     p = store_put_bulk(p, "EVALSHA", 7);
     p = store_put_bulk(p, limit_lua_sha, strlen(limit_lua_sha));
     p = store_put_int(p, n);
     for (int i = 0; i < n; i++)
-        p = store_put_bulk(p, limits[i].key, limits[i].keylen);
-    p = store_put_bulk(p, "d", 1);
+        p = store_put_bulk(p, c->keys + c->koff[q->idx[i]], c->klen[q->idx[i]]);
+    p = store_put_bulk(p, &mode, 1);
     p = store_put_int(p, n);
     for (int i = 0; i < n; i++) {
-        const struct limiter_params *lp = limits[i].params;
+        int k = q->idx[i];
+        const struct limiter_params *lp = &c->params[k];
         p = store_put_int(p, (int64_t)lp->algo);
         p = store_put_int(p, lp->limit);
         p = store_put_int(p, lp->window_ms);
         p = store_put_int(p, lp->interval_us);
-        p = store_put_int(p, limits[i].cost);
-        p = store_put_int(p, (int64_t)limits[i].flags);
+        p = store_put_int(p, c->cost[k]);
+        p = store_put_int(p, (int64_t)c->flags[k]);
     }
-    c->cmdlen = (size_t)(p - c->cmd);
-    assert(c->cmdlen <= c->cmdcap);
+    q->cmdlen = (size_t)(p - q->cmd);
+    assert(q->cmdlen <= q->cmdcap);
 }
 
-static int store_send(struct store_call *c)
+/* The reply of limit.lua: { allowed, (allowed_i remaining_i reset_i
+ * retry_i)*n }, and in mode "c" { time_s, time_us, mark_i*n } after it. */
+static int store_parse(struct store_req *q, const redisReply *reply, int with_marks)
+{
+    struct store_call *c = q->call;
+    size_t want = 1 + 4 * (size_t)q->n + (with_marks ? 2 + (size_t)q->n : 0);
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != want)
+        return -1;
+    for (size_t i = 0; i < reply->elements; i++)
+        if (reply->element[i]->type != REDIS_REPLY_INTEGER)
+            return -1;
+    q->allowed = reply->element[0]->integer != 0;
+    for (int i = 0; i < q->n; i++) {
+        redisReply **e = reply->element + 1 + 4 * i;
+        struct limiter_result *r = &c->res.r[q->idx[i]];
+        r->allowed = e[0]->integer != 0;
+        r->limit = c->params[q->idx[i]].limit;
+        r->remaining = e[1]->integer;
+        r->reset_ms = e[2]->integer;
+        r->retry_ms = e[3]->integer;
+    }
+    if (with_marks) {
+        redisReply **e = reply->element + 1 + 4 * q->n;
+        q->time_s = e[0]->integer;
+        q->time_us = e[1]->integer;
+        for (int i = 0; i < q->n; i++)
+            q->mark[i] = e[2 + i]->integer;
+    }
+    return 0;
+}
+
+/* ---- refunds ---------------------------------------------------------------- */
+
+static void store_refund_free(struct store_req *q)
+{
+    struct store *s = q->s;
+    if (q->prev != NULL)
+        q->prev->next = q->next;
+    else
+        s->refunds = q->next;
+    if (q->next != NULL)
+        q->next->prev = q->prev;
+    if (q->wait_ev != NULL)
+        event_free(q->wait_ev);
+    free(q->cmd);
+    free(q);
+}
+
+/* Give back what an allowing group consumed, because another group denied:
+ * one refund.lua call on the group's slot, fire and forget. Its keys,
+ * params and marks are copied: the call may be reused before it runs. */
+static void store_refund(struct store_call *c, const struct store_req *g)
 {
     struct store *s = c->s;
-    if (redisAsyncFormattedCommand(s->ac, store_reply_cb, c, c->cmd, c->cmdlen) != REDIS_OK)
-        return -1;
-    c->in_hiredis = 1;
-    store_expect_reply(s);
+    int k[STORE_MAX_LIMITS], n = 0;
+    for (int i = 0; i < g->n; i++) {
+        int li = g->idx[i];
+        if (c->res.r[li].allowed && !(c->flags[li] & STORE_CHECK_ONLY))
+            k[n++] = i;
+    }
+    if (n == 0)
+        return;
+    struct store_req *q = mem_calloc(1, sizeof(*q));
+    q->s = s;
+    q->slot = g->slot;
+    q->deadline_ms = store_now_ms() + STORE_REFUND_BUDGET_MS;
+    int argc = 3 + n + 3 + 6 * n;
+    size_t need = 16 + (size_t)argc * 48 + 80;
+    for (int i = 0; i < n; i++)
+        need += c->klen[g->idx[k[i]]];
+    q->cmd = mem_alloc(need);
+    q->cmdcap = need;
+    char *p = store_put_header(q->cmd, argc);
+    p = store_put_bulk(p, "EVALSHA", 7);
+    p = store_put_bulk(p, refund_lua_sha, strlen(refund_lua_sha));
+    p = store_put_int(p, n);
+    for (int i = 0; i < n; i++) {
+        int li = g->idx[k[i]];
+        p = store_put_bulk(p, c->keys + c->koff[li], c->klen[li]);
+    }
+    p = store_put_int(p, g->time_s);
+    p = store_put_int(p, g->time_us);
+    p = store_put_int(p, n);
+    for (int i = 0; i < n; i++) {
+        int li = g->idx[k[i]];
+        const struct limiter_params *lp = &c->params[li];
+        p = store_put_int(p, (int64_t)lp->algo);
+        p = store_put_int(p, lp->limit);
+        p = store_put_int(p, lp->window_ms);
+        p = store_put_int(p, lp->interval_us);
+        p = store_put_int(p, c->cost[li]);
+        p = store_put_int(p, g->mark[k[i]]);
+    }
+    q->cmdlen = (size_t)(p - q->cmd);
+    assert(q->cmdlen <= q->cmdcap);
+    q->next = s->refunds;
+    if (s->refunds != NULL)
+        s->refunds->prev = q;
+    s->refunds = q;
+    if (req_dispatch(q) != 0) {
+        q->done = 1;
+        req_settle(q);
+    }
+}
+
+/* Every group has answered: allowed only when all allowed. When some group
+ * denied, the groups that allowed consumed: refund them, and report their
+ * state without this request (as limit.lua does for a denied request). */
+static void store_call_complete(struct store_call *c)
+{
+    struct store_result *res = &c->res;
+    res->status = STORE_OK;
+    res->n = c->n;
+    res->allowed = 1;
+    for (int i = 0; i < c->nreq; i++)
+        res->allowed &= c->req[i].allowed;
+    if (!res->allowed && c->nreq > 1) {
+        for (int i = 0; i < c->nreq; i++) {
+            struct store_req *g = &c->req[i];
+            if (!g->allowed)
+                continue;
+            store_refund(c, g);
+            for (int j = 0; j < g->n; j++) {
+                int li = g->idx[j];
+                struct limiter_result *r = &res->r[li];
+                if (r->allowed && !(c->flags[li] & STORE_CHECK_ONLY)) {
+                    r->remaining += c->cost[li];
+                    if (r->remaining > r->limit)
+                        r->remaining = r->limit;
+                }
+            }
+        }
+    }
+    store_call_answer(c, res);
+}
+
+/* ---- sending, replies, redirects --------------------------------------------- */
+
+static int req_abandoned(const struct store_req *q)
+{
+    return q->call != NULL ? q->call->answered : q->done;
+}
+
+/* A request no longer in hiredis may be released: a refund when done, a
+ * call when answered and idle. */
+static void req_settle(struct store_req *q)
+{
+    if (q->in_hiredis)
+        return;
+    if (q->call != NULL)
+        store_call_settle(q->call);
+    else if (q->done)
+        store_refund_free(q);
+}
+
+static void req_finish(struct store_req *q, enum store_status status)
+{
+    q->done = 1;
+    if (q->call != NULL && !q->call->answered)
+        store_call_fail(q->call, status);
+}
+
+static void req_wait_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct store_req *q = arg;
+    if (req_abandoned(q))
+        return;
+    if (req_dispatch(q) != 0) {
+        req_finish(q, STORE_ERROR);
+        req_settle(q);
+    }
+}
+
+/* No usable node now (cluster): look again shortly. A call's own timer
+ * bounds how long; a refund has its deadline. */
+static void req_wait(struct store_req *q)
+{
+    if (q->call == NULL && store_now_ms() > q->deadline_ms) {
+        log_warn("store: refund abandoned for slot %d: no master answered", q->slot);
+        q->done = 1;
+        return;
+    }
+    if (q->wait_ev == NULL)
+        q->wait_ev = store_timer(q->s, req_wait_cb, q);
+    struct timeval tv = store_tv(STORE_WAIT_MS);
+    event_add(q->wait_ev, &tv);
+}
+
+static struct store_node *req_target(const struct store_req *q)
+{
+    struct store *s = q->s;
+    if (q->ask != NULL)
+        return q->ask;
+    if (s->mode != STORE_CLUSTER)
+        return s->nodes[0];
+    int i = s->owner[q->slot];
+    return i >= 0 ? s->nodes[i] : NULL;
+}
+
+static void req_asking_cb(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct store_node *n = ac->data;
+    if (n != NULL && !n->s->destroying)
+        node_got_reply(n);
+}
+
+static void req_reply_cb(redisAsyncContext *ac, void *r, void *privdata);
+
+/* Send the request to the node that should run it. Outside a cluster a
+ * node that is not ready is a failure (-1); in a cluster the request waits
+ * for the map or the connection (0). */
+static int req_dispatch(struct store_req *q)
+{
+    struct store *s = q->s;
+    struct store_node *n = req_target(q);
+    if (n == NULL || !n->ready || n->ac == NULL) {
+        if (s->mode != STORE_CLUSTER)
+            return -1;
+        if (n == NULL)
+            store_refresh_soon(s);
+        else
+            node_start(n);
+        req_wait(q);
+        return 0;
+    }
+    q->asked = q->ask != NULL;
+    if (q->asked) {
+        q->ask = NULL;              /* ASK holds for this one command only */
+        if (redisAsyncCommand(n->ac, req_asking_cb, NULL, "ASKING") != REDIS_OK)
+            goto fail;
+        node_expect_reply(n);
+    }
+    if (redisAsyncFormattedCommand(n->ac, req_reply_cb, q, q->cmd, q->cmdlen) != REDIS_OK)
+        goto fail;
+    q->in_hiredis = 1;
+    q->node = n;
+    node_expect_reply(n);
     return 0;
+fail:
+    if (s->mode != STORE_CLUSTER)
+        return -1;
+    req_wait(q);
+    return 0;
+}
+
+/* "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381". */
+static struct store_node *store_redirect_node(struct store *s, const char *err, int *slot)
+{
+    char host[256];
+    int port;
+    const char *sp = strchr(err, ' ');
+    if (sp == NULL)
+        return NULL;
+    char *end;
+    long k = strtol(sp + 1, &end, 10);
+    if (*end != ' ' || k < 0 || k >= STORE_SLOTS ||
+        store_split_addr(end + 1, host, sizeof(host), &port) != 0)
+        return NULL;
+    int idx = store_node_index(s, host, port);
+    if (idx < 0)
+        return NULL;
+    *slot = (int)k;
+    return s->nodes[idx];
+}
+
+/* Counted per store and process; logged at debug each, at info at most
+ * once a second per kind with the running totals. */
+static void store_count_redirect(struct store *s, int kind, int slot,
+                                 const struct store_node *to)
+{
+    static const char *const kinds[2] = { "ask", "moved" };
+    s->redirects[kind]++;
+    __atomic_add_fetch(&store_redirect_total[kind], 1, __ATOMIC_RELAXED);
+    log_debug("store: cluster redirect %s slot %d to '%s'", kinds[kind], slot, to->name);
+    int64_t now = store_now_ms();
+    if (now - s->redirect_logged_ms[kind] >= STORE_REDIRECT_LOG_MS) {
+        s->redirect_logged_ms[kind] = now;
+        log_info("store: cluster redirect %s slot %d to '%s' (redirects so far: "
+                 "ask %llu, moved %llu)", kinds[kind], slot, to->name,
+                 (unsigned long long)s->redirects[0], (unsigned long long)s->redirects[1]);
+    }
+}
+
+static int req_redirect(struct store_req *q, const char *err)
+{
+    struct store *s = q->s;
+    int ask = strncmp(err, "ASK ", 4) == 0, slot;
+    struct store_node *to = store_redirect_node(s, err, &slot);
+    if (to == NULL || ++q->redirects > STORE_MAX_REDIRECTS)
+        return -1;
+    store_count_redirect(s, ask ? 0 : 1, slot, to);
+    if (ask) {
+        q->ask = to;
+    } else {
+        s->owner[slot] = (int16_t)(to - *s->nodes == 0 ? 0 : 0);  /* set below */
+        for (int i = 0; i < s->nnodes; i++)
+            if (s->nodes[i] == to)
+                s->owner[slot] = (int16_t)i;
+        store_refresh_soon(s);
+    }
+    if (!to->active)
+        node_start(to);
+    return req_dispatch(q);
+}
+
+/* An error reply: NOSCRIPT reloads and resends once; MOVED and ASK follow
+ * the redirect; TRYAGAIN and a cluster in transition wait and resend. */
+static int req_error(struct store_req *q, struct store_node *n, const char *err)
+{
+    struct store *s = q->s;
+    if (strncmp(err, "NOSCRIPT", 8) == 0) {
+        if (q->noscript_tried || n->ac == NULL || node_load_scripts(n) != 0)
+            return -1;
+        q->noscript_tried = 1;
+        if (q->asked)
+            q->ask = n;
+        return req_dispatch(q);
+    }
+    if (s->mode != STORE_CLUSTER) {
+        if (s->mode == STORE_SENTINEL && strncmp(err, "READONLY", 8) == 0)
+            node_kill_later(n, "the master became a replica");
+        return -1;
+    }
+    if (strncmp(err, "MOVED ", 6) == 0 || strncmp(err, "ASK ", 4) == 0)
+        return req_redirect(q, err);
+    if (strncmp(err, "TRYAGAIN", 8) == 0 || strncmp(err, "CLUSTERDOWN", 11) == 0 ||
+        strncmp(err, "LOADING", 7) == 0 || strncmp(err, "MASTERDOWN", 10) == 0 ||
+        strncmp(err, "READONLY", 8) == 0) {
+        if (strncmp(err, "TRYAGAIN", 8) != 0)
+            store_refresh_soon(s);
+        req_wait(q);
+        return 0;
+    }
+    return -1;
+}
+
+static void req_reply_cb(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct store_req *q = privdata;
+    struct store *s = q->s;
+    struct store_node *n = ac->data;
+    redisReply *reply = r;
+    q->in_hiredis = 0;
+    if (s->destroying)
+        return;                 /* store_destroy() frees everything */
+    node_got_reply(n);
+    if (reply == NULL)
+        node_set_ready(n, 0);   /* the connection is going away */
+    if (req_abandoned(q)) {
+        req_settle(q);
+        return;
+    }
+    if (reply == NULL) {
+        if (s->mode == STORE_CLUSTER) {
+            /* resent to the slot's master once the map is fresh: at worst
+             * the lost command had run and the limit counts it twice */
+            store_refresh_soon(s);
+            req_wait(q);
+        } else {
+            req_finish(q, STORE_ERROR);
+        }
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        if (req_error(q, n, reply->str) != 0) {
+            log_debug("store: EVALSHA failed '%s': %s", n->name, reply->str);
+            req_finish(q, STORE_ERROR);
+        }
+    } else if (q->call == NULL) {
+        q->done = 1;            /* a refund: its count needs no check */
+    } else if (store_parse(q, reply, q->call->nreq > 1) != 0) {
+        log_debug("store: unexpected reply from '%s'", n->name);
+        req_finish(q, STORE_ERROR);
+    } else {
+        q->done = 1;
+        if (--q->call->pending == 0)
+            store_call_complete(q->call);
+    }
+    req_settle(q);
+}
+
+/* A timed-out call is answered now; late replies only release it. When
+ * nothing at all came back from a node for two timeouts, the server is
+ * paused or gone: drop that connection rather than queue behind it. */
+static void store_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct store_call *c = arg;
+    struct store *s = c->s;
+    if (c->answered)
+        return;
+    struct store_node *stalled[STORE_MAX_LIMITS];
+    int nstalled = 0;
+    int64_t now = store_now_ms();
+    for (int i = 0; i < c->nreq; i++) {
+        struct store_node *n = c->req[i].node;
+        if (c->req[i].in_hiredis && n != NULL && n->ac != NULL && n->inflight > 0 &&
+            now - n->progress_ms > 2 * s->rc.timeout_ms)
+            stalled[nstalled++] = n;
+    }
+    store_call_fail(c, STORE_TIMEOUT);
+    store_call_settle(c);
+    for (int i = 0; i < nstalled; i++)
+        if (stalled[i]->ac != NULL)
+            node_drop(stalled[i], "no reply within twice the timeout");
 }
 
 /* ---- interface -------------------------------------------------------------- */
 
-struct store *store_create(struct event_base *base, const struct conf_redis *rc)
+static char **store_strvdup(char **v, int n)
 {
-    struct store *s = mem_calloc(1, sizeof(*s));
-    s->base = base;
+    if (n <= 0 || v == NULL)
+        return NULL;
+    char **out = mem_calloc((size_t)n, sizeof(*out));
+    for (int i = 0; i < n; i++)
+        out[i] = store_strdup(v[i]);
+    return out;
+}
+
+static void store_strvfree(char **v, int n)
+{
+    for (int i = 0; v != NULL && i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+static void store_copy_conf(struct store *s, const struct conf_redis *rc)
+{
     s->rc = *rc;
     s->rc.url = store_strdup(rc->url);
     s->rc.host = store_strdup(rc->host);
     s->rc.user = store_strdup(rc->user);
     s->rc.password = store_strdup(rc->password);
     s->rc.prefix = store_strdup(rc->prefix);
+    s->rc.cluster = store_strvdup(rc->cluster, rc->ncluster);
+    s->rc.sentinel_master = store_strdup(rc->sentinel_master);
+    s->rc.sentinel_nodes = store_strvdup(rc->sentinel_nodes, rc->nsentinel_nodes);
+    s->rc.sentinel_password = store_strdup(rc->sentinel_password);
     if (s->rc.timeout_ms < 1)
         s->rc.timeout_ms = 1;
-    char name[300];
-    if (rc->is_unix)
-        snprintf(name, sizeof(name), "%s", rc->host ? rc->host : "?");
-    else
-        snprintf(name, sizeof(name), "%s:%d", rc->host ? rc->host : "?", rc->port);
-    s->name = store_strdup(name);
-    s->backoff_ms = STORE_BACKOFF_MIN_MS;
-    s->retry_ev = evtimer_new(base, store_retry_cb, s);
-    s->connect_ev = evtimer_new(base, store_connect_timeout_cb, s);
-    s->kill_ev = event_new(base, -1, 0, store_kill_cb, s);
-    if (s->retry_ev == NULL || s->connect_ev == NULL || s->kill_ev == NULL) {
-        log_error("store: cannot create timers for '%s'", s->name);
-        abort();
+}
+
+/* The cluster seeds or the sentinels; addresses that do not parse are
+ * logged and skipped (conf.c validates them first). */
+static void store_parse_seeds(struct store *s, char **addrs, int n)
+{
+    s->seeds = mem_calloc((size_t)(n > 0 ? n : 1), sizeof(*s->seeds));
+    for (int i = 0; i < n; i++) {
+        char host[256];
+        int port;
+        if (store_split_addr(addrs[i], host, sizeof(host), &port) != 0) {
+            log_error("store: bad address '%s': want host:port", addrs[i]);
+            continue;
+        }
+        s->seeds[s->nseeds].host = store_strdup(host);
+        s->seeds[s->nseeds].port = port;
+        s->nseeds++;
     }
-    store_connect(s);
+}
+
+struct store *store_create(struct event_base *base, const struct conf_redis *rc)
+{
+    struct store *s = mem_calloc(1, sizeof(*s));
+    s->base = base;
+    store_copy_conf(s, rc);
+    for (int i = 0; i < STORE_SLOTS; i++)
+        s->owner[i] = -1;
+    s->refresh_ev = store_timer(s, store_refresh_cb, s);
+    s->periodic_ev = event_new(base, -1, EV_PERSIST, store_periodic_cb, s);
+    if (s->periodic_ev == NULL)
+        abort();
+    if (rc->ncluster > 0) {
+        s->mode = STORE_CLUSTER;
+        store_parse_seeds(s, s->rc.cluster, s->rc.ncluster);
+    } else if (rc->sentinel_master != NULL) {
+        s->mode = STORE_SENTINEL;
+        store_parse_seeds(s, s->rc.sentinel_nodes, s->rc.nsentinel_nodes);
+    } else {
+        s->mode = STORE_SINGLE;
+    }
+    if (s->mode == STORE_SINGLE) {
+        store_node_index(s, rc->host ? rc->host : "?", rc->port);
+        if (rc->is_unix)
+            node_set_addr(s->nodes[0], rc->host ? rc->host : "?", 0, 1);
+        node_start(s->nodes[0]);
+        return s;
+    }
+    if (s->mode == STORE_SENTINEL)
+        store_node_index(s, "?", 0);    /* the master, once a sentinel names it */
+    if (s->nseeds == 0) {
+        log_error("store: no usable %s address", s->mode == STORE_CLUSTER ?
+                  "cluster" : "sentinel");
+        return s;                       /* never connected: on_error applies */
+    }
+    s->ctl = node_new(s, NODE_CTL, s->seeds[0].host, s->seeds[0].port, 0);
+    node_start(s->ctl);
+    if (s->mode == STORE_CLUSTER) {
+        struct timeval tv = store_tv(STORE_REFRESH_EVERY_MS);
+        event_add(s->periodic_ev, &tv);
+    }
     return s;
+}
+
+static void store_free_req_parts(struct store_req *q)
+{
+    if (q->wait_ev != NULL)
+        event_free(q->wait_ev);
+    free(q->cmd);
 }
 
 /* Must not be called from inside a store callback. */
@@ -597,61 +1563,139 @@ void store_destroy(struct store *s)
     if (s == NULL)
         return;
     assert(s->in_user_cb == 0);
+    store_update_ready(s);              /* before: drop the gauge */
     s->destroying = 1;
-    store_set_ready(s, 0);
-    if (s->ac != NULL) {
-        redisAsyncContext *ac = s->ac;
-        s->ac = NULL;
-        redisAsyncFree(ac);     /* pending replies: NULL, calls released */
+    store_update_ready(s);
+    struct store_node *all[STORE_MAX_NODES + 1];
+    int nall = 0;
+    for (int i = 0; i < s->nnodes; i++)
+        all[nall++] = s->nodes[i];
+    if (s->ctl != NULL)
+        all[nall++] = s->ctl;
+    for (int i = 0; i < nall; i++) {
+        if (all[i]->ac != NULL) {
+            redisAsyncContext *ac = all[i]->ac;
+            all[i]->ac = NULL;
+            redisAsyncFree(ac);         /* pending replies: NULL, ignored */
+        }
     }
-    event_free(s->retry_ev);
-    event_free(s->connect_ev);
-    event_free(s->kill_ev);
-    assert(s->nfree == s->ncalls);
-    while (s->free_calls != NULL) {
-        struct store_call *c = s->free_calls;
-        s->free_calls = c->next;
+    for (int i = 0; i < nall; i++)
+        node_free(all[i]);
+    while (s->refunds != NULL)
+        store_refund_free(s->refunds);
+    while (s->all_calls != NULL) {
+        struct store_call *c = s->all_calls;
+        s->all_calls = c->all_next;
         if (c->timer != NULL)
             event_free(c->timer);
-        free(c->cmd);
+        for (int i = 0; i < STORE_MAX_LIMITS; i++)
+            store_free_req_parts(&c->req[i]);
+        free(c->keys);
         free(c);
     }
+    event_free(s->refresh_ev);
+    event_free(s->periodic_ev);
+    for (int i = 0; i < s->nseeds; i++)
+        free(s->seeds[i].host);
+    free(s->seeds);
+    free(s->nodes);
     free(s->rc.url);
     free(s->rc.host);
     free(s->rc.user);
     free(s->rc.password);
     free(s->rc.prefix);
-    free(s->name);
+    store_strvfree(s->rc.cluster, s->rc.ncluster);
+    free(s->rc.sentinel_master);
+    store_strvfree(s->rc.sentinel_nodes, s->rc.nsentinel_nodes);
+    free(s->rc.sentinel_password);
     free(s);
+}
+
+/* Copy what the requests need: the caller's keys and params go away when
+ * store_decide() returns. */
+static void store_call_copy(struct store_call *c, const struct store_limit *limits, int n)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += limits[i].keylen;
+    if (c->keycap < total || c->keys == NULL) {
+        free(c->keys);
+        c->keycap = total > 64 ? total : 64;
+        c->keys = mem_alloc(c->keycap);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        c->params[i] = *limits[i].params;
+        c->cost[i] = limits[i].cost;
+        c->flags[i] = limits[i].flags;
+        c->koff[i] = off;
+        c->klen[i] = limits[i].keylen;
+        memcpy(c->keys + off, limits[i].key, limits[i].keylen);
+        off += limits[i].keylen;
+    }
+    c->n = n;
+}
+
+/* Limits whose keys share a slot go in one request (atomic there); outside
+ * a cluster every limit goes in one. */
+static void store_call_group(struct store_call *c)
+{
+    struct store *s = c->s;
+    c->nreq = 0;
+    for (int i = 0; i < c->n; i++) {
+        int slot = s->mode == STORE_CLUSTER ?
+                   store_slot(c->keys + c->koff[i], c->klen[i]) : -1;
+        int g = 0;
+        while (g < c->nreq && c->req[g].slot != slot)
+            g++;
+        struct store_req *q = &c->req[g];
+        if (g == c->nreq) {
+            c->nreq++;
+            q->slot = slot;
+            q->n = 0;
+            q->node = NULL;
+            q->ask = NULL;
+            q->asked = q->in_hiredis = q->done = q->noscript_tried = q->redirects = 0;
+            q->allowed = 0;
+        }
+        q->idx[q->n++] = i;
+    }
+    c->pending = c->nreq;
+}
+
+static int store_any_ready(const struct store *s)
+{
+    for (int i = 0; i < s->nnodes; i++)
+        if (s->nodes[i]->ready)
+            return 1;
+    return 0;
 }
 
 struct store_call *store_decide(struct store *s, const struct store_limit *limits,
                                 int n, store_cb *cb, void *arg)
 {
     assert(n >= 1 && n <= STORE_MAX_LIMITS && cb != NULL);
-    if (!s->ready || s->ac == NULL || n < 1 || n > STORE_MAX_LIMITS)
+    if (n < 1 || n > STORE_MAX_LIMITS)
+        return NULL;
+    if (s->mode == STORE_CLUSTER ? !s->map_known || !store_any_ready(s) : !s->ready)
         return NULL;
     struct store_call *c = store_call_get(s);
-    if (c->timer == NULL) {
-        c->timer = evtimer_new(s->base, store_timeout_cb, c);
-        if (c->timer == NULL) {
-            log_error("store: cannot create a call timer");
-            abort();
-        }
-    }
+    if (c->timer == NULL)
+        c->timer = store_timer(s, store_timeout_cb, c);
     c->cb = cb;
     c->arg = arg;
-    c->n = n;
     c->answered = 0;
-    c->in_hiredis = 0;
-    c->retried = 0;
-    for (int i = 0; i < n; i++)
-        c->limit[i] = limits[i].params->limit;
-    store_encode(c, limits, n);
-    if (store_send(c) != 0) {
-        c->answered = 1;
-        store_call_put(c);
-        return NULL;
+    store_call_copy(c, limits, n);
+    store_call_group(c);
+    for (int g = 0; g < c->nreq; g++) {
+        store_encode(&c->req[g], c->nreq > 1 ? 'c' : 'd');
+        if (req_dispatch(&c->req[g]) != 0) {
+            /* outside a cluster: the only request; nothing was sent */
+            assert(c->nreq == 1);
+            c->answered = 1;
+            store_call_settle(c);
+            return NULL;
+        }
     }
     struct timeval tv = store_tv(s->rc.timeout_ms);
     event_add(c->timer, &tv);
@@ -664,8 +1708,7 @@ void store_cancel(struct store_call *c)
         return;
     c->answered = 1;
     event_del(c->timer);
-    if (!c->in_hiredis)
-        store_call_put(c);
+    store_call_settle(c);
 }
 
 int store_connected(const struct store *s)

@@ -6,7 +6,14 @@
  * consumes from all of them only when all allow. Calls from concurrent
  * requests are pipelined on the connection. The store reconnects by itself
  * with backoff, reloads the script on NOSCRIPT, and times each call out after
- * redis.timeout. */
+ * redis.timeout.
+ *
+ * With redis.cluster a store keeps one connection per master, learns the
+ * slot map (CLUSTER SLOTS), sends each limit to the master of its key's slot
+ * and follows MOVED, ASK and TRYAGAIN; limits of one route in several slots
+ * are decided per slot in parallel and given back (scripts/refund.lua) when
+ * another slot denies. With redis.sentinel it asks the sentinels for the
+ * master and follows +switch-master. */
 #ifndef SLUICE_STORE_H
 #define SLUICE_STORE_H
 
@@ -63,5 +70,12 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
 void store_cancel(struct store_call *call);
 
 int store_connected(const struct store *s);
+
+/* The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384). */
+int store_slot(const char *key, size_t len);
+
+/* Cluster redirects followed so far by every store of the process (for the
+ * metric sluice_redis_redirects_total{kind="ask|moved"}). Thread-safe. */
+void store_redirects(uint64_t *ask, uint64_t *moved);
 
 #endif

@@ -5,6 +5,7 @@
  * kernel balances new connections across threads without a shared accept
  * lock, and a worker's requests never touch another worker's state. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,7 +32,9 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
 
 static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
 {
-    evconnlistener_enable(arg);
+    struct worker *w = arg;
+    if (w->listener)        /* gone if the worker began stopping since */
+        evconnlistener_enable(w->listener);
 }
 
 /* Out of file descriptors, say: log it and pause accepting briefly rather
@@ -44,7 +47,7 @@ static void accept_error_cb(struct evconnlistener *l, void *arg)
              evutil_socket_error_to_string(err));
     evconnlistener_disable(l);
     struct timeval tv = { 0, 100000 };
-    event_base_once(w->base, -1, EV_TIMEOUT, accept_resume_cb, l, &tv);
+    event_base_once(w->base, -1, EV_TIMEOUT, accept_resume_cb, w, &tv);
 }
 
 static int listen_socket(const struct conf_addr *a)
@@ -67,6 +70,29 @@ static int listen_socket(const struct conf_addr *a)
 }
 
 static void reload_cb(evutil_socket_t fd, short what, void *arg);
+static void stop_cb(evutil_socket_t fd, short what, void *arg);
+
+/* From another thread: one byte per request ('s' stop, 'r' reload). The
+ * pipe cannot fill up: at most a few bytes are ever pending. */
+static void notify(struct worker *w, char what)
+{
+    ssize_t n;
+    do
+        n = write(w->notify[1], &what, 1);
+    while (n < 0 && errno == EINTR);
+}
+
+static void notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    char cmds[16];
+    ssize_t n = read(fd, cmds, sizeof(cmds));
+    for (ssize_t i = 0; i < n; i++) {
+        if (cmds[i] == 's')
+            stop_cb(-1, 0, arg);
+        else if (cmds[i] == 'r')
+            reload_cb(-1, 0, arg);
+    }
+}
 
 static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -80,8 +106,10 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
     w->stopping = 1;
-    if (w->listener)
-        evconnlistener_disable(w->listener);
+    if (w->listener) {      /* closed, not paused: new clients are refused */
+        evconnlistener_free(w->listener);
+        w->listener = NULL;
+    }
     proxy_drain(w);
     if (w->nclients == 0) {
         event_base_loopexit(w->base, NULL);
@@ -112,8 +140,17 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     pthread_mutex_init(&w->reload_lock, NULL);
     w->conf = conf;
     conf_retain(conf);
-    w->base = event_base_new();
+    /* Only this worker's thread touches its base, so it needs no lock:
+     * requests make many event calls, each of which would take one. The
+     * main thread reaches the worker through the notify pipe instead. */
+    struct event_config *cfg = event_config_new();
+    event_config_set_flag(cfg, EVENT_BASE_FLAG_NOLOCK);
+    w->base = event_base_new_with_config(cfg);
+    event_config_free(cfg);
     if (w->base == NULL)
+        goto fail;
+    step = "notify pipe";
+    if (pipe2(w->notify, O_NONBLOCK | O_CLOEXEC) < 0)
         goto fail;
 
     step = "listen";
@@ -128,8 +165,8 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     }
     evconnlistener_set_error_cb(w->listener, accept_error_cb);
 
-    w->stop_ev = event_new(w->base, -1, 0, stop_cb, w);
-    w->reload_ev = event_new(w->base, -1, 0, reload_cb, w);
+    w->notify_ev = event_new(w->base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
+    event_add(w->notify_ev, NULL);
     if (conf->backend == CONF_BACKEND_REDIS)
         w->store = store_create(w->base, &conf->redis);
     w->deny = denycache_create(conf->deny_cache_max_keys);
@@ -161,7 +198,7 @@ int worker_start(struct worker *w)
 void worker_stop(struct worker *w, int64_t shutdown_timeout_ms)
 {
     w->shutdown_timeout_ms = shutdown_timeout_ms;
-    event_active(w->stop_ev, EV_TIMEOUT, 0);
+    notify(w, 's');
 }
 
 void worker_join(struct worker *w)
@@ -230,7 +267,7 @@ void worker_reload(struct worker *w, struct conf *conf)
     pthread_mutex_unlock(&w->reload_lock);
     if (old)
         conf_release(old);
-    event_active(w->reload_ev, EV_TIMEOUT, 0);
+    notify(w, 'r');
 }
 
 uint64_t worker_random(struct worker *w)
@@ -258,13 +295,16 @@ void worker_destroy(struct worker *w)
     free(w->old_stores);
     if (w->pending)
         conf_release(w->pending);
-    if (w->reload_ev)
-        event_free(w->reload_ev);
+
     denycache_destroy(w->deny);
     if (w->listener)
         evconnlistener_free(w->listener);
-    if (w->stop_ev)
-        event_free(w->stop_ev);
+    if (w->notify_ev)
+        event_free(w->notify_ev);
+    if (w->notify[0] > 0) {
+        close(w->notify[0]);
+        close(w->notify[1]);
+    }
     if (w->drain_timer)
         event_free(w->drain_timer);
     if (w->base)

@@ -27,8 +27,8 @@ struct worker {
     pthread_t thread;
     struct event_base *base;
     struct evconnlistener *listener;
-    struct event *stop_ev;
-    struct event *reload_ev;
+    int notify[2];                  /* pipe: other threads -> this one */
+    struct event *notify_ev;
     pthread_mutex_t reload_lock;
     struct conf *pending;           /* under reload_lock */
     struct store **old_stores;      /* replaced by reloads; freed at exit */
@@ -42,7 +42,7 @@ struct worker {
     int nclients;
     int stopping;                   /* draining: no accepts, no keep-alive */
     struct event *drain_timer;      /* shutdown_timeout */
-    int64_t shutdown_timeout_ms;    /* written before stop_ev fires */
+    int64_t shutdown_timeout_ms;    /* written before the stop byte */
     struct client *clients;         /* all open client connections */
     char *path_buf;                 /* normalised path, max_header_bytes */
     char keys[STORE_MAX_LIMITS][ROUTE_MAX_KEY];

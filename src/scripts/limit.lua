@@ -9,7 +9,10 @@
 -- Call:   EVALSHA sha N key1..keyN  mode N  (algo limit window_ms interval_us cost flags) x N
 --   ARGV[1]             mode: "d" = decide and consume; "t" = the same on a
 --                       fake clock, for tests only (the proxy never sends
---                       it): one more ARGV, last, is now_us
+--                       it): one more ARGV, last, is now_us; "c" = as "d",
+--                       and the reply also carries what refund.lua needs
+--                       to give the consumption back (Redis Cluster: the
+--                       limits of a route decided in several slots)
 --   ARGV[2]             N, equal to #KEYS
 --   ARGV[3+6*(i-1)]     algo: 0 fixed_window, 1 sliding_window, 2 sliding_log,
 --                             3 token_bucket, 4 gcra  (enum limiter_algo)
@@ -21,6 +24,10 @@
 --                       it consumes when it allows and the request passes),
 --                       2 check only (may deny; never consumes here)
 -- Reply:  { allowed, then per limit: allowed_i, remaining_i, reset_ms_i, retry_ms_i }
+--   mode "c" appends { time_s, time_us, then per limit: mark_i }: the TIME
+--   this script ran at, and per limit the window index (fixed_window,
+--   sliding_window), the count before this request (sliding_log: its
+--   members are "time_s.time_us-(mark+j)", j = 1..cost), or 0 (bucket, gcra)
 --   all integers; retry_ms_i is 0 for an allowing limit and >= 1 otherwise;
 --   allowed is 1 when every limit that is not shadow allows; then each
 --   allowing limit that is not check-only is consumed. Limits that are not
@@ -83,7 +90,7 @@ local function decide_fixed(key, L, W, c)
     if h and tonumber(h[1]) == win then n = tonumber(h[2]) or 0 end
     local reset = (win + 1) * W - now_ms
     local d = { ok = n + c <= L, reset = reset, reset0 = reset,
-                rem0 = max(0, L - n) }
+                rem0 = max(0, L - n), mark = win }
     if d.ok then
         d.rem, d.retry = L - n - c, 0
     else
@@ -124,7 +131,7 @@ local function decide_sliding(key, L, W, c)
         return 0
     end
     local d = { ok = c <= L and decay + (cc + c) * W <= L * W,
-                rem0 = remaining(cc), reset0 = reset(cc) }
+                rem0 = remaining(cc), reset0 = reset(cc), mark = cur }
     if d.ok then
         d.rem, d.reset, d.retry = remaining(cc + c), reset(cc + c), 0
     else
@@ -163,7 +170,8 @@ local function decide_log(key, L, W, c)
                             'LIMIT', count - 1, 1)
         reset0 = max(0, tonumber(newest[2]) + W - now_ms)
     end
-    local d = { ok = count + c <= L, rem0 = max(0, L - count), reset0 = reset0 }
+    local d = { ok = count + c <= L, rem0 = max(0, L - count), reset0 = reset0,
+                mark = count }
     if d.ok then
         d.rem, d.reset, d.retry = L - count - c, W, 0
     else
@@ -270,7 +278,7 @@ local function arg_int(i, lowest)
     return v
 end
 
-if ARGV[1] ~= 'd' and ARGV[1] ~= 't' then
+if ARGV[1] ~= 'd' and ARGV[1] ~= 't' and ARGV[1] ~= 'c' then
     return redis.error_reply('ERR sluice limit.lua: unknown mode')
 end
 local n = tonumber(ARGV[2])
@@ -329,5 +337,10 @@ for i = 1, n do
     out[#out + 1] = floor(rem)
     out[#out + 1] = max(0, ceil(reset))
     out[#out + 1] = ceil(retry)
+end
+if ARGV[1] == 'c' then
+    out[#out + 1] = tonumber(t[1])
+    out[#out + 1] = tonumber(t[2])
+    for i = 1, n do out[#out + 1] = decisions[i].mark or 0 end
 end
 return out

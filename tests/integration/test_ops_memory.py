@@ -199,3 +199,30 @@ def test_on_error_local_limits_while_redis_is_down(sluice, own_redis):
     else:
         pytest.fail("decisions never went back to Redis")
     assert statuses(s.port, "/loc", 4, fresh) == [200, 200, 200, 429]
+
+
+def test_memory_limit_shared_by_all_workers(mem):
+    """20 fresh connections (spread over both workers by SO_REUSEPORT) on one
+    key: the memory limiter is one for the process, so exactly 5 pass."""
+    from opslib import series
+    hdr = key()
+    b = metrics(mem.admin_port)
+    got = [statuses(mem.port, "/sl", 1, hdr)[0] for _ in range(20)]
+    a = metrics(mem.admin_port)
+    per_worker = {k: v - b.get(("sluice_worker_requests_total", k), 0)
+                  for k, v in series(a, "sluice_worker_requests_total").items()}
+    assert sum(1 for v in per_worker.values() if v > 0) == 2, per_worker
+    assert got.count(200) == 5 and got.count(429) == 15, got
+
+
+def test_memory_many_keys_bounded(sluice):
+    """More distinct keys than memory.max_keys: the process stays up and a
+    fresh key is still limited exactly."""
+    s = start_ops(sluice, ROUTES, top="backend: memory\nmemory: { max_keys: 50 }\n",
+                  wait_redis=False, redis_port=free_port())
+    with Conn(s.port) as c:
+        for i in range(300):
+            c.send(build_request("GET", "/sl", [("X-K", "churn-%d" % i)]))
+            assert c.read_response().status == 200
+    assert statuses(s.port, "/sl", 7, key()) == [200] * 5 + [429] * 2
+    assert s.proc.poll() is None

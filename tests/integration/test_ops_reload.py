@@ -163,3 +163,34 @@ def test_sigint_idle_exits_0_quickly(sluice, redis):
     assert s.proc.wait(timeout=5) == 0
     assert time.monotonic() - t0 < 2.0
     assert not wait_port(s.port, timeout_s=0.3)
+
+
+@pytest.mark.slow
+def test_reload_soak_valid_and_invalid_alternating(sluice, redis):
+    """20 keep-alive clients for ~12 s while the file flips between valid and
+    invalid every 0.5 s: no failed request, every reload counted."""
+    s = start_ops(sluice, routes(100), workers=2)
+    good = s.conf_path.read_text()
+    bad = "no_such_key: 1\n" + good
+    b = metrics(s.admin_port)
+    gen = LoadGen(s.port, "/load", conns=20, duration_s=14.0).start()
+    n = 0
+    t_end = time.monotonic() + 12.0
+    while time.monotonic() < t_end:
+        s.conf_path.write_text(bad if n % 2 else good)
+        os.kill(s.proc.pid, signal.SIGHUP)
+        n += 1
+        time.sleep(0.5)
+    s.conf_path.write_text(good)
+    n_ok, n_err = (n + 1) // 2, n // 2
+    ok = wait_metric(s.admin_port, "sluice_config_reloads_total",
+                     mval(b, "sluice_config_reloads_total", result="ok") + n_ok, result="ok")
+    err = wait_metric(s.admin_port, "sluice_config_reloads_total",
+                      mval(b, "sluice_config_reloads_total", result="error") + n_err,
+                      result="error")
+    gen.stop()
+    print("reload soak: %d reloads, %d requests served, %d failed"
+          % (n, gen.ok, len(gen.failures)))
+    assert gen.failures == [], gen.failures[:10]
+    assert ok - mval(b, "sluice_config_reloads_total", result="ok") == n_ok
+    assert err - mval(b, "sluice_config_reloads_total", result="error") == n_err

@@ -12,14 +12,14 @@
 static void test_put_get_expire(void **state)
 {
     struct denycache *dc = denycache_create(10);
-    assert_int_equal(denycache_get(dc, "a", 1, 0), 0);
-    denycache_put(dc, "a", 1, 1000);
-    assert_int_equal(denycache_get(dc, "a", 1, 400), 600);
-    assert_int_equal(denycache_get(dc, "b", 1, 400), 0);
+    assert_int_equal(denycache_get(dc, "a", 1, 0, 1), 0);
+    denycache_put(dc, "a", 1, 1000, 1);
+    assert_int_equal(denycache_get(dc, "a", 1, 400, 1), 600);
+    assert_int_equal(denycache_get(dc, "b", 1, 400, 1), 0);
     /* A prefix of a key is another key. */
-    denycache_put(dc, "ab", 2, 5000);
-    assert_int_equal(denycache_get(dc, "a", 1, 400), 600);
-    assert_int_equal(denycache_get(dc, "a", 1, 1000), 0);     /* expired, dropped */
+    denycache_put(dc, "ab", 2, 5000, 1);
+    assert_int_equal(denycache_get(dc, "a", 1, 400, 1), 600);
+    assert_int_equal(denycache_get(dc, "a", 1, 1000, 1), 0);     /* expired, dropped */
     assert_int_equal(denycache_size(dc), 1);
     denycache_destroy(dc);
 }
@@ -27,11 +27,11 @@ static void test_put_get_expire(void **state)
 static void test_later_deadline_wins(void **state)
 {
     struct denycache *dc = denycache_create(10);
-    denycache_put(dc, "k", 1, 1000);
-    denycache_put(dc, "k", 1, 500);     /* never shortens */
-    assert_int_equal(denycache_get(dc, "k", 1, 0), 1000);
-    denycache_put(dc, "k", 1, 2000);
-    assert_int_equal(denycache_get(dc, "k", 1, 0), 2000);
+    denycache_put(dc, "k", 1, 1000, 1);
+    denycache_put(dc, "k", 1, 500, 1);     /* never shortens */
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 1000);
+    denycache_put(dc, "k", 1, 2000, 1);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 2000);
     assert_int_equal(denycache_size(dc), 1);
     denycache_destroy(dc);
 }
@@ -42,23 +42,37 @@ static void test_lru_bound(void **state)
     char key[32];
     for (int i = 0; i < 1000; i++) {
         int n = snprintf(key, sizeof(key), "key-%d", i);
-        denycache_put(dc, key, (size_t)n, 10000);
+        denycache_put(dc, key, (size_t)n, 10000, 1);
         if (i == 50)    /* touch key-0 so it stays recent */
-            assert_true(denycache_get(dc, "key-0", 5, 0) > 0);
+            assert_true(denycache_get(dc, "key-0", 5, 0, 1) > 0);
     }
     assert_int_equal(denycache_size(dc), 100);
-    assert_int_equal(denycache_get(dc, "key-999", 7, 0), 10000);
-    assert_int_equal(denycache_get(dc, "key-1", 5, 0), 0);    /* evicted */
-    assert_int_equal(denycache_get(dc, "key-899", 7, 0), 0);  /* evicted */
-    assert_int_equal(denycache_get(dc, "key-900", 7, 0), 10000);
+    assert_int_equal(denycache_get(dc, "key-999", 7, 0, 1), 10000);
+    assert_int_equal(denycache_get(dc, "key-1", 5, 0, 1), 0);    /* evicted */
+    assert_int_equal(denycache_get(dc, "key-899", 7, 0, 1), 0);  /* evicted */
+    assert_int_equal(denycache_get(dc, "key-900", 7, 0, 1), 10000);
+    denycache_destroy(dc);
+}
+
+/* A denial at cost 6 says nothing about a request costing 4. */
+static void test_cheaper_request_not_denied(void **state)
+{
+    struct denycache *dc = denycache_create(10);
+    denycache_put(dc, "k", 1, 1000, 6);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 4), 0);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 6), 1000);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 9), 1000);
+    denycache_put(dc, "k", 1, 500, 2);     /* a cheaper denial: now 2+ */
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 3), 500);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 0);
     denycache_destroy(dc);
 }
 
 static void test_disabled(void **state)
 {
     struct denycache *dc = denycache_create(0);
-    denycache_put(dc, "k", 1, 1000);
-    assert_int_equal(denycache_get(dc, "k", 1, 0), 0);
+    denycache_put(dc, "k", 1, 1000, 1);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 0);
     denycache_destroy(dc);
 }
 
@@ -68,6 +82,7 @@ int main(void)
         cmocka_unit_test(test_put_get_expire),
         cmocka_unit_test(test_later_deadline_wins),
         cmocka_unit_test(test_lru_bound),
+        cmocka_unit_test(test_cheaper_request_not_denied),
         cmocka_unit_test(test_disabled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
