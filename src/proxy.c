@@ -1013,6 +1013,20 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
     obuf_end(out);
 }
 
+/* upstreams.timeout bounds each wait on the upstream: for a write while the
+ * request is sent, and for the response only once the request is all sent
+ * (an upload taking longer than the timeout is not the upstream's delay).
+ * Until connected, the connect timeout set by the pool is in force. */
+static void up_timeouts(struct client *c)
+{
+    struct upstream_conn *uc = c->up;
+    if (!uc->connected)
+        return;
+    int64_t ms = upstream_conf(uc->pool)->timeout_ms;
+    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    bufferevent_set_timeouts(uc->bev, c->req_done ? &tv : NULL, &tv);
+}
+
 /* Borrow a connection from pool p (the worker's pool for the route's
  * upstream unless given). */
 static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
@@ -1024,14 +1038,10 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
     c->up = upstream_acquire(p, fresh);
     if (c->up == NULL)
         return -1;
-    const struct conf_upstream *cu = upstream_conf(p);
     struct bufferevent *ub = c->up->bev;
     bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
     bufferevent_setwatermark(ub, EV_WRITE, PROXY_HIGH_WATER / 2, 0);
-    if (c->up->reused) {
-        struct timeval tv = { cu->timeout_ms / 1000, (cu->timeout_ms % 1000) * 1000 };
-        bufferevent_set_timeouts(ub, &tv, NULL);
-    }
+    up_timeouts(c);
     bufferevent_enable(ub, EV_READ | EV_WRITE);
     c->up_paused = 0;
     return 0;
@@ -1051,6 +1061,7 @@ static void forward(struct client *c)
     write_request_head(c, bufferevent_get_output(c->up->bev));
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
+        up_timeouts(c);
         return;
     }
     drain_head(c);
@@ -1085,6 +1096,7 @@ static void pump_request_body(struct client *c)
         }
         if (rc == 1) {
             c->req_done = 1;
+            up_timeouts(c);
             client_timer(c, TM_NONE, 0);
         } else if (rc == 0) {
             client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
@@ -1403,10 +1415,8 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
     const struct conf_upstream *cu = upstream_conf(uc->pool);
     client_enter(c);
     if (what & BEV_EVENT_CONNECTED) {
-        int one = 1;
-        setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        struct timeval tv = { cu->timeout_ms / 1000, (cu->timeout_ms % 1000) * 1000 };
-        bufferevent_set_timeouts(bev, &tv, NULL);
+        uc->connected = 1;
+        up_timeouts(c);
         goto out;
     }
     if (c->state == CS_TUNNEL) {
@@ -1642,7 +1652,9 @@ void proxy_close_all(struct worker *w)
 {
     while (w->clients) {
         struct client *c = w->clients;
-        client_kill(c);
+        /* client_free() unlinks the list head, so this is a new client each
+         * time; the analyser assumes the head may have a prev. */
+        client_kill(c);     /* NOLINT(clang-analyzer-unix.Malloc) */
         if (c->busy == 0)
             client_free(c);
     }

@@ -153,6 +153,7 @@ struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh)
         p->nidle--;
         uc->next = NULL;
         uc->reused = 1;
+        uc->connected = 1;
         p->borrowed++;
         bufferevent_setcb(uc->bev, NULL, NULL, NULL, NULL);
         return uc;

@@ -23,6 +23,7 @@ struct upstream_conn {
     struct upstream_conn *next;     /* idle list */
     int server;                     /* index into the upstream's servers */
     int reused;                     /* came from the idle list */
+    int connected;                  /* the connect completed */
     struct http1 *parser;           /* response framing */
     struct http1_head head;         /* the response being read */
 };
