@@ -1,0 +1,22 @@
+# sluice - bench/bench.mk: `make bench` (issue 5), included by the Makefile.
+# Installs what the benchmark needs from Debian when missing (dpkg -s, then
+# apt-get: needs root), builds sluice, and runs bench/run.py, which starts and
+# stops its own upstream, redis-server, sluice, nginx and HAProxy on loopback.
+# BENCH_ARGS passes options to run.py (e.g. BENCH_ARGS="--duration 5").
+
+BENCH_DEBS := wrk nginx haproxy redis-server gnuplot-nox
+BENCH_ARGS ?=
+BENCH_SLUICE ?= $(abspath $(or $(BUILD),build)/sluice)
+
+.PHONY: bench bench-deps
+
+bench-deps:
+	@missing=""; for p in $(BENCH_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+bench: bench-deps
+	$(MAKE) all
+	/usr/bin/python3 bench/run.py --sluice $(BENCH_SLUICE) $(BENCH_ARGS)
