@@ -159,8 +159,10 @@ static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
         while (*pp) {
             struct mentry *e = *pp;
             seen++;
+            /* stripe_remove() unlinks e through the one pointer that holds
+             * it, which is *pp: the analyser cannot see that. */
             if (limiter_expired(&e->st, now_us))
-                stripe_remove(s, e);    /* *pp is now the next one */
+                stripe_remove(s, e);    /* NOLINT(clang-analyzer-unix.Malloc): *pp is now the next one */
             else
                 pp = &e->hnext;
         }
