@@ -513,6 +513,8 @@ static void answer_local(struct client *c, int status, int close_after)
         reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
     else
         reply_error(out, status, keep, c->rid, c->rid_len);
+    if (status == 429)      /* a limit may answer with its own status */
+        status = c->rl.limit[c->rl.shown]->status ? c->rl.limit[c->rl.shown]->status : 429;
     count_response(c, status);
     count_out(c, evbuffer_get_length(out) - out_before);
     c->resp_started = c->resp_done = 1;

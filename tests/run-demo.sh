@@ -2,7 +2,9 @@
 # sluice - MIT licence.
 # run-demo.sh BIN CONF: the `make run` demo. Starts a throwaway redis-server
 # on 127.0.0.1:6379 and the echo upstream on 127.0.0.1:9000, then sluice with
-# CONF until Ctrl-C, SIGTERM or sluice's own exit. Everything it started is
+# CONF until Ctrl-C, SIGTERM or sluice's own exit. Without redis-server it
+# runs conf/standalone.yaml (the in-process memory backend) instead, and a
+# CONF with `backend: memory` needs no Redis either. Everything it started is
 # stopped by PID on the way out; nothing else is touched.
 set -uo pipefail
 
@@ -64,24 +66,43 @@ trap 'exit 0' INT TERM
 
 [ -x "$BIN" ] || die "no executable '$BIN' (run make first)"
 [ -r "$CONF" ] || die "cannot read config '$CONF'"
-command -v redis-server >/dev/null || die "redis-server is not installed (apt-get install redis-server)"
 [ -x "$PYTHON" ] || die "$PYTHON is missing (apt-get install python3)"
 [ -r "$ROOT/tests/upstream.py" ] || die "missing $ROOT/tests/upstream.py"
 
-port_busy "$REDIS_PORT" && die "port $REDIS_PORT is already in use; stop the Redis (or whatever) listening there and retry"
+# Redis is needed unless the config keeps its counts in process.
+USE_REDIS=1
+grep -Eq '^backend:[[:space:]]*memory([[:space:]]|#|$)' "$CONF" && USE_REDIS=0
+if [ "$USE_REDIS" = 1 ] && ! command -v redis-server >/dev/null; then
+    CONF=$ROOT/conf/standalone.yaml
+    USE_REDIS=0
+    echo "run-demo: redis-server is not installed: running $CONF (memory backend) instead"
+    [ -r "$CONF" ] || die "cannot read config '$CONF'"
+fi
+
+[ "$USE_REDIS" = 1 ] && port_busy "$REDIS_PORT" &&
+    die "port $REDIS_PORT is already in use; stop the Redis (or whatever) listening there and retry"
 port_busy "$UPSTREAM_PORT" && die "port $UPSTREAM_PORT is already in use; the demo upstream needs it"
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --dir "$TMPDIR_DEMO" >"$TMPDIR_DEMO/redis.log" 2>&1 &
-REDIS_PID=$!
-wait_port "$REDIS_PORT" "$REDIS_PID" redis
+if [ "$USE_REDIS" = 1 ]; then
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "$TMPDIR_DEMO" >"$TMPDIR_DEMO/redis.log" 2>&1 &
+    REDIS_PID=$!
+    wait_port "$REDIS_PORT" "$REDIS_PID" redis
+fi
 
 "$PYTHON" "$ROOT/tests/upstream.py" --port "$UPSTREAM_PORT" >"$TMPDIR_DEMO/upstream.log" 2>&1 &
 UPSTREAM_PID=$!
 wait_port "$UPSTREAM_PORT" "$UPSTREAM_PID" upstream
 
-echo "run-demo: redis pid $REDIS_PID on :$REDIS_PORT, upstream pid $UPSTREAM_PID on :$UPSTREAM_PORT; starting $BIN -c $CONF"
-echo "run-demo: try it: for i in \$(seq 1 15); do curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:8080/; done   (Ctrl-C stops everything)"
+if [ "$USE_REDIS" = 1 ]; then
+    echo "run-demo: redis pid $REDIS_PID on :$REDIS_PORT, upstream pid $UPSTREAM_PID on :$UPSTREAM_PORT; starting $BIN -c $CONF"
+    TRY_PATH=/
+else
+    echo "run-demo: no Redis (memory backend), upstream pid $UPSTREAM_PID on :$UPSTREAM_PORT; starting $BIN -c $CONF"
+    TRY_PATH=/api               # conf/standalone.yaml: burst 10 there, 60/min elsewhere
+fi
+# One curl for 15 requests (URL globbing): fast enough to outrun a refill.
+echo "run-demo: try it: curl -s -o /dev/null -w '%{http_code}\n' 'http://127.0.0.1:8080$TRY_PATH?[1-15]'   (Ctrl-C stops everything)"
 
 # sluice runs in the background so that this shell can take SIGTERM while
 # waiting; sluice sets its own SIGINT/SIGTERM handlers.
