@@ -32,7 +32,7 @@ extern const char refund_lua[];
 extern const char refund_lua_sha[];
 
 #define STORE_BACKOFF_MIN_MS 100
-#define STORE_BACKOFF_MAX_MS 5000
+#define STORE_BACKOFF_MAX_MS 500     /* limiting must resume within 1 s of Redis returning */
 #define STORE_CONNECT_MIN_MS 1000     /* connect + handshake budget floor */
 #define STORE_SLOTS 16384
 #define STORE_MAX_NODES 1024
@@ -884,7 +884,7 @@ static void store_node_lost(struct store *s, struct store_node *n)
         store_ctl_next(s);
     } else if (s->mode == STORE_CLUSTER) {
         store_refresh_soon(s);
-    } else if (s->mode == STORE_SENTINEL && s->ctl->ready) {
+    } else if (s->mode == STORE_SENTINEL && s->ctl != NULL && s->ctl->ready) {
         /* the master may have changed while we were not listening: ask the
          * sentinels again (the subscribed connection cannot) */
         node_kill_later(s->ctl, "asking for the master again");
@@ -1217,10 +1217,9 @@ static void req_wait_cb(evutil_socket_t fd, short what, void *arg)
     struct store_req *q = arg;
     if (req_abandoned(q))
         return;
-    if (req_dispatch(q) != 0) {
+    if (req_dispatch(q) != 0)
         req_finish(q, STORE_ERROR);
-        req_settle(q);
-    }
+    req_settle(q);              /* a refund past its deadline is freed */
 }
 
 /* No usable node now (cluster): look again shortly. A call's own timer
@@ -1268,9 +1267,9 @@ static int req_dispatch(struct store_req *q)
     if (n == NULL || !n->ready || n->ac == NULL) {
         if (s->mode != STORE_CLUSTER)
             return -1;
-        if (n == NULL)
-            store_refresh_soon(s);
-        else
+        /* a master that is down may have been replaced: ask (rate-limited) */
+        store_refresh_soon(s);
+        if (n != NULL)
             node_start(n);
         req_wait(q);
         return 0;
@@ -1344,7 +1343,6 @@ static int req_redirect(struct store_req *q, const char *err)
     if (ask) {
         q->ask = to;
     } else {
-        s->owner[slot] = (int16_t)(to - *s->nodes == 0 ? 0 : 0);  /* set below */
         for (int i = 0; i < s->nnodes; i++)
             if (s->nodes[i] == to)
                 s->owner[slot] = (int16_t)i;
@@ -1563,9 +1561,8 @@ void store_destroy(struct store *s)
     if (s == NULL)
         return;
     assert(s->in_user_cb == 0);
-    store_update_ready(s);              /* before: drop the gauge */
     s->destroying = 1;
-    store_update_ready(s);
+    store_update_ready(s);              /* drops the process-wide gauge */
     struct store_node *all[STORE_MAX_NODES + 1];
     int nall = 0;
     for (int i = 0; i < s->nnodes; i++)

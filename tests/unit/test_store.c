@@ -767,6 +767,466 @@ static void test_destroy_with_calls_pending(void **state)
         assert_int_equal(g[i].calls, 0);
 }
 
+/* ---- Redis Cluster ----------------------------------------------------------
+ *
+ * Two cluster-enabled redis-servers started here, slots split in halves:
+ * enough for routing by slot, cross-slot groups with refunds, and a slot
+ * migrated by hand (ASK, then MOVED). The 3x3 cluster lives in the Python
+ * suite (tests/integration/test_cluster.py). */
+
+#define NCLUSTER 2
+static pid_t cl_pid[NCLUSTER] = { -1, -1 };
+static int cl_port[NCLUSTER];
+static redisContext *cl_rc[NCLUSTER];
+static char cl_dir[64];
+static char cl_seed[32];
+static char *cl_seeds[1] = { cl_seed };
+
+/* A free port whose cluster bus port (+10000) is free too: the kernel's
+ * ephemeral ports are often too high for that. */
+static int cluster_free_port(void)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        int port = 20000 + rand() % 25000, ok = 1;
+        for (int k = 0; k < 2 && ok; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in sin = { .sin_family = AF_INET };
+            sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            sin.sin_port = htons((uint16_t)(port + 10000 * k));
+            ok = fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0;
+            if (fd >= 0)
+                close(fd);
+        }
+        if (ok)
+            return port;
+    }
+    abort();
+}
+
+static pid_t spawn_cluster_node(int port)
+{
+    char portstr[16], conf[128];
+    snprintf(portstr, sizeof(portstr), "%d", port);
+    snprintf(conf, sizeof(conf), "nodes-%d.conf", port);
+    pid_t pid = fork();
+    if (pid < 0)
+        abort();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("redis-server", "redis-server", "--port", portstr, "--bind", "127.0.0.1",
+               "--dir", cl_dir, "--cluster-enabled", "yes", "--cluster-config-file", conf,
+               "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
+               (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static redisContext *connect_port(int port)
+{
+    struct timeval tv = { 1, 0 };
+    for (int i = 0; i < 200; i++) {          /* up to ~4 s */
+        redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+        if (c != NULL && !c->err) {
+            redisSetTimeout(c, tv);
+            redisReply *r = redisCommand(c, "PING");
+            int ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+            freeReplyObject(r);
+            if (ok)
+                return c;
+        }
+        if (c != NULL)
+            redisFree(c);
+        sleep_ms(20);
+    }
+    return NULL;
+}
+
+static redisReply *ccmd(int node, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(cl_rc[node], fmt, ap);
+    va_end(ap);
+    assert_non_null(r);
+    return r;
+}
+
+static void ccmd_ok(int node, const char *fmt, const char *a, const char *b)
+{
+    redisReply *r = ccmd(node, fmt, a, b);
+    if (r->type == REDIS_REPLY_ERROR)
+        fail_msg("node %d: %s", node, r->str);
+    freeReplyObject(r);
+}
+
+static int cluster_ok(int node)
+{
+    redisReply *r = ccmd(node, "CLUSTER INFO");
+    int ok = r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok") != NULL &&
+             strstr(r->str, "cluster_known_nodes:2") != NULL;
+    freeReplyObject(r);
+    return ok;
+}
+
+static void cluster_myid(int node, char *out)
+{
+    redisReply *r = ccmd(node, "CLUSTER MYID");
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    snprintf(out, 64, "%s", r->str);
+    freeReplyObject(r);
+}
+
+static int cluster_setup(void **state)
+{
+    snprintf(cl_dir, sizeof(cl_dir), "/tmp/sluice-test-store-XXXXXX");
+    if (mkdtemp(cl_dir) == NULL) {
+        fprintf(stderr, "test_store: mkdtemp: %s\n", strerror(errno));
+        return -1;
+    }
+    srand((unsigned)getpid() ^ (unsigned)mono_ms());
+    for (int i = 0; i < NCLUSTER; i++) {
+        do
+            cl_port[i] = cluster_free_port();
+        while (i > 0 && cl_port[i] == cl_port[0]);
+        cl_pid[i] = spawn_cluster_node(cl_port[i]);
+    }
+    for (int i = 0; i < NCLUSTER; i++)
+        if ((cl_rc[i] = connect_port(cl_port[i])) == NULL) {
+            fprintf(stderr, "test_store: cluster node on %d did not start\n", cl_port[i]);
+            return -1;
+        }
+    freeReplyObject(ccmd(0, "CLUSTER ADDSLOTSRANGE 0 8191"));
+    freeReplyObject(ccmd(1, "CLUSTER ADDSLOTSRANGE 8192 16383"));
+    freeReplyObject(ccmd(0, "CLUSTER MEET 127.0.0.1 %d", cl_port[1]));
+    int64_t end = mono_ms() + 15000;
+    while (!(cluster_ok(0) && cluster_ok(1)) && mono_ms() < end)
+        sleep_ms(50);
+    if (!(cluster_ok(0) && cluster_ok(1))) {
+        fprintf(stderr, "test_store: the 2-node cluster did not form\n");
+        return -1;
+    }
+    snprintf(cl_seed, sizeof(cl_seed), "127.0.0.1:%d", cl_port[0]);
+    base = event_base_new();
+    tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
+    struct timeval tv = { 0, 2000 };
+    event_add(tick, &tv);
+    return 0;
+}
+
+static int cluster_teardown(void **state)
+{
+    if (base != NULL) {
+        event_free(tick);
+        event_base_free(base);
+        base = NULL;
+    }
+    for (int i = 0; i < NCLUSTER; i++) {
+        if (cl_rc[i] != NULL)
+            redisFree(cl_rc[i]);
+        cl_rc[i] = NULL;
+        if (cl_pid[i] > 0) {
+            kill(cl_pid[i], SIGKILL);
+            for (int k = 0; k < 300 && waitpid(cl_pid[i], NULL, WNOHANG) != cl_pid[i]; k++)
+                sleep_ms(10);
+        }
+        cl_pid[i] = -1;
+        char path[128];
+        snprintf(path, sizeof(path), "%s/nodes-%d.conf", cl_dir, cl_port[i]);
+        unlink(path);
+    }
+    rmdir(cl_dir);
+    return 0;
+}
+
+static struct store *cluster_store(int64_t timeout_ms)
+{
+    struct conf_redis cr = { 0 };
+    cr.timeout_ms = timeout_ms;
+    cr.prefix = "st:";
+    cr.cluster = cl_seeds;
+    cr.ncluster = 1;
+    struct store *s = store_create(base, &cr);
+    loop_until_connected(s, 1, 5000);
+    assert_true(store_connected(s));
+    return s;
+}
+
+/* A key (of the route key shape) whose slot is on the given node: slots
+ * 0..8191 are on node 0. */
+static void key_on(char *out, size_t size, const char *what, int node)
+{
+    for (;;) {
+        key_new(out, size, what);
+        int slot = store_slot(out, strlen(out));
+        if ((slot < 8192) == (node == 0))
+            return;
+    }
+}
+
+/* 1 or 0; -1 when the node answers MOVED (not its slot). ASKING first lets
+ * an importing node answer for a slot it is taking over. */
+static int64_t exists_on(int node, const char *key)
+{
+    freeReplyObject(ccmd(node, "ASKING"));
+    redisReply *r = ccmd(node, "EXISTS %s", key);
+    int64_t v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+    freeReplyObject(r);
+    return v;
+}
+
+/* The specification's test vector and Redis' own CLUSTER KEYSLOT. */
+static void test_slot_vectors(void **state)
+{
+    assert_int_equal(store_slot("123456789", 9), 0x31C3);
+    static const char *keys[] = {
+        "foo", "bar", "123456789", "{user1000}.following", "{user1000}.followers",
+        "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{}", "{", "}", "a{b",
+        "sluice:{login|per-ip|\x01\x02}", "", "x{y}z{w}",
+    };
+    assert_int_equal(store_slot("{user1000}.following", 20),
+                     store_slot("{user1000}.followers", 20));
+    assert_int_equal(store_slot("foo{bar}{zap}", 13), store_slot("bar", 3));
+    assert_int_equal(store_slot("foo{{bar}}zap", 13), store_slot("{bar", 4));
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        redisReply *r = redisCommand(cl_rc[0], "CLUSTER KEYSLOT %b", keys[i], strlen(keys[i]));
+        assert_non_null(r);
+        assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+        assert_int_equal(store_slot(keys[i], strlen(keys[i])), r->integer);
+        freeReplyObject(r);
+    }
+    for (int i = 0; i < 2000; i++) {         /* random bytes, tags included */
+        char k[24];
+        size_t len = (size_t)(rand() % 20);
+        for (size_t j = 0; j < len; j++)
+            k[j] = "ab{}|\x00\xff"[rand() % 7];
+        redisReply *r = redisCommand(cl_rc[0], "CLUSTER KEYSLOT %b", k, len);
+        assert_int_equal(store_slot(k, len), r->integer);
+        freeReplyObject(r);
+    }
+}
+
+/* Each key lands on the master that owns its slot. */
+static void test_cluster_routes_by_slot(void **state)
+{
+    struct store *s = cluster_store(1000);
+    for (int node = 0; node < NCLUSTER; node++) {
+        for (int i = 0; i < 5; i++) {
+            char key[128];
+            key_on(key, sizeof(key), "route", node);
+            struct store_limit l = { key, strlen(key), &fixed_5m, 1 };
+            struct store_result res;
+            assert_int_equal(decide_on(s, &l, 1, &res), STORE_OK);
+            assert_int_equal(res.allowed, 1);
+            assert_int_equal(res.r[0].remaining, 4);
+            assert_int_equal(exists_on(node, key), 1);
+            assert_int_equal(exists_on(!node, key), -1);  /* MOVED: not its slot */
+        }
+    }
+    uint64_t ask, moved;
+    store_redirects(&ask, &moved);
+    assert_int_equal(ask + moved, 0);        /* the map was right */
+    store_destroy(s);
+}
+
+/* PTTL of a key on a node: -2 absent, -1 no TTL (never allowed). */
+static int64_t pttl_on(int node, const char *key)
+{
+    redisReply *r = ccmd(node, "PTTL %s", key);
+    int64_t v = r->integer;
+    freeReplyObject(r);
+    return v;
+}
+
+/* Two limits in two slots: A (the algorithm under test, on node 0) and B
+ * (one per minute, on node 1). The second request is denied by B; what A
+ * consumed for it must be given back exactly, keeping A's TTL. */
+static void refund_case(const struct limiter_params *pa, int64_t cost)
+{
+    static const struct limiter_params one = { LIMITER_FIXED_WINDOW, 1, 60000, 0 };
+    struct store *s = cluster_store(1000);
+    char ka[128], kb[128];
+    key_on(ka, sizeof(ka), "refundA", 0);
+    key_on(kb, sizeof(kb), "refundB", 1);
+    struct store_limit l[2] = { { ka, strlen(ka), pa, cost }, { kb, strlen(kb), &one, 1 } };
+    struct store_result res;
+    assert_int_equal(decide_on(s, l, 2, &res), STORE_OK);
+    assert_int_equal(res.allowed, 1);
+    assert_int_equal(res.r[0].remaining, pa->limit - cost);
+    for (int round = 0; round < 3; round++) {
+        assert_int_equal(decide_on(s, l, 2, &res), STORE_OK);
+        assert_int_equal(res.allowed, 0);
+        assert_int_equal(res.n, 2);
+        assert_int_equal(res.r[1].allowed, 0);
+        assert_in_range(res.r[1].retry_ms, 1, 60000);
+        assert_int_equal(res.r[0].allowed, 1);
+        /* reported as if not consumed, like limit.lua in one slot */
+        assert_int_equal(res.r[0].remaining, pa->limit - cost);
+    }
+    loop_until(NULL, 100);                   /* the refunds are fire and forget */
+    int64_t t = pttl_on(0, ka);
+    if (t != -2 && t <= 0)
+        fail_msg("key %s has PTTL %lld after a refund", ka, (long long)t);
+    /* A alone: only the first request's cost is gone */
+    struct store_limit la = { ka, strlen(ka), pa, cost };
+    assert_int_equal(decide_on(s, &la, 1, &res), STORE_OK);
+    assert_int_equal(res.allowed, 1);
+    assert_int_equal(res.r[0].remaining, pa->limit - 2 * cost);
+    if (pa->algo == LIMITER_SLIDING_LOG) {
+        redisReply *r = ccmd(0, "ZCARD %s", ka);
+        assert_int_equal(r->integer, 2 * cost);
+        freeReplyObject(r);
+    }
+    store_destroy(s);
+}
+
+static const struct limiter_params big_fixed = { LIMITER_FIXED_WINDOW, 10, 60000, 0 };
+static const struct limiter_params big_sliding = { LIMITER_SLIDING_WINDOW, 10, 60000, 0 };
+static const struct limiter_params big_log = { LIMITER_SLIDING_LOG, 10, 60000, 0 };
+static const struct limiter_params big_bucket = { LIMITER_TOKEN_BUCKET, 10, 600000, 60000000 };
+static const struct limiter_params big_gcra = { LIMITER_GCRA, 10, 600000, 60000000 };
+
+static void test_refund_fixed_window(void **state) { refund_case(&big_fixed, 1); refund_case(&big_fixed, 3); }
+static void test_refund_sliding_window(void **state) { refund_case(&big_sliding, 1); refund_case(&big_sliding, 3); }
+static void test_refund_sliding_log(void **state) { refund_case(&big_log, 1); refund_case(&big_log, 3); }
+static void test_refund_token_bucket(void **state) { refund_case(&big_bucket, 1); refund_case(&big_bucket, 3); }
+static void test_refund_gcra(void **state) { refund_case(&big_gcra, 1); refund_case(&big_gcra, 3); }
+
+/* Limits in one slot stay one atomic call even in a cluster; a route in
+ * three slots over two nodes admits exactly its tightest limit. */
+static void test_cluster_cross_slot_exact(void **state)
+{
+    enum { N = 40 };
+    static const struct limiter_params p5 = { LIMITER_SLIDING_LOG, 5, 60000, 0 };
+    static const struct limiter_params p20 = { LIMITER_GCRA, 20, 600000, 30000000 };
+    static const struct limiter_params p30 = { LIMITER_FIXED_WINDOW, 30, 60000, 0 };
+    struct store *s = cluster_store(1000);
+    char k1[128], k2[128], k3[128];
+    key_on(k1, sizeof(k1), "x1", 0);
+    key_on(k2, sizeof(k2), "x2", 1);
+    key_on(k3, sizeof(k3), "x3", 0);
+    struct store_limit l[3] = { { k2, strlen(k2), &p20, 1 }, { k1, strlen(k1), &p5, 1 },
+                                { k3, strlen(k3), &p30, 1 } };
+    struct got g[N];
+    memset(g, 0, sizeof(g));
+    for (int i = 0; i < N; i++)
+        assert_non_null(store_decide(s, l, 3, got_cb, &g[i]));
+    int64_t end = mono_ms() + 5000;
+    int done = 0, allowed = 0;
+    while (done < N && mono_ms() < end) {
+        event_base_loop(base, EVLOOP_ONCE);
+        done = 0;
+        for (int i = 0; i < N; i++)
+            done += g[i].calls;
+    }
+    assert_int_equal(done, N);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(g[i].res.status, STORE_OK);
+        allowed += g[i].res.allowed;
+    }
+    assert_int_equal(allowed, 5);
+    loop_until(NULL, 200);                   /* refunds land */
+    redisReply *r = ccmd(0, "HGET %s n", k3);
+    assert_string_equal(r->str, "5");        /* fixed window: only the admitted */
+    freeReplyObject(r);
+    r = ccmd(0, "ZCARD %s", k1);
+    assert_int_equal(r->integer, 5);
+    freeReplyObject(r);
+    struct store_limit l2 = { k2, strlen(k2), &p20, 1 };
+    struct store_result res;
+    assert_int_equal(decide_on(s, &l2, 1, &res), STORE_OK);
+    assert_int_equal(res.r[0].remaining, 20 - 6);   /* GCRA: 5 admitted + this one */
+    store_destroy(s);
+}
+
+/* A slot moved by hand from node 0 to node 1: while it migrates, a key not
+ * yet moved is served by node 0 and a new one reaches node 1 by ASK; once
+ * moved, MOVED takes every key there, and the counts stay exact. */
+static void test_cluster_ask_and_moved(void **state)
+{
+    struct store *s = cluster_store(1000);
+    char kold[128], knew[128], id0[64], id1[64];
+    key_on(kold, sizeof(kold), "mig", 0);
+    int slot = store_slot(kold, strlen(kold));
+    /* a second key of the same slot: same tag, so it must match the slot */
+    for (;;) {
+        key_on(knew, sizeof(knew), "mig", 0);
+        if (store_slot(knew, strlen(knew)) == slot)
+            break;
+    }
+    cluster_myid(0, id0);
+    cluster_myid(1, id1);
+    struct store_limit lo = { kold, strlen(kold), &fixed_5m, 1 };
+    struct store_limit ln = { knew, strlen(knew), &fixed_5m, 1 };
+    struct store_result res;
+    assert_int_equal(decide_on(s, &lo, 1, &res), STORE_OK);
+    assert_int_equal(res.r[0].remaining, 4);
+    char slotstr[16];
+    snprintf(slotstr, sizeof(slotstr), "%d", slot);
+    ccmd_ok(1, "CLUSTER SETSLOT %s IMPORTING %s", slotstr, id0);
+    ccmd_ok(0, "CLUSTER SETSLOT %s MIGRATING %s", slotstr, id1);
+    uint64_t ask0, moved0, ask1, moved1;
+    store_redirects(&ask0, &moved0);
+    assert_int_equal(decide_on(s, &lo, 1, &res), STORE_OK);   /* still on node 0 */
+    assert_int_equal(res.r[0].remaining, 3);
+    assert_int_equal(decide_on(s, &ln, 1, &res), STORE_OK);   /* ASK: node 1 */
+    assert_int_equal(res.r[0].remaining, 4);
+    assert_int_equal(exists_on(1, knew), 1);
+    store_redirects(&ask1, &moved1);
+    assert_true(ask1 > ask0);
+    /* move the old key and finish the migration */
+    redisReply *r = ccmd(0, "MIGRATE 127.0.0.1 %d %s 0 2000", cl_port[1], kold);
+    assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    ccmd_ok(1, "CLUSTER SETSLOT %s NODE %s", slotstr, id1);
+    ccmd_ok(0, "CLUSTER SETSLOT %s NODE %s", slotstr, id1);
+    assert_int_equal(decide_on(s, &lo, 1, &res), STORE_OK);   /* MOVED: node 1 */
+    assert_int_equal(res.r[0].remaining, 2);
+    assert_int_equal(decide_on(s, &ln, 1, &res), STORE_OK);
+    assert_int_equal(res.r[0].remaining, 3);
+    store_redirects(&ask0, &moved0);
+    assert_true(moved0 > moved1);
+    assert_int_equal(exists_on(0, kold), -1);
+    /* and back, so later tests find the halves as they were */
+    ccmd_ok(0, "CLUSTER SETSLOT %s IMPORTING %s", slotstr, id1);
+    ccmd_ok(1, "CLUSTER SETSLOT %s MIGRATING %s", slotstr, id0);
+    r = ccmd(1, "MIGRATE 127.0.0.1 %d %s 0 2000 KEYS %s %s", cl_port[0], "", kold, knew);
+    assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    ccmd_ok(0, "CLUSTER SETSLOT %s NODE %s", slotstr, id0);
+    ccmd_ok(1, "CLUSTER SETSLOT %s NODE %s", slotstr, id0);
+    store_destroy(s);
+}
+
+/* A master killed: calls in flight or sent meanwhile get an error or a
+ * timeout (never a hang or a crash), and the other master keeps working. */
+static void test_cluster_node_down(void **state)
+{
+    struct store *s = cluster_store(200);
+    char k0[128], k1[128];
+    key_on(k0, sizeof(k0), "down", 0);
+    key_on(k1, sizeof(k1), "down", 1);
+    struct store_limit l0 = { k0, strlen(k0), &fixed_5m, 1 };
+    struct store_limit l1 = { k1, strlen(k1), &fixed_5m, 1 };
+    struct store_result res;
+    assert_int_equal(decide_on(s, &l1, 1, &res), STORE_OK);
+    kill(cl_pid[1], SIGSTOP);                /* hangs: worse than a close */
+    int status = decide_on(s, &l1, 1, &res);
+    assert_true(status == STORE_TIMEOUT || status == STORE_ERROR);
+    assert_int_equal(decide_on(s, &l0, 1, &res), STORE_OK);
+    kill(cl_pid[1], SIGCONT);
+    int64_t end = mono_ms() + 3000;
+    do {
+        loop_until(NULL, 50);
+        status = decide_on(s, &l1, 1, &res);
+    } while (status != STORE_OK && mono_ms() < end);
+    assert_int_equal(status, STORE_OK);
+    store_destroy(s);
+}
+
 /* ---- setup ----------------------------------------------------------------- */
 
 static int setup(void **state)
@@ -825,5 +1285,21 @@ int main(void)
         cmocka_unit_test(test_redis_down_and_back),
         cmocka_unit_test(test_every_key_has_ttl),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    const struct CMUnitTest cluster_tests[] = {
+        cmocka_unit_test(test_slot_vectors),
+        cmocka_unit_test(test_cluster_routes_by_slot),
+        cmocka_unit_test(test_refund_fixed_window),
+        cmocka_unit_test(test_refund_sliding_window),
+        cmocka_unit_test(test_refund_sliding_log),
+        cmocka_unit_test(test_refund_token_bucket),
+        cmocka_unit_test(test_refund_gcra),
+        cmocka_unit_test(test_cluster_cross_slot_exact),
+        cmocka_unit_test(test_cluster_ask_and_moved),
+        cmocka_unit_test(test_cluster_node_down),
+    };
+    int failed = cmocka_run_group_tests(tests, setup, teardown);
+    base = NULL;
+    failed += cmocka_run_group_tests_name("cluster", cluster_tests, cluster_setup,
+                                          cluster_teardown);
+    return failed;
 }
