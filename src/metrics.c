@@ -12,6 +12,7 @@
 #include "conf.h"
 #include "mem.h"
 #include "metrics.h"
+#include "store.h"
 
 #define METRICS_NSTATUS 600
 
@@ -224,6 +225,14 @@ void metrics_render(struct evbuffer *out)
         "# HELP sluice_redis_connected Workers whose Redis connection is up.\n"
         "# TYPE sluice_redis_connected gauge\nsluice_redis_connected %lld\n",
         (long long)metrics_gauge_get(METRICS_REDIS_CONNECTED));
+    uint64_t ask = 0, moved = 0;
+    store_redirects(&ask, &moved);
+    evbuffer_add_printf(out,
+        "# HELP sluice_redis_redirects_total Redis Cluster redirects followed, by kind.\n"
+        "# TYPE sluice_redis_redirects_total counter\n"
+        "sluice_redis_redirects_total{kind=\"ask\"} %llu\n"
+        "sluice_redis_redirects_total{kind=\"moved\"} %llu\n",
+        (unsigned long long)ask, (unsigned long long)moved);
     evbuffer_add_printf(out,
         "# HELP sluice_config_reloads_total Config reloads by result.\n"
         "# TYPE sluice_config_reloads_total counter\n"
