@@ -35,7 +35,7 @@
 #define CONF_MAX_PREFIX     256
 #define CONF_MAX_HOSTNAME   253
 #define CONF_MAX_REGEX      512     /* path_regex bytes */
-#define CONF_MAX_REGEX_WEIGHT 1000    /* see regex_weight() */
+#define CONF_MAX_REGEX_WEIGHT 256     /* see regex_weight() */
 #define CONF_MAX_CAPTURES   9       /* capture:1..9 */
 #define CONF_MAX_COST       1000000 /* route cost */
 #define CONF_MAX_MESSAGE    256     /* limit message bytes */
@@ -1551,70 +1551,102 @@ bad:
 }
 
 /* How many nodes glibc's regcomp may build for an ERE, roughly: it copies
- * the atom of a bound {m,n} max(m,n) times, so a{1,32767} or nested bounds
- * take seconds and gigabytes. Each atom weighs 1, a group the sum of its
- * contents, a bound multiplies the atom before it; saturates at limit+1.
- * -1 when groups nest deeper than CONF_MAX_CAPTURES (every ERE group
- * captures, so such a pattern is refused anyway). */
+ * the atom of a bound {m,n} max(m,n) times and of '+' once more ("aa*"), so
+ * a{1,32767}, nested bounds or stacked quantifiers ("a++++", each doubling)
+ * take seconds and gigabytes. Each atom weighs 1, but an anchor or an empty
+ * group 4 (empty matches feed regcomp's epsilon closures, the slow part:
+ * "(^){245}" took 0.6 s), a group the sum of its contents, a bound
+ * multiplies the atom before it; saturates at limit+1. REGEX_TOO_DEEP when groups nest deeper than CONF_MAX_CAPTURES
+ * (every ERE group captures, so such a pattern is refused anyway);
+ * REGEX_STACKED when a quantifier follows a quantifier (POSIX leaves a**,
+ * a+{2} undefined). */
+#define REGEX_TOO_DEEP  (-1)
+#define REGEX_STACKED   (-2)
+#define REGEX_EMPTY_WEIGHT 4
+
+/* The end of the bound {m}, {m,}, {m,n} or glibc's {,n} at p, with its
+ * largest count in *count; NULL when p is a literal '{'. */
+static const char *regex_bound(const char *p, int64_t *count)
+{
+    const char *q = p + 1;
+    int64_t m = 0, n = 0;
+    if (isdigit((unsigned char)*q) && !(q = parse_digits(q, &m)))
+        return NULL;                    /* overflow: regcomp refuses it */
+    if (*q == ',' && isdigit((unsigned char)q[1]) && !(q = parse_digits(q + 1, &n)))
+        return NULL;
+    else if (*q == ',')
+        q++;
+    if (*q != '}' || q == p + 1)
+        return NULL;
+    *count = m > n ? m : n;
+    return q;
+}
+
+/* The closing ']' of the bracket expression at p, or the last byte. */
+static const char *regex_bracket_end(const char *p)
+{
+    const char *q = p + 1 + (p[1] == '^');
+    if (*q == ']')
+        q++;
+    while (*q && *q != ']') {
+        if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
+            const char *e = strchr(q + 2, q[1]);
+            q = e && e[1] == ']' ? e + 2 : q + 1;
+        } else {
+            q++;
+        }
+    }
+    return *q ? q : q - 1;
+}
+
 static int64_t regex_weight(const char *re, int64_t limit)
 {
-    int64_t sum[CONF_MAX_CAPTURES + 1], last[CONF_MAX_CAPTURES + 1];
-    int d = 0;
+    int64_t sum[CONF_MAX_CAPTURES + 1], last[CONF_MAX_CAPTURES + 1], count;
+    int d = 0, quantified = 0;
     sum[0] = last[0] = 0;
     for (const char *p = re; *p; p++) {
-        int64_t atom = 1, m = 0, n = 0;
-        const char *q;
+        int64_t atom = 1, extra;
+        if ((*p == '*' || *p == '+' || *p == '?' || (*p == '{' && regex_bound(p, &count))) &&
+            last[d] > 0) {
+            if (quantified)
+                return REGEX_STACKED;
+            quantified = 1;
+            extra = *p == '+' ? 1 : *p == '{' ? (count > 1 ? count - 1 : 0) : 0;
+            if (extra > limit)
+                return limit + 1;
+            sum[d] += last[d] * extra;
+            last[d] *= extra + 1;
+            if (sum[d] > limit)
+                return limit + 1;
+            if (*p == '{')
+                p = regex_bound(p, &count);
+            continue;
+        }
+        quantified = 0;
         switch (*p) {
         case '\\':
             if (p[1])
                 p++;
             break;
-        case '[':                       /* to the closing ']' of the bracket */
-            q = p + 1 + (p[1] == '^');
-            if (*q == ']')
-                q++;
-            while (*q && *q != ']') {
-                if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
-                    const char *e = strchr(q + 2, q[1]);
-                    q = e && e[1] == ']' ? e + 2 : q + 1;
-                } else {
-                    q++;
-                }
-            }
-            p = *q ? q : q - 1;
+        case '[':
+            p = regex_bracket_end(p);
             break;
         case '(':
             if (d == CONF_MAX_CAPTURES)
-                return -1;
+                return REGEX_TOO_DEEP;
             sum[++d] = 0;
             last[d] = 0;
             continue;
         case ')':
             if (d == 0)
                 break;                  /* regcomp reports it */
-            atom = sum[d] ? sum[d] : 1;
+            atom = sum[d] ? sum[d] : REGEX_EMPTY_WEIGHT;
             d--;
             break;
-        case '{':
-            q = parse_digits(p + 1, &m);
-            if (!q)
-                break;                  /* a literal '{' */
-            if (*q == ',' && isdigit((unsigned char)q[1]))
-                q = parse_digits(q + 1, &n);
-            else if (*q == ',')
-                q++;
-            if (!q || *q != '}')
-                break;
-            m = m > n ? m : n;
-            if (m > limit)
-                return limit + 1;
-            sum[d] += last[d] * (m > 1 ? m - 1 : 0);
-            last[d] *= m > 1 ? m : 1;
-            if (sum[d] > limit)
-                return limit + 1;
-            p = q;
-            continue;
-        case '*': case '+': case '?': case '|': case '^': case '$':
+        case '^': case '$':
+            atom = REGEX_EMPTY_WEIGHT;
+            break;
+        case '|':
             last[d] = 0;
             continue;
         default:
@@ -1625,7 +1657,9 @@ static int64_t regex_weight(const char *re, int64_t limit)
         if (sum[d] > limit)
             return limit + 1;
     }
-    return sum[0];
+    for (; d > 0; d--)                  /* unclosed groups: regcomp still builds them */
+        sum[d - 1] += sum[d];
+    return sum[0] > limit ? limit + 1 : sum[0];
 }
 
 /* path_regex: POSIX ERE against the normalised path. Bounded so that a
@@ -1654,9 +1688,12 @@ static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, voi
             p++;
     }
     weight = regex_weight(s, CONF_MAX_REGEX_WEIGHT);
-    if (weight < 0)
+    if (weight == REGEX_TOO_DEEP)
         return fail(x, v, "regex '%s' has more than %d groups", show(s, sb),
                     CONF_MAX_CAPTURES);
+    if (weight == REGEX_STACKED)
+        return fail(x, v, "bad regex '%s': a quantifier follows a quantifier (as in a++ "
+                    "or a*{2}; write one)", show(s, sb));
     if (weight > CONF_MAX_REGEX_WEIGHT)
         return fail(x, v, "bad regex '%s': repetition bounds expand beyond %d atoms",
                     show(s, sb), CONF_MAX_REGEX_WEIGHT);
