@@ -107,7 +107,7 @@ static char *xstrdup(const char *s)
 static const char *show(const char *s, char *out)
 {
     size_t i, max = SHOW_BUF - 4;
-    for (i = 0; s[i] && i < max; i++) {
+    for (i = 0; i < max && s[i]; i++) {
         unsigned char ch = (unsigned char)s[i];
         out[i] = (ch < 0x20 || ch == 0x7f) ? '?' : (char)ch;
     }
@@ -829,7 +829,7 @@ static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *ssl
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
     if (family == AF_INET && !strcmp(host, "localhost")) {
-        strcpy(host, "127.0.0.1");      /* not ::1 first, whatever the resolver says */
+        memcpy(host, "127.0.0.1", sizeof("127.0.0.1"));  /* not ::1 first, whatever the resolver says */
     } else if (family == AF_INET && inet_pton(AF_INET, host, probe) != 1) {
         if (!hostname_ok(host))
             return -1;
@@ -1116,7 +1116,7 @@ static int h_workers(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf *c = obj;
     const char *s = scalar(x, v);
-    int64_t n;
+    int64_t n = 0;
     if (!s)
         return -1;
     if (!strcmp(s, "auto")) {
@@ -1132,7 +1132,7 @@ static int h_workers(struct ctx *x, struct node *k, struct node *v, void *obj)
 
 static int h_max_connections(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    int64_t n;
+    int64_t n = 0;
     if (get_int(x, v, 0, 10000000, &n) < 0)
         return -1;
     ((struct conf *)obj)->max_connections = (int)n;
@@ -1199,9 +1199,12 @@ static int h_redis_url(struct ctx *x, struct node *k, struct node *v, void *obj)
         return fail(x, v, "bad redis url: %s (use redis://[user:password@]host[:port][/db] "
                     "or unix:///path.sock[?db=N])", why);
     }
+    /* The parsed target moves into r whole (r's old strings are freed). */
     redis_free_target(r);
-    t.url = xstrdup(s);
-    r->url = t.url, r->host = t.host, r->user = t.user, r->password = t.password;
+    r->url = xstrdup(s);
+    r->host = t.host;
+    r->user = t.user;
+    r->password = t.password;
     r->is_unix = t.is_unix, r->port = t.port, r->db = t.db;
     return 0;
 }
@@ -1238,11 +1241,121 @@ static int h_redis_on_error(struct ctx *x, struct node *k, struct node *v, void 
     return 0;
 }
 
+/* A node the store connects to later (a cluster seed, a sentinel):
+ * host:port or [v6]:port; names are looked up at connect time, so only their
+ * shape is checked here. */
+static int node_addr_ok(const char *s)
+{
+    char host[CONF_MAX_HOSTNAME + 1];
+    unsigned char probe[sizeof(struct in6_addr)];
+    const char *hs = s, *he, *ps;
+    int port;
+    if (s[0] == '[') {
+        hs = s + 1;
+        he = strchr(hs, ']');
+        if (!he || he[1] != ':')
+            return 0;
+        ps = he + 2;
+    } else {
+        he = strrchr(s, ':');
+        if (!he || memchr(s, ':', (size_t)(he - s)))
+            return 0;
+        ps = he + 1;
+    }
+    if (he == hs || (size_t)(he - hs) > CONF_MAX_HOSTNAME || parse_port(ps, &port) < 0)
+        return 0;
+    memcpy(host, hs, (size_t)(he - hs));
+    host[he - hs] = '\0';
+    if (s[0] == '[')
+        return inet_pton(AF_INET6, host, probe) == 1;
+    return inet_pton(AF_INET, host, probe) == 1 || hostname_ok(host);
+}
+
+/* A non-empty sequence of node addresses into *out (owned by the conf). */
+static int get_nodes(struct ctx *x, struct node *v, char ***out, int *nout, const char *what)
+{
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one %s", what);
+    for (int i = 0; i < *nout; i++)
+        free((*out)[i]);
+    free(*out);
+    *out = xcalloc((size_t)v->nkids, sizeof **out);
+    *nout = 0;
+    for (int i = 0; i < v->nkids; i++) {
+        char sb[SHOW_BUF];
+        const char *a = scalar(x, v->kids[i]);
+        if (!a)
+            return -1;
+        if (!node_addr_ok(a))
+            return fail(x, v->kids[i], "bad %s address '%s' (use HOST:PORT or [IPV6]:PORT)",
+                        what, show(a, sb));
+        (*out)[(*nout)++] = xstrdup(a);
+    }
+    return 0;
+}
+
+static int h_redis_cluster(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj;
+    if (r->sentinel_master)
+        return fail(x, k, "use either cluster or sentinel, not both");
+    return get_nodes(x, v, &r->cluster, &r->ncluster, "cluster node");
+}
+
+static int h_sentinel_master(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj;
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (*s == '\0' || strlen(s) > 256 || strpbrk(s, " \t\r\n"))
+        return fail(x, v, "bad sentinel master name");
+    free(r->sentinel_master);
+    r->sentinel_master = xstrdup(s);
+    return 0;
+}
+
+static int h_sentinel_nodes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj;
+    return get_nodes(x, v, &r->sentinel_nodes, &r->nsentinel_nodes, "sentinel");
+}
+
+static int h_sentinel_password(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj;
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    free(r->sentinel_password);
+    r->sentinel_password = xstrdup(s);
+    return 0;
+}
+
+static const struct key_def sentinel_keys[] = {
+    { "master", h_sentinel_master, 1 },
+    { "nodes", h_sentinel_nodes, 1 },
+    { "password", h_sentinel_password, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_redis_sentinel(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj;
+    if (r->ncluster > 0)
+        return fail(x, k, "use either cluster or sentinel, not both");
+    return walk_map(x, v, sentinel_keys, r);
+}
+
 static const struct key_def redis_keys[] = {
     { "url", h_redis_url, 0 },
     { "timeout", h_redis_timeout, 0 },
     { "prefix", h_redis_prefix, 0 },
     { "on_error", h_redis_on_error, 0 },
+    { "cluster", h_redis_cluster, 0 },
+    { "sentinel", h_redis_sentinel, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -1272,7 +1385,7 @@ static int h_up_servers(struct ctx *x, struct node *k, struct node *v, void *obj
 
 static int h_up_keepalive(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    int64_t n;
+    int64_t n = 0;
     if (get_int(x, v, 0, 65536, &n) < 0)
         return -1;
     ((struct conf_upstream *)obj)->keepalive = (int)n;
@@ -1377,7 +1490,7 @@ static int h_backend(struct ctx *x, struct node *k, struct node *v, void *obj)
 
 static int h_memory_max_keys(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    int64_t n;
+    int64_t n = 0;
     if (get_int(x, v, 1, CONF_MAX_MEMORY_KEYS, &n) < 0)
         return -1;
     ((struct conf *)obj)->memory_max_keys = (size_t)n;
@@ -1396,7 +1509,7 @@ static int h_memory(struct ctx *x, struct node *k, struct node *v, void *obj)
 
 static int h_deny_cache_max_keys(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    int64_t n;
+    int64_t n = 0;
     if (get_int(x, v, 0, CONF_MAX_MEMORY_KEYS, &n) < 0)
         return -1;
     ((struct conf *)obj)->deny_cache_max_keys = (size_t)n;
@@ -1926,7 +2039,7 @@ static int h_limit_count_status(struct ctx *x, struct node *k, struct node *v, v
 
 static int h_limit_status(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    int64_t n;
+    int64_t n = 0;
     if (get_int(x, v, 400, 599, &n) < 0)
         return -1;
     ((struct limit_src *)obj)->l->status = (int)n;
@@ -2010,7 +2123,7 @@ static int limit_bucket_params(struct ctx *x, struct node *m, struct limit_src *
 {
     struct limiter_params *lp = &ls->l->params;
     char sb[SHOW_BUF];
-    int64_t n, period_ms, burst, win_us;
+    int64_t n = 0, period_ms = 0, burst = 0, win_us = 0;
     size_t old;
     int rc;
     if (ls->limit_k || ls->window_k)
@@ -2302,6 +2415,14 @@ static void conf_free(struct conf *c)
     free(c->listen.text);
     redis_free_target(&c->redis);
     free(c->redis.prefix);
+    for (int i = 0; i < c->redis.ncluster; i++)
+        free(c->redis.cluster[i]);
+    free(c->redis.cluster);
+    for (int i = 0; i < c->redis.nsentinel_nodes; i++)
+        free(c->redis.sentinel_nodes[i]);
+    free(c->redis.sentinel_nodes);
+    free(c->redis.sentinel_master);
+    free(c->redis.sentinel_password);
     for (int i = 0; i < c->nupstreams; i++) {
         struct conf_upstream *u = &c->upstreams[i];
         for (int j = 0; j < u->nservers; j++)

@@ -385,10 +385,11 @@ static int node_take_master(struct store_node *n, const redisReply *reply)
         reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING)
         return -1;
-    int port = atoi(reply->element[1]->str);
-    if (port < 1 || port > 65535)
+    char *end;
+    long port = strtol(reply->element[1]->str, &end, 10);
+    if (*end != '\0' || port < 1 || port > 65535)
         return -1;
-    store_set_master(n->s, reply->element[0]->str, port);
+    store_set_master(n->s, reply->element[0]->str, (int)port);
     return 0;
 }
 
@@ -852,7 +853,8 @@ static void store_switch_cb(redisAsyncContext *ac, void *r, void *privdata)
         return;                 /* the subscribe confirmation */
     char name[256], oldip[64], newip[64];
     int oldport, newport;
-    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",
+    /* Counted fields and a bounded port: the conversions are checked. */
+    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",  // NOLINT(cert-err34-c)
                name, oldip, &oldport, newip, &newport) != 5 ||
         strcmp(name, n->s->rc.sentinel_master) != 0 || newport < 1 || newport > 65535)
         return;
@@ -1083,6 +1085,14 @@ static int store_parse(struct store_req *q, const redisReply *reply, int with_ma
 
 /* ---- refunds ---------------------------------------------------------------- */
 
+static void store_refund_release(struct store_req *q)
+{
+    if (q->wait_ev != NULL)
+        event_free(q->wait_ev);
+    free(q->cmd);
+    free(q);
+}
+
 static void store_refund_free(struct store_req *q)
 {
     struct store *s = q->s;
@@ -1092,10 +1102,7 @@ static void store_refund_free(struct store_req *q)
         s->refunds = q->next;
     if (q->next != NULL)
         q->next->prev = q->prev;
-    if (q->wait_ev != NULL)
-        event_free(q->wait_ev);
-    free(q->cmd);
-    free(q);
+    store_refund_release(q);
 }
 
 /* Give back what an allowing group consumed, because another group denied:
@@ -1578,8 +1585,11 @@ void store_destroy(struct store *s)
     }
     for (int i = 0; i < nall; i++)
         node_free(all[i]);
-    while (s->refunds != NULL)
-        store_refund_free(s->refunds);
+    for (struct store_req *q = s->refunds, *next; q != NULL; q = next) {
+        next = q->next;
+        store_refund_release(q);
+    }
+    s->refunds = NULL;
     while (s->all_calls != NULL) {
         struct store_call *c = s->all_calls;
         s->all_calls = c->all_next;

@@ -1,0 +1,105 @@
+# sluice - fuzz.mk: libFuzzer targets (clang-14, ASan + UBSan), included by
+# the top-level Makefile.
+#
+#   make fuzz [FUZZ_SECONDS=60] [FUZZ_TARGETS="conf route_key"]
+#       builds every target and runs each for FUZZ_SECONDS on a working copy
+#       of its seed corpus (build/fuzz/corpus-NAME, so tests/fuzz/corpus/ is
+#       not flooded); prints executions and crashes per target and a total;
+#       exits non-zero on any crash (the input is kept as build/fuzz/crash-*).
+#   make fuzz-smoke
+#       runs each target once over its seeds only (-runs=0): seconds, for
+#       `make test`.
+#   FUZZ_EXTRA="-D..." adds flags to every fuzz compile (with its own
+#       FUZZ_DIR=...), e.g. to leave a known, reported bug out of a harness
+#       while a long run looks for others.
+
+FUZZ_CC       ?= clang-14
+FUZZ_SECONDS  ?= 60
+FUZZ_DIR      := build/fuzz
+FUZZ_ALL      := http1_request http1_response conf route_normalize route_key
+FUZZ_TARGETS  ?= $(FUZZ_ALL)
+FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE -Isrc $(FUZZ_SAN) $(FUZZ_EXTRA) \
+                 $(shell pkg-config --cflags yaml-0.1 2>/dev/null)
+# Our harnesses are held to the house warnings; src/ is built by gcc with
+# -Werror already, so clang's extra opinions on it do not stop a fuzz run.
+FUZZ_HFLAGS   := $(FUZZ_BASE) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
+FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 2>/dev/null) -lm
+FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
+
+# The src/ modules each target links, and its longest input.
+FUZZ_OBJS_http1_request   := http1 mem
+FUZZ_OBJS_http1_response  := http1 mem
+FUZZ_OBJS_conf            := conf limiter
+FUZZ_OBJS_route_normalize := route conf limiter sha1
+FUZZ_OBJS_route_key       := route conf limiter sha1 http1 mem
+FUZZ_LEN_http1_request    := 8192
+FUZZ_LEN_http1_response   := 8192
+FUZZ_LEN_conf             := 8192
+FUZZ_LEN_route_normalize  := 4096
+FUZZ_LEN_route_key        := 4096
+FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
+FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
+FUZZ_DICT_conf            := tests/fuzz/conf.dict
+FUZZ_DICT_route_normalize := tests/fuzz/route.dict
+FUZZ_DICT_route_key       := tests/fuzz/route.dict
+
+FUZZ_BINS := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
+
+.PHONY: fuzz fuzz-build fuzz-smoke fuzz-deps
+.PRECIOUS: $(FUZZ_DIR)/obj/%.o $(FUZZ_DIR)/harness_%.o
+
+fuzz-deps:
+	@missing=""; for p in $(FUZZ_DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+fuzz-build: fuzz-deps
+	@$(MAKE) --no-print-directory $(FUZZ_BINS)
+
+$(FUZZ_DIR)/obj/%.o: src/%.c src/*.h
+	@mkdir -p $(FUZZ_DIR)/obj
+	$(FUZZ_CC) $(FUZZ_BASE) -fsanitize=fuzzer-no-link -w -c -o $@ $<
+
+$(FUZZ_DIR)/harness_%.o: tests/fuzz/fuzz_%.c tests/fuzz/*.h src/*.h
+	@mkdir -p $(FUZZ_DIR)
+	$(FUZZ_CC) $(FUZZ_HFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+.SECONDEXPANSION:
+# (addprefix, not patsubst: a '%' here would be taken for the stem.)
+$(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/harness_%.o $$(addprefix $(FUZZ_DIR)/obj/,$$(addsuffix .o,$$(FUZZ_OBJS_$$*)))
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ $(FUZZ_LIBS)
+
+# One shell per target run; the log's final stats give the executions.
+fuzz: fuzz-build
+	@total=0; crashed=0; \
+	for t in $(FUZZ_TARGETS); do \
+	  case $$t in \
+	    http1_request) len=$(FUZZ_LEN_http1_request); dict=$(FUZZ_DICT_http1_request);; \
+	    http1_response) len=$(FUZZ_LEN_http1_response); dict=$(FUZZ_DICT_http1_response);; \
+	    conf) len=$(FUZZ_LEN_conf); dict=$(FUZZ_DICT_conf);; \
+	    route_normalize) len=$(FUZZ_LEN_route_normalize); dict=$(FUZZ_DICT_route_normalize);; \
+	    route_key) len=$(FUZZ_LEN_route_key); dict=$(FUZZ_DICT_route_key);; \
+	  esac; \
+	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
+	  log=$(FUZZ_DIR)/$$t.log; \
+	  if $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=$$len -timeout=10 \
+	       -dict=$$dict -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/crash-$$t- \
+	       $$work > $$log 2>&1; then status=ok; \
+	  else status="CRASH (see $$log, input $(FUZZ_DIR)/crash-$$t-*)"; crashed=$$((crashed + 1)); fi; \
+	  n=$$(sed -n 's/^stat::number_of_executed_units: *//p' $$log | tail -1); \
+	  [ -n "$$n" ] || n=$$(sed -n 's/^#\([0-9]*\).*/\1/p' $$log | tail -1); \
+	  n=$${n:-0}; total=$$((total + n)); \
+	  echo "fuzz: $$t: $$n executions in $(FUZZ_SECONDS)s, $$status"; \
+	done; \
+	echo "fuzz: total: $$total executions, $$crashed target(s) crashed"; \
+	[ $$crashed -eq 0 ]
+
+fuzz-smoke: fuzz-build
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  if $(FUZZ_DIR)/fuzz_$$t -runs=0 tests/fuzz/corpus/$$t > $(FUZZ_DIR)/$$t.smoke.log 2>&1; then \
+	    echo "fuzz-smoke: $$t: $$(ls tests/fuzz/corpus/$$t | wc -l) seeds ok"; \
+	  else echo "fuzz-smoke: $$t: FAILED (see $(FUZZ_DIR)/$$t.smoke.log)"; exit 1; fi; \
+	done

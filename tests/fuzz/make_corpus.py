@@ -1,0 +1,155 @@
+#!/usr/bin/python3
+# sluice - make_corpus.py: writes the seed corpora under tests/fuzz/corpus/.
+#
+# The seeds are checked in; this script is how they were made, so a seed can
+# be read (and a new one added) as text rather than as a binary file. Run it
+# from anywhere: /usr/bin/python3 tests/fuzz/make_corpus.py
+import pathlib
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+def write(target, name, data):
+    d = HERE / "corpus" / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data)
+
+# http1 targets: 5 header bytes (flags, small max, three split points).
+def hdr(flags=0, small=0, cuts=(0x20, 0x80, 0xe0)):
+    return bytes([flags, small]) + bytes(cuts)
+
+H = b"Host: a.example\r\n"
+REQUESTS = {
+    "get": b"GET /api/users?id=1 HTTP/1.1\r\n" + H + b"Accept: */*\r\n\r\n",
+    "get10": b"GET / HTTP/1.0\r\n\r\n",
+    "keepalive10": b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    "post_cl": b"POST /api/login HTTP/1.1\r\n" + H + b"Content-Length: 11\r\n\r\nuser=bob&x=",
+    "post_cl_pipelined": b"POST /a HTTP/1.1\r\n" + H + b"Content-Length: 3\r\n\r\nabcGET /b HTTP/1.1\r\n" + H + b"\r\n",
+    "chunked": b"POST /up HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n",
+    "chunked_trailer": b"POST /up HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Sum: 1\r\n\r\n",
+    "chunked_upper_hex": b"PUT /x HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\nA\r\n0123456789\r\n0\r\n\r\n",
+    "chunked_partial": b"POST /x HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n10\r\nabc",
+    "cl_te": b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "te_cl": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n1\r\nA\r\n0\r\n\r\n",
+    "te_xchunked": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
+    "te_space": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding:  chunked \r\n\r\n0\r\n\r\n",
+    "te_identity": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+    "te_dup": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "cl_dup": b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    "cl_plus": b"POST / HTTP/1.1\r\n" + H + b"Content-Length: +5\r\n\r\nhello",
+    "cl_huge": b"POST / HTTP/1.1\r\n" + H + b"Content-Length: 18446744073709551616\r\n\r\n",
+    "chunk_overflow": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\nFFFFFFFFFFFFFFFFF\r\n",
+    "chunk_nonhex": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n5g\r\nhello\r\n0\r\n\r\n",
+    "chunk_highbyte": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n\xff\r\n\r\n",
+    "chunk_bare_lf": b"POST / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n3\nabc\n0\n\n",
+    "bare_lf": b"GET / HTTP/1.1\nHost: a\n\n",
+    "nul_in_value": b"GET / HTTP/1.1\r\nHost: a\x00b\r\n\r\n",
+    "cr_in_name": b"GET / HTTP/1.1\r\nHo\rst: a\r\n\r\n",
+    "obs_fold": b"GET / HTTP/1.1\r\nHost: a\r\nX-A: 1\r\n  continued\r\n\r\n",
+    "no_host": b"GET / HTTP/1.1\r\n\r\n",
+    "two_hosts": b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    "absolute_form": b"GET http://a.example/x HTTP/1.1\r\n" + H + b"\r\n",
+    "asterisk": b"OPTIONS * HTTP/1.1\r\n" + H + b"\r\n",
+    "connect": b"CONNECT a.example:443 HTTP/1.1\r\n" + H + b"\r\n",
+    "bad_method": b"G@T / HTTP/1.1\r\n" + H + b"\r\n",
+    "http2_preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    "http09": b"GET /\r\n\r\n",
+    "upgrade": b"GET /ws HTTP/1.1\r\n" + H + b"Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    "expect": b"PUT /f HTTP/1.1\r\n" + H + b"Expect: 100-continue\r\nContent-Length: 2\r\n\r\nok",
+    "leading_crlf": b"\r\n\r\nGET / HTTP/1.1\r\n" + H + b"\r\n",
+    "long_line": b"GET /" + b"a" * 3000 + b" HTTP/1.1\r\n" + H + b"\r\n",
+}
+for name, msg in REQUESTS.items():
+    write("http1_request", name, hdr() + msg)
+write("http1_request", "small_max_414", hdr(1, 4) + REQUESTS["long_line"])
+write("http1_request", "small_max_431", hdr(1, 12) + b"GET / HTTP/1.1\r\n" + H + b"X-Pad: " + b"p" * 120 + b"\r\n\r\n")
+write("http1_request", "split_early", hdr(0, 0, (0, 1, 2)) + REQUESTS["chunked"])
+
+RESPONSES = {
+    "ok_cl": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+    "ok_chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nWiki\r\n5\r\npedia\r\n0\r\n\r\n",
+    "ok_eof": b"HTTP/1.1 200 OK\r\n\r\nall of this until close",
+    "ok_eof_10": b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nbody",
+    "te_gzip_eof": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nraw",
+    "te_chunked_gzip": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\nraw",
+    "no_content": b"HTTP/1.1 204 No Content\r\nContent-Length: 10\r\n\r\n",
+    "not_modified": b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n",
+    "continue_then_ok": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    "early_hints": b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    "switching": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\x81\x05hello",
+    "cl_te": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "cl_dup": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    "bad_chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    "chunk_highbyte": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\x80\r\n" + b"x" * 32 + b"\r\n0\r\n\r\n",
+    "short_body": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly a little",
+    "garbage": b"SSH-2.0-OpenSSH_9.2\r\n",
+    "status_999": b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n",
+    "status_099": b"HTTP/1.1 099 Low\r\n\r\n",
+    "http2": b"HTTP/2 200\r\n\r\n",
+    "bare_lf": b"HTTP/1.1 200 OK\nContent-Length: 1\n\nx",
+    "obs_fold": b"HTTP/1.1 200 OK\r\nX-A: 1\r\n 2\r\nContent-Length: 0\r\n\r\n",
+    "keepalive_close": b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx",
+}
+for name, msg in RESPONSES.items():
+    write("http1_response", name, hdr() + msg)
+write("http1_response", "head_with_cl", hdr(2) + RESPONSES["ok_cl"])
+write("http1_response", "small_max_431", hdr(1, 8) + b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 100 + b"\r\n\r\n")
+
+# conf: the repository's configs as they are.
+for f in sorted((ROOT / "tests/unit/data/conf").glob("*.yaml")) + sorted((ROOT / "conf").glob("*.yaml")):
+    write("conf", f.parent.name + "_" + f.name, f.read_bytes())
+write("conf", "fuzz_env.yaml", b"""listen: ${SLUICE_FUZZ_LISTEN}
+workers: auto
+redis: { url: "${SLUICE_FUZZ_REDIS_URL}", prefix: "p${SLUICE_FUZZ_EMPTY:-x}:", on_error: deny, timeout: 5ms }
+upstreams:
+  api: { servers: ["${SLUICE_FUZZ_UPSTREAM}", "[::1]:9001"], keepalive: 0 }
+trusted_proxies: [10.0.0.0/8, "fd00::/8", 127.0.0.1]
+routes:
+  - name: users
+    match: { path_regex: "^/users/([0-9]+)/", methods: [GET, POST] }
+    upstream: api
+    limits:
+      - { name: u, algorithm: gcra, rate: 100/10s, burst: 3, key: ["capture:1", "header:X-Api-Key"] }
+  - name: all
+    match: { path: /, host: "${SLUICE_FUZZ_NEST}" }
+    upstream: api
+    limits:
+      - { name: a, algorithm: sliding_window, limit: "${SLUICE_FUZZ_LIMIT}", window: 1w, key: [ip, method, path, "query:q", "cookie:c"] }
+""")
+
+# route_normalize: request targets.
+TARGETS = [b"/", b"/api/login", b"/api/%6Cogin", b"/api%2Flogin", b"/api/./login", b"/api/x/../login",
+           b"//api///login//", b"/a/b/c/./../../d", b"/..", b"/a/../..", b"/%2e%2e/x", b"/%00",
+           b"/a%", b"/a%4", b"/a%zz", b"/%25", b"/%252e%252e", b"/a?b=/../..", b"/a#frag",
+           b"http://h/x", b"*", b"/a/.", b"/a/..", b"/.%2e/", b"/\xc3\xa9t\xc3\xa9", b"/%2F%2F",
+           b"/a\tb", b"/" + b"x/" * 200, b"/%3F?q", b"/a/b/"]
+for i, t in enumerate(TARGETS):
+    write("route_normalize", "t%02d" % i, t)
+
+# route_key: method byte, peer byte (bit 3: HTTP/1.1 with Host; bit 2: IPv6;
+# bit 0/1: which address), then the target line and header lines.
+KEYS = [
+    (0, 8, b"/users/42/posts?user=bob\nX-Api-Key: k1\nCookie: sid=abc; c=2"),
+    (1, 8, b"/login?user=a%20b&user=c\nX-Api-Key: a\nX-Api-Key: b\nA: 1\nA: 2"),
+    (2, 9, b"/x?q=1&q=2\nX-Forwarded-For: 203.0.113.9, 10.0.0.2"),
+    (3, 8, b"/x\nX-Forwarded-For: 10.0.0.1, 10.0.0.2"),
+    (4, 12, b"/x\nX-Forwarded-For: [2001:db8::9]:443, 2001:db9::1"),
+    (5, 14, b"/x\nX-Forwarded-For: 10.1.1.1\nX-Forwarded-For: garbage, 10.2.2.2"),
+    (6, 8, b"/%75sers/7/?user=%\nCookie: sid = spaced ; sid=second"),
+    (0, 8, b"/users/" + b"9" * 300 + b"/\nX-Api-Key: " + b"k" * 300),
+    (0, 8, b"/p?user=#" + b"a" * 40 + b"\nX-Api-Key: #" + b"0" * 40),
+    (0, 0, b"/old-client?user=x\nCookie: sid=1"),
+    (1, 8, b"/a/../b/./c?user=+plus+\nCookie: a=1;sid=;b=2"),
+    (0, 8, b"/{brace}?user={x}\nX-Api-Key: }{"),
+    (0, 8, b"/q?user\nX-Api-Key:"),
+    (0, 8, b"/users//\nA: 1"),
+    (0, 8, b"/x?%75ser=enc&q=%41"),
+    (0, 13, b"/x\nX-Forwarded-For: ::ffff:192.0.2.1"),
+    (0, 8, b"/x?user=1:2\nX-Api-Key: 3:4"),
+    (2, 8, b"/x?user=a&&&user=b&=&"),
+    (0, 8, b"/x\nCookie: sid\nCookie: sid=late"),
+    (0, 8, b"/users/%2F/x"),
+    (0, 8, b"/x\nX-Forwarded-For: 10.0.0.3:8080, 1.2.3.4:1"),
+]
+for i, (m, peer, text) in enumerate(KEYS):
+    write("route_key", "k%02d" % i, bytes([m, peer]) + text)
