@@ -76,8 +76,11 @@ test-unit: $(UNIT)
 test-integration: $(BUILD)/sluice
 	SLUICE_BIN=$(abspath $(BUILD)/sluice) $(PYTEST) -q -m "not slow" tests/integration
 
+# Fault, soak, scale, valgrind, Cluster and Sentinel tests, and every fuzz
+# target over its seeds. Minutes, not seconds: kept out of `make test`.
 test-slow: deps $(BUILD)/sluice
 	SLUICE_BIN=$(abspath $(BUILD)/sluice) $(PYTEST) -q -m slow tests/integration
+	$(MAKE) fuzz-smoke
 
 run: deps all
 	tests/run-demo.sh $(BUILD)/sluice conf/sluice.yaml

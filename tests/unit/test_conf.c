@@ -329,9 +329,9 @@ static void test_reference(void **state)
     assert_null(r->host);
     assert_string_equal(r->limits[0].name, "per-ip");
     assert_int_equal(r->limits[0].params.algo, LIMITER_TOKEN_BUCKET);
-    assert_int_equal(r->limits[0].params.limit, 10);            /* burst */
-    assert_int_equal(r->limits[0].params.interval_us, 200000);  /* 5/s */
-    assert_int_equal(r->limits[0].params.window_ms, 2000);      /* refill 10 */
+    assert_int_equal(r->limits[0].params.limit, 5);             /* burst */
+    assert_int_equal(r->limits[0].params.interval_us, 1000000); /* 1/s */
+    assert_int_equal(r->limits[0].params.window_ms, 5000);      /* refill 5 */
     conf_release(c);
 }
 
