@@ -9,6 +9,7 @@
 #include <string.h>
 #include <event2/buffer.h>
 
+#include "accesslog.h"
 #include "conf.h"
 #include "mem.h"
 #include "metrics.h"
@@ -225,6 +226,10 @@ void metrics_render(struct evbuffer *out)
         "# HELP sluice_redis_connected Workers whose Redis connection is up.\n"
         "# TYPE sluice_redis_connected gauge\nsluice_redis_connected %lld\n",
         (long long)metrics_gauge_get(METRICS_REDIS_CONNECTED));
+    evbuffer_add_printf(out,
+        "# HELP sluice_access_log_dropped_total Access-log lines dropped because the writer fell behind.\n"
+        "# TYPE sluice_access_log_dropped_total counter\nsluice_access_log_dropped_total %llu\n",
+        (unsigned long long)accesslog_dropped());
     uint64_t ask = 0, moved = 0;
     store_redirects(&ask, &moved);
     evbuffer_add_printf(out,
