@@ -114,6 +114,7 @@ struct client {
     int head_in_input;
     const struct conf_route *route;
     struct store_call *call;
+    struct store_call *count_call;      /* count_status consumption in flight */
     struct reply_limits rl;
     int have_limits;
     struct upstream_conn *up;
@@ -152,6 +153,8 @@ static void client_free(struct client *c)
     struct worker *w = c->w;
     if (c->call)
         store_cancel(c->call);
+    if (c->count_call)
+        store_cancel(c->count_call);
     if (c->up)
         upstream_close(c->up);
     free(c->counted);
@@ -178,9 +181,15 @@ static void client_enter(struct client *c)
     c->busy++;
 }
 
-/* Returns 1 when the client was freed. */
+static void client_flush(struct client *c);
+static void out_idle(struct bufferevent *bev);
+
+/* Returns 1 when the client was freed. The outermost callback also writes
+ * what the others queued (client_flush). */
 static int client_leave(struct client *c)
 {
+    if (c->busy == 1 && !c->dead)
+        client_flush(c);
     if (--c->busy == 0 && c->dead) {
         client_free(c);
         return 1;
@@ -195,6 +204,10 @@ static void client_kill(struct client *c)
     if (c->call) {
         store_cancel(c->call);
         c->call = NULL;
+    }
+    if (c->count_call) {
+        store_cancel(c->count_call);
+        c->count_call = NULL;
     }
     if (c->up) {
         upstream_close(c->up);
@@ -833,21 +846,33 @@ static void save_counted(struct client *c, const struct store_limit *sl, int n)
     c->counted = ct;
 }
 
+static void resume_response(struct client *c);
+
+/* The consumption is recorded (or failed): the response may go on. */
 static void counted_done_cb(void *arg, const struct store_result *res)
 {
+    struct client *c = arg;
+    client_enter(c);
+    c->count_call = NULL;
     if (res->status != STORE_OK)
         metrics_count(METRICS_REDIS_ERRORS);
+    if (c->up)
+        bufferevent_enable(c->up->bev, EV_READ);
+    resume_response(c);
+    client_leave(c);
 }
 
 /* The response status is known: limits whose count_status lists it consume
- * now, in one call of their own. Nobody waits for the answer. */
-static void consume_counted(struct client *c, int status)
+ * now, in one call of their own. The response waits for that call, so the
+ * client's next attempt (on any worker) is decided after it. Returns 1
+ * while it waits. */
+static int consume_counted(struct client *c, int status)
 {
     struct counted *ct = c->counted;
     struct store_limit sl[STORE_MAX_LIMITS];
     int n = 0;
     if (ct == NULL || status < 0 || status >= CONF_MAX_STATUS)
-        return;
+        return 0;
     for (int i = 0; i < ct->n; i++)
         if (ct->limit[i]->count_status[status])
             sl[n++] = (struct store_limit){ ct->keys + ct->off[i], ct->len[i],
@@ -858,11 +883,15 @@ static void consume_counted(struct client *c, int status)
         memstore_decide(c->w->mem, sl, n, wall_us(), &res);
     } else if (n > 0) {
         metrics_count(METRICS_REDIS_REQUESTS);
-        if (store_decide(c->w->store, sl, n, counted_done_cb, NULL) == NULL)
+        c->count_call = store_decide(c->w->store, sl, n, counted_done_cb, c);
+        if (c->count_call == NULL)
             metrics_count(METRICS_REDIS_ERRORS);
+        else    /* hold the response (and its body) until the answer */
+            bufferevent_disable(c->up->bev, EV_READ);
     }
     free(ct);
     c->counted = NULL;
+    return c->count_call != NULL;
 }
 
 /* Is the client on the top-level or the route's allow list? */
@@ -1044,7 +1073,9 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
     bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
     bufferevent_setwatermark(ub, EV_WRITE, PROXY_HIGH_WATER / 2, 0);
     up_timeouts(c);
-    bufferevent_enable(ub, EV_READ | EV_WRITE);
+    /* A connect completes on the write event; a connected socket is
+     * written by client_flush. */
+    bufferevent_enable(ub, c->up->connected ? EV_READ : EV_READ | EV_WRITE);
     c->up_paused = 0;
     return 0;
 }
@@ -1319,9 +1350,10 @@ static int read_response_head(struct client *c)
             start_tunnel(c);
             return -1;
         }
+        if (c->count_call || consume_counted(c, status))
+            return 0;   /* counted_done_cb resumes */
         drain_head(c);  /* the request head is no longer needed for a retry */
         count_response(c, status);
-        consume_counted(c, status);
         size_t out_before = evbuffer_get_length(bufferevent_get_output(c->bev));
         write_response_head(c, data);
         count_out(c, evbuffer_get_length(bufferevent_get_output(c->bev)) - out_before);
@@ -1398,16 +1430,24 @@ out:
     client_leave(c);
 }
 
+/* Carry on with a response that waited (count_status consumption). */
+static void resume_response(struct client *c)
+{
+    if (!c->dead && c->up && !c->resp_started && read_response_head(c) > 0) {
+        pump_response_body(c);
+        if (!c->dead && c->up)
+            maybe_finish(c);
+    }
+    if (!c->dead)
+        client_process(c);
+}
+
 static void up_write_cb(struct bufferevent *bev, void *arg)
 {
     struct client *c = arg;
-    if (c->client_paused && !c->dead) {
-        c->client_paused = 0;
-        bufferevent_enable(c->bev, EV_READ);
-        client_enter(c);
-        client_process(c);
-        client_leave(c);
-    }
+    client_enter(c);
+    out_idle(bev);
+    client_leave(c);        /* resumes the client if it was held back */
 }
 
 static void up_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -1469,6 +1509,75 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         client_process(c);
 out:
     client_leave(c);
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+/* Write a socket's queued output now, in this loop iteration, instead of
+ * arming the write event and writing in the next one: a bufferevent adds
+ * its write event when output is queued and deletes it once written, two
+ * epoll_ctl calls per response and per forwarded request. Here the write
+ * event stays off while writes complete at once, and is enabled only when
+ * the socket is full (EAGAIN), or on an error, which the bufferevent then
+ * meets and reports through its event callback as usual. */
+static void out_flush(struct bufferevent *bev)
+{
+    struct evbuffer *out = bufferevent_get_output(bev);
+    if (evbuffer_get_length(out) == 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
+        return;
+    /* A bufferevent keeps its output's start frozen against others
+     * draining it; its own write callback thaws it the same way. */
+    evbuffer_unfreeze(out, 1);
+    int n = evbuffer_write(out, bufferevent_getfd(bev));
+    evbuffer_freeze(out, 1);
+    if (n < 0 || evbuffer_get_length(out) > 0)
+        bufferevent_enable(bev, EV_WRITE);
+}
+
+/* The write event is needed again only when output waits. */
+static void out_idle(struct bufferevent *bev)
+{
+    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        bufferevent_disable(bev, EV_WRITE);
+}
+
+/* Flush both sides, then do what the freed space allows: resume a side that
+ * backpressure stopped. Bounded: each round needs progress. */
+static void client_flush(struct client *c)
+{
+    for (int round = 0; round < 16 && !c->dead; round++) {
+        int progress = 0;
+        out_flush(c->bev);
+        if (c->up && c->up->connected)
+            out_flush(c->up->bev);
+        if (c->client_paused && c->up &&
+            evbuffer_get_length(bufferevent_get_output(c->up->bev)) <= PROXY_HIGH_WATER / 2) {
+            c->client_paused = 0;
+            bufferevent_enable(c->bev, EV_READ);
+            client_process(c);
+            progress = 1;
+        }
+        if (!c->dead && c->up_paused && c->up &&
+            evbuffer_get_length(bufferevent_get_output(c->bev)) <= PROXY_HIGH_WATER / 2) {
+            c->up_paused = 0;
+            bufferevent_enable(c->up->bev, EV_READ);
+            if (c->state == CS_TUNNEL) {
+                tunnel_pump(c);
+            } else {
+                pump_response_body(c);
+                if (!c->dead && c->up)
+                    maybe_finish(c);
+            }
+            if (!c->dead)
+                client_process(c);
+            progress = 1;
+        }
+        if (!progress)
+            break;
+    }
+    if (!c->dead && c->state == CS_CLOSING &&
+        evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        client_kill(c);
 }
 
 /* ---- the client connection --------------------------------------------- */
@@ -1537,21 +1646,10 @@ static void client_write_cb(struct bufferevent *bev, void *arg)
 {
     struct client *c = arg;
     client_enter(c);
-    if (c->state == CS_CLOSING) {
-        if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
-            client_kill(c);
-    } else {
-        if (c->up_paused && c->up) {
-            c->up_paused = 0;
-            bufferevent_enable(c->up->bev, EV_READ);
-            pump_response_body(c);
-            if (!c->dead && c->up)
-                maybe_finish(c);
-        }
-        if (!c->dead)
-            client_process(c);
-    }
-    client_leave(c);
+    out_idle(bev);
+    if (c->state != CS_CLOSING)
+        client_process(c);
+    client_leave(c);        /* resumes the upstream, or ends a closing client */
 }
 
 static void client_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -1633,7 +1731,8 @@ void proxy_accept(struct worker *w, int fd, const struct sockaddr *peer, int pee
     bufferevent_setwatermark(bev, EV_READ, 0, conf->client.max_header_bytes + PROXY_INPUT_MAX);
     bufferevent_setwatermark(bev, EV_WRITE, PROXY_HIGH_WATER / 2, 0);
     bufferevent_setcb(bev, client_read_cb, client_write_cb, client_event_cb, c);
-    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    bufferevent_enable(bev, EV_READ);
+    bufferevent_disable(bev, EV_WRITE);     /* on by default; writes: client_flush */
     client_timer(c, TM_IDLE, conf->client.idle_timeout_ms);
 }
 
