@@ -254,7 +254,9 @@ def test_slot_migration_under_load(cluster, sluice):
           "300, ask %d, moved %d" % (len(results), during, len(failed), admitted, asks, moves))
     assert failed == []
     assert during < 299, "the limit was reached before the slot moved"
-    assert len(results) == 450, "the load should exceed the limit"
+    # the load's threads may each finish the request they started: 450 or
+    # a few more, well past the limit of 300 either way
+    assert len(results) >= 450, "the load should exceed the limit"
     assert admitted == 300
     assert cluster.cmd_for_key(rkey, "ZCARD", rkey) == 300
     assert asks >= 1 and moves >= 1
