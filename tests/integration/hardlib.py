@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 
+from opslib import LoopbackServer
 from conftest import (PYTHON, UPSTREAM_PY, Conn, build_request, make_conf, redis_cmd,
                       stop_process, wait_port)
 
@@ -214,7 +215,7 @@ class EchoUpstreamAt:
             self.proc = None
 
 
-class ResetUpstream:
+class ResetUpstream(LoopbackServer):
     """An HTTP/1.1 upstream in this process:
       /reset   head with Content-Length: RESET_TOTAL, RESET_SENT body bytes,
                then an RST (SO_LINGER 0) instead of the rest
@@ -225,32 +226,11 @@ class ResetUpstream:
     OK_BYTES = 20000
     OK_DELAY_S = 0.005
 
-    def __init__(self):
-        self.ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(128)
-        self.ls.settimeout(0.2)
-        self.port = self.ls.getsockname()[1]
-        self.resets = 0
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.socks = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
+    BACKLOG = 128
 
-    def _accept(self):
-        while not self.stopping.is_set():
-            try:
-                s, _ = self.ls.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            s.settimeout(10)
-            with self.lock:
-                self.socks.append(s)
-            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+    def __init__(self):
+        self.resets = 0
+        super().__init__()
 
     def _serve(self, s):
         buf = b""
@@ -281,17 +261,6 @@ class ResetUpstream:
             return
         finally:
             s.close()
-
-    def stop(self):
-        self.stopping.set()
-        self.ls.close()
-        with self.lock:
-            for s in self.socks:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self.thread.join(timeout=2)
 
 
 def report(name, **figures):

@@ -230,25 +230,20 @@ class LoadGen:
 
 # -------------------------------------------------------- tiny upstream ----
 
-class TinyUpstream:
-    """An HTTP/1.1 upstream in this process, on threads, for what the echo
-    upstream lacks:
-      /rl?l=L&r=R&t=T  200 with its own X-RateLimit-* (L, R, T) and
-                       RateLimit-Policy / RateLimit fields for a policy "up"
-      /ws              with `Upgrade: websocket`: 101, sends b"hello\\n",
-                       then echoes every byte back until the peer closes;
-                       without it: 426
-      anything else    200 "ok"
-    It records the head of every request it read (self.heads)."""
+class LoopbackServer:
+    """A threaded test server on 127.0.0.1:<free port>: one thread accepts,
+    one thread per connection runs self._serve(sock). stop() closes the
+    listener and shuts every accepted socket down."""
+
+    BACKLOG = 64
 
     def __init__(self):
         self.ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(64)
+        self.ls.listen(self.BACKLOG)
         self.ls.settimeout(0.2)
         self.port = self.ls.getsockname()[1]
-        self.heads = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.socks = []
@@ -267,6 +262,36 @@ class TinyUpstream:
             with self.lock:
                 self.socks.append(s)
             threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def _serve(self, s):
+        raise NotImplementedError
+
+    def stop(self):
+        self.stopping.set()
+        self.ls.close()
+        with self.lock:
+            for s in self.socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        self.thread.join(timeout=2)
+
+
+class TinyUpstream(LoopbackServer):
+    """An HTTP/1.1 upstream in this process, on threads, for what the echo
+    upstream lacks:
+      /rl?l=L&r=R&t=T  200 with its own X-RateLimit-* (L, R, T) and
+                       RateLimit-Policy / RateLimit fields for a policy "up"
+      /ws              with `Upgrade: websocket`: 101, sends b"hello\\n",
+                       then echoes every byte back until the peer closes;
+                       without it: 426
+      anything else    200 "ok"
+    It records the head of every request it read (self.heads)."""
+
+    def __init__(self):
+        self.heads = []
+        super().__init__()
 
     def _serve(self, s):
         buf = b""
@@ -325,14 +350,3 @@ class TinyUpstream:
                 break
             s.sendall(data)
         return True
-
-    def stop(self):
-        self.stopping.set()
-        self.ls.close()
-        with self.lock:
-            for s in self.socks:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self.thread.join(timeout=2)
