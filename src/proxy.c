@@ -444,6 +444,16 @@ static void copy_field(struct obuf *out, const char *buf, const struct http1_hea
     obuf_add(out, "\r\n", 2);
 }
 
+/* A response's status line as HTTP/1.1 ("HTTP/1.x " is 9 bytes; the code
+ * and reason are kept). */
+static void copy_status_line(struct obuf *out, const char *buf, const struct http1_head *h)
+{
+    const char *eol = memchr(buf, '\r', h->len);
+    obuf_add(out, "HTTP/1.1 ", 9);
+    obuf_add(out, buf + 9, (size_t)(eol - buf) - 9);
+    obuf_add(out, "\r\n", 2);
+}
+
 static void add_hex(struct evbuffer *out, size_t n)
 {
     char tmp[20];
@@ -718,15 +728,22 @@ static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
     return n;
 }
 
-/* Redis denied: remember each denying key until its retry time. The keys
- * are built again (the scratch has served other requests since); this is
- * the rare path, as later requests for the key stop at the cache. */
+/* After a wait for Redis the worker's scratch has served other requests:
+ * the keys are built again (normalising the path again first). Only the
+ * rare paths need this: a denial, or a Redis failure. */
+static int rebuild_keys(struct client *c, struct store_limit *sl)
+{
+    long plen = route_normalize(hb(c, c->head.target), c->head.target.len, c->w->path_buf);
+    return plen < 0 ? -1 : build_keys(c, (size_t)plen, sl);
+}
+
+/* Redis denied: remember each denying key until its retry time; later
+ * requests for the key stop at the cache. */
 static void remember_denials(struct client *c, const struct store_result *res)
 {
     struct worker *w = c->w;
     struct store_limit sl[STORE_MAX_LIMITS];
-    long plen = route_normalize(hb(c, c->head.target), c->head.target.len, w->path_buf);
-    if (plen < 0 || build_keys(c, (size_t)plen, sl) != res->n)
+    if (rebuild_keys(c, sl) != res->n)
         return;
     int64_t now = now_ms();
     for (int i = 0; i < res->n; i++)
@@ -762,19 +779,14 @@ static void apply_decision(struct client *c, const struct store_result *res, int
     }
 }
 
-/* Decide in process (backend memory, or on_error local). The keys are
- * built again: the worker's scratch may have served others since. */
+/* on_error local: decide in process instead. */
 static int decide_locally(struct client *c, struct store_result *res)
 {
-    struct worker *w = c->w;
     struct store_limit sl[STORE_MAX_LIMITS];
-    long plen = route_normalize(hb(c, c->head.target), c->head.target.len, w->path_buf);
-    if (plen < 0 || w->mem == NULL)
-        return -1;
-    int n = build_keys(c, (size_t)plen, sl);
+    int n = rebuild_keys(c, sl);
     if (n <= 0)
         return -1;
-    return memstore_decide(w->mem, sl, n, wall_us(), res);
+    return memstore_decide(c->w->mem, sl, n, wall_us(), res);
 }
 
 /* Redis could not decide: on_error says what the request gets. */
@@ -1216,21 +1228,14 @@ static void write_response_head(struct client *c, const char *buf)
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
     }
     obuf_begin(out, bufferevent_get_output(c->bev), h->len + 1024);
-    /* "HTTP/1.x " is 9 bytes; the rest of the status line is kept. */
-    const char *eol = memchr(buf, '\r', h->len);
-    obuf_add(out, "HTTP/1.1 ", 9);
-    obuf_add(out, buf + 9, (size_t)(eol - buf) - 9);
-    obuf_add(out, "\r\n", 2);
+    copy_status_line(out, buf, h);
     int rid_seen = 0;
     for (int i = 0; i < h->nheaders; i++) {
         const struct http1_header *hd = &h->h[i];
         if (is_hop_by_hop(buf, h, hd->name, has_conn) || is_limit_field(buf, hd->name, mode))
             continue;
         rid_seen |= span_is(buf, hd->name, "x-request-id");
-        obuf_add(out, buf + hd->name.off, hd->name.len);
-        obuf_add(out, ": ", 2);
-        obuf_add(out, buf + hd->value.off, hd->value.len);
-        obuf_add(out, "\r\n", 2);
+        copy_field(out, buf, hd);
     }
     if (mode != CONF_HEADERS_NONE) {
         struct reply_upstream up;
@@ -1259,10 +1264,7 @@ static void write_switch_head(struct client *c, const char *buf)
     struct obuf ob, *out = &ob;
     int has_conn = http1_find(buf, h, "connection", 0) >= 0;
     obuf_begin(out, bufferevent_get_output(c->bev), h->len + 1024);
-    const char *eol = memchr(buf, '\r', h->len);
-    obuf_add(out, "HTTP/1.1 ", 9);
-    obuf_add(out, buf + 9, (size_t)(eol - buf) - 9);
-    obuf_add(out, "\r\n", 2);
+    copy_status_line(out, buf, h);
     for (int i = 0; i < h->nheaders; i++) {
         const struct http1_header *hd = &h->h[i];
         if (span_is(buf, hd->name, "upgrade") || !is_hop_by_hop(buf, h, hd->name, has_conn))
