@@ -798,32 +798,46 @@ static int hostname_ok(const char *s)
  * Returns 0, -1 on bad syntax, or a getaddrinfo error when a name does not
  * resolve; host receives the host part (for that message). Names resolve
  * now, once: the first address wins, as docker-compose service names need. */
-static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sslen,
-                      char host[CONF_MAX_HOSTNAME + 1])
+/* Split host:port or [v6]:port: the host into host, *port_text points at
+ * the port in s, *family is AF_INET6 for the bracketed form. -1 on bad
+ * syntax or port. */
+static int split_hostport(const char *s, char host[CONF_MAX_HOSTNAME + 1],
+                          const char **port_text, int *family)
 {
     const char *hs = s, *he, *ps;
-    struct addrinfo hints, *res;
-    unsigned char probe[sizeof(struct in6_addr)];
-    int family, port, rc;
-
+    int port;
     if (s[0] == '[') {
         hs = s + 1;
         he = strchr(hs, ']');
         if (!he || he[1] != ':')
             return -1;
         ps = he + 2;
-        family = AF_INET6;
+        *family = AF_INET6;
     } else {
         he = strrchr(s, ':');
         if (!he || memchr(s, ':', (size_t)(he - s)))
             return -1;
         ps = he + 1;
-        family = AF_INET;
+        *family = AF_INET;
     }
     if (he == hs || (size_t)(he - hs) > CONF_MAX_HOSTNAME || parse_port(ps, &port) < 0)
         return -1;
     memcpy(host, hs, (size_t)(he - hs));
     host[he - hs] = '\0';
+    *port_text = ps;
+    return 0;
+}
+
+static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sslen,
+                      char host[CONF_MAX_HOSTNAME + 1])
+{
+    const char *ps;
+    struct addrinfo hints, *res;
+    unsigned char probe[sizeof(struct in6_addr)];
+    int family, rc;
+
+    if (split_hostport(s, host, &ps, &family) < 0)
+        return -1;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = family;
     hints.ai_socktype = SOCK_STREAM;
@@ -1248,25 +1262,11 @@ static int node_addr_ok(const char *s)
 {
     char host[CONF_MAX_HOSTNAME + 1];
     unsigned char probe[sizeof(struct in6_addr)];
-    const char *hs = s, *he, *ps;
-    int port;
-    if (s[0] == '[') {
-        hs = s + 1;
-        he = strchr(hs, ']');
-        if (!he || he[1] != ':')
-            return 0;
-        ps = he + 2;
-    } else {
-        he = strrchr(s, ':');
-        if (!he || memchr(s, ':', (size_t)(he - s)))
-            return 0;
-        ps = he + 1;
-    }
-    if (he == hs || (size_t)(he - hs) > CONF_MAX_HOSTNAME || parse_port(ps, &port) < 0)
+    const char *ps;
+    int family;
+    if (split_hostport(s, host, &ps, &family) < 0)
         return 0;
-    memcpy(host, hs, (size_t)(he - hs));
-    host[he - hs] = '\0';
-    if (s[0] == '[')
+    if (family == AF_INET6)
         return inet_pton(AF_INET6, host, probe) == 1;
     return inet_pton(AF_INET, host, probe) == 1 || hostname_ok(host);
 }
