@@ -124,6 +124,7 @@ struct client {
     struct route_captures caps;         /* path_regex groups */
     struct counted *counted;            /* count_status limits, until the status is known */
     struct reqlog *reqlog;              /* access-log facts; NULL when logging is off */
+    const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
     char rid[PROXY_RID_MAX + 1];        /* X-Request-Id, sent up and back */
     size_t rid_len;
     int rid_from_client;                /* forwarded among the client's fields */
@@ -535,7 +536,8 @@ static void answer_local(struct client *c, int status, int close_after)
     if (status == 429)
         reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
     else
-        reply_error(out, status, keep, c->rid, c->rid_len);
+        reply_error_named(out, status, c->error_name, keep, c->rid, c->rid_len);
+    c->error_name = NULL;
     if (status == 429)      /* a limit may answer with its own status */
         status = c->rl.limit[c->rl.shown]->status ? c->rl.limit[c->rl.shown]->status : 429;
     count_response(c, status);
@@ -553,6 +555,13 @@ static void answer_local(struct client *c, int status, int close_after)
         c->req_done = 1;
         request_finish(c);
     }
+}
+
+/* A local error answer that names its reason in the JSON body. */
+static void answer_named(struct client *c, int status, const char *name, int close_after)
+{
+    c->error_name = name;
+    answer_local(c, status, close_after);
 }
 
 /* A request-level failure after the response may have started: answer if
@@ -699,7 +708,8 @@ static int request_cost(struct client *c, const char *name, int64_t *cost)
 }
 
 /* Build the keys of the route's limits for this request into the worker's
- * scratch, filling sl[] and c->rl.limit[]; returns how many count it. The
+ * scratch, filling sl[] and c->rl.limit[]; returns how many count it, -1 for
+ * a bad cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice. The
  * normalised path must be in w->path_buf. */
 static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
 {
@@ -714,6 +724,8 @@ static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
     for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
         const struct conf_limit *l = &r->limits[i];
         long klen = route_key(c->conf, r, l, &req, w->keys[n]);
+        if (klen == ROUTE_KEY_AMBIGUOUS)
+            return ROUTE_KEY_AMBIGUOUS;
         if (klen <= 0)      /* a key source is absent: not counted */
             continue;
         int64_t cost = r->cost > 0 ? r->cost : 1;
@@ -956,8 +968,8 @@ static void decide(struct client *c, size_t pathlen)
         return;
     }
     int n = build_keys(c, pathlen, sl);
-    if (n < 0) {
-        answer_local(c, 400, 0);
+    if (n < 0) {    /* the connection stays open: the head itself was fine */
+        answer_named(c, 400, n == ROUTE_KEY_AMBIGUOUS ? "ambiguous_key" : NULL, 0);
         return;
     }
     c->rl.n = n;

@@ -3,6 +3,7 @@
  * Numbers are written with a small integer formatter, not printf: these
  * fields go on every response of a limited route. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <event2/buffer.h>
 
@@ -182,10 +183,19 @@ static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
 void reply_error(struct evbuffer *buf, int status, int keep_alive,
                  const char *rid, size_t rid_len)
 {
+    reply_error_named(buf, status, NULL, keep_alive, rid, rid_len);
+}
+
+void reply_error_named(struct evbuffer *buf, int status, const char *name, int keep_alive,
+                       const char *rid, size_t rid_len)
+{
     struct obuf ob, *out = &ob;
     obuf_begin(out, buf, 256 + rid_len);
     char body[64];
-    int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", error_name(status));
+    int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}",
+                     name != NULL ? name : error_name(status));
+    if (n < 0 || (size_t)n >= sizeof(body))
+        abort();                        /* names are ours and short */
     add_status_line(out, status);
     add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
     obuf_add(out, body, (size_t)n);

@@ -54,6 +54,11 @@ void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep
 void reply_error(struct evbuffer *out, int status, int keep_alive,
                  const char *request_id, size_t request_id_len);
 
+/* The same with the JSON error name given (NULL: the status's own), for
+ * the 400s that say why: "ambiguous_key", "bad_host". */
+void reply_error_named(struct evbuffer *out, int status, const char *name, int keep_alive,
+                       const char *request_id, size_t request_id_len);
+
 /* Whole seconds, rounded up, at least 1 when ms > 0. */
 int64_t reply_seconds(int64_t ms);
 

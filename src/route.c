@@ -66,6 +66,28 @@ static int route_header_is(const char *buf, const struct http1_head *h, int i,
     return route_caseeq(buf + s->off, s->len, name, namelen);
 }
 
+/* Header i's name equals a key source's header name, ASCII case and '-'
+ * versus '_' ignored: WSGI, Rack and CGI upstreams read "X_Api_Key" as
+ * "X-Api-Key" (both become HTTP_X_API_KEY), so for keying they are one field. */
+static int route_keyname_is(const char *buf, const struct http1_head *h, int i,
+                            const char *name, size_t namelen)
+{
+    const struct http1_span *s = &h->h[i].name;
+    if (s->len != namelen)
+        return 0;
+    for (size_t k = 0; k < namelen; k++) {
+        unsigned char a = route_lower((unsigned char)buf[s->off + k]);
+        unsigned char b = route_lower((unsigned char)name[k]);
+        if (a == '_')
+            a = '-';
+        if (b == '_')
+            b = '-';
+        if (a != b)
+            return 0;
+    }
+    return 1;
+}
+
 /* Header i's value without surrounding OWS. An offset of UINT32_MAX is
  * http1.c's mark for "no value seen"; such a head is refused there, but an
  * empty value here costs nothing and no pointer goes past the buffer. */
@@ -488,25 +510,21 @@ static void route_sink_put(struct route_sink *k, const char *p, size_t n)
 }
 
 /* One part, located in the request but not yet copied. */
-enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_HEADERS, ROUTE_PART_QUERY };
+enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_QUERY, ROUTE_PART_COOKIE };
 
 struct route_part {
     enum route_part_kind kind;
-    const char *p;              /* SPAN: the bytes; QUERY: the raw value */
+    const char *p;              /* SPAN: the bytes; QUERY, COOKIE: the raw value */
     size_t n;
-    const char *name;           /* HEADERS: header name */
-    size_t namelen;
 };
 
-/* Next byte of a query component: '+' is a space, a valid %XX its octet, and
- * a '%' without two hex digits stays a literal '%' (lenient, like most
- * servers: the query is not ours to reject). */
-static unsigned char route_qnext(const char *s, size_t n, size_t *i)
+/* Next byte of a percent-encoded run: a valid %XX is its octet, and a '%'
+ * without two hex digits stays a literal '%' (lenient, like most servers:
+ * the query and cookies are not ours to reject). */
+static unsigned char route_pctnext(const char *s, size_t n, size_t *i)
 {
     unsigned char ch = (unsigned char)s[*i];
     (*i)++;
-    if (ch == '+')
-        return ' ';
     if (ch == '%' && *i + 1 < n) {
         int hi = route_hexval((unsigned char)s[*i]);
         int lo = route_hexval((unsigned char)s[*i + 1]);
@@ -518,53 +536,52 @@ static unsigned char route_qnext(const char *s, size_t n, size_t *i)
     return ch;
 }
 
-static void route_part_emit(const struct route_part *pt, const struct route_req *req,
-                            struct route_sink *k)
+/* Next byte of a query component: '+' is a space, the rest as above. */
+static unsigned char route_qnext(const char *s, size_t n, size_t *i)
+{
+    if (s[*i] == '+') {
+        (*i)++;
+        return ' ';
+    }
+    return route_pctnext(s, n, i);
+}
+
+/* A cookie value decodes %XX but keeps '+': Express and most cookie
+ * libraries decode it so, and "a%2Bb" must key as "a+b". */
+static void route_part_emit(const struct route_part *pt, struct route_sink *k)
 {
     if (pt->kind == ROUTE_PART_SPAN) {
         route_sink_put(k, pt->p, pt->n);
-    } else if (pt->kind == ROUTE_PART_QUERY) {
-        char chunk[64];
-        size_t used = 0, i = 0;
-        while (i < pt->n) {
-            chunk[used++] = (char)route_qnext(pt->p, pt->n, &i);
-            if (used == sizeof chunk) {
-                route_sink_put(k, chunk, used);
-                used = 0;
-            }
-        }
-        route_sink_put(k, chunk, used);
-    } else {
-        int seen = 0;
-        for (int i = 0; i < req->h->nheaders; i++) {
-            if (!route_header_is(req->buf, req->h, i, pt->name, pt->namelen))
-                continue;
-            const char *v;
-            size_t vlen;
-            route_header_value(req->buf, req->h, i, &v, &vlen);
-            if (seen++)
-                route_sink_put(k, ",", 1);
-            route_sink_put(k, v, vlen);
+        return;
+    }
+    char chunk[64];
+    size_t used = 0, i = 0;
+    while (i < pt->n) {
+        chunk[used++] = (char)(pt->kind == ROUTE_PART_QUERY ? route_qnext(pt->p, pt->n, &i)
+                                                            : route_pctnext(pt->p, pt->n, &i));
+        if (used == sizeof chunk) {
+            route_sink_put(k, chunk, used);
+            used = 0;
         }
     }
+    route_sink_put(k, chunk, used);
 }
 
 /* Append "<len>:<bytes>", or "41:#<sha1 hex>" for a part longer than
  * ROUTE_MAX_PART. A short part that itself looks like "#<40 chars>" is hashed
  * too, so "41:#..." always means a hash and no value can pose as another's
  * digest: the encoding stays one-to-one. */
-static void route_put_part(struct route_out *o, const struct route_part *pt,
-                           const struct route_req *req)
+static void route_put_part(struct route_out *o, const struct route_part *pt)
 {
     struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
-    route_part_emit(pt, req, &k);
+    route_part_emit(pt, &k);
     char num[32];
     if (k.len > ROUTE_MAX_PART || (k.len == 41 && k.first == '#')) {
         uint8_t d[SHA1_DIGEST_BYTES];
         char hex[SHA1_HEX_BYTES];
         k.mode = ROUTE_SINK_HASH;
         sha1_init(&k.sha);
-        route_part_emit(pt, req, &k);
+        route_part_emit(pt, &k);
         sha1_final(&k.sha, d);
         sha1_tohex(d, hex);
         route_put(o, "41:#", 4);
@@ -582,17 +599,29 @@ static void route_put_part(struct route_out *o, const struct route_part *pt,
     route_put(o, q, (size_t)(num + sizeof num - q));
     k.mode = ROUTE_SINK_WRITE;
     k.out = o;
-    route_part_emit(pt, req, &k);
+    route_part_emit(pt, &k);
 }
 
-static int route_has_header(const struct route_req *req, const char *name, size_t namelen)
+/* How often a key source occurs: absent, once, or more (ambiguous). */
+enum route_seen { ROUTE_ABSENT, ROUTE_ONCE, ROUTE_TWICE };
+
+/* The field of a header key source, under any spelling route_keyname_is
+ * takes for it: its value into *v. Two such fields are ambiguous: sluice
+ * would join them, an upstream take the first, the last or the list. */
+static enum route_seen route_find_header(const struct route_req *req, const char *name,
+                                         size_t namelen, const char **v, size_t *vlen)
 {
-    for (int i = 0; i < req->h->nheaders; i++)
-        if (route_header_is(req->buf, req->h, i, name, namelen))
-            return 1;
-    return 0;
+    enum route_seen seen = ROUTE_ABSENT;
+    for (int i = 0; i < req->h->nheaders; i++) {
+        if (!route_keyname_is(req->buf, req->h, i, name, namelen))
+            continue;
+        if (seen == ROUTE_ONCE)
+            return ROUTE_TWICE;
+        route_header_value(req->buf, req->h, i, v, vlen);
+        seen = ROUTE_ONCE;
+    }
+    return seen;
 }
-
 /* The query name equals want after decoding it. */
 static int route_qname_is(const char *s, size_t n, const char *want, size_t wantlen)
 {
@@ -605,16 +634,18 @@ static int route_qname_is(const char *s, size_t n, const char *want, size_t want
     return k == wantlen;
 }
 
-/* First parameter named name in the raw query of the target; its raw value
- * (decoded later, while it is written) into *v. 1 when found. */
-static int route_find_query(const struct route_req *req, const char *name, size_t namelen,
-                            const char **v, size_t *vlen)
+/* The parameter named name in the raw query of the target; its raw value
+ * (decoded later, while it is written) into *v. Twice is ambiguous: Flask
+ * reads the first, PHP and Rails the last. */
+static enum route_seen route_find_query(const struct route_req *req, const char *name,
+                                        size_t namelen, const char **v, size_t *vlen)
 {
     const char *t = req->buf + req->h->target.off;
     size_t tlen = req->h->target.len;
     const char *q = memchr(t, '?', tlen);
+    enum route_seen seen = ROUTE_ABSENT;
     if (q == NULL)
-        return 0;
+        return seen;
     q++;
     size_t qlen = tlen - (size_t)(q - t);
     const char *hash = memchr(q, '#', qlen);
@@ -627,23 +658,28 @@ static int route_find_query(const struct route_req *req, const char *name, size_
         const char *eq = memchr(q, '=', plen);
         size_t nlen = eq != NULL ? (size_t)(eq - q) : plen;
         if (plen > 0 && route_qname_is(q, nlen, name, namelen)) {
+            if (seen == ROUTE_ONCE)
+                return ROUTE_TWICE;
             *v = eq != NULL ? eq + 1 : q + plen;
             *vlen = eq != NULL ? plen - nlen - 1 : 0;
-            return 1;
+            seen = ROUTE_ONCE;
         }
         if (amp == NULL)
             break;
         q = amp + 1;
         qlen -= plen + 1;
     }
-    return 0;
+    return seen;
 }
 
-/* First cookie named name (exact, case-sensitive) in the Cookie header(s):
- * "a=1; b=2". Its value with surrounding whitespace trimmed. 1 when found. */
-static int route_find_cookie(const struct route_req *req, const char *name, size_t namelen,
-                             const char **v, size_t *vlen)
+/* The cookie named name (exact, case-sensitive) in the Cookie field(s):
+ * "a=1; b=2". Its value with surrounding whitespace and one pair of
+ * DQUOTEs (RFC 6265's quoted form) taken off; %XX is decoded as it is
+ * written. Twice, in one field or across two, is ambiguous. */
+static enum route_seen route_find_cookie(const struct route_req *req, const char *name,
+                                         size_t namelen, const char **v, size_t *vlen)
 {
+    enum route_seen seen = ROUTE_ABSENT;
     for (int i = 0; i < req->h->nheaders; i++) {
         if (!route_header_is(req->buf, req->h, i, "cookie", 6))
             continue;
@@ -660,9 +696,15 @@ static int route_find_cookie(const struct route_req *req, const char *name, size
                 route_trim(&cn, &cnlen);
                 route_trim(&cv, &cvlen);
                 if (cnlen == namelen && memcmp(cn, name, namelen) == 0) {
+                    if (seen == ROUTE_ONCE)
+                        return ROUTE_TWICE;
+                    if (cvlen >= 2 && cv[0] == '"' && cv[cvlen - 1] == '"') {
+                        cv++;
+                        cvlen -= 2;
+                    }
                     *v = cv;
                     *vlen = cvlen;
-                    return 1;
+                    seen = ROUTE_ONCE;
                 }
             }
             if (semi == NULL)
@@ -671,12 +713,12 @@ static int route_find_cookie(const struct route_req *req, const char *name, size
             n -= plen + 1;
         }
     }
-    return 0;
+    return seen;
 }
 
-/* Locate key source ks in the request. 0 when it is absent. */
-static int route_locate(const struct conf_keysrc *ks, const struct route_req *req,
-                        struct route_part *pt)
+/* Locate key source ks in the request. */
+static enum route_seen route_locate(const struct conf_keysrc *ks, const struct route_req *req,
+                                    struct route_part *pt)
 {
     memset(pt, 0, sizeof *pt);
     pt->kind = ROUTE_PART_SPAN;
@@ -684,45 +726,56 @@ static int route_locate(const struct conf_keysrc *ks, const struct route_req *re
     case CONF_KEY_IP:
         pt->p = req->ip;
         pt->n = req->iplen;
-        return req->ip != NULL;
+        return req->ip != NULL ? ROUTE_ONCE : ROUTE_ABSENT;
     case CONF_KEY_METHOD:
         pt->p = req->buf + req->h->method.off;
         pt->n = req->h->method.len;
-        return 1;
+        return ROUTE_ONCE;
     case CONF_KEY_PATH:
         pt->p = req->path;
         pt->n = req->pathlen;
-        return req->path != NULL;
+        return req->path != NULL ? ROUTE_ONCE : ROUTE_ABSENT;
     case CONF_KEY_HEADER:
-        pt->kind = ROUTE_PART_HEADERS;
-        pt->name = ks->arg;
-        pt->namelen = ks->arglen;
-        return route_has_header(req, ks->arg, ks->arglen);
+        return route_find_header(req, ks->arg, ks->arglen, &pt->p, &pt->n);
     case CONF_KEY_QUERY:
         pt->kind = ROUTE_PART_QUERY;
         return route_find_query(req, ks->arg, ks->arglen, &pt->p, &pt->n);
     case CONF_KEY_COOKIE:
+        pt->kind = ROUTE_PART_COOKIE;
         return route_find_cookie(req, ks->arg, ks->arglen, &pt->p, &pt->n);
     case CONF_KEY_CAPTURE:
         /* An unset group (an optional one that did not take part) is
          * absent; a group that matched nothing is an empty part. */
         if (req->caps == NULL || ks->capture >= req->caps->n ||
             !(req->caps->set & (1u << ks->capture)))
-            return 0;
+            return ROUTE_ABSENT;
         pt->p = req->path + req->caps->off[ks->capture];
         pt->n = req->caps->len[ks->capture];
-        return 1;
+        return ROUTE_ONCE;
     }
     abort();                            /* conf.c only makes the kinds above */
 }
 
 /* Client bytes may hold '{' or '}': Redis Cluster then hashes a shorter
  * tag, but it is still the same for every key derived from this one, and the
- * length prefixes keep the key itself unambiguous. */
+ * length prefixes keep the key itself unambiguous. Every source is located
+ * before any is written (and again while writing: locating costs less than
+ * keeping parts for a count of sources conf.c does not bound), so a doubled
+ * source is refused whatever its place among the limit's keys. */
 long route_key(const struct conf *c, const struct conf_route *r,
                const struct conf_limit *l, const struct route_req *req,
                char *out)
 {
+    struct route_part pt;
+    int absent = 0;
+    for (int i = 0; i < l->nkeys; i++) {
+        enum route_seen seen = route_locate(&l->keys[i], req, &pt);
+        if (seen == ROUTE_TWICE)
+            return ROUTE_KEY_AMBIGUOUS;
+        absent |= seen == ROUTE_ABSENT;
+    }
+    if (absent)
+        return 0;
     struct route_out o = { .p = out };
     route_puts(&o, c->redis.prefix);
     route_put(&o, "{", 1);
@@ -731,10 +784,8 @@ long route_key(const struct conf *c, const struct conf_route *r,
     route_puts(&o, l->name);
     route_put(&o, "|", 1);
     for (int i = 0; i < l->nkeys; i++) {
-        struct route_part pt;
-        if (!route_locate(&l->keys[i], req, &pt))
-            return 0;
-        route_put_part(&o, &pt, req);
+        route_locate(&l->keys[i], req, &pt);
+        route_put_part(&o, &pt);
     }
     route_put(&o, "}", 1);
     if (o.full)

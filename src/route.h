@@ -62,7 +62,13 @@ struct route_req {
 
 /* Write the Redis key of limit l of route r for this request into
  * out[ROUTE_MAX_KEY]. Returns its length, 0 when a key source is absent from
- * the request (the limit does not count it), or -1 when it would not fit. */
+ * the request (the limit does not count it), -1 when it would not fit, or
+ * ROUTE_KEY_AMBIGUOUS when a source is given twice (two fields of the header,
+ * under any '-'/'_' spelling; the query parameter twice; the cookie twice),
+ * which upstreams resolve differently: the request gets a 400. A header
+ * source matches its name with ASCII case and '-' versus '_' ignored; a
+ * cookie value is taken without DQUOTEs and with %XX decoded. */
+#define ROUTE_KEY_AMBIGUOUS (-2)
 long route_key(const struct conf *c, const struct conf_route *r,
                const struct conf_limit *l, const struct route_req *req,
                char *out);

@@ -590,8 +590,12 @@ struct key_case {
     const char *head;
     struct conf_keysrc ks[3];
     int nks;
-    const char *want;           /* NULL: 0 expected (source absent) */
+    const char *want;           /* NULL: 0 expected (source absent); AMBIG */
 };
+
+/* want for a source given twice: route_key returns ROUTE_KEY_AMBIGUOUS. */
+static const char key_ambiguous[] = "(ambiguous)";
+#define AMBIG key_ambiguous
 
 static const struct key_case key_cases[] = {
     { "GET /a HTTP/1.1\r\n\r\n", { { CONF_KEY_IP, NULL, 0 } }, 1, "sluice:{r|l|9:192.0.2.1}" },
@@ -609,10 +613,27 @@ static const struct key_case key_cases[] = {
     { "GET / HTTP/1.1\r\nX-Api-Key:  \t a b \t\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") },
       1, "sluice:{r|l|3:a b}" },
     { "GET / HTTP/1.1\r\nA: x\r\nB: 1\r\na: y \r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1,
-      "sluice:{r|l|3:x,y}" },
+      AMBIG },
     { "GET / HTTP/1.1\r\nA:\r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1, "sluice:{r|l|0:}" },
-    { "GET / HTTP/1.1\r\nA: \r\nA: \r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1,
-      "sluice:{r|l|1:,}" },
+    { "GET / HTTP/1.1\r\nA: \r\nA: \r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1, AMBIG },
+    /* '-' and '_' are one for a key header (WSGI, Rack, CGI read them so) */
+    { "GET / HTTP/1.1\r\nX_Api_Key: abc\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1,
+      "sluice:{r|l|3:abc}" },
+    { "GET / HTTP/1.1\r\nx-api_KEY: abc\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1,
+      "sluice:{r|l|3:abc}" },
+    { "GET / HTTP/1.1\r\nX-Api-Key: abc\r\n\r\n", { KS(CONF_KEY_HEADER, "X_Api_Key") }, 1,
+      "sluice:{r|l|3:abc}" },
+    { "GET / HTTP/1.1\r\nX-Api-Key: r1\r\nX_Api_Key: abc\r\n\r\n",
+      { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1, AMBIG },
+    { "GET / HTTP/1.1\r\nX-Api-Key: k\r\nX-Api-Key: k\r\n\r\n",
+      { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1, AMBIG },      /* even the same value */
+    { "GET / HTTP/1.1\r\nX.Api.Key: abc\r\nXApiKey: abc\r\n\r\n",
+      { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1, NULL },
+    /* a doubled source is refused wherever it stands, even after an absent one */
+    { "GET / HTTP/1.1\r\nB: 1\r\nB: 2\r\n\r\n",
+      { KS(CONF_KEY_HEADER, "A"), KS(CONF_KEY_HEADER, "B") }, 2, AMBIG },
+    { "GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\n\r\n",
+      { KS(CONF_KEY_HEADER, "A"), KS(CONF_KEY_HEADER, "B") }, 2, "sluice:{r|l|1:11:2}" },
     { "GET / HTTP/1.1\r\nX-Api-Keys: abc\r\n\r\n", { KS(CONF_KEY_HEADER, "X-Api-Key") }, 1,
       NULL },
     { "GET / HTTP/1.1\r\n\r\n", { { CONF_KEY_IP, NULL, 0 }, KS(CONF_KEY_HEADER, "A") }, 2,
@@ -620,7 +641,10 @@ static const struct key_case key_cases[] = {
     { "GET / HTTP/1.1\r\nA: }{|\r\n\r\n", { KS(CONF_KEY_HEADER, "A") }, 1,
       "sluice:{r|l|3:}{|}" },
     /* query */
-    { "GET /p?x=1&id=42&id=43 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1,
+    { "GET /p?x=1&id=42&id=43 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, AMBIG },
+    { "GET /p?id=42&i%64=42 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, AMBIG },
+    { "GET /p?id&id= HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, AMBIG },
+    { "GET /p?x=1&id=42&idx=43 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1,
       "sluice:{r|l|2:42}" },
     { "GET /p?i%64=4%32 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1,
       "sluice:{r|l|2:42}" },
@@ -643,11 +667,30 @@ static const struct key_case key_cases[] = {
     { "GET /id=1 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
     /* cookie */
     { "GET / HTTP/1.1\r\nCookie: a=1; sid=xyz; sid=2\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") },
+      1, AMBIG },
+    { "GET / HTTP/1.1\r\nCookie: sid=xyz\r\nCookie: a=1; sid=xyz\r\n\r\n",
+      { KS(CONF_KEY_COOKIE, "sid") }, 1, AMBIG },
+    { "GET / HTTP/1.1\r\nCookie: sid=xyz; sidx=1; SID=2\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") },
       1, "sluice:{r|l|3:xyz}" },
+    /* quoted and percent-encoded values key as their plain form; '+' stays */
+    { "GET / HTTP/1.1\r\nCookie: sid=%78%79z\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|3:xyz}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=\"%78yz\"\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|3:xyz}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=a+b%2Bc%zz%4\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|10:a+b+c%zz%4}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=\"\"\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|0:}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=\"\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|1:\"}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=\"\"x\"\"\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|3:\"x\"}" },                        /* one pair only */
+    { "GET / HTTP/1.1\r\nCookie: sid=%22x%22\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|3:\"x\"}" },                        /* quotes, then decoding */
     { "GET / HTTP/1.1\r\nCookie: a=1\r\ncookie: sid=q\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") },
       1, "sluice:{r|l|1:q}" },
     { "GET / HTTP/1.1\r\nCookie:sid=\"v\";a=1\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
-      "sluice:{r|l|3:\"v\"}" },
+      "sluice:{r|l|1:v}" },
     { "GET / HTTP/1.1\r\nCookie: sid=\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
       "sluice:{r|l|0:}" },
     { "GET / HTTP/1.1\r\nCookie: sid=a=b\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
@@ -668,6 +711,9 @@ static void test_key_table(void **state)
         if (t->want == NULL) {
             if (n != 0)
                 fail_msg("case %zu: expected 0, got %ld '%s'", i, n, k);
+        } else if (t->want == AMBIG) {
+            if (n != ROUTE_KEY_AMBIGUOUS)
+                fail_msg("case %zu: expected ambiguous, got %ld '%s'", i, n, k);
         } else if (n != (long)strlen(t->want) || strcmp(k, t->want) != 0) {
             fail_msg("case %zu: expected '%s', got %ld '%s'", i, t->want, n, k);
         }
@@ -727,18 +773,18 @@ static void test_key_long_parts(void **state)
     assert_int_equal(n, 57);
     assert_memory_equal(k, "sluice:{r|l|41:#", 16);
 
-    /* several headers joined, then hashed as one part: same as hashing the
-     * joined bytes */
-    char joined[400];
-    memset(joined, 'y', 150);
-    joined[150] = ',';
-    memset(joined + 151, 'z', 150);
+    /* a long cookie value is hashed after unquoting and decoding */
+    struct conf_keysrc cs[] = { KS(CONF_KEY_COOKIE, "s") };
+    char plain[300];
     char hex[SHA1_HEX_BYTES];
-    sha1_hex(joined, 301, hex);
+    memset(plain, 'y', sizeof plain);
+    sha1_hex(plain, sizeof plain, hex);
     snprintf(want, sizeof want, "sluice:{r|l|41:#%s}", hex);
-    snprintf(text, sizeof text, "GET / HTTP/1.1\r\nA: %.150s\r\nA: %.150s\r\n\r\n",
-             joined, joined + 151);
-    assert_string_equal(key_of(text, 0, ks, 1, &n), want);
+    strcpy(text, "GET / HTTP/1.1\r\nCookie: s=\"");
+    for (int i = 0; i < 300; i++)
+        strcat(text, i % 2 ? "y" : "%79");
+    strcat(text, "\"\r\n\r\n");
+    assert_string_equal(key_of(text, 0, cs, 1, &n), want);
 
     /* a long query value is hashed after decoding */
     struct conf_keysrc qs[] = { KS(CONF_KEY_QUERY, "q") };
