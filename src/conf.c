@@ -2263,6 +2263,37 @@ static int h_routes(struct ctx *x, struct node *k, struct node *v, void *obj)
     return 0;
 }
 
+static int h_paths_case(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "sensitive", "insensitive" };
+    int i = 0;
+    if (get_enum(x, v, names, 2, "sensitive or insensitive", &i) < 0)
+        return -1;
+    ((struct conf_paths *)obj)->case_insensitive = i;
+    return 0;
+}
+
+static int h_paths_matrix(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "keep", "strip" };
+    int i = 0;
+    if (get_enum(x, v, names, 2, "keep or strip", &i) < 0)
+        return -1;
+    ((struct conf_paths *)obj)->strip_matrix = i;
+    return 0;
+}
+
+static const struct key_def paths_keys[] = {
+    { "case", h_paths_case, 0 },
+    { "matrix_params", h_paths_matrix, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_paths(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return walk_map(x, v, paths_keys, &((struct conf *)obj)->paths);
+}
+
 /* route->metrics is not ours: metrics_bind() points it into its registry. */
 static const struct key_def top_keys[] = {
     { "listen", h_listen, 1 },
@@ -2280,6 +2311,7 @@ static const struct key_def top_keys[] = {
     { "deny_cache", h_deny_cache, 0 },
     { "admin", h_admin, 0 },
     { "access_log", h_access_log, 0 },
+    { "paths", h_paths, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -2354,6 +2386,52 @@ static int check_captures(struct ctx *x, int i)
     return rc;
 }
 
+/* paths: a route that no request could meet after it. With matrix_params:
+ * strip no path holds ';'; with case: insensitive every path is lower case,
+ * so a path_regex letter in upper case would never match (one in an escape
+ * such as \S or in a bracket expression such as [A-Za-z] may). */
+static int check_paths(struct ctx *x, int i)
+{
+    const struct conf_route *r = &x->c->routes[i];
+    struct node *match = map_get(x->routes->kids[i], "match");
+    char sb[SHOW_BUF];
+    size_t old;
+    int rc = 0;
+    if (x->c->paths.strip_matrix && r->path && strchr(r->path, ';')) {
+        old = path_push(x, "routes[%d].match.path", i);
+        rc = fail(x, map_get(match, "path"), "path '%s' has a ';', which "
+                  "paths.matrix_params: strip takes out of every request path",
+                  show(r->path, sb));
+        path_pop(x, old);
+        return rc;
+    }
+    if (!x->c->paths.case_insensitive || !r->path_regex)
+        return 0;
+    for (const char *p = r->path_regex; *p; p++) {
+        if (*p == '\\' && p[1]) {
+            p++;
+            continue;
+        }
+        if (*p == '[') {
+            const char *q = p + 1 + (p[1] == '^');
+            q = strchr(*q == ']' ? q + 1 : q, ']');     /* "[]a]" holds a ']' */
+            if (q == NULL)
+                break;
+            p = q;
+            continue;
+        }
+        if (*p >= 'A' && *p <= 'Z') {
+            old = path_push(x, "routes[%d].match.path_regex", i);
+            rc = fail(x, map_get(match, "path_regex"), "path_regex '%s' has the upper-case "
+                      "'%c', but paths.case: insensitive matches lower-cased paths",
+                      show(r->path_regex, sb), *p);
+            path_pop(x, old);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* The admin endpoint must not share the public listener's address. */
 static int check_admin(struct ctx *x, struct node *root)
 {
@@ -2377,7 +2455,7 @@ static int conf_from_tree(struct ctx *x, struct node *root)
     if (walk_map(x, root, top_keys, x->c) < 0)
         return -1;
     for (int i = 0; i < x->c->nroutes; i++)
-        if (check_route(x, i) < 0 || check_captures(x, i) < 0)
+        if (check_route(x, i) < 0 || check_captures(x, i) < 0 || check_paths(x, i) < 0)
             return -1;
     return check_admin(x, root);
 }

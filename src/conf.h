@@ -125,6 +125,13 @@ struct conf_client {
     int64_t body_timeout_ms;    /* no body byte for this long: close (default 60s) */
 };
 
+/* How request paths are read for matching and for path/capture keys (the
+ * request still goes upstream as sent). Defaults as nginx: both off. */
+struct conf_paths {
+    int case_insensitive;       /* case: insensitive; default sensitive */
+    int strip_matrix;           /* matrix_params: strip; default keep */
+};
+
 struct conf {
     char *file;
     struct conf_addr listen;
@@ -132,6 +139,7 @@ struct conf {
     int max_connections;        /* per process; 0 = unlimited (default 10000) */
     int64_t shutdown_timeout_ms; /* requests in flight may finish (default 10s) */
     struct conf_client client;
+    struct conf_paths paths;
     struct conf_redis redis;
     struct conf_upstream *upstreams;
     int nupstreams;

@@ -666,13 +666,17 @@ static void parse_head(struct client *c)
     c->upgrade = 0;
     set_request_id(c);
     reqlog_begin(c, 1);
-    long plen = route_normalize(hb(c, h->target), h->target.len, w->path_buf);
+    long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, w->path_buf);
     if (plen < 0) {
         answer_local(c, 400, 1);
         return;
     }
     const char *host = h->host >= 0 ? hb(c, h->h[h->host].value) : NULL;
     size_t hostlen = h->host >= 0 ? h->h[h->host].value.len : 0;
+    if (host != NULL && route_host_check(host, hostlen) < 0) {
+        answer_named(c, 400, "bad_host", 1);
+        return;
+    }
     c->route = route_match(c->conf, w->path_buf, (size_t)plen, hb(c, h->method),
                            h->method.len, host, hostlen, &c->caps);
     if (c->route == NULL) {
@@ -745,7 +749,8 @@ static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
  * rare paths need this: a denial, or a Redis failure. */
 static int rebuild_keys(struct client *c, struct store_limit *sl)
 {
-    long plen = route_normalize(hb(c, c->head.target), c->head.target.len, c->w->path_buf);
+    long plen = route_normalize_paths(c->conf, hb(c, c->head.target), c->head.target.len,
+                                      c->w->path_buf);
     return plen < 0 ? -1 : build_keys(c, (size_t)plen, sl);
 }
 

@@ -107,12 +107,24 @@ static void route_header_value(const char *buf, const struct http1_head *h, int 
 /* ---- normalisation ---- */
 
 /* Decode every %XX of the path into out (never longer than the input).
- * A '%' without two hex digits, or a decoded NUL, is a 400. */
-static long route_decode_path(const char *in, size_t len, char *out)
+ * A '%' without two hex digits, or a decoded NUL, is a 400. With strip, a
+ * matrix parameter goes too: from a ';' as sent up to the next '/' as sent,
+ * before decoding, as Tomcat and Spring cut ";jsessionid=..." (so ";x%2Fy"
+ * goes whole); and from a ';' that decoding made (%3B) up to the next '/'.
+ * Tomcat would keep "%3B" in the name, but matching more never hands out a
+ * fresh quota while matching less would. */
+static long route_decode_path(const char *in, size_t len, int strip, char *out)
 {
     size_t w = 0;
+    int skipping = 0;                   /* inside a parameter decoding made */
     for (size_t i = 0; i < len; i++) {
         unsigned char ch = (unsigned char)in[i];
+        if (strip && ch == ';') {
+            const char *slash = memchr(in + i, '/', len - i);
+            i = slash != NULL ? (size_t)(slash - in) - 1 : len - 1;
+            skipping = 0;
+            continue;
+        }
         if (ch == '%') {
             if (i + 2 >= len)
                 return -1;
@@ -122,7 +134,12 @@ static long route_decode_path(const char *in, size_t len, char *out)
                 return -1;
             ch = (unsigned char)(hi << 4 | lo);
             i += 2;
+            if (strip && ch == ';')
+                skipping = 1;
         }
+        if (skipping && ch != '/')
+            continue;
+        skipping = 0;
         out[w++] = (char)ch;
     }
     return (long)w;
@@ -171,7 +188,10 @@ static long route_dot_segments(char *p, size_t n)
     return (long)w;
 }
 
-long route_normalize(const char *target, size_t len, char *out)
+/* The normalisation; strip: drop matrix parameters (before resolving dot
+ * segments, so "/a/..;/b" climbs as it does in Tomcat); fold: lower-case
+ * ASCII (after decoding, so "%41" and "a" are one). */
+static long route_normalize_as(const char *target, size_t len, int strip, int fold, char *out)
 {
     if (len == 0 || target[0] != '/')
         return -1;                      /* absolute-, authority-, asterisk-form */
@@ -184,20 +204,36 @@ long route_normalize(const char *target, size_t len, char *out)
         if (ch == '?' && pathlen == len)
             pathlen = i;
     }
-    long n = route_decode_path(target, pathlen, out);
+    long n = route_decode_path(target, pathlen, strip, out);
     if (n < 0)
         return -1;
     n = route_dot_segments(out, (size_t)n);
-    if (n >= 0)     /* regexec() reads up to a NUL whatever REG_STARTEND says */
-        out[n] = '\0';
+    if (n < 0)
+        return -1;
+    if (fold)
+        for (long i = 0; i < n; i++)
+            out[i] = (char)route_lower((unsigned char)out[i]);
+    out[n] = '\0';     /* regexec() reads up to a NUL whatever REG_STARTEND says */
     return n;
+}
+
+long route_normalize(const char *target, size_t len, char *out)
+{
+    return route_normalize_as(target, len, 0, 0, out);
+}
+
+long route_normalize_paths(const struct conf *c, const char *target, size_t len, char *out)
+{
+    return route_normalize_as(target, len, c->paths.strip_matrix, c->paths.case_insensitive,
+                              out);
 }
 
 /* ---- matching ---- */
 
-/* Host without port and without IPv6 brackets: "[::1]:8080" -> "::1",
- * "Example.com:80" -> "Example.com". A value with several ':' and no
- * brackets is left whole (it cannot carry a port). */
+/* Host without port, IPv6 brackets and a trailing dot: "[::1]:8080" ->
+ * "::1", "Example.com.:80" -> "Example.com" (a fully qualified name with its
+ * root label is the same host). A value with several ':' and no brackets is
+ * left whole (it cannot carry a port; route_host_check refuses it). */
 static void route_host_bare(const char **h, size_t *n)
 {
     route_trim(h, n);
@@ -215,16 +251,69 @@ static void route_host_bare(const char **h, size_t *n)
         if (memchr(colon + 1, ':', rest) == NULL)
             *n = (size_t)(colon - *h);
     }
+    if (*n > 1 && (*h)[*n - 1] == '.')
+        (*n)--;
+}
+
+/* A registered name as DNS and the URI grammar's unreserved set allow it,
+ * or an IPv4 address (which is one): letters, digits, '-', '.', '_', '~';
+ * no empty label. */
+static int route_host_name_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                 (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '~';
+        if (ch == '.')
+            ok = i > 0 && s[i - 1] != '.';
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
+int route_host_check(const char *host, size_t len)
+{
+    route_trim(&host, &len);
+    if (len == 0)
+        return 0;                       /* empty Host: allowed without an authority */
+    size_t name;                        /* bytes before the port */
+    if (host[0] == '[') {
+        const char *end = memchr(host, ']', len);
+        if (end == NULL || end == host + 1)
+            return -1;
+        for (const char *p = host + 1; p < end; p++)
+            if (!(route_hexval((unsigned char)*p) >= 0 || *p == ':' || *p == '.'))
+                return -1;
+        name = (size_t)(end + 1 - host);
+    } else {
+        const char *colon = memchr(host, ':', len);
+        name = colon != NULL ? (size_t)(colon - host) : len;
+        if (name == 0 || !route_host_name_ok(host, name))
+            return -1;
+    }
+    if (name == len)
+        return 0;
+    if (host[name] != ':' || len - name - 1 > 5)
+        return -1;
+    for (size_t i = name + 1; i < len; i++)
+        if (host[i] < '0' || host[i] > '9')
+            return -1;
+    return 0;
 }
 
 /* Prefix on a segment boundary: "/api" meets "/api", "/api/", "/api/x",
- * never "/apix". The route "/" meets every normalised path. */
-static int route_path_meets(const struct conf_route *r, const char *path, size_t pathlen)
+ * never "/apix". The route "/" meets every normalised path. fold: the path
+ * is lower-cased (paths.case: insensitive), the route's path compares so. */
+static int route_path_meets(const struct conf_route *r, const char *path, size_t pathlen,
+                            int fold)
 {
     size_t rl = r->pathlen;
     if (rl == 0 || (rl == 1 && r->path[0] == '/'))
         return 1;
-    if (pathlen < rl || memcmp(path, r->path, rl) != 0)
+    if (pathlen < rl)
+        return 0;
+    if (fold ? !route_caseeq(path, rl, r->path, rl) : memcmp(path, r->path, rl) != 0)
         return 0;
     return pathlen == rl || path[rl] == '/' || r->path[rl - 1] == '/';
 }
@@ -293,7 +382,7 @@ const struct conf_route *route_match(const struct conf *c,
                 return r;
             continue;
         }
-        if (route_path_meets(r, path, pathlen) &&
+        if (route_path_meets(r, path, pathlen, c->paths.case_insensitive) &&
             route_method_meets(r, method, methodlen) &&
             route_host_meets(r, host, hostlen))
             return r;

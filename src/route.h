@@ -25,6 +25,19 @@
  * a 400: not origin-form, bad or NUL percent-escape, climbing above root. */
 long route_normalize(const char *target, size_t len, char *out);
 
+/* route_normalize as the config's paths section asks: with matrix_params:
+ * strip, ";..." parameters leave each segment (those sent as ';' before
+ * decoding, those sent as %3B after it) before dot segments are resolved;
+ * with case: insensitive, the result is lower-cased (ASCII). This is the
+ * path matching and the path/capture keys see. */
+long route_normalize_paths(const struct conf *c, const char *target, size_t len, char *out);
+
+/* 0 when a Host value (OWS around it ignored) is a host a client may name:
+ * empty, a name of letters, digits, '-', '.', '_', '~' without an empty
+ * label, or a bracketed IPv6 literal, each with an optional :port of up to 5
+ * digits; -1 otherwise (userinfo, spaces, '/', ',', '%'...: a 400). */
+int route_host_check(const char *host, size_t len);
+
 /* Groups a path_regex route captured from the normalised path. */
 #define ROUTE_MAX_CAPTURES 10
 struct route_captures {
@@ -35,7 +48,9 @@ struct route_captures {
 };
 
 /* First route (file order) matching path, method and Host value (which may
- * carry a port; compared case-insensitively without it). NULL: no route.
+ * carry a port; compared case-insensitively without it and without a
+ * trailing dot). The path comes from route_normalize_paths, and with
+ * paths.case: insensitive compares case-insensitively with route paths. NULL: no route.
  * For a path_regex route, caps (when not NULL) gets its groups. */
 const struct conf_route *route_match(const struct conf *c,
                                      const char *path, size_t pathlen,

@@ -8,7 +8,9 @@
  * Idempotence holds only where decoding cannot create new syntax: a result
  * holding '%' (from %25), '?' (%3F), '#' (%23) or a control byte (%0A) means
  * something else when read as a target again, so a result is re-normalised
- * only when it holds none of those. */
+ * only when it holds none of those. route_normalize_paths is run with each
+ * paths setting: case alone is route_normalize lower-cased; strip leaves no
+ * ';'; each result keeps the shape and is no longer than the input. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +126,31 @@ static int reparsable(const char *p, size_t n)
     return 1;
 }
 
+/* The paths section's variants of the same input. */
+static void paths_ok(const char *in, size_t size, const char *plain, long pn)
+{
+    char *out = malloc(size + 1);
+    fuzz_check(out != NULL);
+    for (int mode = 1; mode < 4; mode++) {
+        struct conf c = { .paths = { .case_insensitive = mode & 1, .strip_matrix = mode >> 1 } };
+        long n = route_normalize_paths(&c, in, size, out);
+        if (mode == 1) {
+            fuzz_check(n == pn);
+            for (long i = 0; i < n; i++) {
+                char ch = plain[i] >= 'A' && plain[i] <= 'Z' ? (char)(plain[i] + 32) : plain[i];
+                fuzz_check(out[i] == ch);
+            }
+        }
+        if (n < 0)
+            continue;
+        fuzz_check((size_t)n <= size && out[n] == '\0');
+        shape_ok(out, (size_t)n);
+        if (mode & 2)
+            fuzz_check(memchr(out, ';', (size_t)n) == NULL);
+    }
+    free(out);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *in = malloc(size ? size : 1);
@@ -154,6 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             free(twice);
         }
     }
+    paths_ok(in, size, out, n);
     free(in);
     free(out);
     free(ref);

@@ -122,7 +122,8 @@ TARGETS = [b"/", b"/api/login", b"/api/%6Cogin", b"/api%2Flogin", b"/api/./login
            b"//api///login//", b"/a/b/c/./../../d", b"/..", b"/a/../..", b"/%2e%2e/x", b"/%00",
            b"/a%", b"/a%4", b"/a%zz", b"/%25", b"/%252e%252e", b"/a?b=/../..", b"/a#frag",
            b"http://h/x", b"*", b"/a/.", b"/a/..", b"/.%2e/", b"/\xc3\xa9t\xc3\xa9", b"/%2F%2F",
-           b"/a\tb", b"/" + b"x/" * 200, b"/%3F?q", b"/a/b/"]
+           b"/a\tb", b"/" + b"x/" * 200, b"/%3F?q", b"/a/b/",
+           b"/API/Login;jsessionid=x", b"/api/x/..;/login%3Bx%2Fy", b"/;a;b/%3B/..;"]
 for i, t in enumerate(TARGETS):
     write("route_normalize", "t%02d" % i, t)
 
@@ -150,6 +151,8 @@ KEYS = [
     (0, 8, b"/x\nCookie: sid\nCookie: sid=late"),
     (0, 8, b"/users/%2F/x"),
     (0, 8, b"/x\nX-Forwarded-For: 10.0.0.3:8080, 1.2.3.4:1"),
+    (0, 8, b"/x\nX_Api_Key: u1\nx-api_key: u2\na: 1\nCookie: sid=\"%61b\""),
+    (0, 8, b"/x?user=1&u%73er=2\nX_API-KEY: k\nCookie: sid=1\nCookie: sid=2"),
 ]
 for i, (m, peer, text) in enumerate(KEYS):
     write("route_key", "k%02d" % i, bytes([m, peer]) + text)

@@ -3,8 +3,8 @@
 # Each case first spends the plain form's quota (two pass, the third gets a
 # 429), then sends a variant that some upstream stack reads as the same key:
 # the variant must not get a fresh quota (it is denied too, or refused with a
-# 400). A doubled key source, '_' for '-' in a key header, and cookie values
-# quoted or percent-encoded. Against real redis-server and tests/upstream.py.
+# 400). A doubled key source, a Host a host cannot be, and the `paths:` section
+# (case, matrix parameters). Against real redis-server and tests/upstream.py.
 
 import uuid
 
@@ -60,9 +60,17 @@ ROUTES = """\
       - { name: rest, algorithm: fixed_window, limit: 1000, window: 1h, key: [ip] }
 """
 
+PATHS_BOTH = "paths: { case: insensitive, matrix_params: strip }\n"
+
+
 @pytest.fixture
 def proxy(sluice, redis):
     return sluice(make_conf(ROUTES))
+
+
+@pytest.fixture
+def proxy_paths(sluice, redis):
+    return sluice(PATHS_BOTH + make_conf(ROUTES))
 
 
 def get(port, target, headers=None, host="localhost"):
@@ -151,6 +159,37 @@ def test_underscore_spelling_alone_is_counted(proxy):
     no_fresh_quota(get(proxy.port, "/kh", [("X-Api-Key", key)]))
 
 
+# ---------------------------------------------------------------- Host ----
+
+def test_host_variants_meet_the_host_route(proxy):
+    for variant in ("api.example.com.", "API.Example.COM.", "api.example.com.:8080",
+                    "api.example.com:8080"):
+        client = [("X-Client", uid())]
+        spend(proxy.port, "/host", client, host="api.example.com")
+        r = no_fresh_quota(get(proxy.port, "/host", client, host=variant))
+        assert r.status == 429 and r.json()["route"] == "hosted", (variant, r)
+
+
+def test_host_a_host_cannot_be_is_400(proxy, upstream):
+    client = [("X-Client", uid())]
+    spend(proxy.port, "/host", client, host="api.example.com")
+    for variant in ("evil@api.example.com", "x:y@api.example.com", "api.example.com x",
+                    "api.example.com/x", "api.example.com\\x", "api..example.com", ".",
+                    "api.example.com,other", "api.example.com:80:80", "api.example.com:8o",
+                    "[::1", "[::1]x", "api.example.com%2e", "::1"):
+        before = upstream.stats()["heads"]
+        r = no_fresh_quota(get(proxy.port, "/host", client, host=variant))
+        assert r.status == 400 and r.json() == {"error": "bad_host"}, (variant, r)
+        assert upstream.stats()["heads"] == before
+
+
+def test_ordinary_hosts_pass(proxy):
+    for host in ("localhost", "127.0.0.1:8080", "[::1]:8080", "my_host.internal", "",
+                 "xn--bcher-kva.example", "example.com:"):
+        r = get(proxy.port, "/kip", host=host)
+        assert r.status == 200, (host, r)
+
+
 # ------------------------------------------------------- cookie values ----
 
 def test_cookie_value_keys_as_plain(proxy):
@@ -166,3 +205,69 @@ def test_cookie_quoted_and_encoded_forms_share(proxy):
     # a value that arrives quoted first keys as the same plain value
     spend(proxy.port, "/kc", [("Cookie", 'session="%73%31"')])
     no_fresh_quota(get(proxy.port, "/kc", [("Cookie", "session=s1")]))
+
+
+# --------------------------------------------------------------- paths ----
+
+def test_default_paths_are_case_sensitive_and_keep_matrix(proxy):
+    # as nginx: /API/login and /api/login;x are not the route /api/login
+    client = [("X-Client", uid())]
+    r = get(proxy.port, "/API/login", client)
+    assert r.status == 200 and r.header("X-RateLimit-Limit") == "1000", r
+    r = get(proxy.port, "/api/login;jsessionid=x", client)
+    assert r.status == 200 and r.header("X-RateLimit-Limit") == "1000", r
+
+
+def test_paths_variants_meet_the_route(proxy_paths):
+    client = [("X-Client", uid())]
+    spend(proxy_paths.port, "/api/login", client)
+    for variant in ("/API/login", "/Api/LOGIN", "/api/login;jsessionid=x", "/api;v=1/login",
+                    "/API/Login;JSESSIONID=x?a=1", "/api/x/..;/login", "/api/login%3Bx",
+                    "/%41PI/login", "/api/login;x%2Fy", "/api/login;"):
+        r = no_fresh_quota(get(proxy_paths.port, variant, client))
+        assert r.status == 429 and r.json()["route"] == "login", (variant, r)
+
+
+def test_paths_target_goes_upstream_as_sent(proxy_paths):
+    r = get(proxy_paths.port, "/API/login;jsessionid=x", [("X-Client", uid())])
+    assert r.status == 200, r
+    assert r.json()["target"] == "/API/login;jsessionid=x"
+
+
+def test_paths_path_key(proxy_paths):
+    for plain, variant in (("/kp/a", "/KP/A"), ("/kp/a", "/kp/a;x=1"), ("/kp/a/b", "/kp/A;x/B;y")):
+        client = [("X-Client", uid())]
+        spend(proxy_paths.port, plain, client)
+        no_fresh_quota(get(proxy_paths.port, variant, client))
+
+
+def test_paths_capture_key(proxy_paths):
+    for variant in ("/u/{k}/X", "/U/{K}/x", "/u/{k};jsessionid=1/x", "/u/{K};v/x;w"):
+        key = uid()
+        spend(proxy_paths.port, "/u/%s/x" % key)
+        target = variant.format(k=key, K=key.upper())
+        r = no_fresh_quota(get(proxy_paths.port, target))
+        assert r.json()["route"] == "by-capture", (target, r)
+
+
+def test_paths_one_section_at_a_time(sluice, redis):
+    # case alone: /api/login;x stays another path; matrix alone: /API/login does
+    only_case = sluice("paths: { case: insensitive }\n" + make_conf(ROUTES))
+    only_matrix = sluice("paths: { matrix_params: strip }\n" + make_conf(ROUTES))
+    for s, same, other in ((only_case, "/API/login", "/api/login;x"),
+                           (only_matrix, "/api/login;x", "/API/login")):
+        client = [("X-Client", uid())]
+        spend(s.port, "/api/login", client)
+        no_fresh_quota(get(s.port, same, client))
+        r = get(s.port, other, client)
+        assert r.status == 200 and r.header("X-RateLimit-Limit") == "1000", r
+
+
+def test_paths_bad_value_is_a_config_error(tmp_path):
+    import subprocess
+    from conftest import sluice_bin
+    conf = tmp_path / "bad.yaml"
+    conf.write_text("paths: { case: upper }\n" + make_conf(ROUTES))
+    p = subprocess.run([sluice_bin(), "-t", "-c", str(conf)], capture_output=True, timeout=10)
+    assert p.returncode != 0
+    assert b"bad.yaml:1:16: paths.case: bad value 'upper' (use sensitive or insensitive)" in p.stderr, p.stderr

@@ -1038,6 +1038,39 @@ static void test_robust(void **state)
     }
 }
 
+/* paths: defaults (sensitive, keep), each value, and a route the check lets
+ * through: upper case in an escape or a bracket expression. */
+static void test_paths_keys(void **state)
+{
+    char *err;
+    struct conf *c = load_text(MINIMAL_HEAD MINIMAL_ROUTES, &err);
+    if (!c)
+        fail_msg("%s", err);
+    assert_int_equal(c->paths.case_insensitive, 0);
+    assert_int_equal(c->paths.strip_matrix, 0);
+    conf_release(c);
+    c = load_text(MINIMAL_HEAD MINIMAL_ROUTES "paths: { case: insensitive, matrix_params: strip }\n",
+                  &err);
+    if (!c)
+        fail_msg("%s", err);
+    assert_int_equal(c->paths.case_insensitive, 1);
+    assert_int_equal(c->paths.strip_matrix, 1);
+    conf_release(c);
+    c = load_text(MINIMAL_HEAD "routes: [ { name: r, match: { path_regex: '^/[A-Z]+\\S[]A]x' },"
+                  " upstream: api }, { name: s, match: { path: /API/a;b }, upstream: api } ]\n"
+                  "paths: { case: insensitive, matrix_params: keep }\n", &err);
+    if (!c)
+        fail_msg("%s", err);
+    assert_int_equal(c->paths.case_insensitive, 1);
+    assert_int_equal(c->paths.strip_matrix, 0);
+    assert_string_equal(c->routes[1].path, "/API/a;b");
+    conf_release(c);
+    c = load_text(MINIMAL_HEAD "routes: [ { name: r, match: { path_regex: '^/a[' }, upstream: api } ]\n"
+                  "paths: { case: insensitive }\n", &err);
+    assert_null(c);                     /* regcomp refuses it; the check must not read past */
+    free(err);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1061,6 +1094,7 @@ int main(void)
         cmocka_unit_test(test_file_sizes),
         cmocka_unit_test(test_refcount),
         cmocka_unit_test(test_robust),
+        cmocka_unit_test(test_paths_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

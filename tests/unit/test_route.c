@@ -359,6 +359,10 @@ static const struct match_case match_cases[] = {
     { "/v6", "GET", "localhost", "default" },
     { "/v6b", "GET", "[::1]:80", "v6b" },
     { "/v6b", "GET", "[::1", "default" },                       /* malformed */
+    /* a trailing dot names the same host (issue 9: it skipped the route) */
+    { "/api/login", "POST", "api.example.com.", "login" },
+    { "/api/login", "POST", "API.EXAMPLE.COM.:8443", "login" },
+    { "/api/login", "POST", "api.example.com..", "api" },
 };
 
 static void test_match_table(void **state)
@@ -407,6 +411,150 @@ static void test_match_after_normalize(void **state)
         assert_non_null(r);
         assert_string_equal(r->name, "login");
     }
+}
+
+/* ---- the paths section, Host ---- */
+
+struct paths_case {
+    const char *in;
+    int fold, strip;
+    const char *out;                    /* NULL: -1 (a 400) */
+};
+
+static const struct paths_case paths_cases[] = {
+    /* defaults: as route_normalize */
+    { "/API/Login;jsessionid=x", 0, 0, "/API/Login;jsessionid=x" },
+    /* case: insensitive folds ASCII after decoding, nothing else */
+    { "/API/Login", 1, 0, "/api/login" },
+    { "/%41PI/%4c", 1, 0, "/api/l" },
+    { "/\xc3\x89T\xc3\x89", 1, 0, "/\xc3\x89t\xc3\x89" },
+    { "/A;B=C", 1, 0, "/a;b=c" },
+    { "/A?Q=1", 1, 0, "/a" },
+    /* matrix_params: strip, from a ';' as sent to the next '/' as sent */
+    { "/api/login;jsessionid=x", 0, 1, "/api/login" },
+    { "/api;v=1/login", 0, 1, "/api/login" },
+    { "/api/login;", 0, 1, "/api/login" },
+    { "/;x", 0, 1, "/" },
+    { "/;x/a", 0, 1, "/a" },
+    { "/a;x%2Fy", 0, 1, "/a" },                 /* as Tomcat: the raw ';' runs to a raw '/' */
+    { "/a;%zz/b", 0, 1, "/a/b" },               /* the parameter is not decoded */
+    { "/a;x?y;z", 0, 1, "/a" },
+    /* ... and from a ';' decoding made to the next '/' */
+    { "/api/login%3Bx", 0, 1, "/api/login" },
+    { "/api/login%3bx%2Fy", 0, 1, "/api/login/y" },
+    { "/a%3B%zz", 0, 1, NULL },                 /* escapes still checked */
+    /* before dot segments: "..;" climbs as in Tomcat */
+    { "/api/x/..;/login", 0, 1, "/api/login" },
+    { "/api/x/.;v=1/login", 0, 1, "/api/x/login" },
+    { "/..;/x", 0, 1, NULL },
+    { "/api/x/..;/login", 0, 0, "/api/x/..;/login" },
+    /* both */
+    { "/API/Login;JSESSIONID=X", 1, 1, "/api/login" },
+    { "/U/Bob;v/X;w", 1, 1, "/u/bob/x" },
+};
+
+static void test_normalize_paths_table(void **state)
+{
+    for (size_t i = 0; i < sizeof paths_cases / sizeof paths_cases[0]; i++) {
+        const struct paths_case *t = &paths_cases[i];
+        struct conf c = { .paths = { .case_insensitive = t->fold, .strip_matrix = t->strip } };
+        size_t len = strlen(t->in);
+        char *in = malloc(len), *out = malloc(len + 1);     /* exact sizes for ASan */
+        assert_non_null(in);
+        assert_non_null(out);
+        memcpy(in, t->in, len);
+        long n = route_normalize_paths(&c, in, len, out);
+        if (t->out == NULL) {
+            if (n != -1)
+                fail_msg("case %zu '%s': expected -1, got %ld", i, t->in, n);
+        } else if (n != (long)strlen(t->out) || memcmp(out, t->out, (size_t)n) != 0) {
+            fail_msg("case %zu '%s': expected '%s', got %ld '%.*s'", i, t->in, t->out, n,
+                     n > 0 ? (int)n : 0, out);
+        }
+        free(in);
+        free(out);
+    }
+}
+
+/* The random sweep with both options: normal form, never longer than the
+ * input, no ';' left with strip, no upper-case ASCII with fold. */
+static void test_normalize_paths_random(void **state)
+{
+    static const char alpha[] = "/./;%3bB2e2E2fF00aAzZ?";
+    struct conf c = { .paths = { .case_insensitive = 1, .strip_matrix = 1 } };
+    uint32_t x = 777;
+    long ok = 0, bad = 0;
+    for (int iter = 0; iter < 200000; iter++) {
+        char in[32], out[33];
+        x = x * 1103515245u + 12345u;
+        size_t len = 1 + (x >> 16) % sizeof in;
+        for (size_t i = 0; i < len; i++) {
+            x = x * 1103515245u + 12345u;
+            in[i] = alpha[(x >> 16) % (sizeof alpha - 1)];
+        }
+        in[0] = '/';
+        long n = route_normalize_paths(&c, in, len, out);
+        if (n < 0) {
+            bad++;
+            continue;
+        }
+        ok++;
+        assert_true((size_t)n <= len);
+        check_normal_form(out, n);
+        assert_null(memchr(out, ';', (size_t)n));
+        for (long i = 0; i < n; i++)
+            assert_false(out[i] >= 'A' && out[i] <= 'Z');
+    }
+    assert_true(ok > 1000);
+    assert_true(bad > 1000);
+}
+
+static void test_host_check(void **state)
+{
+    static const char *good[] = {
+        "", " ", "localhost", "api.example.com", "API.Example.COM", "api.example.com.",
+        "api.example.com:8080", "api.example.com.:8080", "example.com:", "127.0.0.1",
+        "127.0.0.1:80", "[::1]", "[::1]:8080", "[2001:db8::a.b]", "my_host.internal",
+        "xn--bcher-kva.example", "a~b", " api.example.com\t", "x:65535", "x:99999",
+    };
+    static const char *bad[] = {
+        "evil@api.example.com", "x:y@api.example.com", "@", "api.example.com x", "a b",
+        "api.example.com/x", "api.example.com\\x", "api..example.com", ".", "..", ".a",
+        "api.example.com,other", "a;b", "a%2e", "a?b", "a#b", "a\"b", "<a>", "a\x01",
+        "a\x7f", "\xc3\xa9.example", "api.example.com:80:80", "api.example.com:8o",
+        "x:123456", ":80", "::1", "[::1", "[]", "[::1]x", "[::1]:x", "[::g]", "[v1.x]",
+        "[::1%25eth0]",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        if (route_host_check(good[i], strlen(good[i])) != 0)
+            fail_msg("'%s' should be a host", good[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (route_host_check(bad[i], strlen(bad[i])) != -1)
+            fail_msg("'%s' should be refused", bad[i]);
+    /* spans, not strings: a NUL inside is a bad byte and nothing past len is read */
+    assert_int_equal(route_host_check("a\0b", 3), -1);
+    assert_int_equal(route_host_check("a.b@evil", 3), 0);
+}
+
+/* case: insensitive matches route paths written in any case; a route host
+ * written with a trailing dot meets one sent without. */
+static void test_match_paths_and_host_dot(void **state)
+{
+    struct conf_route routes[] = {
+        { .name = "login", .path = "/API/Login", .pathlen = 10 },
+        { .name = "dot", .path = "/d", .pathlen = 2, .host = "api.example.com." },
+    };
+    struct conf c = { .routes = routes, .nroutes = 2 };
+    assert_null(route_match(&c, "/api/login", 10, "GET", 3, NULL, 0, NULL));
+    c.paths.case_insensitive = 1;
+    assert_string_equal(route_match(&c, "/api/login/x", 12, "GET", 3, NULL, 0, NULL)->name,
+                        "login");
+    assert_null(route_match(&c, "/api/loginx", 11, "GET", 3, NULL, 0, NULL));
+    assert_string_equal(route_match(&c, "/d", 2, "GET", 3, "API.example.com", 15, NULL)->name,
+                        "dot");
+    assert_string_equal(route_match(&c, "/d", 2, "GET", 3, "api.example.com.:80", 19,
+                                    NULL)->name, "dot");
+    assert_null(route_match(&c, "/d", 2, "GET", 3, "api.example.co", 14, NULL));
 }
 
 /* ---- client address ---- */
@@ -930,6 +1078,10 @@ int main(void)
         cmocka_unit_test(test_match_table),
         cmocka_unit_test(test_match_none_and_order),
         cmocka_unit_test(test_match_after_normalize),
+        cmocka_unit_test(test_normalize_paths_table),
+        cmocka_unit_test(test_normalize_paths_random),
+        cmocka_unit_test(test_host_check),
+        cmocka_unit_test(test_match_paths_and_host_dot),
         cmocka_unit_test(test_client_ip_table),
         cmocka_unit_test(test_client_ip_edges),
         cmocka_unit_test(test_key_table),
