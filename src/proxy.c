@@ -789,6 +789,17 @@ static int decide_locally(struct client *c, struct store_result *res)
     return memstore_decide(c->w->mem, sl, n, wall_us(), res);
 }
 
+/* A decision Redis did not answer (res NULL: not connected, nothing sent),
+ * counted by reason. */
+static void count_redis_error(const struct store_result *res)
+{
+    enum metrics_redis_error why = METRICS_REDIS_ERR_UNAVAILABLE;
+    if (res != NULL)
+        why = res->status == STORE_TIMEOUT ? METRICS_REDIS_ERR_TIMEOUT :
+              res->status == STORE_OOM ? METRICS_REDIS_ERR_OOM : METRICS_REDIS_ERR_ERROR;
+    metrics_redis_error(why);
+}
+
 /* Redis could not decide: on_error says what the request gets. */
 static void apply_on_error(struct client *c)
 {
@@ -822,7 +833,7 @@ static void decide_cb(void *arg, const struct store_result *res)
     refresh_head(c);
     metrics_observe(METRICS_REDIS_SECONDS, now_us() - c->redis_start_us);
     if (res->status != STORE_OK) {
-        metrics_count(METRICS_REDIS_ERRORS);
+        count_redis_error(res);
         apply_on_error(c);
     } else {
         apply_decision(c, res, 1);
@@ -867,7 +878,7 @@ static void counted_done_cb(void *arg, const struct store_result *res)
     client_enter(c);
     c->count_call = NULL;
     if (res->status != STORE_OK)
-        metrics_count(METRICS_REDIS_ERRORS);
+        count_redis_error(res);
     if (c->up)
         bufferevent_enable(c->up->bev, EV_READ);
     resume_response(c);
@@ -897,7 +908,7 @@ static int consume_counted(struct client *c, int status)
         metrics_count(METRICS_REDIS_REQUESTS);
         c->count_call = store_decide(c->w->store, sl, n, counted_done_cb, c);
         if (c->count_call == NULL)
-            metrics_count(METRICS_REDIS_ERRORS);
+            count_redis_error(NULL);
         else    /* hold the response (and its body) until the answer */
             bufferevent_disable(c->up->bev, EV_READ);
     }
@@ -987,7 +998,7 @@ static void decide(struct client *c, size_t pathlen)
     metrics_count(METRICS_REDIS_REQUESTS);
     c->call = store_decide(c->w->store, sl, n, decide_cb, c);
     if (c->call == NULL) {
-        metrics_count(METRICS_REDIS_ERRORS);
+        count_redis_error(NULL);
         apply_on_error(c);
     }
 }

@@ -44,7 +44,9 @@ struct store_limit {
 #define STORE_SHADOW     1u
 #define STORE_CHECK_ONLY 2u
 
-enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT };
+/* STORE_OOM: Redis refused the script with -OOM (maxmemory reached under
+ * maxmemory-policy noeviction); any other error reply is STORE_ERROR. */
+enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT, STORE_OOM };
 
 struct store_result {
     enum store_status status;

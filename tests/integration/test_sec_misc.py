@@ -1,13 +1,19 @@
-# sluice - tests/integration/test_sec_misc.py: issue 9, memory eviction.
+# sluice - tests/integration/test_sec_misc.py: issue 9, Redis full, memory eviction.
 #
-# backend: memory with a small memory.max_keys: a denied key, and a key
-# whose quota is used up, stay denied while a flood of other keys goes
+# A redis-server at maxmemory under noeviction (filled past it): every
+# decision that writes fails with -OOM, sluice counts it as
+# sluice_redis_errors_total{reason="oom"} and on_error applies (allow: 200
+# without rate-limit fields, deny: 503, local: the memory limiter still
+# limits). backend: memory with a small memory.max_keys: a denied key, and a
+# key whose quota is used up, stay denied while a flood of other keys goes
 # through the table; the deny cache may drop a key, Redis still denies it.
 
 import time
 import uuid
 
-from conftest import Conn, build_request, free_port
+import pytest
+
+from conftest import Conn, RedisError, RedisServer, build_request, free_port, redis_cmd
 from opslib import metrics, mval, start_ops
 
 LIMITED = """\
@@ -35,6 +41,101 @@ def retry_after(r):
     v = r.header("Retry-After")
     assert v is not None and v.isdigit(), r
     return int(v)
+
+
+# ------------------------------------------------------------ Redis full ----
+
+def used_memory(port):
+    info = redis_cmd(port, "INFO", "memory").decode()
+    for line in info.splitlines():
+        if line.startswith("used_memory:"):
+            return int(line.split(":")[1])
+    raise AssertionError("no used_memory in INFO")
+
+
+def fill_redis(port):
+    """maxmemory just above what is used now, then values until a write gets
+    -OOM (bounded): the server is full under noeviction. maxmemory then goes
+    64 KB below what the data holds, so that a client connection closing
+    (its buffers freed) does not make room again. Returns the keys written."""
+    redis_cmd(port, "CONFIG", "SET", "maxmemory-policy", "noeviction")
+    redis_cmd(port, "CONFIG", "SET", "maxmemory", used_memory(port) + 256 * 1024)
+    value = b"x" * 8192
+    for i in range(2000):
+        try:
+            redis_cmd(port, "SET", "fill:%d" % i, value)
+        except RedisError as e:
+            assert str(e).startswith("OOM"), e
+            redis_cmd(port, "CONFIG", "SET", "maxmemory", used_memory(port) - 64 * 1024)
+            return i
+    raise AssertionError("redis never reported OOM")
+
+
+@pytest.fixture
+def full_redis(tmp_path):
+    srv = RedisServer(tmp_path, extra_args=["--maxmemory-policy", "noeviction"])
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def start_on(sluice, redis_port, on_error):
+    return start_ops(sluice, LIMITED, on_error=on_error, redis_port=redis_port,
+                     top="memory: { max_keys: 1000 }\n")
+
+
+def test_redis_full_counts_oom_and_applies_on_error(sluice, full_redis):
+    port = full_redis.port
+    # sluice connects (and loads its script) first; SCRIPT LOAD would pass
+    # under OOM too, but a fresh start must not depend on it
+    allow = start_on(sluice, port, "allow")
+    deny = start_on(sluice, port, "deny")
+    local = start_on(sluice, port, "local")
+    assert fill_redis(port) > 0
+
+    # on_error allow: everyone admitted, without rate-limit fields; each
+    # decision counted as an oom error
+    b = metrics(allow.admin_port)
+    got = responses(allow.port, "/lim", 5, [("X-K", uuid.uuid4().hex)])
+    a = metrics(allow.admin_port)
+    assert [r.status for r in got] == [200] * 5, got
+    for r in got:
+        assert not any(r.header(h) for h in RL_FIELDS), r
+    oom = mval(a, "sluice_redis_errors_total", reason="oom") - \
+        mval(b, "sluice_redis_errors_total", reason="oom")
+    total = mval(a, "sluice_redis_errors_total") - mval(b, "sluice_redis_errors_total")
+    assert oom == 5 and total == 5, (oom, total)
+    assert mval(a, "sluice_requests_total", route="lim", decision="error") - \
+        mval(b, "sluice_requests_total", route="lim", decision="error") == 5
+
+    # on_error deny: 503 limiter_unavailable
+    got = responses(deny.port, "/lim", 3, [("X-K", uuid.uuid4().hex)])
+    assert [r.status for r in got] == [503] * 3, got
+    for r in got:
+        assert r.json() == {"error": "limiter_unavailable"}
+    assert mval(metrics(deny.admin_port), "sluice_redis_errors_total", reason="oom") == 3
+
+    # on_error local: the memory limiter keeps limiting (limit 2)
+    got = responses(local.port, "/lim", 4, [("X-K", uuid.uuid4().hex)])
+    assert [r.status for r in got] == [200, 200, 429, 429], got
+    assert retry_after(got[2]) >= 1
+    assert mval(metrics(local.admin_port), "sluice_redis_errors_total", reason="oom") >= 2
+
+    # room again: decisions go back to Redis, and the oom count stops
+    redis_cmd(port, "CONFIG", "SET", "maxmemory", 0)
+    before = mval(metrics(allow.admin_port), "sluice_redis_errors_total", reason="oom")
+    got = responses(allow.port, "/lim", 3, [("X-K", uuid.uuid4().hex)])
+    assert [r.status for r in got] == [200, 200, 429], got
+    assert mval(metrics(allow.admin_port), "sluice_redis_errors_total", reason="oom") == before
+
+
+def test_redis_error_reasons_exposed(sluice, redis):
+    """Every reason has a series from the start, beside the unlabelled total."""
+    s = start_ops(sluice, LIMITED)
+    ms = metrics(s.admin_port)
+    assert ("sluice_redis_errors_total", ()) in ms
+    for reason in ("oom", "timeout", "unavailable", "error"):
+        assert ("sluice_redis_errors_total", (("reason", reason),)) in ms, reason
 
 
 # -------------------------------------------------- memory backend eviction ----
