@@ -534,6 +534,9 @@ static void answer_local(struct client *c, int status, int close_after)
                body_discardable(&c->head);
     if (status == 429)
         reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
+    else if (status == 503)     /* limiter_unavailable: try again after the backoff */
+        reply_unavailable(out, c->w->store ? store_retry_ms(c->w->store) : 0, keep,
+                          c->rid, c->rid_len);
     else
         reply_error(out, status, keep, c->rid, c->rid_len);
     if (status == 429)      /* a limit may answer with its own status */

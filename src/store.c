@@ -65,6 +65,7 @@ struct store_node {
     int down_logged;                /* "down" logged since the last "connected" */
     int64_t backoff_ms;
     struct event *retry_ev;         /* reconnect after backoff */
+    int64_t retry_at_ms;            /* when retry_ev fires (store_now_ms) */
     struct event *connect_ev;       /* connect + handshake deadline */
     struct event *kill_ev;          /* drop the connection outside hiredis */
     const char *kill_reason;
@@ -330,6 +331,7 @@ static void node_down(struct store_node *n, const char *reason)
         return;
     node_log_down(n, reason, n->backoff_ms);
     struct timeval tv = store_tv(n->backoff_ms);
+    n->retry_at_ms = store_now_ms() + n->backoff_ms;
     event_add(n->retry_ev, &tv);
     n->backoff_ms *= 2;
     if (n->backoff_ms > STORE_BACKOFF_MAX_MS)
@@ -659,6 +661,7 @@ static void node_move(struct store_node *n, const char *host, int port)
     } else if (n->active) {
         event_del(n->retry_ev);
         struct timeval tv = { 0, 0 };
+        n->retry_at_ms = store_now_ms();
         event_add(n->retry_ev, &tv);    /* not from inside a hiredis callback */
     }
 }
@@ -1741,4 +1744,18 @@ void store_cancel(struct store_call *c)
 int store_connected(const struct store *s)
 {
     return s->ready;
+}
+
+int64_t store_retry_ms(const struct store *s)
+{
+    int64_t now = store_now_ms(), left = 0;
+    if (s->ready)
+        return 0;
+    for (int i = -1; i < s->nnodes; i++) {
+        const struct store_node *n = i < 0 ? s->ctl : s->nodes[i];
+        if (n != NULL && n->active && n->ac == NULL && evtimer_pending(n->retry_ev, NULL) &&
+            n->retry_at_ms - now > left)
+            left = n->retry_at_ms - now;
+    }
+    return left;
 }

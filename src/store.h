@@ -73,6 +73,10 @@ void store_cancel(struct store_call *call);
 
 int store_connected(const struct store *s);
 
+/* While the store is not connected: milliseconds until its next reconnect
+ * attempt (the backoff left), 0 when connected or not waiting for one. */
+int64_t store_retry_ms(const struct store *s);
+
 /* The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384). */
 int store_slot(const char *key, size_t len);
 

@@ -1,12 +1,14 @@
-# sluice - tests/integration/test_sec_misc.py: issue 9, Redis full, memory eviction.
+# sluice - tests/integration/test_sec_misc.py: issue 9, Redis full, memory eviction, 503.
 #
 # A redis-server at maxmemory under noeviction (filled past it): every
 # decision that writes fails with -OOM, sluice counts it as
 # sluice_redis_errors_total{reason="oom"} and on_error applies (allow: 200
-# without rate-limit fields, deny: 503, local: the memory limiter still
-# limits). backend: memory with a small memory.max_keys: a denied key, and a
-# key whose quota is used up, stay denied while a flood of other keys goes
-# through the table; the deny cache may drop a key, Redis still denies it.
+# without rate-limit fields, deny: 503 with Retry-After, local: the memory
+# limiter still limits). backend: memory with a small memory.max_keys: a
+# denied key, and a key whose quota is used up, stay denied while a flood of
+# other keys goes through the table; the deny cache may drop a key, Redis
+# still denies it. Redis down under on_error deny: the 503
+# limiter_unavailable carries Retry-After >= 1.
 
 import time
 import uuid
@@ -108,11 +110,12 @@ def test_redis_full_counts_oom_and_applies_on_error(sluice, full_redis):
     assert mval(a, "sluice_requests_total", route="lim", decision="error") - \
         mval(b, "sluice_requests_total", route="lim", decision="error") == 5
 
-    # on_error deny: 503 limiter_unavailable
+    # on_error deny: 503 limiter_unavailable with Retry-After (connected: 1 s)
     got = responses(deny.port, "/lim", 3, [("X-K", uuid.uuid4().hex)])
     assert [r.status for r in got] == [503] * 3, got
     for r in got:
         assert r.json() == {"error": "limiter_unavailable"}
+        assert retry_after(r) == 1, r
     assert mval(metrics(deny.admin_port), "sluice_redis_errors_total", reason="oom") == 3
 
     # on_error local: the memory limiter keeps limiting (limit 2)
@@ -223,3 +226,15 @@ def test_deny_cache_flood_still_denied(sluice, redis):
     assert mval(after, "sluice_deny_cache_hits_total") == mval(b, "sluice_deny_cache_hits_total")
 
 
+# ------------------------------------------------------- 503 Retry-After ----
+
+def test_unavailable_503_has_retry_after(sluice):
+    s = start_ops(sluice, LIMITED, on_error="deny", redis_port=free_port(), wait_redis=False)
+    got = responses(s.port, "/lim", 3, [("X-K", uuid.uuid4().hex)])
+    assert [r.status for r in got] == [503] * 3, got
+    for r in got:
+        assert r.json() == {"error": "limiter_unavailable"}
+        # the reconnect backoff (at most 0.5 s) rounds up to 1 s
+        assert retry_after(r) == 1, r
+    ms = metrics(s.admin_port)
+    assert mval(ms, "sluice_redis_errors_total", reason="unavailable") >= 3
