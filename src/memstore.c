@@ -170,6 +170,15 @@ static void stripe_grow(struct stripe *s)
     s->nbuckets = n;
 }
 
+/* A held key whose hold has ended goes back to the open list. */
+static void stripe_unhold(struct stripe *s, struct mentry *e, int64_t now_us)
+{
+    if (e->held && e->held_until_us <= now_us) {
+        lru_unlink(s, e);
+        lru_push(s, e, now_us);
+    }
+}
+
 /* Reclaim expired keys and move keys whose hold has ended to the open
  * list: visit whole buckets from the sweep hand on until budget buckets and
  * entries were seen, so that over many decisions every key is looked at.
@@ -184,16 +193,14 @@ static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
             struct mentry *e = *pp;
             seen++;
             /* stripe_remove() unlinks e through the one pointer that holds
-             * it, which is *pp: the analyser cannot see that. */
+             * it, which is *pp: the analyser cannot see that, and takes the
+             * next e for the one just freed. */
             if (limiter_expired(&e->st, now_us)) {
                 stripe_remove(s, e);    /* NOLINT(clang-analyzer-unix.Malloc): *pp is now the next one */
-                continue;
+            } else {
+                stripe_unhold(s, e, now_us);    /* NOLINT(clang-analyzer-unix.Malloc): as above */
+                pp = &e->hnext;
             }
-            if (e->held && e->held_until_us <= now_us) {
-                lru_unlink(s, e);
-                lru_push(s, e, now_us);
-            }
-            pp = &e->hnext;
         }
         s->hand = (s->hand + 1) & (s->nbuckets - 1);
     }
