@@ -5,7 +5,12 @@
  * and bound. A decision locks its stripes in ascending order (so two never
  * deadlock), runs limiter_check() on every limit and limiter_commit() on
  * the allowing ones only when the request passes, exactly as limit.lua does
- * in Redis, shadow and check-only limits (store.h) included. */
+ * in Redis, shadow and check-only limits (store.h) included.
+ *
+ * Each stripe keeps two LRU lists: keys whose state denies now ("held": a
+ * denial's retry time, or a quota used up, is still ahead) and the others.
+ * A full stripe evicts from the others first, so flooding a stripe with new
+ * keys cannot evict a denied key and hand its client a fresh quota. */
 #include <assert.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -25,11 +30,18 @@
 
 struct mentry {
     struct mentry *hnext;                   /* hash chain */
-    struct mentry *newer, *older;           /* LRU list */
+    struct mentry *newer, *older;           /* its LRU list: open or held */
     uint64_t hash;
+    int64_t held_until_us;                  /* denies until then: kept before others */
+    uint64_t seen;                          /* stripe->decisions when last fetched */
+    int held;                               /* on the held list */
     struct limiter_state st;                /* st.log is ours (mem_alloc) */
     size_t keylen;
     char key[];
+};
+
+struct lru {
+    struct mentry *newest, *oldest;
 };
 
 struct stripe {
@@ -37,7 +49,9 @@ struct stripe {
     struct mentry **buckets;
     size_t nbuckets;                        /* a power of two */
     size_t count, cap;
-    struct mentry *newest, *oldest;
+    struct lru open;                        /* keys not denying now */
+    struct lru held;                        /* keys denying now: evicted last */
+    uint64_t decisions;                     /* decisions that locked the stripe */
     size_t hand;                            /* the sweep's next bucket */
 };
 
@@ -104,18 +118,27 @@ static struct mentry **stripe_slot(struct stripe *s, uint64_t hash)
     return &s->buckets[hash & (s->nbuckets - 1)];
 }
 
-static void lru_unlink(struct stripe *s, struct mentry *e)
+static struct lru *lru_of(struct stripe *s, const struct mentry *e)
 {
-    if (e->newer) e->newer->older = e->older; else s->newest = e->older;
-    if (e->older) e->older->newer = e->newer; else s->oldest = e->newer;
+    return e->held ? &s->held : &s->open;
 }
 
-static void lru_push(struct stripe *s, struct mentry *e)
+static void lru_unlink(struct stripe *s, struct mentry *e)
 {
+    struct lru *l = lru_of(s, e);
+    if (e->newer) e->newer->older = e->older; else l->newest = e->older;
+    if (e->older) e->older->newer = e->newer; else l->oldest = e->newer;
+}
+
+/* e becomes the newest of the list its hold puts it on at now_us. */
+static void lru_push(struct stripe *s, struct mentry *e, int64_t now_us)
+{
+    e->held = e->held_until_us > now_us;
+    struct lru *l = lru_of(s, e);
     e->newer = NULL;
-    e->older = s->newest;
-    if (s->newest) s->newest->newer = e; else s->oldest = e;
-    s->newest = e;
+    e->older = l->newest;
+    if (l->newest) l->newest->newer = e; else l->oldest = e;
+    l->newest = e;
 }
 
 static void stripe_remove(struct stripe *s, struct mentry *e)
@@ -147,9 +170,19 @@ static void stripe_grow(struct stripe *s)
     s->nbuckets = n;
 }
 
-/* Reclaim expired keys: visit whole buckets from the sweep hand on until
- * budget buckets and entries were seen, so that over many decisions every
- * key is looked at. (Chains are short: the hash is keyed, load <= 1.) */
+/* A held key whose hold has ended goes back to the open list. */
+static void stripe_unhold(struct stripe *s, struct mentry *e, int64_t now_us)
+{
+    if (e->held && e->held_until_us <= now_us) {
+        lru_unlink(s, e);
+        lru_push(s, e, now_us);
+    }
+}
+
+/* Reclaim expired keys and move keys whose hold has ended to the open
+ * list: visit whole buckets from the sweep hand on until budget buckets and
+ * entries were seen, so that over many decisions every key is looked at.
+ * (Chains are short: the hash is keyed, load <= 1.) */
 static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
 {
     size_t seen = 0;
@@ -160,22 +193,38 @@ static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
             struct mentry *e = *pp;
             seen++;
             /* stripe_remove() unlinks e through the one pointer that holds
-             * it, which is *pp: the analyser cannot see that. */
-            if (limiter_expired(&e->st, now_us))
+             * it, which is *pp: the analyser cannot see that, and takes the
+             * next e for the one just freed. */
+            if (limiter_expired(&e->st, now_us)) {
                 stripe_remove(s, e);    /* NOLINT(clang-analyzer-unix.Malloc): *pp is now the next one */
-            else
+            } else {
+                stripe_unhold(s, e, now_us);    /* NOLINT(clang-analyzer-unix.Malloc): as above */
                 pp = &e->hnext;
+            }
         }
         s->hand = (s->hand + 1) & (s->nbuckets - 1);
     }
 }
 
-/* The entry of key, created absent when missing; it becomes the newest. The
- * caller has fetched fewer than STORE_MAX_LIMITS <= cap entries of this
- * stripe in this decision, all newer than the oldest, so an eviction never
- * takes one of them. */
+/* The key a full stripe gives up: the least recently used of those not
+ * denying now, else (every key denies) the least recently used held one.
+ * The caller has fetched fewer than STORE_MAX_LIMITS <= cap entries of this
+ * stripe in this decision; each is the newest of its list when fetched and
+ * carries seen == decisions, so the oldest of a list is one of them only
+ * when the whole list is, and then the other list's oldest is not. */
+static struct mentry *stripe_victim(struct stripe *s)
+{
+    struct mentry *e = s->open.oldest;
+    if (e == NULL || e->seen == s->decisions)
+        e = s->held.oldest;
+    assert(e != NULL && e->seen != s->decisions);
+    return e;
+}
+
+/* The entry of key, created absent when missing; it becomes the newest of
+ * its list, marked as fetched by this decision. */
 static struct mentry *stripe_get(struct stripe *s, const char *key, size_t len,
-                                 uint64_t hash)
+                                 uint64_t hash, int64_t now_us)
 {
     struct mentry *e = *stripe_slot(s, hash);
     for (; e; e = e->hnext)
@@ -183,13 +232,15 @@ static struct mentry *stripe_get(struct stripe *s, const char *key, size_t len,
             break;
     if (e == NULL) {
         if (s->count >= s->cap)
-            stripe_remove(s, s->oldest);
+            stripe_remove(s, stripe_victim(s));
         if (s->count >= s->nbuckets)
             stripe_grow(s);
         e = mem_alloc(sizeof(*e) + len);
         e->hash = hash;
         e->keylen = len;
         memcpy(e->key, key, len);
+        e->held_until_us = 0;
+        e->held = 0;
         limiter_state_init(&e->st, NULL, 0);
         e->hnext = *stripe_slot(s, hash);
         *stripe_slot(s, hash) = e;
@@ -197,8 +248,21 @@ static struct mentry *stripe_get(struct stripe *s, const char *key, size_t len,
     } else {
         lru_unlink(s, e);
     }
-    lru_push(s, e);
+    e->seen = s->decisions;
+    lru_push(s, e, now_us);
     return e;
+}
+
+/* e's state denies a request until until_us: keep it on the held list. */
+static void entry_hold(struct stripe *s, struct mentry *e, int64_t until_us, int64_t now_us)
+{
+    if (until_us <= e->held_until_us)
+        return;
+    e->held_until_us = until_us;
+    if (!e->held && until_us > now_us) {
+        lru_unlink(s, e);
+        lru_push(s, e, now_us);
+    }
 }
 
 /* sliding_log: limiter_commit() needs one free ring entry. */
@@ -242,8 +306,10 @@ void memstore_destroy(struct memstore *m)
         return;
     for (unsigned i = 0; i < m->nstripes; i++) {
         struct stripe *s = &m->stripes[i];
-        while (s->oldest)
-            stripe_remove(s, s->oldest);
+        while (s->open.oldest)
+            stripe_remove(s, s->open.oldest);
+        while (s->held.oldest)
+            stripe_remove(s, s->held.oldest);
         free(s->buckets);
         pthread_mutex_destroy(&s->lock);
     }
@@ -307,19 +373,43 @@ static int memstore_writes(const struct store_limit *l, const struct store_resul
     return all_ok && res->r[i].allowed && !(l[i].flags & STORE_CHECK_ONLY);
 }
 
+/* now_us + ms, saturating. */
+static int64_t memstore_after(int64_t now_us, int64_t ms)
+{
+    if (ms <= 0)
+        return now_us;
+    if (ms > (INT64_MAX - (now_us > 0 ? now_us : 0)) / 1000)
+        return INT64_MAX;
+    return now_us + ms * 1000;
+}
+
+/* A limit just used up its key's quota: when the next request (cost 1)
+ * would be denied, the key holds until that one would pass. */
+static void entry_hold_if_spent(struct stripe *s, struct mentry *e,
+                                const struct limiter_params *p, int64_t now_us)
+{
+    struct limiter_result next;
+    if (!limiter_check(&e->st, p, 1, now_us, &next))
+        entry_hold(s, e, memstore_after(now_us, next.retry_ms), now_us);
+}
+
 /* Under the locks: phase 1 checks every limit, phase 2 consumes from the
  * allowing ones only when every limit that is not shadow allowed, and has
- * the others report their unconsumed state, as limit.lua's two phases. */
+ * the others report their unconsumed state, as limit.lua's two phases. A
+ * key that denies, or whose quota this request used up, is held. */
 static int memstore_apply(struct memstore *m, const struct store_limit *limits, int n,
                           const uint64_t *hash, int64_t now_us, struct store_result *res)
 {
     struct mentry *e[STORE_MAX_LIMITS];
+    struct stripe *es[STORE_MAX_LIMITS];
     int all_ok = 1;
     for (int i = 0; i < n; i++) {
-        struct stripe *s = &m->stripes[stripe_of(m, hash[i])];
-        e[i] = stripe_get(s, limits[i].key, limits[i].keylen, hash[i]);
-        if (!limiter_check(&e[i]->st, limits[i].params, limits[i].cost, now_us, &res->r[i]) &&
-            !(limits[i].flags & STORE_SHADOW))
+        es[i] = &m->stripes[stripe_of(m, hash[i])];
+        e[i] = stripe_get(es[i], limits[i].key, limits[i].keylen, hash[i], now_us);
+        if (limiter_check(&e[i]->st, limits[i].params, limits[i].cost, now_us, &res->r[i]))
+            continue;
+        entry_hold(es[i], e[i], memstore_after(now_us, res->r[i].retry_ms), now_us);
+        if (!(limits[i].flags & STORE_SHADOW))
             all_ok = 0;
     }
     /* unconsumed views first: they read the state as phase 1 saw it */
@@ -337,6 +427,8 @@ static int memstore_apply(struct memstore *m, const struct store_limit *limits, 
         if (limits[i].params->algo == LIMITER_SLIDING_LOG)
             entry_log_room(e[i]);
         limiter_commit(&e[i]->st, limits[i].params, limits[i].cost, now_us);
+        if (res->r[i].remaining == 0)
+            entry_hold_if_spent(es[i], e[i], limits[i].params, now_us);
     }
     return all_ok;
 }
@@ -359,6 +451,7 @@ int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
     for (int i = 0; i < k; i++) {
         struct stripe *s = &m->stripes[order[i]];
         pthread_mutex_lock(&s->lock);
+        s->decisions++;
         /* before any entry of this decision is fetched: the sweep frees */
         stripe_sweep(s, now_us, s->count + n >= s->cap ? MEMSTORE_SWEEP_FULL : MEMSTORE_SWEEP);
     }

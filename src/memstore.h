@@ -18,7 +18,10 @@ struct memstore;
  * Keys whose state is back to "absent" (what Redis would have expired) are
  * reclaimed by a bounded sweep on each decision; beyond the bound the least
  * recently used key of its stripe is evicted, which forgets its count (the
- * client gets a fresh quota: the limiter fails open, never closed). */
+ * client gets a fresh quota: the limiter fails open, never closed). Keys
+ * that deny now (a denial's retry time, or a used-up quota, still ahead) go
+ * only when every key of the stripe denies, so new keys cannot push a
+ * denied one out. */
 struct memstore *memstore_create(size_t max_keys);
 void memstore_destroy(struct memstore *m);  /* no decision may be running */
 

@@ -40,6 +40,7 @@ struct metrics_histogram {
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct metrics_route *routes;
 static _Atomic uint64_t counters[METRICS_NCOUNTERS];
+static _Atomic uint64_t redis_errors[METRICS_NREDIS_ERRORS];
 static _Atomic int64_t gauges[METRICS_NGAUGES];
 static struct metrics_histogram hists[METRICS_NHIST];
 #define METRICS_MAX_WORKERS 256
@@ -97,6 +98,12 @@ void metrics_response(struct metrics_route *m, int status)
 void metrics_count(enum metrics_counter which)
 {
     atomic_fetch_add_explicit(&counters[which], 1, memory_order_relaxed);
+}
+
+void metrics_redis_error(enum metrics_redis_error why)
+{
+    atomic_fetch_add_explicit(&counters[METRICS_REDIS_ERRORS], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&redis_errors[why], 1, memory_order_relaxed);
 }
 
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta)
@@ -191,6 +198,21 @@ static void render_counter(struct evbuffer *out, const char *name, const char *h
                         name, (unsigned long long)load(&counters[which]));
 }
 
+/* The total as before (no label), then the same decisions by reason. */
+static void render_redis_errors(struct evbuffer *out)
+{
+    static const char *const reasons[METRICS_NREDIS_ERRORS] = {
+        "error", "timeout", "unavailable", "oom",
+    };
+    render_counter(out, "sluice_redis_errors_total",
+                   "Decisions Redis did not answer in time or answered with an error "
+                   "(no label: all; by reason: the same decisions).",
+                   METRICS_REDIS_ERRORS);
+    for (int i = 0; i < METRICS_NREDIS_ERRORS; i++)
+        evbuffer_add_printf(out, "sluice_redis_errors_total{reason=\"%s\"} %llu\n", reasons[i],
+                            (unsigned long long)load(&redis_errors[i]));
+}
+
 void metrics_render(struct evbuffer *out)
 {
     pthread_mutex_lock(&registry_lock);
@@ -206,9 +228,7 @@ void metrics_render(struct evbuffer *out)
     }
     render_counter(out, "sluice_redis_requests_total", "Decisions sent to Redis.",
                    METRICS_REDIS_REQUESTS);
-    render_counter(out, "sluice_redis_errors_total",
-                   "Decisions Redis did not answer in time or answered with an error.",
-                   METRICS_REDIS_ERRORS);
+    render_redis_errors(out);
     render_counter(out, "sluice_deny_cache_hits_total",
                    "Requests denied from the deny cache without a Redis call.",
                    METRICS_DENY_CACHE_HITS);

@@ -21,6 +21,14 @@ enum metrics_counter {
     METRICS_REDIS_REQUESTS, METRICS_REDIS_ERRORS, METRICS_DENY_CACHE_HITS,
     METRICS_RELOADS_OK, METRICS_RELOADS_FAILED, METRICS_NCOUNTERS
 };
+/* Why a decision got no answer from Redis (sluice_redis_errors_total{reason}). */
+enum metrics_redis_error {
+    METRICS_REDIS_ERR_ERROR,        /* an error reply, or a reply sluice cannot read */
+    METRICS_REDIS_ERR_TIMEOUT,      /* no answer within redis.timeout */
+    METRICS_REDIS_ERR_UNAVAILABLE,  /* not connected: nothing was sent */
+    METRICS_REDIS_ERR_OOM,          /* -OOM: Redis is at maxmemory with noeviction */
+    METRICS_NREDIS_ERRORS
+};
 enum metrics_gauge {
     METRICS_CONN_CLIENT, METRICS_CONN_UPSTREAM, METRICS_REDIS_CONNECTED, METRICS_NGAUGES
 };
@@ -37,6 +45,8 @@ struct metrics_route *metrics_unrouted(void);
 void metrics_request(struct metrics_route *m, enum metrics_decision d);
 void metrics_response(struct metrics_route *m, int status);
 void metrics_count(enum metrics_counter which);
+/* One decision Redis did not answer: counts METRICS_REDIS_ERRORS and why. */
+void metrics_redis_error(enum metrics_redis_error why);
 /* A request read by worker thread `worker` (shows that every worker serves). */
 void metrics_worker_request(int worker);
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta);

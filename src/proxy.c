@@ -535,6 +535,9 @@ static void answer_local(struct client *c, int status, int close_after)
                body_discardable(&c->head);
     if (status == 429)
         reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
+    else if (status == 503)     /* limiter_unavailable: try again after the backoff */
+        reply_unavailable(out, c->w->store ? store_retry_ms(c->w->store) : 0, keep,
+                          c->rid, c->rid_len);
     else
         reply_error_named(out, status, c->error_name, keep, c->rid, c->rid_len);
     c->error_name = NULL;
@@ -806,6 +809,17 @@ static int decide_locally(struct client *c, struct store_result *res)
     return memstore_decide(c->w->mem, sl, n, wall_us(), res);
 }
 
+/* A decision Redis did not answer (res NULL: not connected, nothing sent),
+ * counted by reason. */
+static void count_redis_error(const struct store_result *res)
+{
+    enum metrics_redis_error why = METRICS_REDIS_ERR_UNAVAILABLE;
+    if (res != NULL)
+        why = res->status == STORE_TIMEOUT ? METRICS_REDIS_ERR_TIMEOUT :
+              res->status == STORE_OOM ? METRICS_REDIS_ERR_OOM : METRICS_REDIS_ERR_ERROR;
+    metrics_redis_error(why);
+}
+
 /* Redis could not decide: on_error says what the request gets. */
 static void apply_on_error(struct client *c)
 {
@@ -839,7 +853,7 @@ static void decide_cb(void *arg, const struct store_result *res)
     refresh_head(c);
     metrics_observe(METRICS_REDIS_SECONDS, now_us() - c->redis_start_us);
     if (res->status != STORE_OK) {
-        metrics_count(METRICS_REDIS_ERRORS);
+        count_redis_error(res);
         apply_on_error(c);
     } else {
         apply_decision(c, res, 1);
@@ -884,7 +898,7 @@ static void counted_done_cb(void *arg, const struct store_result *res)
     client_enter(c);
     c->count_call = NULL;
     if (res->status != STORE_OK)
-        metrics_count(METRICS_REDIS_ERRORS);
+        count_redis_error(res);
     if (c->up)
         bufferevent_enable(c->up->bev, EV_READ);
     resume_response(c);
@@ -914,7 +928,7 @@ static int consume_counted(struct client *c, int status)
         metrics_count(METRICS_REDIS_REQUESTS);
         c->count_call = store_decide(c->w->store, sl, n, counted_done_cb, c);
         if (c->count_call == NULL)
-            metrics_count(METRICS_REDIS_ERRORS);
+            count_redis_error(NULL);
         else    /* hold the response (and its body) until the answer */
             bufferevent_disable(c->up->bev, EV_READ);
     }
@@ -1004,7 +1018,7 @@ static void decide(struct client *c, size_t pathlen)
     metrics_count(METRICS_REDIS_REQUESTS);
     c->call = store_decide(c->w->store, sl, n, decide_cb, c);
     if (c->call == NULL) {
-        metrics_count(METRICS_REDIS_ERRORS);
+        count_redis_error(NULL);
         apply_on_error(c);
     }
 }

@@ -180,14 +180,9 @@ static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
         ADD_LIT(out, "\r\nConnection: close\r\n\r\n");
 }
 
-void reply_error(struct evbuffer *buf, int status, int keep_alive,
-                 const char *rid, size_t rid_len)
-{
-    reply_error_named(buf, status, NULL, keep_alive, rid, rid_len);
-}
-
-void reply_error_named(struct evbuffer *buf, int status, const char *name, int keep_alive,
-                       const char *rid, size_t rid_len)
+/* name NULL: the status's own; retry_s > 0 adds Retry-After. */
+static void add_error(struct evbuffer *buf, int status, const char *name, int64_t retry_s,
+                      int keep_alive, const char *rid, size_t rid_len)
 {
     struct obuf ob, *out = &ob;
     obuf_begin(out, buf, 256 + rid_len);
@@ -197,9 +192,33 @@ void reply_error_named(struct evbuffer *buf, int status, const char *name, int k
     if (n < 0 || (size_t)n >= sizeof(body))
         abort();                        /* names are ours and short */
     add_status_line(out, status);
+    if (retry_s > 0) {
+        ADD_LIT(out, "Retry-After: ");
+        add_int(out, retry_s);
+        ADD_LIT(out, "\r\n");
+    }
     add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
     obuf_add(out, body, (size_t)n);
     obuf_end(out);
+}
+
+void reply_error(struct evbuffer *buf, int status, int keep_alive,
+                 const char *rid, size_t rid_len)
+{
+    add_error(buf, status, NULL, 0, keep_alive, rid, rid_len);
+}
+
+void reply_error_named(struct evbuffer *buf, int status, const char *name, int keep_alive,
+                       const char *rid, size_t rid_len)
+{
+    add_error(buf, status, name, 0, keep_alive, rid, rid_len);
+}
+
+void reply_unavailable(struct evbuffer *buf, int64_t retry_ms, int keep_alive,
+                       const char *rid, size_t rid_len)
+{
+    int64_t retry_s = reply_seconds(retry_ms);
+    add_error(buf, 503, NULL, retry_s < 1 ? 1 : retry_s, keep_alive, rid, rid_len);
 }
 
 static size_t quoted_len(const char *s)

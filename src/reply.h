@@ -59,6 +59,11 @@ void reply_error(struct evbuffer *out, int status, int keep_alive,
 void reply_error_named(struct evbuffer *out, int status, const char *name, int keep_alive,
                        const char *request_id, size_t request_id_len);
 
+/* The 503 limiter_unavailable (on_error: deny), with Retry-After: retry_ms
+ * in whole seconds rounded up, at least 1. */
+void reply_unavailable(struct evbuffer *out, int64_t retry_ms, int keep_alive,
+                       const char *request_id, size_t request_id_len);
+
 /* Whole seconds, rounded up, at least 1 when ms > 0. */
 int64_t reply_seconds(int64_t ms);
 

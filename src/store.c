@@ -42,6 +42,7 @@ extern const char refund_lua_sha[];
 #define STORE_REFRESH_EVERY_MS 5000   /* even when nothing asks for it */
 #define STORE_REFUND_BUDGET_MS 2000   /* a refund is retried this long */
 #define STORE_REDIRECT_LOG_MS 1000    /* one info line per kind this often */
+#define STORE_OOM_LOG_MS 10000        /* one "out of memory" warning this often */
 
 enum store_mode { STORE_SINGLE, STORE_CLUSTER, STORE_SENTINEL };
 /* A data node runs the scripts; the control node asks the topology
@@ -64,6 +65,7 @@ struct store_node {
     int down_logged;                /* "down" logged since the last "connected" */
     int64_t backoff_ms;
     struct event *retry_ev;         /* reconnect after backoff */
+    int64_t retry_at_ms;            /* when retry_ev fires (store_now_ms) */
     struct event *connect_ev;       /* connect + handshake deadline */
     struct event *kill_ev;          /* drop the connection outside hiredis */
     const char *kill_reason;
@@ -155,6 +157,7 @@ struct store {
     struct store_req *refunds;
     uint64_t redirects[2];          /* ask, moved: this store's */
     int64_t redirect_logged_ms[2];
+    int64_t oom_logged_ms;
 };
 
 static uint64_t store_redirect_total[2];   /* ask, moved: the process' */
@@ -328,6 +331,7 @@ static void node_down(struct store_node *n, const char *reason)
         return;
     node_log_down(n, reason, n->backoff_ms);
     struct timeval tv = store_tv(n->backoff_ms);
+    n->retry_at_ms = store_now_ms() + n->backoff_ms;
     event_add(n->retry_ev, &tv);
     n->backoff_ms *= 2;
     if (n->backoff_ms > STORE_BACKOFF_MAX_MS)
@@ -657,6 +661,7 @@ static void node_move(struct store_node *n, const char *host, int port)
     } else if (n->active) {
         event_del(n->retry_ev);
         struct timeval tv = { 0, 0 };
+        n->retry_at_ms = store_now_ms();
         event_add(n->retry_ev, &tv);    /* not from inside a hiredis callback */
     }
 }
@@ -1391,6 +1396,24 @@ static int req_error(struct store_req *q, struct store_node *n, const char *err)
     return -1;
 }
 
+/* The status an error reply ends a call with. Redis refuses a script over
+ * maxmemory with "-OOM command not allowed ..."; a write inside a running
+ * script may instead fail as "ERR ... -OOM command not allowed ...". A full
+ * Redis fails every decision, so it is also logged (at most every 10 s). */
+static enum store_status store_error_status(struct store *s, struct store_node *n,
+                                            const char *err)
+{
+    if (strncmp(err, "OOM ", 4) != 0 && strstr(err, "OOM command not allowed") == NULL)
+        return STORE_ERROR;
+    int64_t now = store_now_ms();
+    if (s->oom_logged_ms == 0 || now - s->oom_logged_ms >= STORE_OOM_LOG_MS) {
+        s->oom_logged_ms = now;
+        log_warn("store: EVALSHA failed '%s': out of memory (maxmemory reached under "
+                 "noeviction); decisions get on_error until Redis has room", n->name);
+    }
+    return STORE_OOM;
+}
+
 static void req_reply_cb(redisAsyncContext *ac, void *r, void *privdata)
 {
     struct store_req *q = privdata;
@@ -1419,7 +1442,7 @@ static void req_reply_cb(redisAsyncContext *ac, void *r, void *privdata)
     } else if (reply->type == REDIS_REPLY_ERROR) {
         if (req_error(q, n, reply->str) != 0) {
             log_debug("store: EVALSHA failed '%s': %s", n->name, reply->str);
-            req_finish(q, STORE_ERROR);
+            req_finish(q, store_error_status(s, n, reply->str));
         }
     } else if (q->call == NULL) {
         q->done = 1;            /* a refund: its count needs no check */
@@ -1721,4 +1744,18 @@ void store_cancel(struct store_call *c)
 int store_connected(const struct store *s)
 {
     return s->ready;
+}
+
+int64_t store_retry_ms(const struct store *s)
+{
+    int64_t now = store_now_ms(), left = 0;
+    if (s->ready)
+        return 0;
+    for (int i = -1; i < s->nnodes; i++) {
+        const struct store_node *n = i < 0 ? s->ctl : s->nodes[i];
+        if (n != NULL && n->active && n->ac == NULL && evtimer_pending(n->retry_ev, NULL) &&
+            n->retry_at_ms - now > left)
+            left = n->retry_at_ms - now;
+    }
+    return left;
 }

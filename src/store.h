@@ -44,7 +44,9 @@ struct store_limit {
 #define STORE_SHADOW     1u
 #define STORE_CHECK_ONLY 2u
 
-enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT };
+/* STORE_OOM: Redis refused the script with -OOM (maxmemory reached under
+ * maxmemory-policy noeviction); any other error reply is STORE_ERROR. */
+enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT, STORE_OOM };
 
 struct store_result {
     enum store_status status;
@@ -70,6 +72,10 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
 void store_cancel(struct store_call *call);
 
 int store_connected(const struct store *s);
+
+/* While the store is not connected: milliseconds until its next reconnect
+ * attempt (the backoff left), 0 when connected or not waiting for one. */
+int64_t store_retry_ms(const struct store *s);
 
 /* The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384). */
 int store_slot(const char *key, size_t len);

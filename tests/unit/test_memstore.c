@@ -2,8 +2,9 @@
  *
  * Runs the shared table of cases (data/limiter_cases.txt, parsed by the code
  * in test_limiter.c) through memstore_decide(), then what only the store
- * has: its key bound and LRU eviction, the reclaiming of expired keys, key
- * bytes, a key named twice, bad input, and 4 threads deciding on one key. */
+ * has: its key bound and LRU eviction, keys that deny evicted last, the
+ * reclaiming of expired keys, key bytes, a key named twice, bad input, and
+ * 4 threads deciding on one key. */
 #define LCASES_PARSER_ONLY
 #include "test_limiter.c"
 
@@ -119,6 +120,99 @@ static void test_reclaim(void **state)
             fail_msg("expired keys not reclaimed: %zu held", memstore_count(m));
     }
     assert_int_equal(memstore_count(m), 1024);
+    memstore_destroy(m);
+}
+
+/* ---- denying keys outlive a flood ------------------------------------------------- */
+
+static void flood(struct memstore *m, const char *tag, int n, int64_t now_us)
+{
+    struct store_result res;
+    for (int i = 0; i < n; i++) {
+        char key[48];
+        snprintf(key, sizeof(key), "flood:%s:%d", tag, i);
+        assert_true(decide1(m, key, &hour_big, now_us, &res));
+    }
+}
+
+/* A denied key, and a key whose quota is used up without a denial yet, stay
+ * denied however many other keys come: in one stripe of 16 and in 64
+ * stripes of 16. On a single LRU list both were evicted and allowed again. */
+static void test_denying_keys_survive_flood(void **state)
+{
+    static const struct limiter_params two = { LIMITER_FIXED_WINDOW, 2, 3600000, 0 };
+    static const struct limiter_params burst2 = { LIMITER_TOKEN_BUCKET, 2, 2000, 1000000 };
+    static const size_t sizes[] = { 16, 1024 };
+    for (int k = 0; k < 2; k++) {
+        struct memstore *m = memstore_create(sizes[k]);
+        struct store_result res;
+        int64_t t = LCASE_EPOCH_US;
+        assert_true(decide1(m, "denied", &two, t, &res));
+        assert_true(decide1(m, "denied", &two, t, &res));
+        assert_false(decide1(m, "denied", &two, t, &res));
+        assert_true(decide1(m, "spent", &burst2, t, &res));
+        assert_true(decide1(m, "spent", &burst2, t, &res));
+        assert_int_equal(res.r[0].remaining, 0);
+        flood(m, "a", 20000, t + 1000);
+        assert_true(memstore_count(m) <= sizes[k]);
+        assert_false(decide1(m, "denied", &two, t + 2000, &res));
+        assert_int_equal(res.r[0].retry_ms, 3600000 - 2);
+        assert_false(decide1(m, "spent", &burst2, t + 2000, &res));
+        assert_int_equal(res.r[0].retry_ms, 998);
+        memstore_destroy(m);
+    }
+}
+
+/* A hold ends when the key would pass again: from then on it is an LRU key
+ * like any other (here it goes, and its client starts afresh). */
+static void test_hold_ends(void **state)
+{
+    static const struct limiter_params burst2 = { LIMITER_TOKEN_BUCKET, 2, 2000, 1000000 };
+    struct memstore *m = memstore_create(16);
+    struct store_result res;
+    int64_t t = LCASE_EPOCH_US;
+    assert_true(decide1(m, "spent", &burst2, t, &res));
+    assert_true(decide1(m, "spent", &burst2, t, &res));
+    flood(m, "a", 100, t + 1000);
+    assert_false(decide1(m, "spent", &burst2, t + 2000, &res));
+    /* at t + 1 s one token is back: no longer denying, so the flood may take it */
+    flood(m, "b", 100, t + 1000000);
+    assert_true(decide1(m, "spent", &burst2, t + 1000001, &res));
+    assert_int_equal(res.r[0].remaining, 1);        /* a full bucket again */
+    memstore_destroy(m);
+}
+
+/* Every key denying: the table stays bounded (the least recently used held
+ * key goes), and a decision fetching STORE_MAX_LIMITS new keys into a full
+ * stripe never evicts a key it has already fetched. */
+static void test_all_denying_bounded(void **state)
+{
+    static const struct limiter_params zero = { LIMITER_FIXED_WINDOW, 0, 3600000, 0 };
+    struct memstore *m = memstore_create(16);
+    struct store_result res;
+    char keys[STORE_MAX_LIMITS][16];
+    struct store_limit l[STORE_MAX_LIMITS];
+    for (int i = 0; i < 40; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "d%d", i);
+        assert_false(decide1(m, key, &zero, 1000, &res));
+        assert_true(memstore_count(m) <= 16);
+    }
+    assert_true(decide1(m, "open", &hour_big, 1000, &res));
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < STORE_MAX_LIMITS; i++) {
+            snprintf(keys[i], sizeof(keys[i]), "n%d:%d", round, i);
+            l[i] = (struct store_limit){ keys[i], strlen(keys[i]), round == 1 ? &zero : &hour_big,
+                                         1, 0 };
+        }
+        assert_int_equal(memstore_decide(m, l, STORE_MAX_LIMITS, 2000, &res), 0);
+        assert_int_equal(res.allowed, round != 1);
+        assert_int_equal(memstore_count(m), 16);
+        /* all 16 are there: each allows once more (hour_big) or still denies */
+        assert_int_equal(memstore_decide(m, l, STORE_MAX_LIMITS, 2000, &res), 0);
+        for (int i = 0; i < STORE_MAX_LIMITS; i++)
+            assert_int_equal(res.r[i].remaining, round == 1 ? 0 : hour_big.limit - 2);
+    }
     memstore_destroy(m);
 }
 
@@ -277,6 +371,9 @@ int main(void)
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_bound_and_lru),
         cmocka_unit_test(test_reclaim),
+        cmocka_unit_test(test_denying_keys_survive_flood),
+        cmocka_unit_test(test_hold_ends),
+        cmocka_unit_test(test_all_denying_bounded),
         cmocka_unit_test(test_key_bytes),
         cmocka_unit_test(test_same_key_twice),
         cmocka_unit_test(test_bad_input),
