@@ -619,7 +619,7 @@ static void parse_head(struct client *c)
         client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
     size_t n = len > max + 1 ? max + 1 : len;
     const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
-    int rc = http1_head_parse(c->parser, data, n, max, 0, &c->head);
+    int rc = http1_head_feed(c->parser, data, n, max, 0, &c->head);
     if (rc == 1)
         return;
     c->hbuf = data;
@@ -1322,8 +1322,8 @@ static int read_response_head(struct client *c)
             return 0;
         size_t n = len > PROXY_RESP_HEAD_MAX + 1 ? PROXY_RESP_HEAD_MAX + 1 : len;
         const char *data = (const char *)evbuffer_pullup(ui, (ssize_t)n);
-        int rc = http1_head_parse(uc->parser, data, n, PROXY_RESP_HEAD_MAX,
-                                  c->head_request, &uc->head);
+        int rc = http1_head_feed(uc->parser, data, n, PROXY_RESP_HEAD_MAX,
+                                 c->head_request, &uc->head);
         if (rc == 1)
             return 0;
         if (rc != 0) {
