@@ -1602,6 +1602,18 @@ static void request_finish(struct client *c)
         client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
 }
 
+/* Parse the next head. Returns 1 when sluice answered it at once (404, 429
+ * from the deny cache, 400 for a bad cost...) and waits for a head again:
+ * the next pipelined request may be in the input already, and no read event
+ * will come for bytes that were read. */
+static int parse_head_answered(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t before = evbuffer_get_length(in);
+    parse_head(c);
+    return !c->dead && c->state == CS_HEAD && evbuffer_get_length(in) < before;
+}
+
 /* Do whatever the bytes in hand allow, until the state needs to wait. */
 static void client_process(struct client *c)
 {
@@ -1612,7 +1624,8 @@ static void client_process(struct client *c)
             /* Pipelined requests wait while our output is backed up. */
             if (evbuffer_get_length(bufferevent_get_output(c->bev)) > PROXY_HIGH_WATER)
                 return;
-            parse_head(c);
+            if (parse_head_answered(c))
+                continue;
             break;
         case CS_PROXY:
             if (!c->req_done && c->up)
@@ -1634,6 +1647,10 @@ static void client_process(struct client *c)
         if (c->state == before)
             return;
     }
+    /* Still going after many requests: go on from the event loop, after
+     * the other connections have had their turn. */
+    if (!c->dead)
+        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
 }
 
 static void client_read_cb(struct bufferevent *bev, void *arg)
@@ -1684,6 +1701,7 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         c->head_in_input = 0;
         c->route = NULL;
         c->have_limits = 0;
+        c->rid_len = 0;     /* not the id of the request before */
         reqlog_begin(c, 0);
         answer_local(c, 408, 1);
     } else {

@@ -50,6 +50,90 @@ def get(target, rid, headers=(), body=None, method="GET", version="HTTP/1.1"):
                          body=body, version=version)
 
 
+# ------------------------------------------------ item 4: pipelining ----
+
+def test_pipelined_requests_after_local_answers_are_served_at_once(sluice, redis):
+    s = sluice(hard_conf(ROUTES, client={"header_timeout": "5s", "idle_timeout": "10s"}))
+    # Deny the /lim key once through Redis: later /lim requests stop at the
+    # deny cache, answered before sluice returns to the event loop.
+    with Conn(s.port) as c:
+        c.send(get("/lim", "warm1"))
+        assert c.read_response().status == 200
+        c.send(get("/lim", "warm2"))
+        assert c.read_response().status == 429
+    want = [("/nope", 404), ("/lim", 429), ("/cost", 400), ("/ok", 200),
+            ("/nope", 404), ("/lim", 429), ("/ok", 200)]
+    batch = b"".join(get(t, "p%d" % i, [("X-Cost", "abc")] if t == "/cost" else [])
+                     for i, (t, _) in enumerate(want))
+    # A rejected request's body is read and dropped, then the next one runs.
+    want.insert(3, ("/nope", 404))
+    batch = batch.replace(b"GET /ok ", get("/nope", "pbody", method="POST", body=b"x" * 300) +
+                          b"GET /ok ", 1)
+    rids = ["p0", "p1", "p2", "pbody", "p3", "p4", "p5", "p6"]
+    with Conn(s.port, timeout_s=3.0) as c:
+        t0 = time.monotonic()
+        c.send(batch)
+        got = []
+        for _ in want:
+            r = c.read_response()
+            got.append((r.status, r.header("X-Request-Id"), time.monotonic() - t0))
+        elapsed = time.monotonic() - t0
+    report("pipelined_local_answers", requests=len(want), elapsed_s="%.3f" % elapsed)
+    assert [(st, rid) for st, rid, _ in got] == \
+        [(st, rid) for (_, st), rid in zip(want, rids)], got
+    assert elapsed < 1.0, "answers took %.3f s (header_timeout 5s): %r" % (elapsed, got)
+
+
+def test_many_pipelined_404s_are_all_answered(sluice, redis):
+    # More local answers in the input than one pass of the connection's loop
+    # handles (1000): Redis is paused while the first request waits for its
+    # decision, so the whole batch is read before sluice answers any of it.
+    s = sluice(hard_conf(ROUTES, client={"header_timeout": "5s"}))
+    n = 2200
+    batch = get("/lim", "first")
+    batch += b"".join(b"GET /n%d HTTP/1.1\r\nHost: h\r\n\r\n" % i for i in range(n))
+    batch += b"GET /ok HTTP/1.1\r\nHost: h\r\n\r\n"
+    assert len(batch) < 78 * 1024       # within sluice's input bound (80 KB here)
+    with Conn(s.port, timeout_s=3.0) as c:
+        redis_cmd(redis.port, "CLIENT", "PAUSE", "300", "ALL")
+        t0 = time.monotonic()
+        c.send(batch)
+        statuses = [c.read_response().status for _ in range(n + 2)]
+        elapsed = time.monotonic() - t0
+    report("pipelined_404s", requests=n + 2, elapsed_s="%.3f" % elapsed)
+    assert statuses == [200] + [404] * n + [200]
+    assert elapsed < 2.0
+
+
+def test_pipelined_after_redis_denial_and_proxied_response(sluice, redis):
+    s = sluice(hard_conf(ROUTES, client={"header_timeout": "5s"}))
+    # /ok proxied, /lim allowed then denied by Redis (asynchronous), each
+    # followed by requests sluice answers at once.
+    seq = [("/ok", 200), ("/nope", 404), ("/lim", 200), ("/nope", 404), ("/lim", 429),
+           ("/nope", 404), ("/cost", 400), ("/ok", 200)]
+    batch = b"".join(get(t, "q%d" % i, [("X-Cost", "0")] if t == "/cost" else [])
+                     for i, (t, _) in enumerate(seq))
+    with Conn(s.port, timeout_s=3.0) as c:
+        t0 = time.monotonic()
+        c.send(batch)
+        got = [(c.read_response().status) for _ in seq]
+        elapsed = time.monotonic() - t0
+    assert got == [st for _, st in seq]
+    assert elapsed < 1.0, elapsed
+
+
+def test_real_header_timeout_408_does_not_carry_previous_request_id(sluice, redis):
+    s = sluice(hard_conf(ROUTES, client={"header_timeout": "1s", "idle_timeout": "10s"}))
+    with Conn(s.port, timeout_s=3.0) as c:
+        c.send(get("/nope", "previous-id"))
+        r = c.read_response()
+        assert (r.status, r.header("X-Request-Id")) == (404, "previous-id")
+        c.send(b"GET /ok HTTP/1.1\r\nHost: h\r\n")     # never finished
+        r = c.read_response()
+        assert r.status == 408, r
+        assert r.header("X-Request-Id") != "previous-id", r
+
+
 # ------------------------------------------- item 6: head parsing cost ----
 #
 # Every read of a dripped head costs sluice a floor of kernel and libevent
