@@ -525,6 +525,15 @@ static int body_discardable(const struct http1_head *h)
            (h->body == HTTP1_BODY_LENGTH && h->content_length <= PROXY_DISCARD_MAX);
 }
 
+/* A HEAD gets the head of our answer alone (the client reads no body
+ * after it): the reply, written to tmp, moves to out up to its empty line. */
+static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
+{
+    struct evbuffer_ptr end = evbuffer_search(tmp, "\r\n\r\n", 4, NULL);
+    if (end.pos >= 0)
+        evbuffer_remove_buffer(tmp, out, (size_t)end.pos + 4);
+}
+
 /* Answer the current request ourselves: an error, or with rl set, a 429. */
 static void answer_local(struct client *c, int status, int close_after)
 {
@@ -532,10 +541,17 @@ static void answer_local(struct client *c, int status, int close_after)
     size_t out_before = evbuffer_get_length(out);
     int keep = !close_after && c->head.keep_alive && !c->eof && !c->w->stopping &&
                body_discardable(&c->head);
+    /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
+    int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
+    struct evbuffer *tmp = c->head_request ? evbuffer_new() : NULL;
     if (status == 429)
-        reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
+        reply_limited(tmp ? tmp : out, &c->rl, conn, c->rid, c->rid_len);
     else
-        reply_error(out, status, keep, c->rid, c->rid_len);
+        reply_error(tmp ? tmp : out, status, conn, c->rid, c->rid_len);
+    if (tmp) {
+        move_reply_head(tmp, out);
+        evbuffer_free(tmp);
+    }
     if (status == 429)      /* a limit may answer with its own status */
         status = c->rl.limit[c->rl.shown]->status ? c->rl.limit[c->rl.shown]->status : 429;
     count_response(c, status);
@@ -628,6 +644,7 @@ static void parse_head(struct client *c)
         c->route = NULL;
         c->have_limits = 0;
         c->rid_len = 0;
+        c->head_request = 0;
         reqlog_begin(c, 0);
         answer_local(c, rc, 1);
         return;
@@ -1702,6 +1719,7 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         c->route = NULL;
         c->have_limits = 0;
         c->rid_len = 0;     /* not the id of the request before */
+        c->head_request = 0;
         reqlog_begin(c, 0);
         answer_local(c, 408, 1);
     } else {

@@ -134,6 +134,101 @@ def test_real_header_timeout_408_does_not_carry_previous_request_id(sluice, redi
         assert r.header("X-Request-Id") != "previous-id", r
 
 
+# ------------------------------------- item 5: HTTP/1.0 keep-alive ----
+
+def ka10(target, rid="k"):
+    return get(target, rid, [("Connection", "Keep-Alive")], version="HTTP/1.0")
+
+
+def test_http10_keepalive_gets_keepalive_on_own_answers(sluice, redis):
+    s = sluice(hard_conf(ROUTES))
+    with Conn(s.port, timeout_s=3.0) as c:
+        for target, status in [("/lim", 200), ("/lim", 429), ("/lim", 429), ("/nope", 404),
+                               ("/cost", 200), ("/ok", 200)]:
+            c.send(ka10(target))
+            r = c.read_response()
+            assert r.status == status, (target, r)
+            assert (r.header("Connection") or "").lower() == "keep-alive", (target, r)
+            assert r.header("Content-Length") is not None, r
+        # still open, and served
+        c.send(ka10("/ok"))
+        assert c.read_response().status == 200
+
+
+def test_http10_without_keepalive_own_answer_closes(sluice, redis):
+    s = sluice(hard_conf(ROUTES))
+    http_get(s.port, "/lim")
+    with Conn(s.port, timeout_s=3.0) as c:
+        c.send(get("/lim", "x", version="HTTP/1.0"))
+        r = c.read_response()
+        assert r.status == 429
+        assert (r.header("Connection") or "").lower() == "close"
+        assert c.is_closed()
+
+
+def test_http10_keepalive_503_when_limiter_down(sluice, redis):
+    s = sluice(hard_conf(ROUTES, on_error="deny", redis_timeout="200ms"),
+               redis_port=free_port(), wait_redis=False)
+    with Conn(s.port, timeout_s=3.0) as c:
+        for _ in range(2):
+            c.send(ka10("/lim"))
+            r = c.read_response()
+            assert r.status == 503, r
+            assert (r.header("Connection") or "").lower() == "keep-alive", r
+        c.send(ka10("/ok"))
+        assert c.read_response().status == 200
+
+
+def ab_run(port, path, n):
+    """ab -k -n N -c 1; returns (exit code, output, seconds)."""
+    ab = shutil.which("ab")
+    assert ab, "ab not found: apt-get install apache2-utils (make deps does)"
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([ab, "-k", "-n", str(n), "-c", "1", "-s", "2",
+                            "http://127.0.0.1:%d%s" % (port, path)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=20)
+    except subprocess.TimeoutExpired as e:
+        return None, (e.stdout or b"").decode("utf-8", "replace"), time.monotonic() - t0
+    return p.returncode, p.stdout.decode("utf-8", "replace"), time.monotonic() - t0
+
+
+def ab_figure(out, name):
+    m = re.search(r"^%s:\s+(\d+)" % re.escape(name), out, re.M)
+    return int(m.group(1)) if m else None
+
+
+def test_ab_keepalive_runs_through_rejections(sluice, redis):
+    s = sluice(hard_conf(FIVE))
+    rc, out, secs = ab_run(s.port, "/five", 50)
+    complete, non2xx = ab_figure(out, "Complete requests"), ab_figure(out, "Non-2xx responses")
+    keepalive = ab_figure(out, "Keep-Alive requests")
+    report("ab_keepalive", rc=rc, complete=complete, non2xx=non2xx, keepalive=keepalive,
+           seconds="%.2f" % secs)
+    assert rc == 0, out
+    assert complete == 50 and non2xx == 45, out
+    assert keepalive == 50, out
+    assert secs < 5, out
+
+
+def test_head_request_gets_our_answer_without_body(sluice, redis):
+    # A body after the head of a HEAD's answer would be read as the start of
+    # the next response by a keep-alive client.
+    s = sluice(hard_conf(ROUTES))
+    http_get(s.port, "/lim")
+    with Conn(s.port, timeout_s=3.0) as c:
+        c.send(get("/nope", "h1", method="HEAD") + get("/lim", "h2", method="HEAD") +
+               get("/ok", "h3"))
+        r1 = c.read_response(head_request=True)
+        r2 = c.read_response(head_request=True)
+        r3 = c.read_response()
+    assert (r1.status, r1.header("X-Request-Id")) == (404, "h1"), r1
+    assert int(r1.header("Content-Length")) > 0
+    assert (r2.status, r2.header("X-Request-Id")) == (429, "h2"), r2
+    assert (r3.status, r3.header("X-Request-Id")) == (200, "h3"), r3
+    assert r3.json()["target"] == "/ok"
+
+
 # ------------------------------------------- item 6: head parsing cost ----
 #
 # Every read of a dripped head costs sluice a floor of kernel and libevent
