@@ -26,6 +26,8 @@ UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/tes
 
 DEBS     := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
             libhttp-parser-dev libcmocka-dev redis-server python3-pytest python3-requests curl
+# ab -k: an HTTP/1.0 keep-alive client for the integration tests
+DEBS     += apache2-utils
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.

@@ -29,6 +29,9 @@ struct http1 {
     struct http1_piece *pieces;
     int npieces;
     uint32_t chunk_end;         /* bit i: pieces[i] ends a chunk's data */
+    /* Between the calls of a head that arrives in pieces (http1_head_feed). */
+    struct http1_head *open_head;   /* the head the last call left unfinished */
+    size_t head_fed;            /* how many of its bytes http_parser has seen */
     /* Between calls. */
     int need_lf;                /* the head's final LF is still to be fed */
     int in_body;                /* a head was parsed, message not complete */
@@ -450,34 +453,55 @@ static int too_long(const struct http1 *p, const char *data, size_t n)
     return 431;
 }
 
-int http1_head_parse(struct http1 *p, const char *data, size_t len,
-                     size_t max_bytes, int head_request, struct http1_head *h)
+/* A new head: the parser from its start, nothing found yet. */
+static void head_begin(struct http1 *p, int head_request, struct http1_head *h)
 {
-    size_t n = len < max_bytes ? len : max_bytes, used;
     http_parser *hp = &p->parser;
-    int rc;
 
     http_parser_init(hp, p->kind == HTTP1_REQUEST ? HTTP_REQUEST : HTTP_RESPONSE);
     hp->data = p;
     p->head_request = head_request;
-    p->head = h;
-    p->base = data;
     p->in_value = 0;
     p->too_many = 0;
     p->pieces = NULL;
     p->need_lf = p->in_body = p->done = 0;
+    p->head_fed = 0;
     head_reset(h);
+}
 
-    used = n > 0 ? http_parser_execute(hp, p->settings, data, n) : 0;
+/* Run http_parser over the bytes of data[0..len) it has not seen: all of
+ * them for a new head, those after head_fed when resuming one. http_parser
+ * keeps its state between calls and the spans are offsets from data, so
+ * the buffer may have moved; each byte of a head is parsed once. */
+static int head_run(struct http1 *p, const char *data, size_t len, size_t max_bytes,
+                    int head_request, struct http1_head *h, int resume)
+{
+    size_t n = len < max_bytes ? len : max_bytes, from, used;
+    http_parser *hp = &p->parser;
+    int rc;
+
+    if (!resume || p->open_head != h || p->head_fed > n)
+        head_begin(p, head_request, h);
+    p->open_head = NULL;
+    from = p->head_fed;
+    p->head = h;
+    p->base = data;
+    used = n > from ? http_parser_execute(hp, p->settings, data + from, n - from) : 0;
     p->head = NULL;
     if (p->too_many)
         return 431;
     if (HTTP_PARSER_ERRNO(hp) == HPE_HEADER_OVERFLOW)
         return too_long(p, data, n);
-    if (HTTP_PARSER_ERRNO(hp) == HPE_OK && used == n)
-        return len > max_bytes ? too_long(p, data, n) : 1;
+    if (HTTP_PARSER_ERRNO(hp) == HPE_OK && used == n - from) {
+        if (len > max_bytes)
+            return too_long(p, data, n);
+        p->open_head = h;
+        p->head_fed = n;
+        return 1;
+    }
     if (HTTP_PARSER_ERRNO(hp) != HPE_PAUSED)
         return 400;
+    used += from;
     /* Paused in on_headers_complete, on the head's final LF (non-strict
      * http_parser takes any byte there: the scan below wants CRLF). */
     if (used >= n || data[used] != '\n')
@@ -499,6 +523,18 @@ int http1_head_parse(struct http1 *p, const char *data, size_t len,
     p->crlf_need = 0;
     p->prev_cr = 0;
     return 0;
+}
+
+int http1_head_parse(struct http1 *p, const char *data, size_t len,
+                     size_t max_bytes, int head_request, struct http1_head *h)
+{
+    return head_run(p, data, len, max_bytes, head_request, h, 0);
+}
+
+int http1_head_feed(struct http1 *p, const char *data, size_t len,
+                    size_t max_bytes, int head_request, struct http1_head *h)
+{
+    return head_run(p, data, len, max_bytes, head_request, h, 1);
 }
 
 /* ---- body --------------------------------------------------------------- */

@@ -1,10 +1,11 @@
 /* sluice - http1.h: HTTP/1.x message framing, the only user of http_parser.
  *
  * A head (request or response line plus headers) is parsed from one
- * contiguous buffer, from its start, every time more bytes arrive: heads are
- * small and bounded, so re-parsing costs little and keeps no state between
- * reads. The result refers to the buffer by offsets (struct http1_span), so
- * it stays valid while the caller keeps the bytes in place.
+ * contiguous buffer. When it arrives in pieces, http1_head_feed() parses only
+ * the bytes added since the last call (picohttpparser's last_len), so a head
+ * dripped a byte at a time costs what it costs whole. The result refers to the
+ * buffer by offsets (struct http1_span), so it stays valid while the caller
+ * keeps the bytes in place.
  *
  * After a head, the same struct http1 decodes the body: http1_body_feed()
  * takes any run of bytes and reports which of them are payload (pieces),
@@ -66,6 +67,14 @@ void http1_destroy(struct http1 *p);
  * then parses the next head. On success the parser is ready for the body. */
 int http1_head_parse(struct http1 *p, const char *data, size_t len,
                      size_t max_bytes, int head_request, struct http1_head *h);
+
+/* http1_head_parse() for a head that arrives in pieces, as a connection
+ * reads it. When the last call on p returned 1 for the same h, data[0..len)
+ * must begin with the bytes it was given (the buffer may have moved) and only
+ * the bytes after them are parsed; otherwise a new head starts at data[0].
+ * Same results, limits and checks as one http1_head_parse() over the whole. */
+int http1_head_feed(struct http1 *p, const char *data, size_t len,
+                    size_t max_bytes, int head_request, struct http1_head *h);
 
 /* Feed body bytes. Fills pieces[0..*npieces) with payload runs (offsets into
  * data) and returns how many bytes of data were consumed (<= len), which may

@@ -526,6 +526,15 @@ static int body_discardable(const struct http1_head *h)
            (h->body == HTTP1_BODY_LENGTH && h->content_length <= PROXY_DISCARD_MAX);
 }
 
+/* A HEAD gets the head of our answer alone (the client reads no body
+ * after it): the reply, written to tmp, moves to out up to its empty line. */
+static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
+{
+    struct evbuffer_ptr end = evbuffer_search(tmp, "\r\n\r\n", 4, NULL);
+    if (end.pos >= 0)
+        evbuffer_remove_buffer(tmp, out, (size_t)end.pos + 4);
+}
+
 /* Answer the current request ourselves: an error, or with rl set, a 429. */
 static void answer_local(struct client *c, int status, int close_after)
 {
@@ -533,14 +542,21 @@ static void answer_local(struct client *c, int status, int close_after)
     size_t out_before = evbuffer_get_length(out);
     int keep = !close_after && c->head.keep_alive && !c->eof && !c->w->stopping &&
                body_discardable(&c->head);
+    /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
+    int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
+    struct evbuffer *tmp = c->head_request ? evbuffer_new() : NULL;
     if (status == 429)
-        reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
+        reply_limited(tmp ? tmp : out, &c->rl, conn, c->rid, c->rid_len);
     else if (status == 503)     /* limiter_unavailable: try again after the backoff */
-        reply_unavailable(out, c->w->store ? store_retry_ms(c->w->store) : 0, keep,
+        reply_unavailable(tmp ? tmp : out, c->w->store ? store_retry_ms(c->w->store) : 0, conn,
                           c->rid, c->rid_len);
     else
-        reply_error_named(out, status, c->error_name, keep, c->rid, c->rid_len);
+        reply_error_named(tmp ? tmp : out, status, c->error_name, conn, c->rid, c->rid_len);
     c->error_name = NULL;
+    if (tmp) {
+        move_reply_head(tmp, out);
+        evbuffer_free(tmp);
+    }
     if (status == 429)      /* a limit may answer with its own status */
         status = c->rl.limit[c->rl.shown]->status ? c->rl.limit[c->rl.shown]->status : 429;
     count_response(c, status);
@@ -631,7 +647,7 @@ static void parse_head(struct client *c)
         client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
     size_t n = len > max + 1 ? max + 1 : len;
     const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
-    int rc = http1_head_parse(c->parser, data, n, max, 0, &c->head);
+    int rc = http1_head_feed(c->parser, data, n, max, 0, &c->head);
     if (rc == 1)
         return;
     c->hbuf = data;
@@ -640,6 +656,7 @@ static void parse_head(struct client *c)
         c->route = NULL;
         c->have_limits = 0;
         c->rid_len = 0;
+        c->head_request = 0;
         reqlog_begin(c, 0);
         answer_local(c, rc, 1);
         return;
@@ -1353,8 +1370,8 @@ static int read_response_head(struct client *c)
             return 0;
         size_t n = len > PROXY_RESP_HEAD_MAX + 1 ? PROXY_RESP_HEAD_MAX + 1 : len;
         const char *data = (const char *)evbuffer_pullup(ui, (ssize_t)n);
-        int rc = http1_head_parse(uc->parser, data, n, PROXY_RESP_HEAD_MAX,
-                                  c->head_request, &uc->head);
+        int rc = http1_head_feed(uc->parser, data, n, PROXY_RESP_HEAD_MAX,
+                                 c->head_request, &uc->head);
         if (rc == 1)
             return 0;
         if (rc != 0) {
@@ -1633,6 +1650,18 @@ static void request_finish(struct client *c)
         client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
 }
 
+/* Parse the next head. Returns 1 when sluice answered it at once (404, 429
+ * from the deny cache, 400 for a bad cost...) and waits for a head again:
+ * the next pipelined request may be in the input already, and no read event
+ * will come for bytes that were read. */
+static int parse_head_answered(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t before = evbuffer_get_length(in);
+    parse_head(c);
+    return !c->dead && c->state == CS_HEAD && evbuffer_get_length(in) < before;
+}
+
 /* Do whatever the bytes in hand allow, until the state needs to wait. */
 static void client_process(struct client *c)
 {
@@ -1643,7 +1672,8 @@ static void client_process(struct client *c)
             /* Pipelined requests wait while our output is backed up. */
             if (evbuffer_get_length(bufferevent_get_output(c->bev)) > PROXY_HIGH_WATER)
                 return;
-            parse_head(c);
+            if (parse_head_answered(c))
+                continue;
             break;
         case CS_PROXY:
             if (!c->req_done && c->up)
@@ -1665,6 +1695,10 @@ static void client_process(struct client *c)
         if (c->state == before)
             return;
     }
+    /* Still going after many requests: go on from the event loop, after
+     * the other connections have had their turn. */
+    if (!c->dead)
+        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
 }
 
 static void client_read_cb(struct bufferevent *bev, void *arg)
@@ -1715,6 +1749,8 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         c->head_in_input = 0;
         c->route = NULL;
         c->have_limits = 0;
+        c->rid_len = 0;     /* not the id of the request before */
+        c->head_request = 0;
         reqlog_begin(c, 0);
         answer_local(c, 408, 1);
     } else {

@@ -174,7 +174,9 @@ static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
     }
     ADD_LIT(out, "Content-Type: application/json\r\nContent-Length: ");
     add_int(out, (int64_t)body_len);
-    if (keep_alive)
+    if (keep_alive == REPLY_KEEP_SAID)
+        ADD_LIT(out, "\r\nConnection: keep-alive\r\n\r\n");
+    else if (keep_alive)
         ADD_LIT(out, "\r\n\r\n");
     else
         ADD_LIT(out, "\r\nConnection: close\r\n\r\n");

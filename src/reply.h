@@ -45,6 +45,13 @@ void reply_pick(struct reply_limits *rl, int allowed);
 void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int denied,
                          const struct reply_upstream *up);
 
+/* keep_alive for the replies below: close after it (Connection: close),
+ * stay open as HTTP/1.1 does by default, or stay open and say so, for an
+ * HTTP/1.0 client that asked for keep-alive. */
+#define REPLY_CLOSE      0
+#define REPLY_KEEP       1
+#define REPLY_KEEP_SAID  2
+
 /* A complete rejection: the denying limit's status (429 unless set) with
  * Retry-After, the rate-limit fields and a JSON body. */
 void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,

@@ -8,6 +8,7 @@
  * Invariants checked (abort() on failure, which libFuzzer reports as a crash):
  * - a head parse depends only on the head's bytes: every shorter prefix says
  *   "need more" (1), and the head alone parses to the same result;
+ * - a head fed in pieces (http1_head_feed) gets the whole parse's result;
  * - every span lies inside the head, counts are in range;
  * - body pieces lie inside the bytes given, in order, inside what was
  *   consumed; consumed <= len; no stall (no progress while not done);
@@ -98,6 +99,36 @@ static int fuzz_head_same(const struct http1_head *a, const struct http1_head *b
     return memcmp(a->h, b->h, (size_t)a->nheaders * sizeof a->h[0]) == 0;
 }
 
+/* The same bytes fed to http1_head_feed() in eight growing pieces, each call
+ * given a new copy of everything so far (a connection's buffer may move):
+ * the first answer other than "need more" is the whole parse's, with the
+ * same fields. */
+static void fuzz_head_fed(enum http1_kind kind, const uint8_t *d, size_t n,
+                          size_t max_bytes, int head_request, int want,
+                          const struct http1_head *hw)
+{
+    struct http1 *f = http1_create(kind);
+    struct http1_head *hf = malloc(sizeof *hf);
+    size_t step = n / 8 + 1;
+    int rc = 1;
+
+    fuzz_check(hf != NULL);
+    for (size_t k = step < n ? step : n; rc == 1; k = k + step < n ? k + step : n) {
+        char *pre = fuzz_dup(d, k);
+        rc = http1_head_feed(f, pre, k, max_bytes, head_request, hf);
+        free(pre);
+        if (k == n)
+            break;
+    }
+    if (rc != want)
+        fprintf(stderr, "fed in pieces of %zu: %d, whole: %d\n", step, rc, want);
+    fuzz_check(rc == want);
+    if (want == 0)
+        fuzz_check(fuzz_head_same(hw, hf));
+    free(hf);
+    http1_destroy(f);
+}
+
 /* Parse one head from d[0..n) and check it depends on its own bytes only.
  * Returns http1_head_parse's result; p is left ready for the body. */
 static int fuzz_head(struct http1 *p, enum http1_kind kind, const uint8_t *d, size_t n,
@@ -132,6 +163,7 @@ static int fuzz_head(struct http1 *p, enum http1_kind kind, const uint8_t *d, si
         }
         free(head);
     }
+    fuzz_head_fed(kind, d, n, max_bytes, head_request, rc, h);
     free(buf);
     free(h2);
     http1_destroy(q);
