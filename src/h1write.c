@@ -61,7 +61,8 @@ static void connection_names(const char *buf, const struct http1_head *h,
         nconn += span_is(buf, h->h[i].name, "connection");
     if (nconn == 0)
         return;
-    memset(bucket, 0xff, sizeof(bucket));
+    memset(bucket, 0xff, sizeof(bucket));   /* -1: empty */
+    memset(next, 0xff, sizeof(next));
     for (int i = 0; i < h->nheaders; i++) {
         struct http1_span nm = h->h[i].name;
         hash[i] = name_hash(buf + nm.off, nm.len);
@@ -320,16 +321,16 @@ void h1write_response_end(struct obuf *out, const char *buf, const struct http1_
         return;
     }
     int had_length = http1_find(buf, h, "content-length", 0) >= 0;
-    if (no_body_status(h->status))
-        ;                       /* no framing at all */
-    else if (o->head_request)
-        ;                       /* the length is the GET's: kept below */
-    else if (o->chunked)
-        OBUF_LIT(out, "Transfer-Encoding: chunked\r\n");
-    else if (h->body == HTTP1_BODY_LENGTH || had_length)
-        add_length(out, h->body == HTTP1_BODY_LENGTH ? h->content_length : 0);
-    if (o->head_request && !no_body_status(h->status) && had_length)
-        add_length(out, h->content_length);
+    if (!no_body_status(h->status)) {       /* those have no framing at all */
+        if (o->head_request) {
+            if (had_length)     /* the length of what a GET would get */
+                add_length(out, h->content_length);
+        } else if (o->chunked) {
+            OBUF_LIT(out, "Transfer-Encoding: chunked\r\n");
+        } else if (h->body == HTTP1_BODY_LENGTH || had_length) {
+            add_length(out, h->body == HTTP1_BODY_LENGTH ? h->content_length : 0);
+        }
+    }
     if (o->close)
         OBUF_LIT(out, "Connection: close\r\n");
     else if (o->keep_alive_10)
