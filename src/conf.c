@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <yaml.h>
@@ -1187,12 +1188,23 @@ static int h_shutdown_timeout(struct ctx *x, struct node *k, struct node *v, voi
     return get_duration(x, v, &((struct conf *)obj)->shutdown_timeout_ms);
 }
 
+static int h_underscore_headers(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "drop", "pass", "reject" };
+    int i = 0;
+    if (get_enum(x, v, names, 3, "drop, pass or reject", &i) < 0)
+        return -1;
+    ((struct conf_client *)obj)->underscore_headers = (enum conf_underscore)i;
+    return 0;
+}
+
 static const struct key_def client_keys[] = {
     { "max_header_bytes", h_max_header_bytes, 0 },
     { "max_body_bytes", h_max_body_bytes, 0 },
     { "header_timeout", h_header_timeout, 0 },
     { "idle_timeout", h_idle_timeout, 0 },
     { "body_timeout", h_body_timeout, 0 },
+    { "underscore_headers", h_underscore_headers, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -2223,9 +2235,33 @@ static int h_route_headers(struct ctx *x, struct node *k, struct node *v, void *
     return 0;
 }
 
+/* upgrade: true (WebSocket only), false, or the list of protocols
+ * tunnelled ([websocket, foo]); h2c is never one of them. */
 static int h_route_upgrade(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    return get_bool(x, v, &((struct conf_route *)obj)->upgrade);
+    struct conf_route *r = obj;
+    char sb[SHOW_BUF];
+    if (v->kind != NODE_SEQ)
+        return get_bool(x, v, &r->upgrade);
+    if (v->nkids == 0)
+        return fail(x, v, "needs at least one protocol (or use true or false)");
+    r->upgrade_protos = xcalloc((size_t)v->nkids, sizeof *r->upgrade_protos);
+    r->nupgrade_protos = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        const char *s = scalar(x, v->kids[i]);
+        int ok = s && is_token(s) && strlen(s) <= 64 && strchr(s, '/') == NULL &&
+                 strcasecmp(s, "h2c") != 0;
+        if (s && !ok)
+            fail(x, v->kids[i], "bad upgrade protocol '%s' (a token without '/'; "
+                 "h2c is never tunnelled)", show(s, sb));
+        path_pop(x, old);
+        if (!ok)
+            return -1;
+        r->upgrade_protos[i] = xstrdup(s);
+    }
+    r->upgrade = 1;
+    return 0;
 }
 
 static const struct key_def route_keys[] = {
@@ -2514,6 +2550,9 @@ static void conf_free(struct conf *c)
         for (int j = 0; j < r->nmethods; j++)
             free(r->methods[j]);
         free(r->methods);
+        for (int j = 0; j < r->nupgrade_protos; j++)
+            free(r->upgrade_protos[j]);
+        free(r->upgrade_protos);
         for (int j = 0; j < r->nlimits; j++) {
             for (int k = 0; k < r->limits[j].nkeys; k++)
                 free(r->limits[j].keys[k].arg);

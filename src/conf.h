@@ -18,6 +18,8 @@ enum conf_on_error { CONF_ON_ERROR_ALLOW, CONF_ON_ERROR_DENY, CONF_ON_ERROR_LOCA
 enum conf_backend { CONF_BACKEND_REDIS, CONF_BACKEND_MEMORY };
 /* Which rate-limit fields a route's responses carry. */
 enum conf_headers { CONF_HEADERS_FULL, CONF_HEADERS_IETF, CONF_HEADERS_LEGACY, CONF_HEADERS_NONE };
+/* Request fields whose names hold '_' (read as '-' by CGI-style upstreams). */
+enum conf_underscore { CONF_UNDERSCORE_DROP, CONF_UNDERSCORE_PASS, CONF_UNDERSCORE_REJECT };
 
 #define CONF_MAX_STATUS 600
 
@@ -93,6 +95,8 @@ struct conf_route {
     int64_t cost;               /* units a request consumes, default 1 */
     enum conf_headers headers;  /* default full */
     int upgrade;                /* tunnel Upgrade requests after a 101 */
+    char **upgrade_protos;      /* protocols tunnelled; NULL: websocket only */
+    int nupgrade_protos;
 };
 
 struct conf_redis {
@@ -123,6 +127,7 @@ struct conf_client {
     int64_t header_timeout_ms;  /* whole head must arrive in this (default 10s) */
     int64_t idle_timeout_ms;    /* keep-alive idle time (default 60s) */
     int64_t body_timeout_ms;    /* no body byte for this long: close (default 60s) */
+    enum conf_underscore underscore_headers;    /* default drop (before forwarding) */
 };
 
 /* How request paths are read for matching and for path/capture keys (the

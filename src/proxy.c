@@ -32,6 +32,7 @@
 
 #include "accesslog.h"
 #include "denycache.h"
+#include "h1write.h"
 #include "http1.h"
 #include "log.h"
 #include "mem.h"
@@ -56,6 +57,9 @@
 /* A client's X-Request-Id is kept when it is this long at most and only
  * visible ASCII; otherwise sluice makes its own. */
 #define PROXY_RID_MAX 128
+/* Interim (1xx) responses relayed to a client per request; more are read
+ * and dropped, within the upstream timeout counted across all of them. */
+#define PROXY_INTERIM_RELAYED 10
 
 enum client_state {
     CS_HEAD,        /* waiting for a request head */
@@ -127,7 +131,6 @@ struct client {
     const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
     char rid[PROXY_RID_MAX + 1];        /* X-Request-Id, sent up and back */
     size_t rid_len;
-    int rid_from_client;                /* forwarded among the client's fields */
     int req_done;                       /* request body fully read */
     int resp_started;                   /* response head sent to client */
     int resp_done;
@@ -138,6 +141,9 @@ struct client {
     uint64_t body_bytes;                /* request payload so far */
     int64_t redis_start_us;             /* when the decision was sent */
     int64_t upstream_start_us;          /* when the request was forwarded */
+    int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
+    int interims;                       /* 1xx heads read for this request */
+    int interims_relayed;
 };
 
 static void client_process(struct client *c);
@@ -402,59 +408,6 @@ static int span_is(const char *buf, struct http1_span s, const char *lit)
     return s.len == n && strncasecmp(buf + s.off, lit, n) == 0;
 }
 
-/* Is header name `name` listed in a Connection header of head h? */
-static int named_by_connection(const char *buf, const struct http1_head *h,
-                               struct http1_span name)
-{
-    for (int i = http1_find(buf, h, "connection", 0); i >= 0;
-         i = http1_find(buf, h, "connection", i + 1)) {
-        const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len;
-        while (v < end) {
-            while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
-                v++;
-            const char *t = v;
-            while (v < end && *v != ',' && *v != ' ' && *v != '\t')
-                v++;
-            if ((size_t)(v - t) == name.len && name.len &&
-                strncasecmp(t, buf + name.off, name.len) == 0)
-                return 1;
-        }
-    }
-    return 0;
-}
-
-/* Hop-by-hop fields (RFC 9110 7.6.1) and those sluice sets itself. */
-static int is_hop_by_hop(const char *buf, const struct http1_head *h,
-                         struct http1_span name, int has_conn)
-{
-    static const char *const hop[] = {
-        "connection", "keep-alive", "proxy-connection", "te", "trailer",
-        "transfer-encoding", "upgrade",
-    };
-    for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        if (span_is(buf, name, hop[i]))
-            return 1;
-    return has_conn && named_by_connection(buf, h, name);
-}
-
-static void copy_field(struct obuf *out, const char *buf, const struct http1_header *hd)
-{
-    obuf_add(out, buf + hd->name.off, hd->name.len);
-    obuf_add(out, ": ", 2);
-    obuf_add(out, buf + hd->value.off, hd->value.len);
-    obuf_add(out, "\r\n", 2);
-}
-
-/* A response's status line as HTTP/1.1 ("HTTP/1.x " is 9 bytes; the code
- * and reason are kept). */
-static void copy_status_line(struct obuf *out, const char *buf, const struct http1_head *h)
-{
-    const char *eol = memchr(buf, '\r', h->len);
-    obuf_add(out, "HTTP/1.1 ", 9);
-    obuf_add(out, buf + 9, (size_t)(eol - buf) - 9);
-    obuf_add(out, "\r\n", 2);
-}
-
 static void add_hex(struct evbuffer *out, size_t n)
 {
     char tmp[20];
@@ -616,14 +569,12 @@ static int rid_acceptable(const char *v, size_t n)
 static void set_request_id(struct client *c)
 {
     int i = http1_find(c->hbuf, &c->head, "x-request-id", 0);
-    c->rid_from_client = 0;
     if (i >= 0 && http1_find(c->hbuf, &c->head, "x-request-id", i + 1) < 0) {
         const char *v = hb(c, c->head.h[i].value);
         size_t n = c->head.h[i].value.len;
         if (rid_acceptable(v, n)) {
             memcpy(c->rid, v, n);
             c->rid_len = n;
-            c->rid_from_client = 1;
             return;
         }
     }
@@ -678,6 +629,8 @@ static void parse_head(struct client *c)
     c->req_done = c->resp_started = c->resp_done = 0;
     c->out_chunked = 0;
     c->body_bytes = 0;
+    c->up_deadline_ms = 0;
+    c->interims = c->interims_relayed = 0;
     c->keep_alive = c->head.keep_alive && !w->stopping;
     c->state = CS_DECIDE;
 
@@ -686,6 +639,12 @@ static void parse_head(struct client *c)
     c->upgrade = 0;
     set_request_id(c);
     reqlog_begin(c, 1);
+    /* Connection naming the framing or Host (smuggling), or a '_' name
+     * under underscore_headers: reject. */
+    if (h1write_request_check(c->hbuf, h, c->conf->client.underscore_headers) != 0) {
+        answer_local(c, 400, 1);
+        return;
+    }
     long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, w->path_buf);
     if (plen < 0) {
         answer_local(c, 400, 1);
@@ -703,7 +662,11 @@ static void parse_head(struct client *c)
         answer_local(c, 404, 0);
         return;
     }
-    c->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE;
+    /* Only the route's protocols (WebSocket by default) are tunnelled; any
+     * other Upgrade (h2c) goes up as a plain request without it. */
+    c->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE &&
+                 h1write_upgrade_ok(c->hbuf, h, c->route->upgrade_protos,
+                                    c->route->nupgrade_protos);
     uint64_t max_body = c->conf->client.max_body_bytes;
     if (max_body && h->body == HTTP1_BODY_LENGTH && h->content_length > max_body) {
         answer_local(c, 413, 1);
@@ -1046,62 +1009,29 @@ static void up_read_cb(struct bufferevent *bev, void *arg);
 static void up_write_cb(struct bufferevent *bev, void *arg);
 static void up_event_cb(struct bufferevent *bev, short what, void *arg);
 
+/* Is the peer (not an X-Forwarded-For entry) a trusted proxy? */
+static int peer_trusted(const struct client *c)
+{
+    return c->conf->ntrusted > 0 &&
+           conf_cidr_match(c->conf->trusted, c->conf->ntrusted,
+                           (const struct sockaddr *)&c->peer);
+}
+
 static void write_request_head(struct client *c, struct evbuffer *dst)
 {
-    struct obuf ob, *out = &ob;
-    const struct http1_head *h = &c->head;
-    const char *buf = c->hbuf;
-    int has_conn = http1_find(buf, h, "connection", 0) >= 0;
-    int nxff = 0;
-
-    obuf_begin(out, dst, h->len + 512);
-    obuf_add(out, hb(c, h->method), h->method.len);
-    obuf_add(out, " ", 1);
-    obuf_add(out, hb(c, h->target), h->target.len);
-    obuf_add(out, " HTTP/1.1\r\n", 11);
-    for (int i = 0; i < h->nheaders; i++) {
-        const struct http1_header *hd = &h->h[i];
-        if (span_is(buf, hd->name, "x-forwarded-for")) {
-            nxff++;
-            continue;
-        }
-        if (c->upgrade && span_is(buf, hd->name, "upgrade")) {
-            copy_field(out, buf, hd);
-            continue;
-        }
-        if (is_hop_by_hop(buf, h, hd->name, has_conn) ||
-            span_is(buf, hd->name, "x-forwarded-proto") ||
-            (!c->rid_from_client && span_is(buf, hd->name, "x-request-id")))
-            continue;
-        copy_field(out, buf, hd);
-    }
-    /* Every X-Forwarded-For field joins one list, in order, ours last. */
-    obuf_add(out, "X-Forwarded-For: ", 17);
-    for (int i = 0; nxff && i < h->nheaders; i++)
-        if (span_is(buf, h->h[i].name, "x-forwarded-for")) {
-            obuf_add(out, buf + h->h[i].value.off, h->h[i].value.len);
-            obuf_add(out, ", ", 2);
-        }
-    obuf_add(out, c->peer_text, c->peer_len);
-    obuf_add(out, "\r\nX-Forwarded-Proto: http\r\n", 27);
-    if (c->upgrade)
-        obuf_add(out, "Connection: upgrade\r\n", 21);
-    if (!c->rid_from_client) {
-        obuf_add(out, "X-Request-Id: ", 14);
-        obuf_add(out, c->rid, c->rid_len);
-        obuf_add(out, "\r\n", 2);
-    }
-    if (h->body == HTTP1_BODY_CHUNKED)
-        obuf_add(out, "Transfer-Encoding: chunked\r\n", 28);
-    if (h->host < 0) {      /* HTTP/1.0 without Host: name the server */
-        const struct conf_upstream *cu = upstream_conf(c->up->pool);
-        const char *t = cu->servers[c->up->server].text;
-        obuf_add(out, "Host: ", 6);
-        obuf_add(out, t, strlen(t));
-        obuf_add(out, "\r\n", 2);
-    }
-    obuf_add(out, "\r\n", 2);
-    obuf_end(out);
+    struct obuf ob;
+    const char *t = upstream_conf(c->up->pool)->servers[c->up->server].text;
+    struct h1write_req o = {
+        .peer = c->peer_text, .peer_len = c->peer_len,
+        .rid = c->rid, .rid_len = c->rid_len,
+        .host = t, .host_len = strlen(t),
+        .trusted = peer_trusted(c),
+        .upgrade = c->upgrade,
+        .underscore = c->conf->client.underscore_headers,
+    };
+    obuf_begin(&ob, dst, c->head.len + 512);
+    h1write_request(&ob, c->hbuf, &c->head, &o);
+    obuf_end(&ob);
 }
 
 /* upstreams.timeout bounds each wait on the upstream: for a write while the
@@ -1115,6 +1045,8 @@ static void up_timeouts(struct client *c)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
     struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    if (c->req_done && c->up_deadline_ms == 0)
+        c->up_deadline_ms = now_ms() + ms;
     bufferevent_set_timeouts(uc->bev, c->req_done ? &tv : NULL, &tv);
 }
 
@@ -1132,6 +1064,7 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
     struct bufferevent *ub = c->up->bev;
     bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
     bufferevent_setwatermark(ub, EV_WRITE, PROXY_HIGH_WATER / 2, 0);
+    c->up_deadline_ms = 0;      /* counted on this connection */
     up_timeouts(c);
     /* A connect completes on the write event; a connected socket is
      * written by client_flush. */
@@ -1220,21 +1153,6 @@ static void discard_body(struct client *c)
 
 /* ---- the response ------------------------------------------------------ */
 
-/* Status line and fields as the upstream sent them, less hop-by-hop fields,
- * plus ours; the body framing chosen for this client. */
-/* The upstream's own rate-limit fields, for merging with ours. */
-static int is_limit_field(const char *buf, struct http1_span name, enum conf_headers mode)
-{
-    int legacy = mode == CONF_HEADERS_FULL || mode == CONF_HEADERS_LEGACY;
-    int ietf = mode == CONF_HEADERS_FULL || mode == CONF_HEADERS_IETF;
-    return (legacy && (span_is(buf, name, "x-ratelimit-limit") ||
-                       span_is(buf, name, "x-ratelimit-remaining") ||
-                       span_is(buf, name, "x-ratelimit-reset"))) ||
-           (ietf && (span_is(buf, name, "ratelimit") ||
-                     span_is(buf, name, "ratelimit-policy")));
-}
-
-
 static void upstream_limits(const char *buf, const struct http1_head *h,
                             struct reply_upstream *up)
 {
@@ -1260,13 +1178,12 @@ static void upstream_limits(const char *buf, const struct http1_head *h,
 }
 
 /* Status line and fields as the upstream sent them, less hop-by-hop fields,
- * plus ours; the body framing chosen for this client. */
+ * plus ours; the body framing chosen for this client. A 101 gets the same,
+ * with its Upgrade field and Connection: upgrade. */
 static void write_response_head(struct client *c, const char *buf)
 {
-    struct upstream_conn *uc = c->up;
-    const struct http1_head *h = &uc->head;
-    struct obuf ob, *out = &ob;
-    int has_conn = http1_find(buf, h, "connection", 0) >= 0;
+    const struct http1_head *h = &c->up->head;
+    struct obuf ob;
     enum conf_headers mode = c->have_limits ? c->route->headers : CONF_HEADERS_NONE;
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
@@ -1275,53 +1192,23 @@ static void write_response_head(struct client *c, const char *buf)
         else
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
     }
-    obuf_begin(out, bufferevent_get_output(c->bev), h->len + 1024);
-    copy_status_line(out, buf, h);
-    int rid_seen = 0;
-    for (int i = 0; i < h->nheaders; i++) {
-        const struct http1_header *hd = &h->h[i];
-        if (is_hop_by_hop(buf, h, hd->name, has_conn) || is_limit_field(buf, hd->name, mode))
-            continue;
-        rid_seen |= span_is(buf, hd->name, "x-request-id");
-        copy_field(out, buf, hd);
-    }
+    struct h1write_resp o = {
+        .rid = c->rid, .rid_len = c->rid_len,
+        .limits = mode,
+        .head_request = c->head_request,
+        .chunked = c->out_chunked,
+        .close = !c->keep_alive || c->eof,
+        .keep_alive_10 = c->head.minor == 0,
+    };
+    obuf_begin(&ob, bufferevent_get_output(c->bev), h->len + 1024);
+    h1write_response_begin(&ob, buf, h, &o);
     if (mode != CONF_HEADERS_NONE) {
         struct reply_upstream up;
         upstream_limits(buf, h, &up);
-        reply_limit_headers(out, &c->rl, 0, &up);
+        reply_limit_headers(&ob, &c->rl, 0, &up);
     }
-    if (!rid_seen) {
-        obuf_add(out, "X-Request-Id: ", 14);
-        obuf_add(out, c->rid, c->rid_len);
-        obuf_add(out, "\r\n", 2);
-    }
-    if (c->out_chunked)
-        obuf_add(out, "Transfer-Encoding: chunked\r\n", 28);
-    if (!c->keep_alive || c->eof)
-        obuf_add(out, "Connection: close\r\n", 19);
-    else if (c->head.minor == 0)
-        obuf_add(out, "Connection: keep-alive\r\n", 24);
-    obuf_add(out, "\r\n", 2);
-    obuf_end(out);
-}
-
-/* A 101: the upstream's fields less hop-by-hop ones, then the upgrade. */
-static void write_switch_head(struct client *c, const char *buf)
-{
-    const struct http1_head *h = &c->up->head;
-    struct obuf ob, *out = &ob;
-    int has_conn = http1_find(buf, h, "connection", 0) >= 0;
-    obuf_begin(out, bufferevent_get_output(c->bev), h->len + 1024);
-    copy_status_line(out, buf, h);
-    for (int i = 0; i < h->nheaders; i++) {
-        const struct http1_header *hd = &h->h[i];
-        if (span_is(buf, hd->name, "upgrade") || !is_hop_by_hop(buf, h, hd->name, has_conn))
-            copy_field(out, buf, hd);
-    }
-    if (c->have_limits)
-        reply_limit_headers(out, &c->rl, 0, NULL);
-    obuf_add(out, "Connection: upgrade\r\n\r\n", 23);
-    obuf_end(out);
+    h1write_response_end(&ob, buf, h, &o);
+    obuf_end(&ob);
 }
 
 /* Move what each side has to the other. */
@@ -1357,6 +1244,33 @@ static void start_tunnel(struct client *c)
     tunnel_pump(c);
 }
 
+/* An interim response was read: pass on a clean 100 Continue the client
+ * asked for (a bounded number), and hold the wait for the final head to
+ * the upstream timeout counted from the request's end, however many come.
+ * Returns -1 when the time is up (answered). */
+static int interim_response(struct client *c, int status)
+{
+    struct upstream_conn *uc = c->up;
+    c->interims++;
+    if (status == 100 && c->head.expect_continue &&
+        c->interims_relayed < PROXY_INTERIM_RELAYED) {
+        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        c->interims_relayed++;
+    }
+    if (c->up_deadline_ms == 0)
+        return 0;           /* the request is still being sent */
+    int64_t left = c->up_deadline_ms - now_ms();
+    if (left <= 0) {
+        log_warn("proxy: upstream '%s' timed out after %d interim responses",
+                 upstream_conf(uc->pool)->servers[uc->server].text, c->interims);
+        fail_request(c, 504);
+        return -1;
+    }
+    struct timeval tv = { left / 1000, (left % 1000) * 1000 };
+    bufferevent_set_timeouts(uc->bev, &tv, &tv);
+    return 0;
+}
+
 /* Parse response heads until a final one is sent to the client.
  * Returns 0 to wait, 1 when the final head was written, -1 on failure
  * (already handled). */
@@ -1374,6 +1288,8 @@ static int read_response_head(struct client *c)
                                  c->head_request, &uc->head);
         if (rc == 1)
             return 0;
+        if (rc == 0)
+            rc = h1write_response_check(data, &uc->head);
         if (rc != 0) {
             log_warn("proxy: bad response head from upstream '%s': closing it",
                      upstream_conf(uc->pool)->servers[uc->server].text);
@@ -1382,20 +1298,24 @@ static int read_response_head(struct client *c)
         }
         int status = uc->head.status;
         if (status >= 100 && status < 200 && status != 101) {
-            /* Interim response: pass on a clean one, await the final. */
-            if (status == 100 && c->head.expect_continue)
-                evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
             evbuffer_drain(ui, uc->head.len);
+            if (interim_response(c, status) < 0)
+                return -1;
             continue;
         }
+        if (c->interims > 0)
+            up_timeouts(c);     /* body reads get the whole timeout again */
         if (status == 101) {
-            if (!c->upgrade) {  /* a switch nobody asked for */
+            const struct conf_route *r = c->route;
+            /* a switch nobody asked for, or to a protocol not asked for */
+            if (!c->upgrade ||
+                !h1write_upgrade_ok(data, &uc->head, r->upgrade_protos, r->nupgrade_protos)) {
                 fail_request(c, 502);
                 return -1;
             }
             drain_head(c);
             count_response(c, status);
-            write_switch_head(c, data);
+            write_response_head(c, data);
             evbuffer_drain(ui, uc->head.len);
             start_tunnel(c);
             return -1;

@@ -16,7 +16,8 @@
 FUZZ_CC       ?= clang-14
 FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
-FUZZ_ALL      := http1_request http1_response conf route_normalize route_key
+FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
+                 h1write_request h1write_response
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE -Isrc $(FUZZ_SAN) $(FUZZ_EXTRA) \
@@ -24,7 +25,7 @@ FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE -Isrc $(FUZZ_SAN) $(FUZZ_EXTRA) \
 # Our harnesses are held to the house warnings; src/ is built by gcc with
 # -Werror already, so clang's extra opinions on it do not stop a fuzz run.
 FUZZ_HFLAGS   := $(FUZZ_BASE) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
-FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 2>/dev/null) -lm
+FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 libevent 2>/dev/null) -lm
 FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 
 # The src/ modules each target links, and its longest input.
@@ -33,16 +34,22 @@ FUZZ_OBJS_http1_response  := http1 mem
 FUZZ_OBJS_conf            := conf limiter
 FUZZ_OBJS_route_normalize := route conf limiter sha1
 FUZZ_OBJS_route_key       := route conf limiter sha1 http1 mem
+FUZZ_OBJS_h1write_request := h1write http1 mem
+FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_LEN_http1_request    := 8192
 FUZZ_LEN_http1_response   := 8192
 FUZZ_LEN_conf             := 8192
 FUZZ_LEN_route_normalize  := 4096
 FUZZ_LEN_route_key        := 4096
+FUZZ_LEN_h1write_request  := 8192
+FUZZ_LEN_h1write_response := 8192
 FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
 FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
 FUZZ_DICT_conf            := tests/fuzz/conf.dict
 FUZZ_DICT_route_normalize := tests/fuzz/route.dict
 FUZZ_DICT_route_key       := tests/fuzz/route.dict
+FUZZ_DICT_h1write_request := tests/fuzz/http1.dict
+FUZZ_DICT_h1write_response := tests/fuzz/http1.dict
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 
@@ -82,6 +89,8 @@ fuzz: fuzz-build
 	    conf) len=$(FUZZ_LEN_conf); dict=$(FUZZ_DICT_conf);; \
 	    route_normalize) len=$(FUZZ_LEN_route_normalize); dict=$(FUZZ_DICT_route_normalize);; \
 	    route_key) len=$(FUZZ_LEN_route_key); dict=$(FUZZ_DICT_route_key);; \
+	    h1write_request) len=$(FUZZ_LEN_h1write_request); dict=$(FUZZ_DICT_h1write_request);; \
+	    h1write_response) len=$(FUZZ_LEN_h1write_response); dict=$(FUZZ_DICT_h1write_response);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
 	  log=$(FUZZ_DIR)/$$t.log; \

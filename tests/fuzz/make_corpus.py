@@ -156,3 +156,42 @@ KEYS = [
 ]
 for i, (m, peer, text) in enumerate(KEYS):
     write("route_key", "k%02d" % i, bytes([m, peer]) + text)
+
+# h1write targets: one option byte (see fuzz_h1write_request.c and
+# fuzz_h1write_response.c), then the message.
+H1W_REQUESTS = {
+    "get": (0, b"GET /a?b=1 HTTP/1.1\r\n" + H + b"X-Forwarded-For: 1.1.1.1\r\nX-Request-Id: r1\r\n\r\n"),
+    "get10": (0, b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"),
+    "post_cl": (0, b"POST /x HTTP/1.1\r\n" + H + b"Content-Length: 007\r\n\r\nabcdefg"),
+    "chunked": (0, b"POST /x HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    "conn_cl": (0, b"POST /x HTTP/1.1\r\n" + H + b"Connection: keep-alive, Content-Length\r\nContent-Length: 3\r\n\r\nabc"),
+    "conn_host": (0, b"GET /x HTTP/1.1\r\n" + H + b"Connection: Host\r\n\r\n"),
+    "conn_named": (0, b"GET /x HTTP/1.1\r\n" + H + b"Connection: X-A, x-b\r\nX-A: 1\r\nX-B: 2\r\nX-C: 3\r\n\r\n"),
+    "proxy_fields": (1, b"GET /x HTTP/1.1\r\n" + H + b"Forwarded: for=1.2.3.4\r\nX-Real-IP: 1.2.3.4\r\nX-Forwarded-Host: e\r\n\r\n"),
+    "underscore_pass": (4, b"GET /x HTTP/1.1\r\n" + H + b"X_Api_Key: a\r\n\r\n"),
+    "underscore_reject": (8, b"GET /x HTTP/1.1\r\n" + H + b"X_Api_Key: a\r\n\r\n"),
+    "websocket": (2, b"GET /ws HTTP/1.1\r\n" + H + b"Connection: Upgrade\r\nUpgrade: websocket\r\n\r\n"),
+    "h2c": (0, b"GET / HTTP/1.1\r\n" + H + b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAA\r\n\r\n"),
+}
+for name, (flags, msg) in H1W_REQUESTS.items():
+    write("h1write_request", name, bytes([flags]) + msg)
+
+H1W_RESPONSES = {
+    "ok_cl": (0, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+    "ok_cl_zeros": (0, b"HTTP/1.1 200 OK\r\nContent-Length: 002\r\n\r\nok"),
+    "chunked": (0, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    "chunked_client10": (2, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    "eof": (0, b"HTTP/1.0 200 OK\r\n\r\nbody"),
+    "stray_crlf": (0, b"\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+    "continue_crlf": (0, b"HTTP/1.1 100 Continue\r\n\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+    "processing": (0, b"HTTP/1.1 102 Processing\r\n\r\n" * 3 + b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n"),
+    "not_modified": (0, b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\nETag: \"x\"\r\n\r\n"),
+    "head_cl": (1, b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n"),
+    "conn_cl": (0, b"HTTP/1.1 200 OK\r\nConnection: content-length\r\nContent-Length: 5\r\n\r\nhello"),
+    "conn_named": (4, b"HTTP/1.1 200 OK\r\nConnection: X-A\r\nX-A: 1\r\nX-Request-Id: up\r\nContent-Length: 0\r\n\r\n"),
+    "limits": (0, b"HTTP/1.1 200 OK\r\nX-RateLimit-Limit: 5\r\nRateLimit: x\r\nContent-Length: 0\r\n\r\n"),
+    "switch": (0, b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
+    "no_reason": (0, b"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n"),
+}
+for name, (flags, msg) in H1W_RESPONSES.items():
+    write("h1write_response", name, bytes([flags]) + msg)
