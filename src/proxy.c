@@ -122,6 +122,7 @@ struct client {
     int head_request;                   /* method HEAD: response has no body */
     int upgrade;                        /* Upgrade request on an upgrade route */
     struct route_captures caps;         /* path_regex groups */
+    const char *error;                  /* JSON error of the next local answer; NULL: the status's */
     struct counted *counted;            /* count_status limits, until the status is known */
     struct reqlog *reqlog;              /* access-log facts; NULL when logging is off */
     char rid[PROXY_RID_MAX + 1];        /* X-Request-Id, sent up and back */
@@ -535,7 +536,8 @@ static void answer_local(struct client *c, int status, int close_after)
     if (status == 429)
         reply_limited(out, &c->rl, keep, c->rid, c->rid_len);
     else
-        reply_error(out, status, keep, c->rid, c->rid_len);
+        reply_error_named(out, status, c->error, keep, c->rid, c->rid_len);
+    c->error = NULL;
     if (status == 429)      /* a limit may answer with its own status */
         status = c->rl.limit[c->rl.shown]->status ? c->rl.limit[c->rl.shown]->status : 429;
     count_response(c, status);
@@ -608,6 +610,16 @@ static void set_request_id(struct client *c)
     c->rid_len = 32;
 }
 
+/* A path_regex hit its match limit before it could tell whether it meets
+ * the path: 400 regex_limit, counted on that route. The request was well
+ * formed and its cost bounded, so the connection stays open. */
+static void regex_over_limit(struct client *c)
+{
+    metrics_regex_limit(c->caps.over_limit->metrics);
+    c->error = "regex_limit";
+    answer_local(c, 400, 0);
+}
+
 static void parse_head(struct client *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -666,6 +678,10 @@ static void parse_head(struct client *c)
     size_t hostlen = h->host >= 0 ? h->h[h->host].value.len : 0;
     c->route = route_match(c->conf, w->path_buf, (size_t)plen, hb(c, h->method),
                            h->method.len, host, hostlen, &c->caps);
+    if (c->route == NULL && c->caps.over_limit) {
+        regex_over_limit(c);
+        return;
+    }
     if (c->route == NULL) {
         answer_local(c, 404, 0);
         return;

@@ -182,10 +182,17 @@ static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
 void reply_error(struct evbuffer *buf, int status, int keep_alive,
                  const char *rid, size_t rid_len)
 {
+    reply_error_named(buf, status, NULL, keep_alive, rid, rid_len);
+}
+
+void reply_error_named(struct evbuffer *buf, int status, const char *error, int keep_alive,
+                       const char *rid, size_t rid_len)
+{
     struct obuf ob, *out = &ob;
     obuf_begin(out, buf, 256 + rid_len);
     char body[64];
-    int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}", error_name(status));
+    int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}",
+                     error ? error : error_name(status));
     add_status_line(out, status);
     add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
     obuf_add(out, body, (size_t)n);

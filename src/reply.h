@@ -53,6 +53,10 @@ void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep
 /* A complete error response with a JSON body {"error":"..."}. */
 void reply_error(struct evbuffer *out, int status, int keep_alive,
                  const char *request_id, size_t request_id_len);
+/* The same with the JSON error named (NULL: the status's usual name), for a
+ * status with more than one cause, e.g. 400 regex_limit. */
+void reply_error_named(struct evbuffer *out, int status, const char *error, int keep_alive,
+                       const char *request_id, size_t request_id_len);
 
 /* Whole seconds, rounded up, at least 1 when ms > 0. */
 int64_t reply_seconds(int64_t ms);
