@@ -3,7 +3,7 @@
 # from Debian's archive first, so a fresh Debian 12 machine needs nothing else.
 
 CC       ?= cc
-PKGS     := libevent libevent_pthreads hiredis yaml-0.1
+PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
             -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -25,7 +25,7 @@ LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
 UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
 DEBS     := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
-            libhttp-parser-dev libcmocka-dev redis-server python3-pytest python3-requests curl
+            libhttp-parser-dev libpcre2-dev libcmocka-dev redis-server python3-pytest python3-requests curl
 # ab -k: an HTTP/1.0 keep-alive client for the integration tests
 DEBS     += apache2-utils
 

@@ -14,7 +14,6 @@
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <regex.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "route.h"
 #include "store.h"
 
 #define CONF_MAX_FILE_BYTES (4 << 20)
@@ -1675,18 +1675,23 @@ bad:
                 show(s, sb));
 }
 
-/* How many nodes glibc's regcomp may build for an ERE, roughly: it copies
- * the atom of a bound {m,n} max(m,n) times and of '+' once more ("aa*"), so
- * a{1,32767}, nested bounds or stacked quantifiers ("a++++", each doubling)
- * take seconds and gigabytes. Each atom weighs 1, but an anchor or an empty
- * group 4 (empty matches feed regcomp's epsilon closures, the slow part:
+/* How large a pattern may expand, roughly: a compiler copies the atom of a
+ * bound {m,n} max(m,n) times (glibc's regcomp also '+' once more, "aa*"; PCRE2
+ * groups under a bound), so a{1,32767}, nested bounds or stacked quantifiers
+ * ("a++++", each doubling in regcomp) took seconds and gigabytes there, and
+ * make large compiled code and JIT code here. Each atom weighs 1, but an
+ * anchor or an empty group 4 (empty matches were regcomp's slow part:
  * "(^){245}" took 0.6 s), a group the sum of its contents, a bound
- * multiplies the atom before it; saturates at limit+1. REGEX_TOO_DEEP when groups nest deeper than CONF_MAX_CAPTURES
- * (every ERE group captures, so such a pattern is refused anyway);
- * REGEX_STACKED when a quantifier follows a quantifier (POSIX leaves a**,
- * a+{2} undefined). */
+ * multiplies the atom before it; saturates at limit+1. REGEX_TOO_DEEP when
+ * groups nest deeper than CONF_MAX_CAPTURES (most groups capture, so such a
+ * pattern is refused anyway); REGEX_STACKED when a quantifier follows a
+ * quantifier (a**, a+{2}: POSIX leaves them undefined, PCRE2 refuses or
+ * reads them differently) other than the one '?' (lazy) or '+' (possessive)
+ * that may follow a quantifier; REGEX_OPEN_BOUND for {,n}, which glibc read
+ * as {0,n} and PCRE2 before 10.43 as the text "{,n}". */
 #define REGEX_TOO_DEEP  (-1)
 #define REGEX_STACKED   (-2)
+#define REGEX_OPEN_BOUND (-3)
 #define REGEX_EMPTY_WEIGHT 4
 
 /* The end of the bound {m}, {m,}, {m,n} or glibc's {,n} at p, with its
@@ -1696,7 +1701,7 @@ static const char *regex_bound(const char *p, int64_t *count)
     const char *q = p + 1;
     int64_t m = 0, n = 0;
     if (isdigit((unsigned char)*q) && !(q = parse_digits(q, &m)))
-        return NULL;                    /* overflow: regcomp refuses it */
+        return NULL;                    /* overflow: PCRE2 refuses it */
     if (*q == ',' && isdigit((unsigned char)q[1]) && !(q = parse_digits(q + 1, &n)))
         return NULL;
     else if (*q == ',')
@@ -1733,8 +1738,14 @@ static int64_t regex_weight(const char *re, int64_t limit)
         int64_t atom = 1, extra;
         if ((*p == '*' || *p == '+' || *p == '?' || (*p == '{' && regex_bound(p, &count))) &&
             last[d] > 0) {
+            if (quantified == 1 && (*p == '?' || *p == '+')) {
+                quantified = 2;         /* lazy a*?, possessive a*+: no copies */
+                continue;
+            }
             if (quantified)
                 return REGEX_STACKED;
+            if (*p == '{' && p[1] == ',')
+                return REGEX_OPEN_BOUND;
             quantified = 1;
             extra = *p == '+' ? 1 : *p == '{' ? (count > 1 ? count - 1 : 0) : 0;
             if (extra > limit)
@@ -1764,7 +1775,7 @@ static int64_t regex_weight(const char *re, int64_t limit)
             continue;
         case ')':
             if (d == 0)
-                break;                  /* regcomp reports it */
+                break;                  /* PCRE2 reports it */
             atom = sum[d] ? sum[d] : REGEX_EMPTY_WEIGHT;
             d--;
             break;
@@ -1782,22 +1793,23 @@ static int64_t regex_weight(const char *re, int64_t limit)
         if (sum[d] > limit)
             return limit + 1;
     }
-    for (; d > 0; d--)                  /* unclosed groups: regcomp still builds them */
+    for (; d > 0; d--)                  /* unclosed groups: weighed, then refused */
         sum[d - 1] += sum[d];
     return sum[0] > limit ? limit + 1 : sum[0];
 }
 
-/* path_regex: POSIX ERE against the normalised path. Bounded so that a
- * config (or a fuzzer) cannot make regcomp, or regexec on every request,
- * slow: length, expansion weight, and no backreferences. */
+/* path_regex: a PCRE2 pattern against the normalised path (route.c compiles
+ * and matches it). Bounded so that a config (or a fuzzer) cannot make
+ * compiling slow or the compiled code large: length, expansion weight, no
+ * backreferences; each match is bounded by route.c's limits. */
 static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_route *r = obj;
     char sb[SHOW_BUF], why[160];
     const char *s = scalar(x, v);
-    regex_t *re;
+    struct route_regex *re;
     int64_t weight;
-    int rc;
+    int ncaptures = 0;
     if (!s)
         return -1;
     if (!*s)
@@ -1809,6 +1821,9 @@ static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, voi
             return fail(x, v, "regex '%s' has a control byte", show(s, sb));
         if (*p == '\\' && isdigit((unsigned char)p[1]))
             return fail(x, v, "bad regex '%s': backreferences are not supported", show(s, sb));
+        if (*p == '\\' && (p[1] == '<' || p[1] == '>'))
+            return fail(x, v, "bad regex '%s': \\%c is a '%c' here, not a word boundary "
+                        "(write \\b)", show(s, sb), p[1], p[1]);
         if (*p == '\\' && p[1])
             p++;
     }
@@ -1819,25 +1834,22 @@ static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, voi
     if (weight == REGEX_STACKED)
         return fail(x, v, "bad regex '%s': a quantifier follows a quantifier (as in a++ "
                     "or a*{2}; write one)", show(s, sb));
+    if (weight == REGEX_OPEN_BOUND)
+        return fail(x, v, "bad regex '%s': write {0,N}, not {,N} (PCRE2 versions read it "
+                    "differently)", show(s, sb));
     if (weight > CONF_MAX_REGEX_WEIGHT)
         return fail(x, v, "bad regex '%s': repetition bounds expand beyond %d atoms",
                     show(s, sb), CONF_MAX_REGEX_WEIGHT);
-    re = xcalloc(1, sizeof *re);
-    rc = regcomp(re, s, REG_EXTENDED);
-    if (rc != 0) {
-        regerror(rc, re, why, sizeof why);
-        free(re);
+    re = route_regex_compile(s, &ncaptures, why, sizeof why);
+    if (re == NULL)
         return fail(x, v, "bad regex '%s': %s", show(s, sb), why);
-    }
-    if (re->re_nsub > CONF_MAX_CAPTURES) {
-        size_t nsub = re->re_nsub;
-        regfree(re);
-        free(re);
-        return fail(x, v, "regex '%s' has %zu groups, at most %d", show(s, sb), nsub,
+    if (ncaptures > CONF_MAX_CAPTURES) {
+        route_regex_free(re);
+        return fail(x, v, "regex '%s' has %d groups, at most %d", show(s, sb), ncaptures,
                     CONF_MAX_CAPTURES);
     }
     r->regex = re;
-    r->ncaptures = (int)re->re_nsub;
+    r->ncaptures = ncaptures;
     r->path_regex = xstrdup(s);
     return 0;
 }
@@ -2565,9 +2577,7 @@ static void conf_free(struct conf *c)
         free(r->name);
         free(r->path);
         free(r->host);
-        if (r->regex)
-            regfree(r->regex);
-        free(r->regex);
+        route_regex_free(r->regex);
         free(r->path_regex);
         free(r->allow);
     }

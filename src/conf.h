@@ -73,6 +73,7 @@ struct conf_upstream {
 };
 
 struct metrics_route;
+struct route_regex;
 
 struct conf_route {
     char *name;
@@ -82,7 +83,7 @@ struct conf_route {
     char **methods;             /* upper case; NULL when any method matches */
     int nmethods;
     char *host;                 /* lower case, no port; NULL when any host */
-    void *regex;                /* compiled path_regex (regex_t *), or NULL;
+    struct route_regex *regex;  /* compiled path_regex (route.h), or NULL;
                                  * then path is NULL and the regex is matched
                                  * against the normalised path */
     char *path_regex;           /* as written */

@@ -22,6 +22,7 @@ struct metrics_route {
     char *name;
     _Atomic uint64_t decisions[METRICS_NDECISIONS];
     _Atomic uint64_t status[METRICS_NSTATUS];
+    _Atomic uint64_t regex_limit;
 };
 
 /* Upper bounds in microseconds; the last bucket is +Inf. */
@@ -95,6 +96,12 @@ void metrics_response(struct metrics_route *m, int status)
         atomic_fetch_add_explicit(&m->status[status], 1, memory_order_relaxed);
 }
 
+void metrics_regex_limit(struct metrics_route *m)
+{
+    if (m)
+        atomic_fetch_add_explicit(&m->regex_limit, 1, memory_order_relaxed);
+}
+
 void metrics_count(enum metrics_counter which)
 {
     atomic_fetch_add_explicit(&counters[which], 1, memory_order_relaxed);
@@ -145,6 +152,22 @@ static void add_label(struct evbuffer *out, const char *s)
     }
 }
 
+/* Routes whose path_regex gave up at least once. */
+static void render_regex_limits(struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "# HELP sluice_regex_limit_total path_regex matches stopped at "
+                             "their limit (answered 400 regex_limit), by route.\n"
+                             "# TYPE sluice_regex_limit_total counter\n");
+    for (struct metrics_route *m = routes; m; m = m->next) {
+        uint64_t v = load(&m->regex_limit);
+        if (v == 0)
+            continue;
+        evbuffer_add_printf(out, "sluice_regex_limit_total{route=\"");
+        add_label(out, m->name);
+        evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)v);
+    }
+}
+
 static void render_routes(struct evbuffer *out)
 {
     static const char *const names[METRICS_NDECISIONS] = {
@@ -170,6 +193,7 @@ static void render_routes(struct evbuffer *out)
             add_label(out, m->name);
             evbuffer_add_printf(out, "\",code=\"%d\"} %llu\n", s, (unsigned long long)v);
         }
+    render_regex_limits(out);
 }
 
 static void render_hist(struct evbuffer *out, const char *name, const char *help,

@@ -44,6 +44,8 @@ struct metrics_route *metrics_unrouted(void);
 
 void metrics_request(struct metrics_route *m, enum metrics_decision d);
 void metrics_response(struct metrics_route *m, int status);
+/* A path_regex match of route m stopped at its limit (answered 400). */
+void metrics_regex_limit(struct metrics_route *m);
 void metrics_count(enum metrics_counter which);
 /* One decision Redis did not answer: counts METRICS_REDIS_ERRORS and why. */
 void metrics_redis_error(enum metrics_redis_error why);

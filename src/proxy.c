@@ -587,6 +587,15 @@ static void set_request_id(struct client *c)
     c->rid_len = 32;
 }
 
+/* A path_regex hit its match limit before it could tell whether it meets
+ * the path: 400 regex_limit, counted on that route. The request was well
+ * formed and its cost bounded, so the connection stays open. */
+static void regex_over_limit(struct client *c)
+{
+    metrics_regex_limit(c->caps.over_limit->metrics);
+    answer_named(c, 400, "regex_limit", 0);
+}
+
 static void parse_head(struct client *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
@@ -658,6 +667,10 @@ static void parse_head(struct client *c)
     }
     c->route = route_match(c->conf, w->path_buf, (size_t)plen, hb(c, h->method),
                            h->method.len, host, hostlen, &c->caps);
+    if (c->route == NULL && c->caps.over_limit) {
+        regex_over_limit(c);
+        return;
+    }
     if (c->route == NULL) {
         answer_local(c, 404, 0);
         return;

@@ -21,7 +21,7 @@
 #define ROUTE_IP_MAX   64
 
 /* Normalise the path of a request target (the bytes before '?'); out must
- * hold len + 1 bytes (the result is NUL-terminated, for regexec). Returns the normalised length, or -1 for a target that gets
+ * hold len + 1 bytes (the result is NUL-terminated). Returns the normalised length, or -1 for a target that gets
  * a 400: not origin-form, bad or NUL percent-escape, climbing above root. */
 long route_normalize(const char *target, size_t len, char *out);
 
@@ -38,6 +38,17 @@ long route_normalize_paths(const struct conf *c, const char *target, size_t len,
  * digits; -1 otherwise (userinfo, spaces, '/', ',', '%'...: a 400). */
 int route_host_check(const char *host, size_t len);
 
+/* A compiled path_regex (PCRE2, JIT when available), made by the config
+ * loader. NULL with a message in why (PCRE2's, or "backreferences are not
+ * supported") when the pattern does not compile; *ncaptures gets its group
+ * count. The caller owns the result: route_regex_free. */
+struct route_regex;
+struct route_regex *route_regex_compile(const char *pattern, int *ncaptures,
+                                        char *why, size_t whylen);
+void route_regex_free(struct route_regex *re);
+/* 1 when JIT-compiled (the interpreter gets a smaller step budget). */
+int route_regex_jit(const struct route_regex *re);
+
 /* Groups a path_regex route captured from the normalised path. */
 #define ROUTE_MAX_CAPTURES 10
 struct route_captures {
@@ -45,13 +56,18 @@ struct route_captures {
     unsigned set;                       /* bit i: group i took part */
     size_t off[ROUTE_MAX_CAPTURES];     /* into the normalised path */
     size_t len[ROUTE_MAX_CAPTURES];
+    const struct conf_route *over_limit; /* see route_match */
 };
 
 /* First route (file order) matching path, method and Host value (which may
  * carry a port; compared case-insensitively without it and without a
  * trailing dot). The path comes from route_normalize_paths, and with
  * paths.case: insensitive compares case-insensitively with route paths. NULL: no route.
- * For a path_regex route, caps (when not NULL) gets its groups. */
+ * For a path_regex route, caps (when not NULL) gets its groups. A path_regex
+ * that hits its match limit (steps, depth or memory) stops the search: NULL,
+ * with caps->over_limit set to that route (a 400, not a later route, which
+ * the client could otherwise pick with a costly path). Safe from any thread
+ * at once: each thread matches with match data of its own. */
 const struct conf_route *route_match(const struct conf *c,
                                      const char *path, size_t pathlen,
                                      const char *method, size_t methodlen,
