@@ -123,6 +123,9 @@ struct conf_client {
     int64_t header_timeout_ms;  /* whole head must arrive in this (default 10s) */
     int64_t idle_timeout_ms;    /* keep-alive idle time (default 60s) */
     int64_t body_timeout_ms;    /* no body byte for this long: close (default 60s) */
+    size_t buffer_body_bytes;   /* bodies up to this are read whole before an
+                                 * upstream connection is taken; 0 = stream all
+                                 * (default 65536) */
 };
 
 struct conf {
