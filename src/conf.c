@@ -1183,6 +1183,15 @@ static int h_body_timeout(struct ctx *x, struct node *k, struct node *v, void *o
     return get_duration(x, v, &((struct conf_client *)obj)->body_timeout_ms);
 }
 
+static int h_buffer_body_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    uint64_t n;
+    if (get_size(x, v, 0, 1048576, &n) < 0)
+        return -1;
+    ((struct conf_client *)obj)->buffer_body_bytes = (size_t)n;
+    return 0;
+}
+
 static int h_shutdown_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     return get_duration(x, v, &((struct conf *)obj)->shutdown_timeout_ms);
@@ -1205,6 +1214,7 @@ static const struct key_def client_keys[] = {
     { "idle_timeout", h_idle_timeout, 0 },
     { "body_timeout", h_body_timeout, 0 },
     { "underscore_headers", h_underscore_headers, 0 },
+    { "buffer_body_bytes", h_buffer_body_bytes, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -2522,6 +2532,7 @@ static struct conf *conf_new(const char *file)
     c->client.header_timeout_ms = 10000;
     c->client.idle_timeout_ms = 60000;
     c->client.body_timeout_ms = 60000;
+    c->client.buffer_body_bytes = 65536;
     if (parse_redis_url("redis://127.0.0.1:6379/0", &c->redis) != NULL)
         abort();
     c->redis.url = xstrdup("redis://127.0.0.1:6379/0");

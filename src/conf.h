@@ -129,6 +129,9 @@ struct conf_client {
     int64_t idle_timeout_ms;    /* keep-alive idle time (default 60s) */
     int64_t body_timeout_ms;    /* no body byte for this long: close (default 60s) */
     enum conf_underscore underscore_headers;    /* default drop (before forwarding) */
+    size_t buffer_body_bytes;   /* bodies up to this are read whole before an
+                                 * upstream connection is taken; 0 = stream all
+                                 * (default 65536) */
 };
 
 /* How request paths are read for matching and for path/capture keys (the

@@ -15,10 +15,12 @@
  *
  * One request is handled at a time per connection; pipelined requests wait
  * in the input buffer, which keeps responses in order. Bodies move between
- * evbuffers piece by piece (http1 reports where payload is), never copied
- * whole. Callbacks never free a client directly: they mark it dead and the
+ * evbuffers piece by piece (http1 reports where payload is); only a small
+ * request body is held whole, before an upstream connection is taken.
+ * Callbacks never free a client directly: they mark it dead and the
  * outermost callback frees it when the stack unwinds. */
 #include <arpa/inet.h>
+#include <assert.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -46,8 +48,10 @@
 #include "upstream.h"
 #include "worker.h"
 
-/* Output above this stops reading the other side until it drains. */
-#define PROXY_HIGH_WATER   (256 * 1024)
+/* Output above this stops reading the other side until it drains: what a
+ * peer that does not read holds in sluice, per direction (about nginx's
+ * proxy_buffers), plus at most one read or one decoded run. */
+#define PROXY_HIGH_WATER   (64 * 1024)
 /* Input kept from a client beyond the request being served (pipelining). */
 #define PROXY_INPUT_MAX    (64 * 1024)
 /* A rejected request's body is read and dropped up to this size so the
@@ -64,6 +68,7 @@
 enum client_state {
     CS_HEAD,        /* waiting for a request head */
     CS_DECIDE,      /* waiting for the store */
+    CS_BUFFER,      /* allowed: reading a small body whole before going upstream */
     CS_PROXY,       /* forwarded: request body and response streaming */
     CS_DISCARD,     /* answered locally, dropping the request body */
     CS_TUNNEL,      /* after a 101: bytes pass both ways untouched */
@@ -139,6 +144,12 @@ struct client {
     int client_paused;                  /* reading stopped: upstream full */
     int up_paused;                      /* upstream reading stopped: client full */
     uint64_t body_bytes;                /* request payload so far */
+    struct evbuffer *body;              /* CS_BUFFER: the payload read so far;
+                                         * otherwise scratch for re-framing,
+                                         * empty between calls (lazy) */
+    struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
+    int head_held;                      /* hbuf points into held */
+    int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
     int64_t redis_start_us;             /* when the decision was sent */
     int64_t upstream_start_us;          /* when the request was forwarded */
     int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
@@ -177,6 +188,10 @@ static void client_free(struct client *c)
     event_free(c->timer);
     bufferevent_free(c->bev);
     http1_destroy(c->parser);
+    if (c->body)
+        evbuffer_free(c->body);
+    if (c->held)
+        evbuffer_free(c->held);
     conf_release(c->conf);
     free(c);
     if (w->stopping && w->nclients == 0)
@@ -421,34 +436,27 @@ static void add_hex(struct evbuffer *out, size_t n)
     evbuffer_add(out, p, (size_t)(tmp + sizeof(tmp) - p));
 }
 
-/* Move the payload pieces of the first `used` bytes of src to dst (or drop
- * them when dst is NULL), dropping the framing around them; with chunked,
- * each piece becomes one chunk of our own framing. */
-static void move_pieces(struct evbuffer *src, struct evbuffer *dst, size_t used,
-                        const struct http1_piece *pieces, int n, int chunked)
+/* Bytes move from buffer to buffer by copying into the destination's own
+ * chains, never by handing chains over: a socket read leaves its bytes in a
+ * chain about twice their size, and a stalled peer's output made of such
+ * chains would hold twice what PROXY_HIGH_WATER allows. */
+
+/* Copy the payload pieces of run (the first `used` bytes of src) to dst, or
+ * drop them when dst is NULL, then drop the run, framing included. */
+static void move_pieces(struct evbuffer *src, struct evbuffer *dst, const char *run,
+                        size_t used, const struct http1_piece *pieces, int n)
 {
-    size_t pos = 0;
-    for (int i = 0; i < n; i++) {
-        evbuffer_drain(src, pieces[i].off - pos);
-        if (dst == NULL) {
-            evbuffer_drain(src, pieces[i].len);
-        } else {
-            if (chunked)
-                add_hex(dst, pieces[i].len);
-            evbuffer_remove_buffer(src, dst, pieces[i].len);
-            if (chunked)
-                evbuffer_add(dst, "\r\n", 2);
-        }
-        pos = pieces[i].off + pieces[i].len;
-    }
-    evbuffer_drain(src, used - pos);
+    for (int i = 0; dst && i < n; i++)
+        evbuffer_add(dst, run + pieces[i].off, pieces[i].len);
+    evbuffer_drain(src, used);
 }
 
-/* Feed one contiguous run of src's body bytes to parser p.
- * Returns 1 when the message is complete, 0 to wait for more, -1 on a
- * framing error. *payload gets the payload bytes moved. */
+/* Feed one contiguous run of src's body bytes to parser p; the payload goes
+ * to dst as is. Returns 1 when the message is complete, 0 to wait for more,
+ * 2 when there may be more to do, -1 on a framing error. *payload gets the
+ * payload bytes moved. */
 static int pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
-                     int chunked, size_t *payload)
+                     size_t *payload)
 {
     struct evbuffer_iovec v;
     struct http1_piece pieces[HTTP1_MAX_PIECES];
@@ -461,12 +469,73 @@ static int pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst
         return -1;
     for (int i = 0; i < npieces; i++)
         *payload += pieces[i].len;
-    move_pieces(src, dst, (size_t)used, pieces, npieces, chunked);
-    if (done && chunked && dst)
-        evbuffer_add(dst, "0\r\n\r\n", 5);
+    move_pieces(src, dst, v.iov_base, (size_t)used, pieces, npieces);
     if (done)
         return 1;
     return used == 0 && npieces == 0 ? 0 : 2;
+}
+
+/* Append all of src to dst (copying, as above). A buffer may keep empty
+ * chains a read reserved: only the length says when it is empty. */
+static void move_all(struct evbuffer *dst, struct evbuffer *src)
+{
+    struct evbuffer_iovec v[8];
+    size_t left;
+    while ((left = evbuffer_get_length(src)) > 0) {
+        int n = evbuffer_peek(src, (ev_ssize_t)left, NULL, v, 8);
+        size_t total = 0;
+        for (int i = 0; i < n && i < 8; i++) {
+            evbuffer_add(dst, v[i].iov_base, v[i].iov_len);
+            total += v[i].iov_len;
+        }
+        if (total == 0) {       /* only empty chains in view: hand them over */
+            evbuffer_add_buffer(dst, src);
+            return;
+        }
+        evbuffer_drain(src, total);
+    }
+}
+
+/* Decode what src holds of a body into dst, about `room` payload bytes at
+ * most (one run more): as is, or with chunked, as one chunk of our own
+ * framing for all of it, so a body of 1-byte chunks goes on in chunks as
+ * large as what arrived, not one chunk per byte. scratch is empty before and
+ * after. Returns as pump_once; *payload gets the payload bytes moved. */
+static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                     struct evbuffer *scratch, int chunked, size_t room, size_t *payload)
+{
+    struct evbuffer *to = chunked ? scratch : dst;
+    int rc;
+    assert(!chunked || evbuffer_get_length(scratch) == 0);
+    *payload = 0;
+    do {
+        size_t n;
+        rc = pump_once(p, src, to, &n);
+        *payload += n;
+    } while (rc == 2 && *payload < room);
+    if (!chunked)
+        return rc;
+    size_t n = evbuffer_get_length(scratch);
+    if (rc < 0) {
+        evbuffer_drain(scratch, n);     /* a broken body goes no further */
+        return rc;
+    }
+    if (n > 0) {
+        add_hex(dst, n);
+        move_all(dst, scratch);
+        evbuffer_add(dst, "\r\n", 2);
+    }
+    if (rc == 1)
+        evbuffer_add(dst, "0\r\n\r\n", 5);
+    return rc;
+}
+
+/* The evbuffer *b, made on first use. */
+static struct evbuffer *lazy_buffer(struct evbuffer **b)
+{
+    if (*b == NULL && (*b = evbuffer_new()) == NULL)
+        abort();    /* only on allocation failure */
+    return *b;
 }
 
 /* ---- local answers ----------------------------------------------------- */
@@ -1086,13 +1155,24 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
     return 0;
 }
 
+static int buffer_wanted(const struct client *c);
+static void buffer_begin(struct client *c);
+static void buffer_send(struct client *c);
+static void buffer_drop(struct client *c);
+
 /* Send the request upstream. A request without a body keeps its head in the
  * client's input until the response begins, so that it can be sent again on
- * a fresh connection if a kept-alive one turns out to be closed. */
+ * a fresh connection if a kept-alive one turns out to be closed. A small
+ * body is read whole first (CS_BUFFER), which calls here again with it. */
 static void forward(struct client *c)
 {
+    if (c->state != CS_BUFFER && buffer_wanted(c)) {
+        buffer_begin(c);
+        return;
+    }
     if (pool_connect(c, NULL, 0) < 0) {
-        answer_local(c, 502, 0);
+        buffer_drop(c);
+        answer_local(c, 502, c->req_done);  /* a body already read: close */
         return;
     }
     c->state = CS_PROXY;
@@ -1104,7 +1184,129 @@ static void forward(struct client *c)
         return;
     }
     drain_head(c);
+    buffer_send(c);
+    if (c->req_done) {
+        up_timeouts(c);
+        return;
+    }
     client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+}
+
+/* ---- request buffering ---------------------------------------------- */
+
+/* A body up to client.buffer_body_bytes (announced, or chunked while it
+ * stays that small) is read whole before an upstream connection is taken,
+ * as nginx's request buffering does: a client dripping it holds only its
+ * own connection. Larger bodies stream. */
+static int buffer_wanted(const struct client *c)
+{
+    size_t max = c->conf->client.buffer_body_bytes;
+    const struct http1_head *h = &c->head;
+    return max > 0 && (h->body == HTTP1_BODY_CHUNKED ||
+                       (h->body == HTTP1_BODY_LENGTH && h->content_length <= max));
+}
+
+/* The held head is written: let it go. */
+static void buffer_release_head(struct client *c)
+{
+    if (c->head_held) {
+        evbuffer_drain(c->held, evbuffer_get_length(c->held));
+        c->head_held = 0;
+        c->hbuf = NULL;
+    }
+}
+
+/* Empty what a request left in the buffering buffers. */
+static void buffer_drop(struct client *c)
+{
+    if (c->body)
+        evbuffer_drain(c->body, evbuffer_get_length(c->body));
+    buffer_release_head(c);
+}
+
+/* body_timeout between bytes, and the whole body within header_timeout of
+ * when buffering began (the bound a head has too). */
+static void buffer_wait(struct client *c)
+{
+    int64_t left = c->buffer_until_ms - now_ms();
+    int64_t ms = c->conf->client.body_timeout_ms;
+    client_timer(c, TM_BODY, left < 0 ? 0 : left < ms ? left : ms);
+}
+
+/* The head leaves the input (the body behind it is read into c->body); a
+ * client waiting on Expect: 100-continue gets our 100, and the upstream's
+ * is not relayed. */
+static void buffer_begin(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    buffer_drop(c);
+    lazy_buffer(&c->body);
+    evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->head.len);
+    c->hbuf = (const char *)evbuffer_pullup(c->held, -1);
+    c->head_in_input = 0;
+    c->head_held = 1;
+    c->state = CS_BUFFER;
+    c->buffer_until_ms = now_ms() + c->conf->client.header_timeout_ms;
+    if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
+        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    c->head.expect_continue = 0;
+    buffer_wait(c);
+}
+
+/* Read body bytes into c->body; forward once the body is whole, or once a
+ * chunked one outgrows the limit (it then streams). */
+static void buffer_body(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    uint64_t max_body = c->conf->client.max_body_bytes;
+    for (;;) {
+        size_t payload;
+        int rc = pump_once(c->parser, in, c->body, &payload);
+        c->body_bytes += payload;
+        if (c->reqlog)
+            c->reqlog->bytes_in += payload;
+        if (rc < 0) {
+            fail_request(c, 400);
+            return;
+        }
+        if (max_body && c->body_bytes > max_body) {
+            fail_request(c, 413);
+            return;
+        }
+        if (rc == 1) {
+            c->req_done = 1;
+            break;
+        }
+        if (c->body_bytes > c->conf->client.buffer_body_bytes)
+            break;
+        if (rc == 0) {
+            if (c->eof)         /* the rest can never come */
+                client_kill(c);
+            else
+                buffer_wait(c);
+            return;
+        }
+    }
+    client_timer(c, TM_NONE, 0);
+    forward(c);
+}
+
+/* Behind the head: the body read so far, framed as streaming would have
+ * framed it (as is, or as one chunk of ours and the last chunk when whole). */
+static void buffer_send(struct client *c)
+{
+    struct evbuffer *uo = bufferevent_get_output(c->up->bev);
+    int chunked = c->head.body == HTTP1_BODY_CHUNKED;
+    size_t n = c->body ? evbuffer_get_length(c->body) : 0;
+    buffer_release_head(c);
+    if (chunked && n > 0)
+        add_hex(uo, n);
+    if (n > 0)
+        evbuffer_add_buffer(uo, c->body);
+    if (chunked && n > 0)
+        evbuffer_add(uo, "\r\n", 2);
+    if (chunked && c->req_done)
+        evbuffer_add(uo, "0\r\n\r\n", 5);
 }
 
 static void pump_request_body(struct client *c)
@@ -1115,13 +1317,15 @@ static void pump_request_body(struct client *c)
     uint64_t max_body = c->conf->client.max_body_bytes;
 
     while (!c->req_done && c->up) {
-        if (evbuffer_get_length(uo) > PROXY_HIGH_WATER) {
+        size_t queued = evbuffer_get_length(uo);
+        if (queued > PROXY_HIGH_WATER) {
             bufferevent_disable(c->bev, EV_READ);
             c->client_paused = 1;
             return;
         }
         size_t payload;
-        int rc = pump_once(c->parser, in, uo, chunked, &payload);
+        int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
+                           PROXY_HIGH_WATER - queued, &payload);
         c->body_bytes += payload;
         if (c->reqlog)
             c->reqlog->bytes_in += payload;
@@ -1149,7 +1353,7 @@ static void discard_body(struct client *c)
     struct evbuffer *in = bufferevent_get_input(c->bev);
     while (!c->req_done) {
         size_t payload;
-        int rc = pump_once(c->parser, in, NULL, 0, &payload);
+        int rc = pump_once(c->parser, in, NULL, &payload);
         c->body_bytes += payload;
         if (rc < 0 || c->body_bytes > PROXY_DISCARD_MAX) {
             client_close_after_write(c);
@@ -1230,8 +1434,8 @@ static void tunnel_pump(struct client *c)
     struct bufferevent *ub = c->up->bev;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     struct evbuffer *uo = bufferevent_get_output(ub);
-    evbuffer_add_buffer(uo, bufferevent_get_input(c->bev));
-    evbuffer_add_buffer(out, bufferevent_get_input(ub));
+    move_all(uo, bufferevent_get_input(c->bev));
+    move_all(out, bufferevent_get_input(ub));
     /* Whichever side is slow to read holds back the other. */
     if (evbuffer_get_length(uo) > PROXY_HIGH_WATER) {
         bufferevent_disable(c->bev, EV_READ);
@@ -1354,13 +1558,15 @@ static void pump_response_body(struct client *c)
     struct evbuffer *ui = bufferevent_get_input(uc->bev);
     struct evbuffer *out = bufferevent_get_output(c->bev);
     while (!c->resp_done) {
-        if (evbuffer_get_length(out) > PROXY_HIGH_WATER) {
+        size_t queued = evbuffer_get_length(out);
+        if (queued > PROXY_HIGH_WATER) {
             bufferevent_disable(uc->bev, EV_READ);
             c->up_paused = 1;
             return;
         }
         size_t payload;
-        int rc = pump_once(uc->parser, ui, out, c->out_chunked, &payload);
+        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->out_chunked,
+                           PROXY_HIGH_WATER - queued, &payload);
         count_out(c, payload);
         if (rc < 0) {
             log_warn("proxy: bad response body from upstream '%s': cutting the client",
@@ -1614,6 +1820,9 @@ static void client_process(struct client *c)
             if (!c->dead && c->up)
                 maybe_finish(c);
             break;
+        case CS_BUFFER:
+            buffer_body(c);
+            break;
         case CS_DISCARD:
             discard_body(c);
             break;
@@ -1685,6 +1894,9 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         c->rid_len = 0;     /* not the id of the request before */
         c->head_request = 0;
         reqlog_begin(c, 0);
+        answer_local(c, 408, 1);
+    } else if (c->timer_mode == TM_BODY && c->state == CS_BUFFER) {
+        /* A small body too slow to arrive: nothing went upstream yet. */
         answer_local(c, 408, 1);
     } else {
         client_kill(c);     /* idle keep-alive, or a stalled body */
