@@ -15,6 +15,10 @@
 #include "http1.h"
 #include "mem.h"
 
+/* A larger client.max_header_bytes would be cut here silently. */
+static_assert(HTTP1_MAX_HEAD_BYTES <= HTTP_MAX_HEADER_SIZE,
+              "HTTP1_MAX_HEAD_BYTES above what http_parser takes");
+
 struct http1 {
     http_parser parser;
     const http_parser_settings *settings;
