@@ -97,6 +97,14 @@ static int serve(struct main_state *ms)
 
     ms->workers = workers;
     ms->base = base;
+    /* Before anything listens: a SIGTERM as soon as a port answers is a
+     * graceful stop (handled once the loop runs), not the default death. */
+    sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, ms);
+    sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, ms);
+    sigs[2] = evsignal_new(base, SIGHUP, reload_signal_cb, ms);
+    sigs[3] = evsignal_new(base, SIGUSR1, reopen_signal_cb, ms);
+    for (int i = 0; i < 4; i++)
+        evsignal_add(sigs[i], NULL);
 
     for (; n < conf->workers; n++) {
         workers[n] = worker_create(n, conf, ms->mem, ms->alog);
@@ -110,12 +118,6 @@ static int serve(struct main_state *ms)
         if (ms->admin == NULL)
             goto out;
     }
-    sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, ms);
-    sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, ms);
-    sigs[2] = evsignal_new(base, SIGHUP, reload_signal_cb, ms);
-    sigs[3] = evsignal_new(base, SIGUSR1, reopen_signal_cb, ms);
-    for (int i = 0; i < 4; i++)
-        evsignal_add(sigs[i], NULL);
     for (int i = 0; i < n; i++)
         if (worker_start(workers[i]) != 0) {
             log_error("main: cannot start worker %d", i);
