@@ -48,11 +48,10 @@ struct main_state {
     struct accesslog *alog;         /* NULL when access_log is off */
 };
 
-/* What the process holds besides client connections and the upstream
- * connections serving them: FD_RESERVE_FIXED, and per worker
- * FD_RESERVE_WORKER, its Redis connections (one, plus one per cluster or
- * sentinel node given) and its idle upstream connections (every keepalive),
- * and the admin endpoint's connections and listener. */
+/* What the process holds besides client connections: FD_RESERVE_FIXED, and
+ * per worker FD_RESERVE_WORKER, its Redis connections (one, plus one per
+ * cluster or sentinel node given) and its upstream connections up to every
+ * pool's keepalive, and the admin endpoint's connections and listener. */
 static long fd_reserve(const struct conf *c, int workers, int admin)
 {
     long keepalive = 0;
@@ -64,18 +63,19 @@ static long fd_reserve(const struct conf *c, int workers, int admin)
            (admin ? ADMIN_MAX_CONNECTIONS + 1 : 0);
 }
 
-/* Fit max_connections (0: unlimited) to RLIMIT_NOFILE. A client connection
- * may hold an upstream connection too, so each takes two descriptors (as
- * HAProxy counts): max = (limit - fd_reserve) / 2, at least 1. A soft limit
- * that is short is raised towards the hard one first; what still does not
- * fit is clamped, with a warning. */
+/* Fit max_connections (0: unlimited) to RLIMIT_NOFILE: at most
+ * limit - fd_reserve, at least 1 (nginx's count: one descriptor per client;
+ * upstream connections beyond the pools' keepalive take what idle clients
+ * leave, and a connect that finds none is a 502). A soft limit that is short
+ * is raised towards the hard one first; what still does not fit is clamped,
+ * with a warning. */
 static void fit_connections(struct conf *c, int workers, int admin)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
         return;
     long reserve = fd_reserve(c, workers, admin);
-    rlim_t want = c->max_connections ? (rlim_t)reserve + 2 * (rlim_t)c->max_connections
+    rlim_t want = c->max_connections ? (rlim_t)reserve + (rlim_t)c->max_connections
                                      : rl.rlim_max;
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want && want != RLIM_INFINITY) {
         struct rlimit up = { want < rl.rlim_max ? want : rl.rlim_max, rl.rlim_max };
@@ -87,15 +87,15 @@ static void fit_connections(struct conf *c, int workers, int admin)
     }
     if (rl.rlim_cur == RLIM_INFINITY)
         return;
-    long fit = ((long)rl.rlim_cur - reserve) / 2;
+    long fit = (long)rl.rlim_cur - reserve;
     if (fit < 1)
         fit = 1;
     if (fit > 10000000)
         fit = 10000000;
     if (c->max_connections == 0 || c->max_connections > fit) {
         log_warn("main: max_connections %d%s needs more file descriptors than RLIMIT_NOFILE "
-                 "%llu allows; using %ld (2 per client, %ld kept for Redis, upstream pools, "
-                 "admin and logs)", c->max_connections, c->max_connections ? "" : " (unlimited)",
+                 "%llu allows; using %ld (%ld kept for Redis, upstream pools, admin and "
+                 "logs)", c->max_connections, c->max_connections ? "" : " (unlimited)",
                  (unsigned long long)rl.rlim_cur, fit, reserve);
         c->max_connections = (int)fit;
     }
