@@ -292,8 +292,10 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
 
 static void admin_free(struct admin *a)
 {
-    while (a->conns)
-        conn_free(a->conns);
+    for (struct admin_conn *c = a->conns, *next; c; c = next) {
+        next = c->next;
+        conn_free(c);
+    }
     listener_destroy(a->listener);
     if (a->stop_ev)
         event_free(a->stop_ev);
