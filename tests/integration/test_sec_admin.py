@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from conftest import (Conn, build_request, free_port, http_get, sluice_bin, stop_process,
-                      wait_port)
+from conftest import (SANITIZER_MARKS, Conn, build_request, free_port, http_get, sluice_bin,
+                      stop_process, wait_port)
 from hardlib import hard_conf, proc_cpu_s, proc_fds, proc_rss_kb, report
 
 ADMIN_MAX_CONNECTIONS = 64
@@ -103,6 +103,8 @@ def limited(tmp_path, upstream):
         rc = stop_process(s.proc)
         if running and rc != 0:
             bad.append("sluice exited %r after SIGTERM:\n%s" % (rc, s.stderr[-3000:]))
+        elif any(m in s.stderr for m in SANITIZER_MARKS):
+            bad.append("sanitizer report:\n%s" % s.stderr[-5000:])
     if bad:
         pytest.fail("\n".join(bad))
 
