@@ -1,7 +1,14 @@
-/* sluice - admin.c: /metrics, /healthz and /readyz over libevent's evhttp.
+/* sluice - admin.c: /metrics, /healthz and /readyz, on the admin thread.
  *
- * Not on the request path, so the convenience of evhttp is worth more here
- * than control over every allocation. */
+ * A small HTTP/1.1 server on the thread's own event base, reading heads with
+ * the public side's framing code (http1.c), under the bounds in admin.h:
+ *
+ *   accept (at most ADMIN_MAX_CONNECTIONS) -> idle_timeout until a first byte
+ *     -> head (ADMIN_MAX_HEAD_BYTES, header_timeout; no body) -> answer
+ *     -> written: keep-alive (idle_timeout again) or close
+ *
+ * Reading stops while an answer is being written, so a peer that pipelines
+ * requests without reading its answers holds one answer at most. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,55 +18,264 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
 
 #include "admin.h"
+#include "http1.h"
+#include "listener.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
+#include "reply.h"
+
+struct admin_conn {
+    struct admin *a;
+    struct bufferevent *bev;
+    struct event *timer;        /* idle_timeout; header_timeout once in_head */
+    struct http1 *parser;
+    struct http1_head head;
+    int in_head;                /* a head's first byte has come */
+    int answering;              /* an answer is queued; reads wait for it */
+    int keep_alive;             /* after that answer */
+    struct admin_conn *prev, *next;
+};
 
 struct admin {
     pthread_t thread;
     struct event_base *base;
-    struct evhttp *http;
+    struct listener *listener;
     struct event *stop_ev;
+    struct admin_conn *conns;   /* every open connection */
+    int nconns;
     _Atomic int on_error;
+    _Atomic int64_t header_timeout_ms;
+    _Atomic int64_t idle_timeout_ms;
 };
 
-static void reply_text(struct evhttp_request *req, int code, const char *reason,
-                       const char *type, struct evbuffer *body)
+static struct log_every refused_log;
+
+static struct timeval tv_ms(int64_t ms)
 {
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", type);
-    evhttp_send_reply(req, code, reason, body);
+    return (struct timeval){ ms / 1000, (ms % 1000) * 1000 };
 }
 
-static void handle(struct evhttp_request *req, void *arg)
+static void conn_free(struct admin_conn *c)
 {
-    struct admin *a = arg;
-    const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+    struct admin *a = c->a;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        a->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    a->nconns--;
+    event_free(c->timer);
+    bufferevent_free(c->bev);
+    http1_destroy(c->parser);
+    free(c);
+}
+
+static void conn_timer(struct admin_conn *c, int64_t ms)
+{
+    struct timeval tv = tv_ms(ms);
+    evtimer_add(c->timer, &tv);
+}
+
+/* The answer is in the output buffer: stop reading until it is written. */
+static void start_writing(struct admin_conn *c)
+{
+    c->answering = 1;
+    evtimer_del(c->timer);      /* the write timeout (idle_timeout) runs now */
+    bufferevent_disable(c->bev, EV_READ);
+    bufferevent_enable(c->bev, EV_WRITE);
+}
+
+/* A head that cannot be served (400, 408, 413, 414, 431, 501): a JSON error
+ * like the public side's, then close. */
+static void answer_error(struct admin_conn *c, int status)
+{
+    c->keep_alive = 0;
+    reply_error(bufferevent_get_output(c->bev), status, 0, NULL, 0);
+    start_writing(c);
+}
+
+static void answer(struct admin_conn *c, int status, const char *reason, const char *type,
+                   struct evbuffer *body, int head_only, const char *extra)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    const char *conn = !c->keep_alive ? "Connection: close\r\n"
+                       : c->head.minor == 0 ? "Connection: keep-alive\r\n" : "";
+    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n",
+                        status, reason, type, evbuffer_get_length(body), extra, conn);
+    if (!head_only)
+        evbuffer_add_buffer(out, body);
+    start_writing(c);
+}
+
+static int span_is(const char *data, struct http1_span s, const char *text)
+{
+    return s.len == strlen(text) && memcmp(data + s.off, text, s.len) == 0;
+}
+
+/* The path of a request target: origin form up to '?', or the path of an
+ * absolute form ("http://host/metrics"). */
+static const char *target_path(const char *t, size_t len, size_t *plen)
+{
+    const char *end = t + len, *p = t;
+    const char *scheme = len > 3 ? memchr(t, ':', len) : NULL;
+    if (len && t[0] != '/' && scheme && end - scheme > 3 && memcmp(scheme, "://", 3) == 0) {
+        p = memchr(scheme + 3, '/', (size_t)(end - scheme - 3));
+        if (p == NULL)
+            p = end;
+    }
+    const char *q = memchr(p, '?', (size_t)(end - p));
+    *plen = (size_t)((q ? q : end) - p);
+    return p;
+}
+
+static void serve(struct admin_conn *c, const char *data)
+{
+    struct admin *a = c->a;
+    const struct http1_head *h = &c->head;
+    int head_only = span_is(data, h->method, "HEAD");
+    size_t plen;
+    const char *path = target_path(data + h->target.off, h->target.len, &plen);
     struct evbuffer *body = evbuffer_new();
-    if (path && strcmp(path, "/metrics") == 0) {
+    if (body == NULL)
+        abort();
+    c->keep_alive = h->keep_alive;
+#define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(path, s, plen) == 0)
+    if (!head_only && !span_is(data, h->method, "GET")) {
+        evbuffer_add_printf(body, "method not allowed\n");
+        answer(c, 405, "Method Not Allowed", "text/plain", body, 0, "Allow: GET, HEAD\r\n");
+    } else if (PATH_IS("/metrics")) {
         metrics_render(body);
-        reply_text(req, 200, "OK", "text/plain; version=0.0.4", body);
-    } else if (path && strcmp(path, "/healthz") == 0) {
+        answer(c, 200, "OK", "text/plain; version=0.0.4", body, head_only, "");
+    } else if (PATH_IS("/healthz")) {
         evbuffer_add(body, "ok\n", 3);
-        reply_text(req, 200, "OK", "text/plain", body);
-    } else if (path && strcmp(path, "/readyz") == 0) {
+        answer(c, 200, "OK", "text/plain", body, head_only, "");
+    } else if (PATH_IS("/readyz")) {
         int redis_up = metrics_gauge_get(METRICS_REDIS_CONNECTED) > 0;
         int serve_anyway = atomic_load(&a->on_error) != CONF_ON_ERROR_DENY;
         if (redis_up || serve_anyway) {
             evbuffer_add_printf(body, "ready%s\n", redis_up ? "" : " (redis down, on_error serves)");
-            reply_text(req, 200, "OK", "text/plain", body);
+            answer(c, 200, "OK", "text/plain", body, head_only, "");
         } else {
             evbuffer_add_printf(body, "not ready: redis down\n");
-            reply_text(req, 503, "Service Unavailable", "text/plain", body);
+            answer(c, 503, "Service Unavailable", "text/plain", body, head_only, "");
         }
     } else {
         evbuffer_add_printf(body, "not found\n");
-        reply_text(req, 404, "Not Found", "text/plain", body);
+        answer(c, 404, "Not Found", "text/plain", body, head_only, "");
     }
+#undef PATH_IS
     evbuffer_free(body);
+}
+
+/* Parse what has come of the next head; answer it once it is whole. */
+static void parse(struct admin_conn *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t len = evbuffer_get_length(in);
+    if (len == 0 || c->answering)
+        return;
+    if (!c->in_head) {
+        c->in_head = 1;
+        conn_timer(c, atomic_load(&c->a->header_timeout_ms));
+    }
+    size_t n = len > ADMIN_MAX_HEAD_BYTES + 1 ? ADMIN_MAX_HEAD_BYTES + 1 : len;
+    const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
+    const struct http1_head *h = &c->head;
+    int rc = http1_head_parse(c->parser, data, n, ADMIN_MAX_HEAD_BYTES, 0, &c->head);
+    if (rc == 1)
+        return;
+    /* Nothing here takes a body: refused, not read. */
+    if (rc == 0 && (h->body == HTTP1_BODY_CHUNKED ||
+                    (h->body == HTTP1_BODY_LENGTH && h->content_length > 0)))
+        rc = 413;
+    if (rc != 0) {
+        answer_error(c, rc);
+        return;
+    }
+    serve(c, data);
+    evbuffer_drain(in, h->len);
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+    parse(arg);
+}
+
+/* The answer is written: close, or wait for the next request (which may
+ * already be in the input buffer). */
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+    struct admin_conn *c = arg;
+    if (!c->answering)
+        return;
+    c->answering = 0;
+    if (!c->keep_alive) {
+        conn_free(c);
+        return;
+    }
+    c->in_head = 0;
+    conn_timer(c, atomic_load(&c->a->idle_timeout_ms));
+    bufferevent_enable(bev, EV_READ);
+    parse(c);
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    conn_free(arg);     /* EOF, error, or a peer that stopped reading */
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct admin_conn *c = arg;
+    if (c->in_head)
+        answer_error(c, 408);   /* a head that did not come in time */
+    else
+        conn_free(c);           /* idle */
+}
+
+static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
+{
+    struct admin *a = arg;
+    if (a->nconns >= ADMIN_MAX_CONNECTIONS) {
+        long n = log_every_second(&refused_log);
+        if (n)
+            log_warn("admin: %d connections open (the most); closed %ld new one%s "
+                     "since the last such line",
+                     a->nconns, n, n == 1 ? "" : "s");
+        close(fd);
+        return;
+    }
+    struct bufferevent *bev = bufferevent_socket_new(a->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (bev == NULL) {
+        close(fd);
+        return;
+    }
+    struct admin_conn *c = mem_calloc(1, sizeof(*c));
+    c->a = a;
+    c->bev = bev;
+    c->parser = http1_create(HTTP1_REQUEST);
+    c->timer = evtimer_new(a->base, timer_cb, c);
+    if (c->timer == NULL)
+        abort();
+    c->next = a->conns;
+    if (a->conns)
+        a->conns->prev = c;
+    a->conns = c;
+    a->nconns++;
+
+    int64_t idle_ms = atomic_load(&a->idle_timeout_ms);
+    struct timeval wt = tv_ms(idle_ms);
+    bufferevent_set_timeouts(bev, NULL, &wt);
+    bufferevent_setwatermark(bev, EV_READ, 0, ADMIN_MAX_HEAD_BYTES + 1);
+    bufferevent_setcb(bev, read_cb, write_cb, event_cb, c);
+    bufferevent_enable(bev, EV_READ);
+    conn_timer(c, idle_ms);
 }
 
 static void *admin_main(void *arg)
@@ -76,8 +292,11 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
 
 static void admin_free(struct admin *a)
 {
-    if (a->http)
-        evhttp_free(a->http);
+    for (struct admin_conn *c = a->conns, *next; c; c = next) {
+        next = c->next;
+        conn_free(c);
+    }
+    listener_destroy(a->listener);
     if (a->stop_ev)
         event_free(a->stop_ev);
     if (a->base)
@@ -85,41 +304,51 @@ static void admin_free(struct admin *a)
     free(a);
 }
 
-struct admin *admin_start(const struct conf_addr *addr, enum conf_on_error on_error)
+struct admin *admin_start(const struct conf *conf)
 {
+    const struct conf_addr *addr = &conf->admin_listen;
     struct admin *a = mem_calloc(1, sizeof(*a));
-    atomic_store(&a->on_error, (int)on_error);
+    const char *step = "event base";
+    int fd = -1, one = 1;
+    admin_reload(a, conf);
     a->base = event_base_new();
-    a->http = evhttp_new(a->base);
-    evhttp_set_allowed_methods(a->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
-    evhttp_set_gencb(a->http, handle, a);
-
-    int fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (fd >= 0)
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (fd < 0 || bind(fd, (const struct sockaddr *)&addr->ss, addr->sslen) < 0 ||
-        listen(fd, 128) < 0 || evhttp_accept_socket(a->http, fd) < 0) {
-        log_error("admin: cannot listen on '%s': %s", addr->text, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        admin_free(a);
-        return NULL;
-    }
+    if (a->base == NULL)
+        goto fail;
+    step = "listen";
+    fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        goto fail;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (const struct sockaddr *)&addr->ss, addr->sslen) < 0 || listen(fd, 128) < 0)
+        goto fail;
+    a->listener = listener_create(a->base, fd, "admin", addr->text, accept_cb, a);
+    fd = -1;                    /* the listener's now, or closed */
+    if (a->listener == NULL)
+        goto fail;
+    step = "thread";
     a->stop_ev = event_new(a->base, -1, 0, stop_cb, a);
-    if (pthread_create(&a->thread, NULL, admin_main, a) != 0) {
-        log_error("admin: cannot start its thread");
-        admin_free(a);
-        return NULL;
-    }
-    log_info("admin: serving /metrics /healthz /readyz on %s", addr->text);
+    if (a->stop_ev == NULL || pthread_create(&a->thread, NULL, admin_main, a) != 0)
+        goto fail;
+    log_info("admin: serving /metrics /healthz /readyz on %s (at most %d connections, "
+             "%d-byte heads)", addr->text, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_HEAD_BYTES);
     return a;
+
+fail:
+    log_error("admin: %s failed on '%s': %s", step, addr->text, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    admin_free(a);
+    return NULL;
 }
 
-void admin_set_on_error(struct admin *a, enum conf_on_error on_error)
+void admin_reload(struct admin *a, const struct conf *conf)
 {
-    if (a)
-        atomic_store(&a->on_error, (int)on_error);
+    if (a == NULL)
+        return;
+    atomic_store(&a->on_error, conf->backend == CONF_BACKEND_MEMORY ? (int)CONF_ON_ERROR_ALLOW
+                                                                    : (int)conf->redis.on_error);
+    atomic_store(&a->header_timeout_ms, conf->client.header_timeout_ms);
+    atomic_store(&a->idle_timeout_ms, conf->client.idle_timeout_ms);
 }
 
 void admin_stop(struct admin *a)

@@ -3,18 +3,30 @@
  * Serves /metrics (Prometheus text), /healthz (the process is alive) and
  * /readyz (a config is loaded, and Redis is connected or on_error lets
  * requests be served without it) on admin.listen, never on the public
- * listener. It reads only metrics and the current config's on_error. */
+ * listener. It reads only metrics and the current config's on_error and
+ * client timeouts.
+ *
+ * Bounded like the public listener: a head of at most ADMIN_MAX_HEAD_BYTES
+ * (431/414), no request body (413), client.header_timeout for a head (408),
+ * client.idle_timeout between requests and for a peer that stops reading,
+ * and at most ADMIN_MAX_CONNECTIONS open connections (more are closed at
+ * once). One request is answered at a time per connection. */
 #ifndef SLUICE_ADMIN_H
 #define SLUICE_ADMIN_H
 
 #include "conf.h"
 
+#define ADMIN_MAX_HEAD_BYTES  8192
+#define ADMIN_MAX_CONNECTIONS 64
+
 struct admin;
 
-/* Bind and start serving; NULL (logged) when the address cannot be bound. */
-struct admin *admin_start(const struct conf_addr *addr, enum conf_on_error on_error);
-/* The running config changed (reload). */
-void admin_set_on_error(struct admin *a, enum conf_on_error on_error);
+/* Bind conf->admin_listen and start serving; NULL (logged) when the address
+ * cannot be bound. */
+struct admin *admin_start(const struct conf *conf);
+/* The running config changed (reload): on_error and the timeouts of new
+ * requests follow it; admin.listen does not. Thread-safe. */
+void admin_reload(struct admin *a, const struct conf *conf);
 void admin_stop(struct admin *a);
 
 #endif

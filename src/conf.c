@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "http1.h"
 #include "route.h"
 #include "store.h"
 
@@ -1157,7 +1158,7 @@ static int h_max_connections(struct ctx *x, struct node *k, struct node *v, void
 static int h_max_header_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     uint64_t n;
-    if (get_size(x, v, 1024, 1048576, &n) < 0)
+    if (get_size(x, v, 1024, HTTP1_MAX_HEAD_BYTES, &n) < 0)
         return -1;
     ((struct conf_client *)obj)->max_header_bytes = (size_t)n;
     return 0;

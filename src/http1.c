@@ -15,6 +15,11 @@
 #include "http1.h"
 #include "mem.h"
 
+/* A larger client.max_header_bytes would be cut here silently. (Equal
+ * today, hence the NOLINT.) */
+static_assert(HTTP1_MAX_HEAD_BYTES <= HTTP_MAX_HEADER_SIZE, /* NOLINT(misc-redundant-expression) */
+              "HTTP1_MAX_HEAD_BYTES above what http_parser takes");
+
 struct http1 {
     http_parser parser;
     const http_parser_settings *settings;

@@ -19,6 +19,9 @@
 #include <stdint.h>
 
 #define HTTP1_MAX_HEADERS 100
+/* The largest head http_parser takes (its HTTP_MAX_HEADER_SIZE): the upper
+ * bound of client.max_header_bytes. */
+#define HTTP1_MAX_HEAD_BYTES (80 * 1024)
 #define HTTP1_MAX_PIECES  32
 
 struct http1_span { uint32_t off, len; };       /* into the head buffer */

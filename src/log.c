@@ -31,3 +31,15 @@ void log_write(enum log_level level, const char *fmt, ...)
             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
             tm.tm_sec, ts.tv_nsec / 1000000, log_names[level], msg);
 }
+
+long log_every_second(struct log_every *e)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int64_t now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    atomic_fetch_add(&e->count, 1);
+    int64_t next = atomic_load(&e->next_ms);
+    if (now_ms < next || !atomic_compare_exchange_strong(&e->next_ms, &next, now_ms + 1000))
+        return 0;
+    return atomic_exchange(&e->count, 0);
+}

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 
@@ -20,6 +21,10 @@
 #include "worker.h"
 
 #define SLUICE_VERSION "0.1.0"
+
+/* Descriptors kept aside from client connections (see fit_connections). */
+#define FD_RESERVE_FIXED  32    /* stdio, event bases, signals, logs, DNS */
+#define FD_RESERVE_WORKER 8     /* per worker: listener, notify pipe, epoll... */
 
 static void usage(FILE *f)
 {
@@ -42,6 +47,59 @@ struct main_state {
     struct memstore *mem;           /* in-process limiter, when configured */
     struct accesslog *alog;         /* NULL when access_log is off */
 };
+
+/* What the process holds besides client connections: FD_RESERVE_FIXED, and
+ * per worker FD_RESERVE_WORKER, its Redis connections (one, plus one per
+ * cluster or sentinel node given) and its upstream connections up to every
+ * pool's keepalive, and the admin endpoint's connections and listener. */
+static long fd_reserve(const struct conf *c, int workers, int admin)
+{
+    long keepalive = 0;
+    for (int i = 0; i < c->nupstreams; i++)
+        keepalive += c->upstreams[i].keepalive;
+    long redis = c->backend == CONF_BACKEND_REDIS
+                     ? 1 + c->redis.ncluster + c->redis.nsentinel_nodes : 0;
+    return FD_RESERVE_FIXED + (long)workers * (FD_RESERVE_WORKER + redis + keepalive) +
+           (admin ? ADMIN_MAX_CONNECTIONS + 1 : 0);
+}
+
+/* Fit max_connections (0: unlimited) to RLIMIT_NOFILE: at most
+ * limit - fd_reserve, at least 1 (nginx's count: one descriptor per client;
+ * upstream connections beyond the pools' keepalive take what idle clients
+ * leave, and a connect that finds none is a 502). A soft limit that is short
+ * is raised towards the hard one first; what still does not fit is clamped,
+ * with a warning. */
+static void fit_connections(struct conf *c, int workers, int admin)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    long reserve = fd_reserve(c, workers, admin);
+    rlim_t want = c->max_connections ? (rlim_t)reserve + (rlim_t)c->max_connections
+                                     : rl.rlim_max;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want && want != RLIM_INFINITY) {
+        struct rlimit up = { want < rl.rlim_max ? want : rl.rlim_max, rl.rlim_max };
+        if (up.rlim_cur > rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &up) == 0) {
+            log_info("main: raised the open file limit (RLIMIT_NOFILE) from %llu to %llu",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)up.rlim_cur);
+            rl = up;
+        }
+    }
+    if (rl.rlim_cur == RLIM_INFINITY)
+        return;
+    long fit = (long)rl.rlim_cur - reserve;
+    if (fit < 1)
+        fit = 1;
+    if (fit > 10000000)
+        fit = 10000000;
+    if (c->max_connections == 0 || c->max_connections > fit) {
+        log_warn("main: max_connections %d%s needs more file descriptors than RLIMIT_NOFILE "
+                 "%llu allows; using %ld (%ld kept for Redis, upstream pools, admin and "
+                 "logs)", c->max_connections, c->max_connections ? "" : " (unlimited)",
+                 (unsigned long long)rl.rlim_cur, fit, reserve);
+        c->max_connections = (int)fit;
+    }
+}
 
 static void stop_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
@@ -67,11 +125,11 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
     if (strcmp(nc->listen.text, ms->conf->listen.text) != 0 || nc->workers != ms->conf->workers)
         log_warn("main: reload: listen and workers changes apply after a restart; "
                  "still %s with %d workers", ms->conf->listen.text, ms->conf->workers);
+    fit_connections(nc, ms->n, ms->admin != NULL);
     metrics_bind(nc);
     for (int i = 0; i < ms->n; i++)
         worker_reload(ms->workers[i], nc);
-    admin_set_on_error(ms->admin, nc->backend == CONF_BACKEND_MEMORY ? CONF_ON_ERROR_ALLOW
-                                                                     : nc->redis.on_error);
+    admin_reload(ms->admin, nc);
     conf_release(ms->conf);
     ms->conf = nc;
     metrics_count(METRICS_RELOADS_OK);
@@ -97,6 +155,14 @@ static int serve(struct main_state *ms)
 
     ms->workers = workers;
     ms->base = base;
+    /* Before anything listens: a SIGTERM as soon as a port answers is a
+     * graceful stop (handled once the loop runs), not the default death. */
+    sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, ms);
+    sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, ms);
+    sigs[2] = evsignal_new(base, SIGHUP, reload_signal_cb, ms);
+    sigs[3] = evsignal_new(base, SIGUSR1, reopen_signal_cb, ms);
+    for (int i = 0; i < 4; i++)
+        evsignal_add(sigs[i], NULL);
 
     for (; n < conf->workers; n++) {
         workers[n] = worker_create(n, conf, ms->mem, ms->alog);
@@ -105,17 +171,10 @@ static int serve(struct main_state *ms)
     }
     ms->n = n;
     if (conf->has_admin) {
-        ms->admin = admin_start(&conf->admin_listen, conf->backend == CONF_BACKEND_MEMORY
-                                                         ? CONF_ON_ERROR_ALLOW : conf->redis.on_error);
+        ms->admin = admin_start(conf);
         if (ms->admin == NULL)
             goto out;
     }
-    sigs[0] = evsignal_new(base, SIGTERM, stop_signal_cb, ms);
-    sigs[1] = evsignal_new(base, SIGINT, stop_signal_cb, ms);
-    sigs[2] = evsignal_new(base, SIGHUP, reload_signal_cb, ms);
-    sigs[3] = evsignal_new(base, SIGUSR1, reopen_signal_cb, ms);
-    for (int i = 0; i < 4; i++)
-        evsignal_add(sigs[i], NULL);
     for (int i = 0; i < n; i++)
         if (worker_start(workers[i]) != 0) {
             log_error("main: cannot start worker %d", i);
@@ -179,6 +238,7 @@ int main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
+    fit_connections(conf, conf->workers, conf->has_admin);
     metrics_bind(conf);
     struct main_state ms = { .file = file, .conf = conf };
     /* The in-process limiter outlives reloads, so its counts do too, and a

@@ -6,6 +6,7 @@
  * lock, and a worker's requests never touch another worker's state. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,10 +14,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <event2/event.h>
-#include <event2/listener.h>
 #include <event2/thread.h>
 
 #include "denycache.h"
+#include "listener.h"
 #include "log.h"
 #include "mem.h"
 #include "proxy.h"
@@ -24,30 +25,9 @@
 #include "worker.h"
 
 
-static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
-                      struct sockaddr *sa, int salen, void *arg)
+static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
     proxy_accept(arg, fd, sa, salen);
-}
-
-static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
-{
-    struct worker *w = arg;
-    if (w->listener)        /* gone if the worker began stopping since */
-        evconnlistener_enable(w->listener);
-}
-
-/* Out of file descriptors, say: log it and pause accepting briefly rather
- * than spinning on a listener that stays readable. */
-static void accept_error_cb(struct evconnlistener *l, void *arg)
-{
-    struct worker *w = arg;
-    int err = EVUTIL_SOCKET_ERROR();
-    log_warn("worker %d: accept failed: %s; pausing accepts for 100 ms", w->id,
-             evutil_socket_error_to_string(err));
-    evconnlistener_disable(l);
-    struct timeval tv = { 0, 100000 };
-    event_base_once(w->base, -1, EV_TIMEOUT, accept_resume_cb, w, &tv);
 }
 
 static int listen_socket(const struct conf_addr *a)
@@ -107,7 +87,7 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
     struct worker *w = arg;
     w->stopping = 1;
     if (w->listener) {      /* closed, not paused: new clients are refused */
-        evconnlistener_free(w->listener);
+        listener_destroy(w->listener);
         w->listener = NULL;
     }
     proxy_drain(w);
@@ -160,13 +140,11 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     int fd = listen_socket(&conf->listen);
     if (fd < 0)
         goto fail;
-    w->listener = evconnlistener_new(w->base, accept_cb, w,
-                                     LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
-    if (w->listener == NULL) {
-        close(fd);
+    char who[32];
+    snprintf(who, sizeof(who), "worker %d", id);
+    w->listener = listener_create(w->base, fd, who, conf->listen.text, accept_cb, w);
+    if (w->listener == NULL)
         goto fail;
-    }
-    evconnlistener_set_error_cb(w->listener, accept_error_cb);
 
     w->notify_ev = event_new(w->base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
     event_add(w->notify_ev, NULL);
@@ -300,8 +278,7 @@ void worker_destroy(struct worker *w)
         conf_release(w->pending);
 
     denycache_destroy(w->deny);
-    if (w->listener)
-        evconnlistener_free(w->listener);
+    listener_destroy(w->listener);
     if (w->notify_ev)
         event_free(w->notify_ev);
     if (w->notify[0] > 0) {

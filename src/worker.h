@@ -15,7 +15,7 @@
 
 struct event_base;
 struct event;
-struct evconnlistener;
+struct listener;
 struct upstream_pool;
 struct client;
 struct denycache;
@@ -26,7 +26,7 @@ struct worker {
     int id;
     pthread_t thread;
     struct event_base *base;
-    struct evconnlistener *listener;
+    struct listener *listener;      /* NULL once stopping */
     int notify[2];                  /* pipe: other threads -> this one */
     struct event *notify_ev;
     pthread_mutex_t reload_lock;

@@ -1,0 +1,31 @@
+/* sluice - listener.h: a listening socket whose accept loop backs off.
+ *
+ * Wraps libevent's evconnlistener for the public listeners (one per worker)
+ * and the admin endpoint. When accept() fails for a reason that retrying at
+ * once cannot cure (EMFILE, ENFILE, ENOBUFS, ENOMEM), the listener stops
+ * accepting for LISTENER_PAUSE_MS and then tries again, instead of spinning
+ * on a socket that stays readable. Connections wait in the kernel's backlog
+ * meanwhile. The failure is logged at most once a second for the whole
+ * process, with the count since the last line. */
+#ifndef SLUICE_LISTENER_H
+#define SLUICE_LISTENER_H
+
+#include <sys/socket.h>
+
+#define LISTENER_PAUSE_MS 100
+
+struct event_base;
+struct listener;
+
+/* Called on the base's thread for each accepted connection; it owns fd. */
+typedef void (*listener_accept_fn)(void *arg, int fd, struct sockaddr *peer, int peerlen);
+
+/* Accept on fd (bound and listening; owned from here, closed by
+ * listener_destroy(), also when this fails). who ("worker 0", "admin") and
+ * addr name it in log lines and are copied. NULL on failure. */
+struct listener *listener_create(struct event_base *base, int fd, const char *who,
+                                 const char *addr, listener_accept_fn cb, void *arg);
+/* Close the socket; a pending resume is cancelled. Not from inside cb. */
+void listener_destroy(struct listener *l);
+
+#endif
