@@ -143,6 +143,7 @@ struct client {
     int out_chunked;                    /* response re-framed as chunked */
     int client_paused;                  /* reading stopped: upstream full */
     int up_paused;                      /* upstream reading stopped: client full */
+    int heads_paused;                   /* pipelined heads wait: our output is full */
     uint64_t body_bytes;                /* request payload so far */
     struct evbuffer *body;              /* CS_BUFFER: the payload read so far;
                                          * otherwise scratch for re-framing,
@@ -1761,6 +1762,15 @@ static void client_flush(struct client *c)
                 client_process(c);
             progress = 1;
         }
+        /* Answers sluice wrote itself filled the output while pipelined
+         * heads waited: once it drains, go on with them (a write that
+         * completed at once arms no write event to do it). */
+        if (!c->dead && c->heads_paused &&
+            evbuffer_get_length(bufferevent_get_output(c->bev)) <= PROXY_HIGH_WATER / 2) {
+            c->heads_paused = 0;
+            client_process(c);
+            progress = 1;
+        }
         if (!progress)
             break;
     }
@@ -1809,8 +1819,10 @@ static void client_process(struct client *c)
         switch (c->state) {
         case CS_HEAD:
             /* Pipelined requests wait while our output is backed up. */
-            if (evbuffer_get_length(bufferevent_get_output(c->bev)) > PROXY_HIGH_WATER)
+            if (evbuffer_get_length(bufferevent_get_output(c->bev)) > PROXY_HIGH_WATER) {
+                c->heads_paused = 1;    /* client_flush resumes once written */
                 return;
+            }
             if (parse_head_answered(c))
                 continue;
             break;
