@@ -33,18 +33,20 @@
 #include <event2/event.h>
 
 #include "accesslog.h"
+#include "backend.h"
+#include "clock.h"
+#include "decide.h"
 #include "denycache.h"
 #include "h1write.h"
 #include "http1.h"
 #include "log.h"
 #include "mem.h"
-#include "memstore.h"
 #include "metrics.h"
 #include "obuf.h"
 #include "proxy.h"
 #include "reply.h"
+#include "request.h"
 #include "route.h"
-#include "store.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -58,9 +60,6 @@
  * connection can stay open; a larger one closes it. */
 #define PROXY_DISCARD_MAX  (1024 * 1024)
 #define PROXY_RESP_HEAD_MAX (64 * 1024)
-/* A client's X-Request-Id is kept when it is this long at most and only
- * visible ASCII; otherwise sluice makes its own. */
-#define PROXY_RID_MAX 128
 /* Interim (1xx) responses relayed to a client per request; more are read
  * and dropped, within the upstream timeout counted across all of them. */
 #define PROXY_INTERIM_RELAYED 10
@@ -77,29 +76,6 @@ enum client_state {
 
 enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY };
 
-/* What the access-log line needs once the head is gone. */
-#define PROXY_LOG_TARGET_MAX 1024
-struct reqlog {
-    int64_t wall_us, start_us, upstream_us;
-    int status;
-    int decision;                       /* enum metrics_decision, or -1 */
-    uint64_t bytes_in, bytes_out;
-    int active;                         /* a request is being served */
-    size_t method_len, target_len, client_len;
-    char client[ROUTE_IP_MAX];
-    char method[32];
-    char target[PROXY_LOG_TARGET_MAX];
-};
-
-/* Limits with count_status were only checked before forwarding; their keys
- * wait here for the response status that decides whether they consume. */
-struct counted {
-    int n;
-    const struct conf_limit *limit[STORE_MAX_LIMITS];
-    int64_t cost[STORE_MAX_LIMITS];
-    size_t off[STORE_MAX_LIMITS], len[STORE_MAX_LIMITS];
-    char keys[];
-};
 
 struct client {
     struct worker *w;
@@ -122,20 +98,12 @@ struct client {
     const char *hbuf;                   /* head bytes while still in input */
     int head_in_input;
     const struct conf_route *route;
-    struct store_call *call;
-    struct store_call *count_call;      /* count_status consumption in flight */
-    struct reply_limits rl;
-    int have_limits;
+    struct request rq;                  /* what the request computed */
     struct upstream_conn *up;
     int retried;
     int head_request;                   /* method HEAD: response has no body */
     int upgrade;                        /* Upgrade request on an upgrade route */
-    struct route_captures caps;         /* path_regex groups */
-    struct counted *counted;            /* count_status limits, until the status is known */
-    struct reqlog *reqlog;              /* access-log facts; NULL when logging is off */
     const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
-    char rid[PROXY_RID_MAX + 1];        /* X-Request-Id, sent up and back */
-    size_t rid_len;
     int req_done;                       /* request body fully read */
     int resp_started;                   /* response head sent to client */
     int resp_done;
@@ -151,7 +119,6 @@ struct client {
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
     int head_held;                      /* hbuf points into held */
     int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
-    int64_t redis_start_us;             /* when the decision was sent */
     int64_t upstream_start_us;          /* when the request was forwarded */
     int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
     int interims;                       /* 1xx heads read for this request */
@@ -161,7 +128,7 @@ struct client {
 static void client_process(struct client *c);
 static void request_finish(struct client *c);
 static void forward(struct client *c);
-static void decide(struct client *c, size_t pathlen);
+static void decide(struct client *c);
 static void reqlog_end(struct client *c);
 static const char *hb(const struct client *c, struct http1_span s);
 
@@ -170,14 +137,10 @@ static const char *hb(const struct client *c, struct http1_span s);
 static void client_free(struct client *c)
 {
     struct worker *w = c->w;
-    if (c->call)
-        store_cancel(c->call);
-    if (c->count_call)
-        store_cancel(c->count_call);
+    decide_cancel(&c->rq);
     if (c->up)
         upstream_close(c->up);
-    free(c->counted);
-    free(c->reqlog);
+    request_free(&c->rq);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -224,14 +187,7 @@ static void client_kill(struct client *c)
 {
     reqlog_end(c);      /* a request cut short is logged with what was sent */
     c->dead = 1;
-    if (c->call) {
-        store_cancel(c->call);
-        c->call = NULL;
-    }
-    if (c->count_call) {
-        store_cancel(c->count_call);
-        c->count_call = NULL;
-    }
+    decide_cancel(&c->rq);
     if (c->up) {
         upstream_close(c->up);
         c->up = NULL;
@@ -245,7 +201,7 @@ static void client_timer(struct client *c, enum timer_mode mode, int64_t ms)
         event_del(c->timer);
         return;
     }
-    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    struct timeval tv = clock_timeval(ms);
     event_add(c->timer, &tv);
 }
 
@@ -263,69 +219,51 @@ static void client_close_after_write(struct client *c)
 
 /* ---- small helpers ----------------------------------------------------- */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static struct metrics_route *client_metrics(const struct client *c)
 {
     return c->route ? c->route->metrics : metrics_unrouted();
 }
 
-/* The client's address as text: the peer's, computed once per connection,
- * unless the peer is a trusted proxy whose X-Forwarded-For must be read for
- * each request. Returns a pointer to the text (buf or the connection's). */
-static const char *client_ip(struct client *c, char *buf, size_t *len)
+/* The client's address as text, into the request: the peer's, computed
+ * once per connection, unless the peer is a trusted proxy whose
+ * X-Forwarded-For must be read for each request. */
+static void request_address(struct client *c)
 {
     const struct conf *conf = c->conf;
+    struct request *rq = &c->rq;
     if (conf->ntrusted == 0 ||
         !conf_cidr_match(conf->trusted, conf->ntrusted, (const struct sockaddr *)&c->peer)) {
-        *len = c->peer_len;
-        return c->peer_text;
+        memcpy(rq->ip, c->peer_text, c->peer_len + 1);
+        rq->ip_len = c->peer_len;
+        return;
     }
-    *len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head, buf);
-    return buf;
-}
-
-static void count_decision(struct client *c, enum metrics_decision d)
-{
-    metrics_request(c->route->metrics, d);
-    if (c->reqlog)
-        c->reqlog->decision = (int)d;
+    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head,
+                                 rq->ip);
 }
 
 static void count_response(struct client *c, int status)
 {
     metrics_response(client_metrics(c), status);
-    if (c->reqlog)
-        c->reqlog->status = status;
+    if (c->rq.log)
+        c->rq.log->status = status;
 }
 
 static void count_out(struct client *c, uint64_t n)
 {
-    if (c->reqlog)
-        c->reqlog->bytes_out += n;
+    if (c->rq.log)
+        c->rq.log->bytes_out += n;
 }
 
 /* One access-log line for the request in progress, once. */
 static void reqlog_end(struct client *c)
 {
     static const char *const decisions[] = { "allowed", "limited", "shadow_limited", "error" };
-    struct reqlog *rq = c->reqlog;
+    struct reqlog *rq = c->rq.log;
     if (rq == NULL || !rq->active)
         return;
     rq->active = 0;
-    const struct limiter_result *r = c->have_limits ? &c->rl.r[c->rl.shown] : NULL;
+    const struct reply_limits *rl = &c->rq.rl;
+    const struct limiter_result *r = c->rq.have_limits ? &rl->r[rl->shown] : NULL;
     struct accesslog_entry e = {
         .time_us = rq->wall_us,
         .client = rq->client, .client_len = rq->client_len,
@@ -333,13 +271,13 @@ static void reqlog_end(struct client *c)
         .path = rq->target, .path_len = rq->target_len,
         .status = rq->status,
         .route = c->route ? c->route->name : NULL,
-        .decision = rq->decision >= 0 ? decisions[rq->decision] : NULL,
-        .limit = r ? c->rl.limit[c->rl.shown]->name : NULL,
+        .decision = c->rq.decision >= 0 ? decisions[c->rq.decision] : NULL,
+        .limit = r ? rl->limit[rl->shown]->name : NULL,
         .remaining = r ? r->remaining : -1,
         .upstream_us = rq->upstream_us,
-        .total_us = now_us() - rq->start_us,
+        .total_us = clock_us() - rq->start_us,
         .bytes_in = rq->bytes_in, .bytes_out = rq->bytes_out,
-        .request_id = c->rid, .request_id_len = c->rid_len,
+        .request_id = c->rq.rid, .request_id_len = c->rq.rid_len,
     };
     accesslog_write(c->w->alog, &e);
 }
@@ -350,16 +288,13 @@ static void reqlog_begin(struct client *c, int parsed)
 {
     if (c->w->alog == NULL)
         return;
-    if (c->reqlog == NULL)
-        c->reqlog = mem_alloc(sizeof(*c->reqlog));
-    struct reqlog *rq = c->reqlog;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    rq->wall_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-    rq->start_us = now_us();
+    if (c->rq.log == NULL)
+        c->rq.log = mem_alloc(sizeof(*c->rq.log));
+    struct reqlog *rq = c->rq.log;
+    rq->wall_us = clock_wall_us();
+    rq->start_us = clock_us();
     rq->upstream_us = -1;
     rq->status = 0;
-    rq->decision = -1;
     rq->active = 1;
     rq->bytes_out = 0;
     if (!parsed) {
@@ -374,9 +309,8 @@ static void reqlog_begin(struct client *c, int parsed)
     memcpy(rq->method, hb(c, c->head.method), rq->method_len);
     rq->target_len = c->head.target.len < sizeof(rq->target) ? c->head.target.len : sizeof(rq->target);
     memcpy(rq->target, hb(c, c->head.target), rq->target_len);
-    const char *ip = client_ip(c, rq->client, &rq->client_len);
-    if (ip != rq->client)
-        memcpy(rq->client, ip, rq->client_len + 1);
+    memcpy(rq->client, c->rq.ip, c->rq.ip_len + 1);
+    rq->client_len = c->rq.ip_len;
 }
 
 static const char *hb(const struct client *c, struct http1_span s)
@@ -568,20 +502,21 @@ static void answer_local(struct client *c, int status, int close_after)
     /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
     struct evbuffer *tmp = c->head_request ? evbuffer_new() : NULL;
+    const struct request *rq = &c->rq;
     if (status == 429)
-        reply_limited(tmp ? tmp : out, &c->rl, conn, c->rid, c->rid_len);
+        reply_limited(tmp ? tmp : out, &rq->rl, conn, rq->rid, rq->rid_len);
     else if (status == 503)     /* limiter_unavailable: try again after the backoff */
-        reply_unavailable(tmp ? tmp : out, c->w->store ? store_retry_ms(c->w->store) : 0, conn,
-                          c->rid, c->rid_len);
+        reply_unavailable(tmp ? tmp : out, backend_retry_ms(c->w->backend), conn,
+                          rq->rid, rq->rid_len);
     else
-        reply_error_named(tmp ? tmp : out, status, c->error_name, conn, c->rid, c->rid_len);
+        reply_error_named(tmp ? tmp : out, status, c->error_name, conn, rq->rid, rq->rid_len);
     c->error_name = NULL;
     if (tmp) {
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
     }
     if (status == 429)      /* a limit may answer with its own status */
-        status = c->rl.limit[c->rl.shown]->status ? c->rl.limit[c->rl.shown]->status : 429;
+        status = rq->rl.limit[rq->rl.shown]->status ? rq->rl.limit[rq->rl.shown]->status : 429;
     count_response(c, status);
     count_out(c, evbuffer_get_length(out) - out_before);
     c->resp_started = c->resp_done = 1;
@@ -596,6 +531,8 @@ static void answer_local(struct client *c, int status, int close_after)
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
         request_finish(c);
+    } else {        /* the rest of the body, with no gap over body_timeout */
+        client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
     }
 }
 
@@ -626,7 +563,7 @@ static void fail_request(struct client *c, int status)
 
 static int rid_acceptable(const char *v, size_t n)
 {
-    if (n == 0 || n > PROXY_RID_MAX)
+    if (n == 0 || n > REQUEST_RID_MAX)
         return 0;
     for (size_t i = 0; i < n; i++)
         if (v[i] < 0x21 || v[i] > 0x7e)
@@ -643,18 +580,18 @@ static void set_request_id(struct client *c)
         const char *v = hb(c, c->head.h[i].value);
         size_t n = c->head.h[i].value.len;
         if (rid_acceptable(v, n)) {
-            memcpy(c->rid, v, n);
-            c->rid_len = n;
+            memcpy(c->rq.rid, v, n);
+            c->rq.rid_len = n;
             return;
         }
     }
     static const char hex[] = "0123456789abcdef";
     uint64_t a = worker_random(c->w), b = worker_random(c->w);
     for (int k = 0; k < 16; k++) {
-        c->rid[k] = hex[(a >> (4 * k)) & 15];
-        c->rid[16 + k] = hex[(b >> (4 * k)) & 15];
+        c->rq.rid[k] = hex[(a >> (4 * k)) & 15];
+        c->rq.rid[16 + k] = hex[(b >> (4 * k)) & 15];
     }
-    c->rid_len = 32;
+    c->rq.rid_len = 32;
 }
 
 /* A path_regex hit its match limit before it could tell whether it meets
@@ -662,7 +599,7 @@ static void set_request_id(struct client *c)
  * formed and its cost bounded, so the connection stays open. */
 static void regex_over_limit(struct client *c)
 {
-    metrics_regex_limit(c->caps.over_limit->metrics);
+    metrics_regex_limit(c->rq.caps.over_limit->metrics);
     answer_named(c, 400, "regex_limit", 0);
 }
 
@@ -682,10 +619,10 @@ static void parse_head(struct client *c)
         return;
     c->hbuf = data;
     c->head_in_input = 1;
+    decide_cancel(&c->rq);      /* none can be pending between requests */
+    request_reset(&c->rq);
     if (rc != 0) {
         c->route = NULL;
-        c->have_limits = 0;
-        c->rid_len = 0;
         c->head_request = 0;
         reqlog_begin(c, 0);
         answer_local(c, rc, 1);
@@ -700,11 +637,8 @@ static void parse_head(struct client *c)
         conf_retain(c->conf);
     }
     c->route = NULL;
-    c->have_limits = 0;
     c->up = NULL;
     c->retried = 0;
-    free(c->counted);
-    c->counted = NULL;
     c->req_done = c->resp_started = c->resp_done = 0;
     c->out_chunked = 0;
     c->body_bytes = 0;
@@ -717,6 +651,7 @@ static void parse_head(struct client *c)
     c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     c->upgrade = 0;
     set_request_id(c);
+    request_address(c);
     reqlog_begin(c, 1);
     /* Connection naming the framing or Host (smuggling), or a '_' name
      * under underscore_headers: reject. */
@@ -724,20 +659,22 @@ static void parse_head(struct client *c)
         answer_local(c, 400, 1);
         return;
     }
-    long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, w->path_buf);
+    char *path = request_path_room(&c->rq, h->target.len);
+    long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, path);
     if (plen < 0) {
         answer_local(c, 400, 1);
         return;
     }
+    c->rq.path_len = (size_t)plen;
     const char *host = h->host >= 0 ? hb(c, h->h[h->host].value) : NULL;
     size_t hostlen = h->host >= 0 ? h->h[h->host].value.len : 0;
     if (host != NULL && route_host_check(host, hostlen) < 0) {
         answer_named(c, 400, "bad_host", 1);
         return;
     }
-    c->route = route_match(c->conf, w->path_buf, (size_t)plen, hb(c, h->method),
-                           h->method.len, host, hostlen, &c->caps);
-    if (c->route == NULL && c->caps.over_limit) {
+    c->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
+                           h->method.len, host, hostlen, &c->rq.caps);
+    if (c->route == NULL && c->rq.caps.over_limit) {
         regex_over_limit(c);
         return;
     }
@@ -755,335 +692,81 @@ static void parse_head(struct client *c)
         answer_local(c, 413, 1);
         return;
     }
-    decide(c, (size_t)plen);
+    decide(c);
 }
 
 /* ---- decision ---------------------------------------------------------- */
 
 
 
-/* cost_header: a whole number 1..1000000 replaces the route's cost; a
- * missing field keeps it; anything else is a bad request. */
-static int request_cost(struct client *c, const char *name, int64_t *cost)
-{
-    int i = http1_find(c->hbuf, &c->head, name, 0);
-    if (i < 0)
-        return 0;
-    int64_t v;
-    if (http1_find(c->hbuf, &c->head, name, i + 1) >= 0 ||
-        !span_int(c->hbuf, c->head.h[i].value, &v) || v < 1 || v > 1000000)
-        return -1;
-    *cost = v;
-    return 0;
-}
+static void resume_response(struct client *c);
 
-/* Build the keys of the route's limits for this request into the worker's
- * scratch, filling sl[] and c->rl.limit[]; returns how many count it, -1 for
- * a bad cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice. The
- * normalised path must be in w->path_buf. */
-static int build_keys(struct client *c, size_t pathlen, struct store_limit *sl)
+/* The verdict is in: forward, or answer. */
+static void decided(struct client *c, int verdict)
 {
-    struct worker *w = c->w;
-    const struct conf_route *r = c->route;
-    char buf[ROUTE_IP_MAX];
-    size_t iplen;
-    const char *ip = client_ip(c, buf, &iplen);
-    struct route_req req = { c->hbuf, &c->head, ip, iplen, w->path_buf, pathlen,
-                             c->route->regex ? &c->caps : NULL };
-    int n = 0;
-    for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
-        const struct conf_limit *l = &r->limits[i];
-        long klen = route_key(c->conf, r, l, &req, w->keys[n]);
-        if (klen == ROUTE_KEY_AMBIGUOUS)
-            return ROUTE_KEY_AMBIGUOUS;
-        if (klen <= 0)      /* a key source is absent: not counted */
-            continue;
-        int64_t cost = r->cost > 0 ? r->cost : 1;
-        if (l->cost_header && request_cost(c, l->cost_header, &cost) < 0)
-            return -1;
-        unsigned flags = (l->shadow ? STORE_SHADOW : 0) |
-                         (l->has_count_status ? STORE_CHECK_ONLY : 0);
-        sl[n] = (struct store_limit){ w->keys[n], (size_t)klen, &l->params, cost, flags };
-        c->rl.limit[n] = l;
-        n++;
-    }
-    return n;
-}
-
-/* After a wait for Redis the worker's scratch has served other requests:
- * the keys are built again (normalising the path again first). Only the
- * rare paths need this: a denial, or a Redis failure. */
-static int rebuild_keys(struct client *c, struct store_limit *sl)
-{
-    long plen = route_normalize_paths(c->conf, hb(c, c->head.target), c->head.target.len,
-                                      c->w->path_buf);
-    return plen < 0 ? -1 : build_keys(c, (size_t)plen, sl);
-}
-
-/* Redis denied: remember each denying key until its retry time; later
- * requests for the key stop at the cache. */
-static void remember_denials(struct client *c, const struct store_result *res)
-{
-    struct worker *w = c->w;
-    struct store_limit sl[STORE_MAX_LIMITS];
-    if (rebuild_keys(c, sl) != res->n)
-        return;
-    int64_t now = now_ms();
-    for (int i = 0; i < res->n; i++)
-        if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(sl[i].flags & STORE_SHADOW))
-            denycache_put(w->deny, sl[i].key, sl[i].keylen, now + res->r[i].retry_ms,
-                          sl[i].cost);
-}
-
-static int64_t wall_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-/* A decision is in: forward, or reject with the limits' fields. */
-static void apply_decision(struct client *c, const struct store_result *res, int from_redis)
-{
-    memcpy(c->rl.r, res->r, sizeof(res->r[0]) * (size_t)res->n);
-    reply_pick(&c->rl, res->allowed);
-    c->have_limits = 1;
-    if (res->allowed) {
-        int shadow_denied = 0;
-        for (int i = 0; i < res->n; i++)
-            shadow_denied |= !res->r[i].allowed;    /* only shadow ones can */
-        count_decision(c, shadow_denied ? METRICS_SHADOW_LIMITED : METRICS_ALLOWED);
+    switch (verdict) {
+    case DECIDE_FORWARD:
         forward(c);
-    } else {
-        count_decision(c, METRICS_LIMITED);
-        if (from_redis)
-            remember_denials(c, res);
+        break;
+    case DECIDE_LIMITED:
         answer_local(c, 429, 0);
-    }
-}
-
-/* on_error local: decide in process instead. */
-static int decide_locally(struct client *c, struct store_result *res)
-{
-    struct store_limit sl[STORE_MAX_LIMITS];
-    int n = rebuild_keys(c, sl);
-    if (n <= 0)
-        return -1;
-    return memstore_decide(c->w->mem, sl, n, wall_us(), res);
-}
-
-/* A decision Redis did not answer (res NULL: not connected, nothing sent),
- * counted by reason. */
-static void count_redis_error(const struct store_result *res)
-{
-    enum metrics_redis_error why = METRICS_REDIS_ERR_UNAVAILABLE;
-    if (res != NULL)
-        why = res->status == STORE_TIMEOUT ? METRICS_REDIS_ERR_TIMEOUT :
-              res->status == STORE_OOM ? METRICS_REDIS_ERR_OOM : METRICS_REDIS_ERR_ERROR;
-    metrics_redis_error(why);
-}
-
-/* Redis could not decide: on_error says what the request gets. */
-static void apply_on_error(struct client *c)
-{
-    struct store_result res;
-    switch (c->conf->redis.on_error) {
-    case CONF_ON_ERROR_DENY:
-        c->have_limits = 0;
-        count_decision(c, METRICS_ERROR);
+        break;
+    case DECIDE_UNAVAILABLE:
         answer_local(c, 503, 0);
         break;
-    case CONF_ON_ERROR_LOCAL:
-        if (decide_locally(c, &res) == 0) {
-            apply_decision(c, &res, 0);
-            break;
-        }
-        /* no local answer either: as allow */
-        __attribute__((fallthrough));
-    default:        /* allow: forwarded without rate-limit fields */
-        c->have_limits = 0;
-        count_decision(c, METRICS_ERROR);
-        forward(c);
+    case DECIDE_AMBIGUOUS:      /* the connection stays open: the head itself was fine */
+        answer_named(c, 400, "ambiguous_key", 0);
+        break;
+    case DECIDE_BAD_COST:
+        answer_named(c, 400, NULL, 0);
         break;
     }
 }
 
-static void decide_cb(void *arg, const struct store_result *res)
+static void decide_cb(void *arg, int verdict)
 {
     struct client *c = arg;
     client_enter(c);
-    c->call = NULL;
     refresh_head(c);
-    metrics_observe(METRICS_REDIS_SECONDS, now_us() - c->redis_start_us);
-    if (res->status != STORE_OK) {
-        count_redis_error(res);
-        apply_on_error(c);
-    } else {
-        apply_decision(c, res, 1);
-    }
+    decided(c, verdict);
     if (!c->dead)
         client_process(c);
     client_leave(c);
 }
 
-static void save_counted(struct client *c, const struct store_limit *sl, int n)
-{
-    size_t total = 0;
-    int k = 0;
-    for (int i = 0; i < n; i++)
-        if (sl[i].flags & STORE_CHECK_ONLY)
-            total += sl[i].keylen, k++;
-    if (k == 0)
-        return;
-    struct counted *ct = mem_alloc(sizeof(*ct) + total);
-    size_t off = 0;
-    ct->n = 0;
-    for (int i = 0; i < n; i++) {
-        if (!(sl[i].flags & STORE_CHECK_ONLY))
-            continue;
-        ct->limit[ct->n] = c->rl.limit[i];
-        ct->cost[ct->n] = sl[i].cost;
-        ct->off[ct->n] = off;
-        ct->len[ct->n] = sl[i].keylen;
-        memcpy(ct->keys + off, sl[i].key, sl[i].keylen);
-        off += sl[i].keylen;
-        ct->n++;
-    }
-    c->counted = ct;
-}
-
-static void resume_response(struct client *c);
-
 /* The consumption is recorded (or failed): the response may go on. */
-static void counted_done_cb(void *arg, const struct store_result *res)
+static void counted_cb(void *arg, int verdict)
 {
     struct client *c = arg;
     client_enter(c);
-    c->count_call = NULL;
-    if (res->status != STORE_OK)
-        count_redis_error(res);
     if (c->up)
         bufferevent_enable(c->up->bev, EV_READ);
     resume_response(c);
     client_leave(c);
 }
 
-/* The response status is known: limits whose count_status lists it consume
- * now, in one call of their own. The response waits for that call, so the
+/* The response status is known: limits whose count_status lists it
+ * consume now. The response (and its body) waits for that call, so the
  * client's next attempt (on any worker) is decided after it. Returns 1
  * while it waits. */
 static int consume_counted(struct client *c, int status)
 {
-    struct counted *ct = c->counted;
-    struct store_limit sl[STORE_MAX_LIMITS];
-    int n = 0;
-    if (ct == NULL || status < 0 || status >= CONF_MAX_STATUS)
+    if (!decide_count_status(&c->rq, status, counted_cb, c))
         return 0;
-    for (int i = 0; i < ct->n; i++)
-        if (ct->limit[i]->count_status[status])
-            sl[n++] = (struct store_limit){ ct->keys + ct->off[i], ct->len[i],
-                                            &ct->limit[i]->params, ct->cost[i],
-                                            ct->limit[i]->shadow ? STORE_SHADOW : 0 };
-    if (n > 0 && c->conf->backend == CONF_BACKEND_MEMORY) {
-        struct store_result res;
-        memstore_decide(c->w->mem, sl, n, wall_us(), &res);
-    } else if (n > 0) {
-        metrics_count(METRICS_REDIS_REQUESTS);
-        c->count_call = store_decide(c->w->store, sl, n, counted_done_cb, c);
-        if (c->count_call == NULL)
-            count_redis_error(NULL);
-        else    /* hold the response (and its body) until the answer */
-            bufferevent_disable(c->up->bev, EV_READ);
-    }
-    free(ct);
-    c->counted = NULL;
-    return c->count_call != NULL;
+    bufferevent_disable(c->up->bev, EV_READ);
+    return 1;
 }
 
-/* Is the client on the top-level or the route's allow list? */
-static int client_allowed(struct client *c)
-{
-    const struct conf *conf = c->conf;
-    if (conf->nallow == 0 && c->route->nallow == 0)
-        return 0;
-    char buf[ROUTE_IP_MAX];
-    size_t iplen;
-    const char *ip = client_ip(c, buf, &iplen);
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
-    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-    if (inet_pton(AF_INET, ip, &s4->sin_addr) == 1)
-        ss.ss_family = AF_INET;
-    else if (inet_pton(AF_INET6, ip, &s6->sin6_addr) == 1)
-        ss.ss_family = AF_INET6;
-    else
-        return 0;
-    return conf_cidr_match(conf->allow, conf->nallow, (struct sockaddr *)&ss) ||
-           conf_cidr_match(c->route->allow, c->route->nallow, (struct sockaddr *)&ss);
-}
-
-/* A key in the deny cache decides the request without Redis. */
-static int denied_by_cache(struct client *c, const struct store_limit *sl, int n)
+static void decide(struct client *c)
 {
     struct worker *w = c->w;
-    int64_t now = now_ms(), denied = 0;
-    for (int i = 0; i < n; i++) {
-        int64_t left = denycache_get(w->deny, sl[i].key, sl[i].keylen, now, sl[i].cost);
-        struct limiter_result *r = &c->rl.r[i];
-        r->limit = sl[i].params->limit;
-        r->allowed = left == 0;
-        r->remaining = left ? 0 : r->limit;
-        r->reset_ms = r->retry_ms = left;
-        denied |= left;
-    }
-    return denied != 0;
-}
-
-static void decide(struct client *c, size_t pathlen)
-{
-    struct store_limit sl[STORE_MAX_LIMITS];
-    c->rl.route = c->route;
-    if (client_allowed(c)) {        /* allow lists bypass limiting */
-        count_decision(c, METRICS_ALLOWED);
-        forward(c);
-        return;
-    }
-    int n = build_keys(c, pathlen, sl);
-    if (n < 0) {    /* the connection stays open: the head itself was fine */
-        answer_named(c, 400, n == ROUTE_KEY_AMBIGUOUS ? "ambiguous_key" : NULL, 0);
-        return;
-    }
-    c->rl.n = n;
-    if (n == 0) {
-        count_decision(c, METRICS_ALLOWED);
-        forward(c);
-        return;
-    }
-    if (denied_by_cache(c, sl, n)) {
-        metrics_count(METRICS_DENY_CACHE_HITS);
-        count_decision(c, METRICS_LIMITED);
-        reply_pick(&c->rl, 0);
-        c->have_limits = 1;
-        answer_local(c, 429, 0);
-        return;
-    }
-    save_counted(c, sl, n);
-    if (c->conf->backend == CONF_BACKEND_MEMORY) {
-        struct store_result res;
-        if (memstore_decide(c->w->mem, sl, n, wall_us(), &res) == 0)
-            apply_decision(c, &res, 0);
-        else
-            answer_local(c, 500, 0);
-        return;
-    }
-    c->redis_start_us = now_us();
-    metrics_count(METRICS_REDIS_REQUESTS);
-    c->call = store_decide(c->w->store, sl, n, decide_cb, c);
-    if (c->call == NULL) {
-        count_redis_error(NULL);
-        apply_on_error(c);
-    }
+    struct request *rq = &c->rq;
+    struct decide_env env = { w->backend, w->local, w->deny };
+    struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
+                             c->route->regex ? &rq->caps : NULL };
+    int v = decide_start(rq, &env, c->conf, c->route, &req, decide_cb, c);
+    if (v != DECIDE_PENDING)
+        decided(c, v);
 }
 
 /* ---- forwarding the request -------------------------------------------- */
@@ -1106,7 +789,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
     const char *t = upstream_conf(c->up->pool)->servers[c->up->server].text;
     struct h1write_req o = {
         .peer = c->peer_text, .peer_len = c->peer_len,
-        .rid = c->rid, .rid_len = c->rid_len,
+        .rid = c->rq.rid, .rid_len = c->rq.rid_len,
         .host = t, .host_len = strlen(t),
         .trusted = peer_trusted(c),
         .upgrade = c->upgrade,
@@ -1129,7 +812,7 @@ static void up_timeouts(struct client *c)
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
     struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
     if (c->req_done && c->up_deadline_ms == 0)
-        c->up_deadline_ms = now_ms() + ms;
+        c->up_deadline_ms = clock_ms() + ms;
     bufferevent_set_timeouts(uc->bev, c->req_done ? &tv : NULL, &tv);
 }
 
@@ -1177,7 +860,7 @@ static void forward(struct client *c)
         return;
     }
     c->state = CS_PROXY;
-    c->upstream_start_us = now_us();
+    c->upstream_start_us = clock_us();
     write_request_head(c, bufferevent_get_output(c->up->bev));
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
@@ -1229,7 +912,7 @@ static void buffer_drop(struct client *c)
  * when buffering began (the bound a head has too). */
 static void buffer_wait(struct client *c)
 {
-    int64_t left = c->buffer_until_ms - now_ms();
+    int64_t left = c->buffer_until_ms - clock_ms();
     int64_t ms = c->conf->client.body_timeout_ms;
     client_timer(c, TM_BODY, left < 0 ? 0 : left < ms ? left : ms);
 }
@@ -1247,7 +930,7 @@ static void buffer_begin(struct client *c)
     c->head_in_input = 0;
     c->head_held = 1;
     c->state = CS_BUFFER;
-    c->buffer_until_ms = now_ms() + c->conf->client.header_timeout_ms;
+    c->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
     if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
         evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
     c->head.expect_continue = 0;
@@ -1264,8 +947,8 @@ static void buffer_body(struct client *c)
         size_t payload;
         int rc = pump_once(c->parser, in, c->body, &payload);
         c->body_bytes += payload;
-        if (c->reqlog)
-            c->reqlog->bytes_in += payload;
+        if (c->rq.log)
+            c->rq.log->bytes_in += payload;
         if (rc < 0) {
             fail_request(c, 400);
             return;
@@ -1328,8 +1011,8 @@ static void pump_request_body(struct client *c)
         int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
                            PROXY_HIGH_WATER - queued, &payload);
         c->body_bytes += payload;
-        if (c->reqlog)
-            c->reqlog->bytes_in += payload;
+        if (c->rq.log)
+            c->rq.log->bytes_in += payload;
         if (rc < 0) {
             fail_request(c, 400);
             return;
@@ -1402,7 +1085,7 @@ static void write_response_head(struct client *c, const char *buf)
 {
     const struct http1_head *h = &c->up->head;
     struct obuf ob;
-    enum conf_headers mode = c->have_limits ? c->route->headers : CONF_HEADERS_NONE;
+    enum conf_headers mode = c->rq.have_limits ? c->route->headers : CONF_HEADERS_NONE;
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
         if (c->head.minor >= 1)
@@ -1411,7 +1094,7 @@ static void write_response_head(struct client *c, const char *buf)
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
     }
     struct h1write_resp o = {
-        .rid = c->rid, .rid_len = c->rid_len,
+        .rid = c->rq.rid, .rid_len = c->rq.rid_len,
         .limits = mode,
         .head_request = c->head_request,
         .chunked = c->out_chunked,
@@ -1423,7 +1106,7 @@ static void write_response_head(struct client *c, const char *buf)
     if (mode != CONF_HEADERS_NONE) {
         struct reply_upstream up;
         upstream_limits(buf, h, &up);
-        reply_limit_headers(&ob, &c->rl, 0, &up);
+        reply_limit_headers(&ob, &c->rq.rl, 0, &up);
     }
     h1write_response_end(&ob, buf, h, &o);
     obuf_end(&ob);
@@ -1477,7 +1160,7 @@ static int interim_response(struct client *c, int status)
     }
     if (c->up_deadline_ms == 0)
         return 0;           /* the request is still being sent */
-    int64_t left = c->up_deadline_ms - now_ms();
+    int64_t left = c->up_deadline_ms - clock_ms();
     if (left <= 0) {
         log_warn("proxy: upstream '%s' timed out after %d interim responses",
                  upstream_conf(uc->pool)->servers[uc->server].text, c->interims);
@@ -1538,7 +1221,7 @@ static int read_response_head(struct client *c)
             start_tunnel(c);
             return -1;
         }
-        if (c->count_call || consume_counted(c, status))
+        if (c->rq.count_call || consume_counted(c, status))
             return 0;   /* counted_done_cb resumes */
         drain_head(c);  /* the request head is no longer needed for a retry */
         count_response(c, status);
@@ -1590,10 +1273,10 @@ static void maybe_finish(struct client *c)
         return;
     struct upstream_conn *uc = c->up;
     c->up = NULL;
-    int64_t up_us = now_us() - c->upstream_start_us;
+    int64_t up_us = clock_us() - c->upstream_start_us;
     metrics_observe(METRICS_UPSTREAM_SECONDS, up_us);
-    if (c->reqlog)
-        c->reqlog->upstream_us = up_us;
+    if (c->rq.log)
+        c->rq.log->upstream_us = up_us;
     if (uc->head.keep_alive && uc->head.body != HTTP1_BODY_EOF)
         upstream_release(uc);
     else
@@ -1902,8 +1585,8 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         /* A head that does not arrive in time (slowloris): 408, close. */
         c->head_in_input = 0;
         c->route = NULL;
-        c->have_limits = 0;
-        c->rid_len = 0;     /* not the id of the request before */
+        decide_cancel(&c->rq);
+        request_reset(&c->rq);  /* not the id of the request before */
         c->head_request = 0;
         reqlog_begin(c, 0);
         answer_local(c, 408, 1);

@@ -16,6 +16,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "backend.h"
 #include "denycache.h"
 #include "listener.h"
 #include "log.h"
@@ -148,13 +149,13 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
 
     w->notify_ev = event_new(w->base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
     event_add(w->notify_ev, NULL);
-    if (conf->backend == CONF_BACKEND_REDIS)
-        w->store = store_create(w->base, &conf->redis);
+    w->backend = conf->backend == CONF_BACKEND_REDIS ? backend_redis(w->base, &conf->redis)
+                                                     : backend_memory(w->base, mem);
+    w->local = backend_memory(w->base, mem);
     w->deny = denycache_create(conf->deny_cache_max_keys);
     w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
     for (int i = 0; i < conf->nupstreams; i++)
         w->pools[i] = upstream_pool_create(w->base, &conf->upstreams[i]);
-    w->path_buf = mem_alloc(conf->client.max_header_bytes + 1);
     return w;
 
 fail:
@@ -203,10 +204,10 @@ static int same_redis(const struct conf_redis *a, const struct conf_redis *b)
     return strcmp(a->url, b->url) == 0 && a->timeout_ms == b->timeout_ms;
 }
 
-/* In the worker's thread: new pools and scratch for the new config; the old
- * pools retire as their connections come back. A Redis connection is kept
- * unless its settings changed; a replaced one stays open for the decisions
- * already sent on it (freed at exit). */
+/* In the worker's thread: new pools for the new config; the old pools
+ * retire as their connections come back. The backend is kept unless its
+ * kind or Redis settings changed; a replaced one stays open for the
+ * decisions already sent on it (freed at exit). */
 static void reload_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
@@ -224,17 +225,16 @@ static void reload_cb(evutil_socket_t fd, short what, void *arg)
     w->pools = mem_calloc((size_t)nc->nupstreams, sizeof(*w->pools));
     for (int i = 0; i < nc->nupstreams; i++)
         w->pools[i] = upstream_pool_create(w->base, &nc->upstreams[i]);
-    if (nc->backend == CONF_BACKEND_REDIS &&
-        (w->store == NULL || !same_redis(&oc->redis, &nc->redis))) {
-        w->old_stores = realloc(w->old_stores, sizeof(*w->old_stores) * (size_t)(w->nold_stores + 1));
-        if (w->old_stores == NULL)
+    int was_redis = backend_store(w->backend) != NULL;
+    int is_redis = nc->backend == CONF_BACKEND_REDIS;
+    if (was_redis != is_redis || (is_redis && !same_redis(&oc->redis, &nc->redis))) {
+        w->old_backends = realloc(w->old_backends,
+                                  sizeof(*w->old_backends) * (size_t)(w->nold_backends + 1));
+        if (w->old_backends == NULL)
             abort();
-        if (w->store)
-            w->old_stores[w->nold_stores++] = w->store;
-        w->store = store_create(w->base, &nc->redis);
+        w->old_backends[w->nold_backends++] = w->backend;
+        w->backend = is_redis ? backend_redis(w->base, &nc->redis) : backend_memory(w->base, w->mem);
     }
-    free(w->path_buf);
-    w->path_buf = mem_alloc(nc->client.max_header_bytes + 1);
     w->conf = nc;           /* the reference taken in worker_reload() */
     conf_release(oc);
 }
@@ -269,11 +269,11 @@ void worker_destroy(struct worker *w)
         for (int i = 0; i < w->conf->nupstreams; i++)
             upstream_pool_destroy(w->pools[i]);
     free(w->pools);
-    if (w->store)
-        store_destroy(w->store);
-    for (int i = 0; i < w->nold_stores; i++)
-        store_destroy(w->old_stores[i]);
-    free(w->old_stores);
+    backend_destroy(w->backend);
+    backend_destroy(w->local);
+    for (int i = 0; i < w->nold_backends; i++)
+        backend_destroy(w->old_backends[i]);
+    free(w->old_backends);
     if (w->pending)
         conf_release(w->pending);
 
@@ -289,7 +289,6 @@ void worker_destroy(struct worker *w)
         event_free(w->drain_timer);
     if (w->base)
         event_base_free(w->base);
-    free(w->path_buf);
     conf_release(w->conf);
     pthread_mutex_destroy(&w->reload_lock);
     free(w);

@@ -2,7 +2,7 @@
  *
  * A worker owns everything on its request path: its listener (its own
  * SO_REUSEPORT socket, so the kernel spreads connections), its Redis
- * connection, its upstream pools and its scratch buffers. Nothing but the
+ * connection (its backend), its upstream pools and its deny cache. Nothing but the
  * read-only config is shared with other workers. The main thread creates
  * workers, and asks them to stop from outside their thread. */
 #ifndef SLUICE_WORKER_H
@@ -10,8 +10,6 @@
 
 #include <pthread.h>
 #include "conf.h"
-#include "route.h"
-#include "store.h"
 
 struct event_base;
 struct event;
@@ -21,6 +19,7 @@ struct client;
 struct denycache;
 struct accesslog;
 struct memstore;
+struct backend;
 
 struct worker {
     int id;
@@ -31,9 +30,10 @@ struct worker {
     struct event *notify_ev;
     pthread_mutex_t reload_lock;
     struct conf *pending;           /* under reload_lock */
-    struct store **old_stores;      /* replaced by reloads; freed at exit */
-    int nold_stores;
-    struct store *store;
+    struct backend **old_backends;  /* replaced by reloads; freed at exit */
+    int nold_backends;
+    struct backend *backend;        /* decides: Redis, or memory over mem */
+    struct backend *local;          /* memory over mem, for on_error: local */
     struct denycache *deny;         /* keys Redis denied, until when */
     struct memstore *mem;           /* in-process limiter, shared; not owned */
     struct accesslog *alog;         /* shared; not owned; NULL when off */
@@ -44,8 +44,6 @@ struct worker {
     struct event *drain_timer;      /* shutdown_timeout */
     int64_t shutdown_timeout_ms;    /* written before the stop byte */
     struct client *clients;         /* all open client connections */
-    char *path_buf;                 /* normalised path, max_header_bytes */
-    char keys[STORE_MAX_LIMITS][ROUTE_MAX_KEY];
     uint64_t rng[2];                /* xorshift128+ state, for request ids */
 };
 
