@@ -21,21 +21,6 @@
 #include "http1.h"
 #include "metrics.h"
 
-static int span_int(const char *buf, struct http1_span v, int64_t *out)
-{
-    if (v.len == 0 || v.len > 18)
-        return 0;
-    int64_t n = 0;
-    for (uint32_t i = 0; i < v.len; i++) {
-        char ch = buf[v.off + i];
-        if (ch < '0' || ch > '9')
-            return 0;
-        n = n * 10 + (ch - '0');
-    }
-    *out = n;
-    return 1;
-}
-
 /* cost_header: a whole number 1..1000000 replaces the route's cost; a
  * missing field keeps it; anything else is a bad request. */
 static int request_cost(const struct route_req *req, const char *name, int64_t *cost)
@@ -45,7 +30,7 @@ static int request_cost(const struct route_req *req, const char *name, int64_t *
         return 0;
     int64_t v;
     if (http1_find(req->buf, req->h, name, i + 1) >= 0 ||
-        !span_int(req->buf, req->h->h[i].value, &v) || v < 1 || v > 1000000)
+        !http1_span_uint(req->buf, req->h->h[i].value, &v) || v < 1 || v > 1000000)
         return -1;
     *cost = v;
     return 0;

@@ -680,3 +680,18 @@ int http1_find(const char *buf, const struct http1_head *h, const char *name, in
             return i;
     return -1;
 }
+
+int http1_span_uint(const char *buf, struct http1_span v, int64_t *out)
+{
+    if (v.len == 0 || v.len > 18)
+        return 0;
+    int64_t n = 0;
+    for (uint32_t i = 0; i < v.len; i++) {
+        char ch = buf[v.off + i];
+        if (ch < '0' || ch > '9')
+            return 0;
+        n = n * 10 + (ch - '0');
+    }
+    *out = n;
+    return 1;
+}

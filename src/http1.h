@@ -96,4 +96,8 @@ int http1_name_is(const char *buf, const struct http1_header *hd, const char *na
 /* Index of the first header named name at or after from, or -1. */
 int http1_find(const char *buf, const struct http1_head *h, const char *name, int from);
 
+/* A span of 1..18 ASCII digits as a number into *out: 1, or 0 for anything
+ * else (empty, a sign, spaces, too long). */
+int http1_span_uint(const char *buf, struct http1_span v, int64_t *out);
+
 #endif

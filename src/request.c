@@ -1,9 +1,51 @@
-/* sluice - request.c: one request's own state (request.h). */
+/* sluice - request.c: the way each request takes, and what it owns.
+ *
+ *   client.c ──bytes──▶ head (http1) ──▶ normalise + route (route) ──▶ address, id
+ *                                               │
+ *                      404 ◀── no route ────────┤
+ *                                               ▼
+ *          decide.c: allow lists, keys (into the request), deny cache,
+ *                    one call to the worker's backend (backend.h) ──▶ Redis / memory
+ *                                               │
+ *            429 + headers ◀── denied ──────────┤
+ *            on_error (allow / 503 / local) ◀── down
+ *                                               ▼ allowed
+ *        exchange.c: upstream pool (upstream) ◀── head + streamed body
+ *                 │
+ *                 └──▶ response head + rate-limit fields + streamed body ──▶ client
+ *
+ * One request is handled at a time per connection (client.c); its state is
+ * c->rq, zeroed per head, so nothing it needs after a wait (the backend, the
+ * upstream, a timer) lives in worker scratch or in the previous request. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
 
+#include "accesslog.h"
+#include "backend.h"
+#include "client.h"
+#include "clock.h"
+#include "conf.h"
+#include "decide.h"
+#include "exchange.h"
+#include "h1write.h"
+#include "http1.h"
+#include "mem.h"
+#include "metrics.h"
+#include "reply.h"
 #include "request.h"
+#include "route.h"
+#include "upstream.h"
+#include "worker.h"
+
+/* A rejected request's body is read and dropped up to this size so the
+ * connection can stay open; a larger one closes it. */
+#define REQUEST_DISCARD_MAX  (1024 * 1024)
 
 void request_reset(struct request *rq)
 {
@@ -50,3 +92,444 @@ size_t request_key_add(struct request *rq, const char *key, size_t len)
     rq->key_used += len;
     return off;
 }
+
+/* ---- the request in progress on a client ----------------------------- */
+
+static const char *hb(const struct client *c, struct http1_span s);
+static void decide(struct client *c);
+
+/* ---- small helpers ----------------------------------------------------- */
+
+static struct metrics_route *client_metrics(const struct client *c)
+{
+    return c->route ? c->route->metrics : metrics_unrouted();
+}
+
+/* The client's address as text, into the request: the peer's, computed
+ * once per connection, unless the peer is a trusted proxy whose
+ * X-Forwarded-For must be read for each request. */
+static void request_address(struct client *c)
+{
+    const struct conf *conf = c->conf;
+    struct request *rq = &c->rq;
+    if (conf->ntrusted == 0 ||
+        !conf_cidr_match(conf->trusted, conf->ntrusted, (const struct sockaddr *)&c->peer)) {
+        memcpy(rq->ip, c->peer_text, c->peer_len + 1);
+        rq->ip_len = c->peer_len;
+        return;
+    }
+    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head,
+                                 rq->ip);
+}
+
+void request_count_response(struct client *c, int status)
+{
+    metrics_response(client_metrics(c), status);
+    if (c->rq.log)
+        c->rq.log->status = status;
+}
+
+void request_count_out(struct client *c, uint64_t n)
+{
+    if (c->rq.log)
+        c->rq.log->bytes_out += n;
+}
+
+/* One access-log line for the request in progress, once. */
+void request_log_end(struct client *c)
+{
+    static const char *const decisions[] = { "allowed", "limited", "shadow_limited", "error" };
+    struct reqlog *rq = c->rq.log;
+    if (rq == NULL || !rq->active)
+        return;
+    rq->active = 0;
+    const struct reply_limits *rl = &c->rq.rl;
+    const struct limiter_result *r = c->rq.have_limits ? &rl->r[rl->shown] : NULL;
+    struct accesslog_entry e = {
+        .time_us = rq->wall_us,
+        .client = rq->client, .client_len = rq->client_len,
+        .method = rq->method, .method_len = rq->method_len,
+        .path = rq->target, .path_len = rq->target_len,
+        .status = rq->status,
+        .route = c->route ? c->route->name : NULL,
+        .decision = c->rq.decision >= 0 ? decisions[c->rq.decision] : NULL,
+        .limit = r ? rl->limit[rl->shown]->name : NULL,
+        .remaining = r ? r->remaining : -1,
+        .upstream_us = rq->upstream_us,
+        .total_us = clock_us() - rq->start_us,
+        .bytes_in = rq->bytes_in, .bytes_out = rq->bytes_out,
+        .request_id = c->rq.rid, .request_id_len = c->rq.rid_len,
+    };
+    accesslog_write(c->w->alog, &e);
+}
+
+/* A head arrived: note what the log line will need. A head that did not
+ * parse (parsed = 0) is logged without method and target. */
+void request_log_begin(struct client *c, int parsed)
+{
+    if (c->w->alog == NULL)
+        return;
+    if (c->rq.log == NULL)
+        c->rq.log = mem_alloc(sizeof(*c->rq.log));
+    struct reqlog *rq = c->rq.log;
+    rq->wall_us = clock_wall_us();
+    rq->start_us = clock_us();
+    rq->upstream_us = -1;
+    rq->status = 0;
+    rq->active = 1;
+    rq->bytes_out = 0;
+    if (!parsed) {
+        rq->bytes_in = 0;
+        rq->method_len = rq->target_len = 0;
+        rq->client_len = route_client_ip(c->conf, (const struct sockaddr *)&c->peer, NULL,
+                                         NULL, rq->client);
+        return;
+    }
+    rq->bytes_in = c->head.len;
+    rq->method_len = c->head.method.len < sizeof(rq->method) ? c->head.method.len : sizeof(rq->method);
+    memcpy(rq->method, hb(c, c->head.method), rq->method_len);
+    rq->target_len = c->head.target.len < sizeof(rq->target) ? c->head.target.len : sizeof(rq->target);
+    memcpy(rq->target, hb(c, c->head.target), rq->target_len);
+    memcpy(rq->client, c->rq.ip, c->rq.ip_len + 1);
+    rq->client_len = c->rq.ip_len;
+}
+
+static const char *hb(const struct client *c, struct http1_span s)
+{
+    return c->hbuf + s.off;
+}
+
+/* Reading more input may move bytes already in the buffer (libevent
+ * realigns chains), so the head's address is taken again after every
+ * wait before its spans are read. */
+void request_refresh_head(struct client *c)
+{
+    if (c->head_in_input)
+        c->hbuf = (const char *)evbuffer_pullup(bufferevent_get_input(c->bev),
+                                                (ssize_t)c->head.len);
+}
+
+void request_drain_head(struct client *c)
+{
+    if (c->head_in_input) {
+        evbuffer_drain(bufferevent_get_input(c->bev), c->head.len);
+        c->head_in_input = 0;
+        c->hbuf = NULL;
+    }
+}
+
+/* ---- local answers ----------------------------------------------------- */
+
+/* The request's body can be dropped (rather than closing) after a local
+ * answer when it is announced small enough or chunked. */
+static int body_discardable(const struct http1_head *h)
+{
+    return h->body == HTTP1_BODY_NONE || h->body == HTTP1_BODY_CHUNKED ||
+           (h->body == HTTP1_BODY_LENGTH && h->content_length <= REQUEST_DISCARD_MAX);
+}
+
+/* A HEAD gets the head of our answer alone (the client reads no body
+ * after it): the reply, written to tmp, moves to out up to its empty line. */
+static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
+{
+    struct evbuffer_ptr end = evbuffer_search(tmp, "\r\n\r\n", 4, NULL);
+    if (end.pos >= 0)
+        evbuffer_remove_buffer(tmp, out, (size_t)end.pos + 4);
+}
+
+/* Answer the current request ourselves: an error, or with rl set, a 429. */
+void request_answer(struct client *c, int status, int close_after)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    size_t out_before = evbuffer_get_length(out);
+    int keep = !close_after && c->head.keep_alive && !c->eof && !c->w->stopping &&
+               body_discardable(&c->head);
+    /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
+    int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
+    struct evbuffer *tmp = c->head_request ? evbuffer_new() : NULL;
+    const struct request *rq = &c->rq;
+    if (status == 429)
+        reply_limited(tmp ? tmp : out, &rq->rl, conn, rq->rid, rq->rid_len);
+    else if (status == 503)     /* limiter_unavailable: try again after the backoff */
+        reply_unavailable(tmp ? tmp : out, backend_retry_ms(c->w->backend), conn,
+                          rq->rid, rq->rid_len);
+    else
+        reply_error_named(tmp ? tmp : out, status, c->error_name, conn, rq->rid, rq->rid_len);
+    c->error_name = NULL;
+    if (tmp) {
+        move_reply_head(tmp, out);
+        evbuffer_free(tmp);
+    }
+    if (status == 429)      /* a limit may answer with its own status */
+        status = rq->rl.limit[rq->rl.shown]->status ? rq->rl.limit[rq->rl.shown]->status : 429;
+    request_count_response(c, status);
+    request_count_out(c, evbuffer_get_length(out) - out_before);
+    c->resp_started = c->resp_done = 1;
+    request_drain_head(c);
+    if (!keep) {
+        client_close_after_write(c);
+        return;
+    }
+    c->keep_alive = 1;
+    c->body_bytes = 0;
+    c->state = CS_DISCARD;
+    if (c->head.body == HTTP1_BODY_NONE) {
+        c->req_done = 1;
+        client_request_done(c);
+    } else {        /* the rest of the body, with no gap over body_timeout */
+        client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+    }
+}
+
+/* A local error answer that names its reason in the JSON body. */
+void request_answer_named(struct client *c, int status, const char *name, int close_after)
+{
+    c->error_name = name;
+    request_answer(c, status, close_after);
+}
+
+/* A request-level failure after the response may have started: answer if
+ * nothing was sent, otherwise cut the connection (never a short response
+ * that looks complete). */
+void request_fail(struct client *c, int status)
+{
+    if (c->up) {
+        upstream_close(c->up);
+        c->up = NULL;
+    }
+    if (!c->resp_started) {
+        request_answer(c, status, 1);     /* body state unknown: close */
+    } else {
+        client_kill(c);
+    }
+}
+
+/* ---- request head ------------------------------------------------------ */
+
+static int rid_acceptable(const char *v, size_t n)
+{
+    if (n == 0 || n > REQUEST_RID_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] < 0x21 || v[i] > 0x7e)
+            return 0;
+    return 1;
+}
+
+/* The client's X-Request-Id when it is sane, otherwise 32 random hex digits
+ * from the worker's generator. */
+static void set_request_id(struct client *c)
+{
+    int i = http1_find(c->hbuf, &c->head, "x-request-id", 0);
+    if (i >= 0 && http1_find(c->hbuf, &c->head, "x-request-id", i + 1) < 0) {
+        const char *v = hb(c, c->head.h[i].value);
+        size_t n = c->head.h[i].value.len;
+        if (rid_acceptable(v, n)) {
+            memcpy(c->rq.rid, v, n);
+            c->rq.rid_len = n;
+            return;
+        }
+    }
+    static const char hex[] = "0123456789abcdef";
+    uint64_t a = worker_random(c->w), b = worker_random(c->w);
+    for (int k = 0; k < 16; k++) {
+        c->rq.rid[k] = hex[(a >> (4 * k)) & 15];
+        c->rq.rid[16 + k] = hex[(b >> (4 * k)) & 15];
+    }
+    c->rq.rid_len = 32;
+}
+
+/* A path_regex hit its match limit before it could tell whether it meets
+ * the path: 400 regex_limit, counted on that route. The request was well
+ * formed and its cost bounded, so the connection stays open. */
+static void regex_over_limit(struct client *c)
+{
+    metrics_regex_limit(c->rq.caps.over_limit->metrics);
+    request_answer_named(c, 400, "regex_limit", 0);
+}
+
+void request_head(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t len = evbuffer_get_length(in);
+    size_t max = c->conf->client.max_header_bytes;
+    if (len == 0)
+        return;
+    if (c->timer_mode != TM_HEADER)
+        client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
+    size_t n = len > max + 1 ? max + 1 : len;
+    const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
+    int rc = http1_head_feed(c->parser, data, n, max, 0, &c->head);
+    if (rc == 1)
+        return;
+    c->hbuf = data;
+    c->head_in_input = 1;
+    decide_cancel(&c->rq);      /* none can be pending between requests */
+    request_reset(&c->rq);
+    if (rc != 0) {
+        c->route = NULL;
+        c->head_request = 0;
+        request_log_begin(c, 0);
+        request_answer(c, rc, 1);
+        return;
+    }
+    client_timer(c, TM_NONE, 0);
+    struct worker *w = c->w;
+    metrics_worker_request(w->id);
+    if (w->conf != c->conf) {   /* a reload happened: new requests see it */
+        conf_release(c->conf);
+        c->conf = w->conf;
+        conf_retain(c->conf);
+    }
+    c->route = NULL;
+    c->up = NULL;
+    c->retried = 0;
+    c->req_done = c->resp_started = c->resp_done = 0;
+    c->out_chunked = 0;
+    c->body_bytes = 0;
+    c->up_deadline_ms = 0;
+    c->interims = c->interims_relayed = 0;
+    c->keep_alive = c->head.keep_alive && !w->stopping;
+    c->state = CS_DECIDE;
+
+    const struct http1_head *h = &c->head;
+    c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
+    c->upgrade = 0;
+    set_request_id(c);
+    request_address(c);
+    request_log_begin(c, 1);
+    /* Connection naming the framing or Host (smuggling), or a '_' name
+     * under underscore_headers: reject. */
+    if (h1write_request_check(c->hbuf, h, c->conf->client.underscore_headers) != 0) {
+        request_answer(c, 400, 1);
+        return;
+    }
+    char *path = request_path_room(&c->rq, h->target.len);
+    long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, path);
+    if (plen < 0) {
+        request_answer(c, 400, 1);
+        return;
+    }
+    c->rq.path_len = (size_t)plen;
+    const char *host = h->host >= 0 ? hb(c, h->h[h->host].value) : NULL;
+    size_t hostlen = h->host >= 0 ? h->h[h->host].value.len : 0;
+    if (host != NULL && route_host_check(host, hostlen) < 0) {
+        request_answer_named(c, 400, "bad_host", 1);
+        return;
+    }
+    c->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
+                           h->method.len, host, hostlen, &c->rq.caps);
+    if (c->route == NULL && c->rq.caps.over_limit) {
+        regex_over_limit(c);
+        return;
+    }
+    if (c->route == NULL) {
+        request_answer(c, 404, 0);
+        return;
+    }
+    /* Only the route's protocols (WebSocket by default) are tunnelled; any
+     * other Upgrade (h2c) goes up as a plain request without it. */
+    c->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE &&
+                 h1write_upgrade_ok(c->hbuf, h, c->route->upgrade_protos,
+                                    c->route->nupgrade_protos);
+    uint64_t max_body = c->conf->client.max_body_bytes;
+    if (max_body && h->body == HTTP1_BODY_LENGTH && h->content_length > max_body) {
+        request_answer(c, 413, 1);
+        return;
+    }
+    decide(c);
+}
+
+/* ---- decision ---------------------------------------------------------- */
+
+
+
+
+/* The verdict is in: forward, or answer. */
+static void decided(struct client *c, int verdict)
+{
+    switch (verdict) {
+    case DECIDE_FORWARD:
+        exchange_start(c);
+        break;
+    case DECIDE_LIMITED:
+        request_answer(c, 429, 0);
+        break;
+    case DECIDE_UNAVAILABLE:
+        request_answer(c, 503, 0);
+        break;
+    case DECIDE_AMBIGUOUS:      /* the connection stays open: the head itself was fine */
+        request_answer_named(c, 400, "ambiguous_key", 0);
+        break;
+    case DECIDE_BAD_COST:
+        request_answer_named(c, 400, NULL, 0);
+        break;
+    }
+}
+
+static void decide_cb(void *arg, int verdict)
+{
+    struct client *c = arg;
+    client_enter(c);
+    request_refresh_head(c);
+    decided(c, verdict);
+    if (!c->dead)
+        client_process(c);
+    client_leave(c);
+}
+
+/* The consumption is recorded (or failed): the response may go on. */
+static void counted_cb(void *arg, int verdict)
+{
+    struct client *c = arg;
+    client_enter(c);
+    if (c->up)
+        bufferevent_enable(c->up->bev, EV_READ);
+    exchange_resume(c);
+    client_leave(c);
+}
+
+/* The response status is known: limits whose count_status lists it
+ * consume now. The response (and its body) waits for that call, so the
+ * client's next attempt (on any worker) is decided after it. Returns 1
+ * while it waits. */
+int request_consume_counted(struct client *c, int status)
+{
+    if (!decide_count_status(&c->rq, status, counted_cb, c))
+        return 0;
+    bufferevent_disable(c->up->bev, EV_READ);
+    return 1;
+}
+
+static void decide(struct client *c)
+{
+    struct worker *w = c->w;
+    struct request *rq = &c->rq;
+    struct decide_env env = { w->backend, w->local, w->deny };
+    struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
+                             c->route->regex ? &rq->caps : NULL };
+    int v = decide_start(rq, &env, c->conf, c->route, &req, decide_cb, c);
+    if (v != DECIDE_PENDING)
+        decided(c, v);
+}
+
+void request_discard_body(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    while (!c->req_done) {
+        size_t payload;
+        int rc = exchange_pump_once(c->parser, in, NULL, &payload);
+        c->body_bytes += payload;
+        if (rc < 0 || c->body_bytes > REQUEST_DISCARD_MAX) {
+            client_close_after_write(c);
+            return;
+        }
+        if (rc == 0)
+            return;
+        if (rc == 1) {
+            c->req_done = 1;
+            client_request_done(c);
+        }
+    }
+}
+

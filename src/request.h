@@ -89,4 +89,33 @@ char *request_path_room(struct request *rq, size_t n);
 /* Append a key to the request's key buffer; returns its offset. */
 size_t request_key_add(struct request *rq, const char *key, size_t len);
 
+/* The way of the request in progress on client c (request.c), from its
+ * head to the decision and then the exchange (exchange.h) or a reply. */
+struct client;
+struct http1_span;
+
+/* Parse the next head in the client's input and take it as far as it goes
+ * now (a local answer, a pending decision, or the exchange). */
+void request_head(struct client *c);
+/* Answer the request ourselves: an error, or after a denial, a 429;
+ * close_after closes the connection once it is written. */
+void request_answer(struct client *c, int status, int close_after);
+void request_answer_named(struct client *c, int status, const char *name, int close_after);
+/* A failure once the response may have started: answer, or cut. */
+void request_fail(struct client *c, int status);
+/* Read and drop the body of a request answered locally. */
+void request_discard_body(struct client *c);
+/* The upstream's status is known: count_status consumption; 1 while the
+ * response waits for it. */
+int request_consume_counted(struct client *c, int status);
+/* Access log and response metrics. */
+void request_log_begin(struct client *c, int parsed);
+void request_log_end(struct client *c);
+void request_count_response(struct client *c, int status);
+void request_count_out(struct client *c, uint64_t n);
+/* The head's bytes: taken again after every wait (the input may move);
+ * dropped from the input once answered. */
+void request_refresh_head(struct client *c);
+void request_drain_head(struct client *c);
+
 #endif

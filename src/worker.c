@@ -21,14 +21,14 @@
 #include "listener.h"
 #include "log.h"
 #include "mem.h"
-#include "proxy.h"
+#include "client.h"
 #include "upstream.h"
 #include "worker.h"
 
 
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
-    proxy_accept(arg, fd, sa, salen);
+    client_accept(arg, fd, sa, salen);
 }
 
 static int listen_socket(const struct conf_addr *a)
@@ -91,7 +91,7 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
         listener_destroy(w->listener);
         w->listener = NULL;
     }
-    proxy_drain(w);
+    client_drain(w);
     if (w->nclients == 0) {
         event_base_loopexit(w->base, NULL);
         return;
@@ -99,11 +99,6 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
     struct timeval tv = { w->shutdown_timeout_ms / 1000, (w->shutdown_timeout_ms % 1000) * 1000 };
     w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
     evtimer_add(w->drain_timer, &tv);
-}
-
-void worker_drained(struct worker *w)
-{
-    event_base_loopexit(w->base, NULL);
 }
 
 struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
@@ -168,7 +163,7 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     event_base_dispatch(w->base);
-    proxy_close_all(w);
+    client_close_all(w);
     return NULL;
 }
 
@@ -264,7 +259,7 @@ void worker_destroy(struct worker *w)
 {
     if (w == NULL)
         return;
-    proxy_close_all(w);
+    client_close_all(w);
     if (w->pools)
         for (int i = 0; i < w->conf->nupstreams; i++)
             upstream_pool_destroy(w->pools[i]);

@@ -55,8 +55,6 @@ int worker_start(struct worker *w);
 /* Thread-safe: stop accepting, let requests in flight finish (up to
  * shutdown_timeout_ms), then leave the loop. */
 void worker_stop(struct worker *w, int64_t shutdown_timeout_ms);
-/* From the worker's thread: the last client is gone while stopping. */
-void worker_drained(struct worker *w);
 void worker_join(struct worker *w);
 void worker_destroy(struct worker *w);
 

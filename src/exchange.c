@@ -1,0 +1,752 @@
+/* sluice - exchange.c: one upstream exchange (exchange.h).
+ *
+ * Bodies move between evbuffers piece by piece (http1 reports where payload
+ * is); only a small request body is held whole, before an upstream
+ * connection is taken. Backpressure: a side whose output is above
+ * CLIENT_HIGH_WATER stops the other side's reading (client_flush resumes). */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "client.h"
+#include "clock.h"
+#include "conf.h"
+#include "exchange.h"
+#include "h1write.h"
+#include "http1.h"
+#include "log.h"
+#include "mem.h"
+#include "metrics.h"
+#include "obuf.h"
+#include "reply.h"
+#include "request.h"
+#include "route.h"
+#include "upstream.h"
+#include "worker.h"
+
+#define EXCHANGE_RESP_HEAD_MAX (64 * 1024)
+/* Interim (1xx) responses relayed to a client per request; more are read
+ * and dropped, within the upstream timeout counted across all of them. */
+#define EXCHANGE_INTERIM_RELAYED 10
+
+static int span_is(const char *buf, struct http1_span s, const char *lit)
+{
+    size_t n = strlen(lit);
+    return s.len == n && strncasecmp(buf + s.off, lit, n) == 0;
+}
+
+static void add_hex(struct evbuffer *out, size_t n)
+{
+    char tmp[20];
+    char *p = tmp + sizeof(tmp);
+    *--p = '\n';
+    *--p = '\r';
+    do {
+        *--p = "0123456789abcdef"[n & 15];
+        n >>= 4;
+    } while (n);
+    evbuffer_add(out, p, (size_t)(tmp + sizeof(tmp) - p));
+}
+
+/* Bytes move from buffer to buffer by copying into the destination's own
+ * chains, never by handing chains over: a socket read leaves its bytes in a
+ * chain about twice their size, and a stalled peer's output made of such
+ * chains would hold twice what CLIENT_HIGH_WATER allows. */
+
+/* Copy the payload pieces of run (the first `used` bytes of src) to dst, or
+ * drop them when dst is NULL, then drop the run, framing included. */
+static void move_pieces(struct evbuffer *src, struct evbuffer *dst, const char *run,
+                        size_t used, const struct http1_piece *pieces, int n)
+{
+    for (int i = 0; dst && i < n; i++)
+        evbuffer_add(dst, run + pieces[i].off, pieces[i].len);
+    evbuffer_drain(src, used);
+}
+
+/* Feed one contiguous run of src's body bytes to parser p; the payload goes
+ * to dst as is. Returns 1 when the message is complete, 0 to wait for more,
+ * 2 when there may be more to do, -1 on a framing error. *payload gets the
+ * payload bytes moved. */
+int exchange_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                     size_t *payload)
+{
+    struct evbuffer_iovec v;
+    struct http1_piece pieces[HTTP1_MAX_PIECES];
+    int npieces = 0, done = 0;
+    *payload = 0;
+    if (evbuffer_peek(src, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
+        return 0;
+    long used = http1_body_feed(p, v.iov_base, v.iov_len, pieces, &npieces, &done);
+    if (used < 0)
+        return -1;
+    for (int i = 0; i < npieces; i++)
+        *payload += pieces[i].len;
+    move_pieces(src, dst, v.iov_base, (size_t)used, pieces, npieces);
+    if (done)
+        return 1;
+    return used == 0 && npieces == 0 ? 0 : 2;
+}
+
+/* Append all of src to dst (copying, as above). A buffer may keep empty
+ * chains a read reserved: only the length says when it is empty. */
+static void move_all(struct evbuffer *dst, struct evbuffer *src)
+{
+    struct evbuffer_iovec v[8];
+    size_t left;
+    while ((left = evbuffer_get_length(src)) > 0) {
+        int n = evbuffer_peek(src, (ev_ssize_t)left, NULL, v, 8);
+        size_t total = 0;
+        for (int i = 0; i < n && i < 8; i++) {
+            evbuffer_add(dst, v[i].iov_base, v[i].iov_len);
+            total += v[i].iov_len;
+        }
+        if (total == 0) {       /* only empty chains in view: hand them over */
+            evbuffer_add_buffer(dst, src);
+            return;
+        }
+        evbuffer_drain(src, total);
+    }
+}
+
+/* Decode what src holds of a body into dst, about `room` payload bytes at
+ * most (one run more): as is, or with chunked, as one chunk of our own
+ * framing for all of it, so a body of 1-byte chunks goes on in chunks as
+ * large as what arrived, not one chunk per byte. scratch is empty before and
+ * after. Returns as pump_once; *payload gets the payload bytes moved. */
+static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                     struct evbuffer *scratch, int chunked, size_t room, size_t *payload)
+{
+    struct evbuffer *to = chunked ? scratch : dst;
+    int rc;
+    assert(!chunked || evbuffer_get_length(scratch) == 0);
+    *payload = 0;
+    do {
+        size_t n;
+        rc = exchange_pump_once(p, src, to, &n);
+        *payload += n;
+    } while (rc == 2 && *payload < room);
+    if (!chunked)
+        return rc;
+    size_t n = evbuffer_get_length(scratch);
+    if (rc < 0) {
+        evbuffer_drain(scratch, n);     /* a broken body goes no further */
+        return rc;
+    }
+    if (n > 0) {
+        add_hex(dst, n);
+        move_all(dst, scratch);
+        evbuffer_add(dst, "\r\n", 2);
+    }
+    if (rc == 1)
+        evbuffer_add(dst, "0\r\n\r\n", 5);
+    return rc;
+}
+
+/* The evbuffer *b, made on first use. */
+static struct evbuffer *lazy_buffer(struct evbuffer **b)
+{
+    if (*b == NULL && (*b = evbuffer_new()) == NULL)
+        abort();    /* only on allocation failure */
+    return *b;
+}
+
+/* ---- forwarding the request -------------------------------------------- */
+
+static void up_read_cb(struct bufferevent *bev, void *arg);
+static void up_write_cb(struct bufferevent *bev, void *arg);
+static void up_event_cb(struct bufferevent *bev, short what, void *arg);
+
+/* Is the peer (not an X-Forwarded-For entry) a trusted proxy? */
+static int peer_trusted(const struct client *c)
+{
+    return c->conf->ntrusted > 0 &&
+           conf_cidr_match(c->conf->trusted, c->conf->ntrusted,
+                           (const struct sockaddr *)&c->peer);
+}
+
+static void write_request_head(struct client *c, struct evbuffer *dst)
+{
+    struct obuf ob;
+    const char *t = upstream_conf(c->up->pool)->servers[c->up->server].text;
+    struct h1write_req o = {
+        .peer = c->peer_text, .peer_len = c->peer_len,
+        .rid = c->rq.rid, .rid_len = c->rq.rid_len,
+        .host = t, .host_len = strlen(t),
+        .trusted = peer_trusted(c),
+        .upgrade = c->upgrade,
+        .underscore = c->conf->client.underscore_headers,
+    };
+    obuf_begin(&ob, dst, c->head.len + 512);
+    h1write_request(&ob, c->hbuf, &c->head, &o);
+    obuf_end(&ob);
+}
+
+/* upstreams.timeout bounds each wait on the upstream: for a write while the
+ * request is sent, and for the response only once the request is all sent
+ * (an upload taking longer than the timeout is not the upstream's delay).
+ * Until connected, the connect timeout set by the pool is in force. */
+static void up_timeouts(struct client *c)
+{
+    struct upstream_conn *uc = c->up;
+    if (!uc->connected)
+        return;
+    int64_t ms = upstream_conf(uc->pool)->timeout_ms;
+    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    if (c->req_done && c->up_deadline_ms == 0)
+        c->up_deadline_ms = clock_ms() + ms;
+    bufferevent_set_timeouts(uc->bev, c->req_done ? &tv : NULL, &tv);
+}
+
+/* Borrow a connection from pool p (the worker's pool for the route's
+ * upstream unless given). */
+static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
+{
+    if (p == NULL)
+        p = worker_pool(c->w, c->conf, c->route->upstream);
+    if (p == NULL)
+        return -1;
+    c->up = upstream_acquire(p, fresh);
+    if (c->up == NULL)
+        return -1;
+    struct bufferevent *ub = c->up->bev;
+    bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
+    bufferevent_setwatermark(ub, EV_WRITE, CLIENT_HIGH_WATER / 2, 0);
+    c->up_deadline_ms = 0;      /* counted on this connection */
+    up_timeouts(c);
+    /* A connect completes on the write event; a connected socket is
+     * written by client_flush. */
+    bufferevent_enable(ub, c->up->connected ? EV_READ : EV_READ | EV_WRITE);
+    c->up_paused = 0;
+    return 0;
+}
+
+static int buffer_wanted(const struct client *c);
+static void buffer_begin(struct client *c);
+static void buffer_send(struct client *c);
+static void buffer_drop(struct client *c);
+
+/* Send the request upstream. A request without a body keeps its head in the
+ * client's input until the response begins, so that it can be sent again on
+ * a fresh connection if a kept-alive one turns out to be closed. A small
+ * body is read whole first (CS_BUFFER), which calls here again with it. */
+void exchange_start(struct client *c)
+{
+    if (c->state != CS_BUFFER && buffer_wanted(c)) {
+        buffer_begin(c);
+        return;
+    }
+    if (pool_connect(c, NULL, 0) < 0) {
+        buffer_drop(c);
+        request_answer(c, 502, c->req_done);  /* a body already read: close */
+        return;
+    }
+    c->state = CS_PROXY;
+    c->upstream_start_us = clock_us();
+    write_request_head(c, bufferevent_get_output(c->up->bev));
+    if (c->head.body == HTTP1_BODY_NONE) {
+        c->req_done = 1;
+        up_timeouts(c);
+        return;
+    }
+    request_drain_head(c);
+    buffer_send(c);
+    if (c->req_done) {
+        up_timeouts(c);
+        return;
+    }
+    client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+}
+
+/* ---- request buffering ---------------------------------------------- */
+
+/* A body up to client.buffer_body_bytes (announced, or chunked while it
+ * stays that small) is read whole before an upstream connection is taken,
+ * as nginx's request buffering does: a client dripping it holds only its
+ * own connection. Larger bodies stream. */
+static int buffer_wanted(const struct client *c)
+{
+    size_t max = c->conf->client.buffer_body_bytes;
+    const struct http1_head *h = &c->head;
+    return max > 0 && (h->body == HTTP1_BODY_CHUNKED ||
+                       (h->body == HTTP1_BODY_LENGTH && h->content_length <= max));
+}
+
+/* The held head is written: let it go. */
+static void buffer_release_head(struct client *c)
+{
+    if (c->head_held) {
+        evbuffer_drain(c->held, evbuffer_get_length(c->held));
+        c->head_held = 0;
+        c->hbuf = NULL;
+    }
+}
+
+/* Empty what a request left in the buffering buffers. */
+static void buffer_drop(struct client *c)
+{
+    if (c->body)
+        evbuffer_drain(c->body, evbuffer_get_length(c->body));
+    buffer_release_head(c);
+}
+
+/* body_timeout between bytes, and the whole body within header_timeout of
+ * when buffering began (the bound a head has too). */
+static void buffer_wait(struct client *c)
+{
+    int64_t left = c->buffer_until_ms - clock_ms();
+    int64_t ms = c->conf->client.body_timeout_ms;
+    client_timer(c, TM_BODY, left < 0 ? 0 : left < ms ? left : ms);
+}
+
+/* The head leaves the input (the body behind it is read into c->body); a
+ * client waiting on Expect: 100-continue gets our 100, and the upstream's
+ * is not relayed. */
+static void buffer_begin(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    buffer_drop(c);
+    lazy_buffer(&c->body);
+    evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->head.len);
+    c->hbuf = (const char *)evbuffer_pullup(c->held, -1);
+    c->head_in_input = 0;
+    c->head_held = 1;
+    c->state = CS_BUFFER;
+    c->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
+    if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
+        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+    c->head.expect_continue = 0;
+    buffer_wait(c);
+}
+
+/* Read body bytes into c->body; forward once the body is whole, or once a
+ * chunked one outgrows the limit (it then streams). */
+void exchange_buffer_body(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    uint64_t max_body = c->conf->client.max_body_bytes;
+    for (;;) {
+        size_t payload;
+        int rc = exchange_pump_once(c->parser, in, c->body, &payload);
+        c->body_bytes += payload;
+        if (c->rq.log)
+            c->rq.log->bytes_in += payload;
+        if (rc < 0) {
+            request_fail(c, 400);
+            return;
+        }
+        if (max_body && c->body_bytes > max_body) {
+            request_fail(c, 413);
+            return;
+        }
+        if (rc == 1) {
+            c->req_done = 1;
+            break;
+        }
+        if (c->body_bytes > c->conf->client.buffer_body_bytes)
+            break;
+        if (rc == 0) {
+            if (c->eof)         /* the rest can never come */
+                client_kill(c);
+            else
+                buffer_wait(c);
+            return;
+        }
+    }
+    client_timer(c, TM_NONE, 0);
+    exchange_start(c);
+}
+
+/* Behind the head: the body read so far, framed as streaming would have
+ * framed it (as is, or as one chunk of ours and the last chunk when whole). */
+static void buffer_send(struct client *c)
+{
+    struct evbuffer *uo = bufferevent_get_output(c->up->bev);
+    int chunked = c->head.body == HTTP1_BODY_CHUNKED;
+    size_t n = c->body ? evbuffer_get_length(c->body) : 0;
+    buffer_release_head(c);
+    if (chunked && n > 0)
+        add_hex(uo, n);
+    if (n > 0)
+        evbuffer_add_buffer(uo, c->body);
+    if (chunked && n > 0)
+        evbuffer_add(uo, "\r\n", 2);
+    if (chunked && c->req_done)
+        evbuffer_add(uo, "0\r\n\r\n", 5);
+}
+
+void exchange_pump_request(struct client *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *uo = bufferevent_get_output(c->up->bev);
+    int chunked = c->head.body == HTTP1_BODY_CHUNKED;
+    uint64_t max_body = c->conf->client.max_body_bytes;
+
+    while (!c->req_done && c->up) {
+        size_t queued = evbuffer_get_length(uo);
+        if (queued > CLIENT_HIGH_WATER) {
+            bufferevent_disable(c->bev, EV_READ);
+            c->client_paused = 1;
+            return;
+        }
+        size_t payload;
+        int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
+                           CLIENT_HIGH_WATER - queued, &payload);
+        c->body_bytes += payload;
+        if (c->rq.log)
+            c->rq.log->bytes_in += payload;
+        if (rc < 0) {
+            request_fail(c, 400);
+            return;
+        }
+        if (max_body && c->body_bytes > max_body) {
+            request_fail(c, 413);
+            return;
+        }
+        if (rc == 1) {
+            c->req_done = 1;
+            up_timeouts(c);
+            client_timer(c, TM_NONE, 0);
+        } else if (rc == 0) {
+            client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+            return;
+        }
+    }
+}
+
+/* ---- the response ------------------------------------------------------ */
+
+static void upstream_limits(const char *buf, const struct http1_head *h,
+                            struct reply_upstream *up)
+{
+    int have[3] = { 0, 0, 0 };
+    memset(up, 0, sizeof(*up));
+    for (int i = 0; i < h->nheaders; i++) {
+        const struct http1_header *hd = &h->h[i];
+        if (span_is(buf, hd->name, "x-ratelimit-limit"))
+            have[0] = http1_span_uint(buf, hd->value, &up->limit);
+        else if (span_is(buf, hd->name, "x-ratelimit-remaining"))
+            have[1] = http1_span_uint(buf, hd->value, &up->remaining);
+        else if (span_is(buf, hd->name, "x-ratelimit-reset"))
+            have[2] = http1_span_uint(buf, hd->value, &up->reset);
+        else if (span_is(buf, hd->name, "ratelimit-policy") && !up->policy) {
+            up->policy = buf + hd->value.off;
+            up->policy_len = hd->value.len;
+        } else if (span_is(buf, hd->name, "ratelimit") && !up->ratelimit) {
+            up->ratelimit = buf + hd->value.off;
+            up->ratelimit_len = hd->value.len;
+        }
+    }
+    up->has_legacy = have[0] && have[1] && have[2];
+}
+
+/* Status line and fields as the upstream sent them, less hop-by-hop fields,
+ * plus ours; the body framing chosen for this client. A 101 gets the same,
+ * with its Upgrade field and Connection: upgrade. */
+static void write_response_head(struct client *c, const char *buf)
+{
+    const struct http1_head *h = &c->up->head;
+    struct obuf ob;
+    enum conf_headers mode = c->rq.have_limits ? c->route->headers : CONF_HEADERS_NONE;
+
+    if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
+        if (c->head.minor >= 1)
+            c->out_chunked = 1;
+        else
+            c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
+    }
+    struct h1write_resp o = {
+        .rid = c->rq.rid, .rid_len = c->rq.rid_len,
+        .limits = mode,
+        .head_request = c->head_request,
+        .chunked = c->out_chunked,
+        .close = !c->keep_alive || c->eof,
+        .keep_alive_10 = c->head.minor == 0,
+    };
+    obuf_begin(&ob, bufferevent_get_output(c->bev), h->len + 1024);
+    h1write_response_begin(&ob, buf, h, &o);
+    if (mode != CONF_HEADERS_NONE) {
+        struct reply_upstream up;
+        upstream_limits(buf, h, &up);
+        reply_limit_headers(&ob, &c->rq.rl, 0, &up);
+    }
+    h1write_response_end(&ob, buf, h, &o);
+    obuf_end(&ob);
+}
+
+/* Move what each side has to the other. */
+void exchange_tunnel_pump(struct client *c)
+{
+    struct bufferevent *ub = c->up->bev;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *uo = bufferevent_get_output(ub);
+    move_all(uo, bufferevent_get_input(c->bev));
+    move_all(out, bufferevent_get_input(ub));
+    /* Whichever side is slow to read holds back the other. */
+    if (evbuffer_get_length(uo) > CLIENT_HIGH_WATER) {
+        bufferevent_disable(c->bev, EV_READ);
+        c->client_paused = 1;
+    }
+    if (evbuffer_get_length(out) > CLIENT_HIGH_WATER) {
+        bufferevent_disable(ub, EV_READ);
+        c->up_paused = 1;
+    }
+}
+
+/* After the 101 the connection belongs to the upgraded protocol: no more
+ * HTTP parsing, no timeouts (a WebSocket may idle for long). */
+static void start_tunnel(struct client *c)
+{
+    c->state = CS_TUNNEL;
+    c->resp_started = 1;
+    c->keep_alive = 0;
+    client_timer(c, TM_NONE, 0);
+    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    bufferevent_set_timeouts(c->up->bev, NULL, NULL);
+    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
+    exchange_tunnel_pump(c);
+}
+
+/* An interim response was read: pass on a clean 100 Continue the client
+ * asked for (a bounded number), and hold the wait for the final head to
+ * the upstream timeout counted from the request's end, however many come.
+ * Returns -1 when the time is up (answered). */
+static int interim_response(struct client *c, int status)
+{
+    struct upstream_conn *uc = c->up;
+    c->interims++;
+    if (status == 100 && c->head.expect_continue &&
+        c->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
+        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        c->interims_relayed++;
+    }
+    if (c->up_deadline_ms == 0)
+        return 0;           /* the request is still being sent */
+    int64_t left = c->up_deadline_ms - clock_ms();
+    if (left <= 0) {
+        log_warn("exchange: upstream '%s' timed out after %d interim responses",
+                 upstream_conf(uc->pool)->servers[uc->server].text, c->interims);
+        request_fail(c, 504);
+        return -1;
+    }
+    struct timeval tv = { left / 1000, (left % 1000) * 1000 };
+    bufferevent_set_timeouts(uc->bev, &tv, &tv);
+    return 0;
+}
+
+/* Parse response heads until a final one is sent to the client.
+ * Returns 0 to wait, 1 when the final head was written, -1 on failure
+ * (already handled). */
+static int read_response_head(struct client *c)
+{
+    struct upstream_conn *uc = c->up;
+    struct evbuffer *ui = bufferevent_get_input(uc->bev);
+    for (;;) {
+        size_t len = evbuffer_get_length(ui);
+        if (len == 0)
+            return 0;
+        size_t n = len > EXCHANGE_RESP_HEAD_MAX + 1 ? EXCHANGE_RESP_HEAD_MAX + 1 : len;
+        const char *data = (const char *)evbuffer_pullup(ui, (ssize_t)n);
+        int rc = http1_head_feed(uc->parser, data, n, EXCHANGE_RESP_HEAD_MAX,
+                                 c->head_request, &uc->head);
+        if (rc == 1)
+            return 0;
+        if (rc == 0)
+            rc = h1write_response_check(data, &uc->head);
+        if (rc != 0) {
+            log_warn("exchange: bad response head from upstream '%s': closing it",
+                     upstream_conf(uc->pool)->servers[uc->server].text);
+            request_fail(c, 502);
+            return -1;
+        }
+        int status = uc->head.status;
+        if (status >= 100 && status < 200 && status != 101) {
+            evbuffer_drain(ui, uc->head.len);
+            if (interim_response(c, status) < 0)
+                return -1;
+            continue;
+        }
+        if (c->interims > 0)
+            up_timeouts(c);     /* body reads get the whole timeout again */
+        if (status == 101) {
+            const struct conf_route *r = c->route;
+            /* a switch nobody asked for, or to a protocol not asked for */
+            if (!c->upgrade ||
+                !h1write_upgrade_ok(data, &uc->head, r->upgrade_protos, r->nupgrade_protos)) {
+                request_fail(c, 502);
+                return -1;
+            }
+            request_drain_head(c);
+            request_count_response(c, status);
+            write_response_head(c, data);
+            evbuffer_drain(ui, uc->head.len);
+            start_tunnel(c);
+            return -1;
+        }
+        if (c->rq.count_call || request_consume_counted(c, status))
+            return 0;   /* counted_done_cb resumes */
+        request_drain_head(c);  /* the request head is no longer needed for a retry */
+        request_count_response(c, status);
+        size_t out_before = evbuffer_get_length(bufferevent_get_output(c->bev));
+        write_response_head(c, data);
+        request_count_out(c, evbuffer_get_length(bufferevent_get_output(c->bev)) - out_before);
+        evbuffer_drain(ui, uc->head.len);
+        c->resp_started = 1;
+        if (uc->head.body == HTTP1_BODY_NONE)
+            c->resp_done = 1;
+        return 1;
+    }
+}
+
+void exchange_pump_response(struct client *c)
+{
+    struct upstream_conn *uc = c->up;
+    struct evbuffer *ui = bufferevent_get_input(uc->bev);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    while (!c->resp_done) {
+        size_t queued = evbuffer_get_length(out);
+        if (queued > CLIENT_HIGH_WATER) {
+            bufferevent_disable(uc->bev, EV_READ);
+            c->up_paused = 1;
+            return;
+        }
+        size_t payload;
+        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->out_chunked,
+                           CLIENT_HIGH_WATER - queued, &payload);
+        request_count_out(c, payload);
+        if (rc < 0) {
+            log_warn("exchange: bad response body from upstream '%s': cutting the client",
+                     upstream_conf(uc->pool)->servers[uc->server].text);
+            request_fail(c, 502);
+            return;
+        }
+        if (rc == 1)
+            c->resp_done = 1;
+        else if (rc == 0)
+            return;
+    }
+}
+
+/* Both directions finished: give the upstream connection back when it is
+ * clean, then serve the next request or close. */
+void exchange_maybe_finish(struct client *c)
+{
+    if (!c->req_done || !c->resp_done || c->state != CS_PROXY)
+        return;
+    struct upstream_conn *uc = c->up;
+    c->up = NULL;
+    int64_t up_us = clock_us() - c->upstream_start_us;
+    metrics_observe(METRICS_UPSTREAM_SECONDS, up_us);
+    if (c->rq.log)
+        c->rq.log->upstream_us = up_us;
+    if (uc->head.keep_alive && uc->head.body != HTTP1_BODY_EOF)
+        upstream_release(uc);
+    else
+        upstream_close(uc);
+    client_request_done(c);
+}
+
+static void up_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct client *c = arg;
+    client_enter(c);
+    if (c->state == CS_TUNNEL) {
+        exchange_tunnel_pump(c);
+        goto out;
+    }
+    if (!c->resp_started && read_response_head(c) <= 0)
+        goto out;
+    exchange_pump_response(c);
+    if (!c->dead && c->up)
+        exchange_maybe_finish(c);
+    if (!c->dead)
+        client_process(c);
+out:
+    client_leave(c);
+}
+
+/* Carry on with a response that waited (count_status consumption). */
+void exchange_resume(struct client *c)
+{
+    if (!c->dead && c->up && !c->resp_started && read_response_head(c) > 0) {
+        exchange_pump_response(c);
+        if (!c->dead && c->up)
+            exchange_maybe_finish(c);
+    }
+    if (!c->dead)
+        client_process(c);
+}
+
+static void up_write_cb(struct bufferevent *bev, void *arg)
+{
+    struct client *c = arg;
+    client_enter(c);
+    client_out_idle(bev);
+    client_leave(c);        /* resumes the client if it was held back */
+}
+
+static void up_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct client *c = arg;
+    struct upstream_conn *uc = c->up;
+    const struct conf_upstream *cu = upstream_conf(uc->pool);
+    client_enter(c);
+    if (what & BEV_EVENT_CONNECTED) {
+        uc->connected = 1;
+        up_timeouts(c);
+        goto out;
+    }
+    if (c->state == CS_TUNNEL) {
+        exchange_tunnel_pump(c);
+        upstream_close(uc);
+        c->up = NULL;
+        client_close_after_write(c);
+        goto out;
+    }
+    if ((what & BEV_EVENT_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
+        exchange_pump_response(c);
+        if (!c->dead && !c->resp_done && http1_body_eof(uc->parser)) {
+            c->resp_done = 1;
+            if (c->out_chunked)
+                evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
+            exchange_maybe_finish(c);
+            client_process(c);
+            goto out;
+        }
+    }
+    /* A kept-alive connection the server had closed: try once more on a
+     * fresh one if nothing was sent back and the request can be resent. */
+    if (!c->resp_started && uc->reused && !c->retried && c->head_in_input &&
+        !(what & BEV_EVENT_TIMEOUT)) {
+        /* Borrow first: closing the last borrowed connection of a retired
+         * pool frees the pool. */
+        c->up = NULL;
+        c->retried = 1;
+        int ok = pool_connect(c, uc->pool, 1) == 0;
+        upstream_close(uc);
+        if (ok) {
+            request_refresh_head(c);
+            write_request_head(c, bufferevent_get_output(c->up->bev));
+        } else {
+            request_fail(c, 502);
+            if (!c->dead)
+                client_process(c);
+        }
+        goto out;
+    }
+    if (what & BEV_EVENT_TIMEOUT)
+        log_warn("exchange: upstream '%s' timed out", cu->servers[uc->server].text);
+    else
+        log_warn("exchange: upstream '%s' failed: %s", cu->servers[uc->server].text,
+                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+    request_fail(c, (what & BEV_EVENT_TIMEOUT) ? 504 : 502);
+    if (!c->dead)
+        client_process(c);
+out:
+    client_leave(c);
+}
+
