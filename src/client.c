@@ -363,8 +363,7 @@ void client_accept(struct worker *w, int fd, const struct sockaddr *peer, int pe
     metrics_gauge_add(METRICS_CONN_CLIENT, 1);
 
     /* A client that stops reading is dropped after idle_timeout. */
-    struct timeval wt = { conf->client.idle_timeout_ms / 1000,
-                          (conf->client.idle_timeout_ms % 1000) * 1000 };
+    struct timeval wt = clock_timeval(conf->client.idle_timeout_ms);
     bufferevent_set_timeouts(bev, NULL, &wt);
     bufferevent_setwatermark(bev, EV_READ, 0, conf->client.max_header_bytes + CLIENT_INPUT_MAX);
     bufferevent_setwatermark(bev, EV_WRITE, CLIENT_HIGH_WATER / 2, 0);

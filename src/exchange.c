@@ -196,7 +196,7 @@ static void up_timeouts(struct client *c)
     if (!uc->connected)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
-    struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+    struct timeval tv = clock_timeval(ms);
     if (c->req_done && c->up_deadline_ms == 0)
         c->up_deadline_ms = clock_ms() + ms;
     bufferevent_set_timeouts(uc->bev, c->req_done ? &tv : NULL, &tv);
@@ -533,7 +533,7 @@ static int interim_response(struct client *c, int status)
         request_fail(c, 504);
         return -1;
     }
-    struct timeval tv = { left / 1000, (left % 1000) * 1000 };
+    struct timeval tv = clock_timeval(left);
     bufferevent_set_timeouts(uc->bev, &tv, &tv);
     return 0;
 }
