@@ -33,6 +33,7 @@
 #include <event2/event.h>
 
 #include "accesslog.h"
+#include "backend.h"
 #include "denycache.h"
 #include "h1write.h"
 #include "http1.h"
@@ -44,6 +45,7 @@
 #include "proxy.h"
 #include "reply.h"
 #include "route.h"
+#include "runtime.h"
 #include "store.h"
 #include "upstream.h"
 #include "worker.h"
@@ -105,6 +107,7 @@ struct client {
     struct worker *w;
     struct client *prev, *next;         /* worker's list */
     struct conf *conf;                  /* retained */
+    struct runtime *rt;                 /* retained from head to request_finish */
     struct bufferevent *bev;
     struct sockaddr_storage peer;
     char peer_text[ROUTE_IP_MAX];       /* the peer's address, as keys use it */
@@ -194,6 +197,7 @@ static void client_free(struct client *c)
     if (c->held)
         evbuffer_free(c->held);
     conf_release(c->conf);
+    runtime_release(c->rt);
     free(c);
     if (w->stopping && w->nclients == 0)
         worker_drained(w);
@@ -571,7 +575,7 @@ static void answer_local(struct client *c, int status, int close_after)
     if (status == 429)
         reply_limited(tmp ? tmp : out, &c->rl, conn, c->rid, c->rid_len);
     else if (status == 503)     /* limiter_unavailable: try again after the backoff */
-        reply_unavailable(tmp ? tmp : out, c->w->store ? store_retry_ms(c->w->store) : 0, conn,
+        reply_unavailable(tmp ? tmp : out, c->rt ? backend_retry_ms(runtime_backend(c->rt)) : 0, conn,
                           c->rid, c->rid_len);
     else
         reply_error_named(tmp ? tmp : out, status, c->error_name, conn, c->rid, c->rid_len);
@@ -699,6 +703,8 @@ static void parse_head(struct client *c)
         c->conf = w->conf;
         conf_retain(c->conf);
     }
+    runtime_release(c->rt);
+    c->rt = runtime_retain(w->rt);
     c->route = NULL;
     c->have_limits = 0;
     c->up = NULL;
@@ -989,7 +995,7 @@ static int consume_counted(struct client *c, int status)
         memstore_decide(c->w->mem, sl, n, wall_us(), &res);
     } else if (n > 0) {
         metrics_count(METRICS_REDIS_REQUESTS);
-        c->count_call = store_decide(c->w->store, sl, n, counted_done_cb, c);
+        c->count_call = store_decide(runtime_store(c->rt), sl, n, counted_done_cb, c);
         if (c->count_call == NULL)
             count_redis_error(NULL);
         else    /* hold the response (and its body) until the answer */
@@ -1079,7 +1085,7 @@ static void decide(struct client *c, size_t pathlen)
     }
     c->redis_start_us = now_us();
     metrics_count(METRICS_REDIS_REQUESTS);
-    c->call = store_decide(c->w->store, sl, n, decide_cb, c);
+    c->call = store_decide(runtime_store(c->rt), sl, n, decide_cb, c);
     if (c->call == NULL) {
         count_redis_error(NULL);
         apply_on_error(c);
@@ -1788,6 +1794,8 @@ static void request_finish(struct client *c)
     reqlog_end(c);
     drain_head(c);
     c->route = NULL;
+    runtime_release(c->rt);
+    c->rt = NULL;
     if (!c->keep_alive || c->eof || c->w->stopping) {
         client_close_after_write(c);
         return;

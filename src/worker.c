@@ -1,5 +1,5 @@
-/* sluice - worker.c: a thread with its own event base, listener, Redis
- * connection and upstream pools.
+/* sluice - worker.c: a thread with its own event base, listener and
+ * runtimes (a config's Redis connection and upstream pools).
  *
  * Each worker binds its own listening socket with SO_REUSEPORT, so the
  * kernel balances new connections across threads without a shared accept
@@ -21,6 +21,7 @@
 #include "log.h"
 #include "mem.h"
 #include "proxy.h"
+#include "runtime.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -118,8 +119,6 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         w->rng[1] = 0xbf58476d1ce4e5b9ULL ^ (uint64_t)id;
     }
     pthread_mutex_init(&w->reload_lock, NULL);
-    w->conf = conf;
-    conf_retain(conf);
     /* Only this worker's thread touches its base, so it needs no lock:
      * requests make many event calls, each of which would take one. The
      * main thread reaches the worker through the notify pipe instead. */
@@ -148,12 +147,11 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
 
     w->notify_ev = event_new(w->base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
     event_add(w->notify_ev, NULL);
-    if (conf->backend == CONF_BACKEND_REDIS)
-        w->store = store_create(w->base, &conf->redis);
+    /* Made on the main thread, used only once the worker's thread runs. */
+    w->rt = runtime_create(w->base, conf, mem, NULL);
+    w->conf = w->rt->conf;
+    w->store = runtime_store(w->rt);
     w->deny = denycache_create(conf->deny_cache_max_keys);
-    w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
-    for (int i = 0; i < conf->nupstreams; i++)
-        w->pools[i] = upstream_pool_create(w->base, &conf->upstreams[i]);
     w->path_buf = mem_alloc(conf->client.max_header_bytes + 1);
     return w;
 
@@ -190,23 +188,22 @@ void worker_join(struct worker *w)
 struct upstream_pool *worker_pool(struct worker *w, const struct conf *conf,
                                   const struct conf_upstream *cu)
 {
-    if (conf == w->conf)
-        return w->pools[cu - conf->upstreams];
-    for (int i = 0; i < w->conf->nupstreams; i++)
-        if (strcmp(w->conf->upstreams[i].name, cu->name) == 0)
-            return w->pools[i];
+    for (struct runtime *rt = w->rt; rt; rt = rt->older)
+        if (rt->conf == conf)
+            return runtime_pool(rt, cu);
     return NULL;
 }
 
-static int same_redis(const struct conf_redis *a, const struct conf_redis *b)
+struct backend *worker_backend(const struct worker *w)
 {
-    return strcmp(a->url, b->url) == 0 && a->timeout_ms == b->timeout_ms;
+    return runtime_backend(w->rt);
 }
 
-/* In the worker's thread: new pools and scratch for the new config; the old
- * pools retire as their connections come back. A Redis connection is kept
- * unless its settings changed; a replaced one stays open for the decisions
- * already sent on it (freed at exit). */
+/* In the worker's thread: a new runtime (pools, and a backend unless the
+ * backend settings are the same) and scratch for the new config. The old
+ * runtime retires: its idle upstream connections close, its Redis store
+ * stops counting for /readyz, and it is freed with its connections when the
+ * last request that started under it ends. */
 static void reload_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
@@ -217,26 +214,15 @@ static void reload_cb(evutil_socket_t fd, short what, void *arg)
     if (nc == NULL)
         return;
 
-    struct conf *oc = w->conf;
-    for (int i = 0; i < oc->nupstreams; i++)
-        upstream_pool_retire(w->pools[i]);
-    free(w->pools);
-    w->pools = mem_calloc((size_t)nc->nupstreams, sizeof(*w->pools));
-    for (int i = 0; i < nc->nupstreams; i++)
-        w->pools[i] = upstream_pool_create(w->base, &nc->upstreams[i]);
-    if (nc->backend == CONF_BACKEND_REDIS &&
-        (w->store == NULL || !same_redis(&oc->redis, &nc->redis))) {
-        w->old_stores = realloc(w->old_stores, sizeof(*w->old_stores) * (size_t)(w->nold_stores + 1));
-        if (w->old_stores == NULL)
-            abort();
-        if (w->store)
-            w->old_stores[w->nold_stores++] = w->store;
-        w->store = store_create(w->base, &nc->redis);
-    }
+    struct runtime *old = w->rt;
+    w->rt = runtime_create(w->base, nc, w->mem, old);
+    conf_release(nc);       /* the reference taken in worker_reload(): rt has its own */
+    runtime_retire(old, w->rt);
+    runtime_release(old);   /* the worker's; requests in flight hold theirs */
+    w->conf = w->rt->conf;
+    w->store = runtime_store(w->rt);
     free(w->path_buf);
     w->path_buf = mem_alloc(nc->client.max_header_bytes + 1);
-    w->conf = nc;           /* the reference taken in worker_reload() */
-    conf_release(oc);
 }
 
 void worker_reload(struct worker *w, struct conf *conf)
@@ -265,15 +251,9 @@ void worker_destroy(struct worker *w)
     if (w == NULL)
         return;
     proxy_close_all(w);
-    if (w->pools)
-        for (int i = 0; i < w->conf->nupstreams; i++)
-            upstream_pool_destroy(w->pools[i]);
-    free(w->pools);
-    if (w->store)
-        store_destroy(w->store);
-    for (int i = 0; i < w->nold_stores; i++)
-        store_destroy(w->old_stores[i]);
-    free(w->old_stores);
+    runtime_destroy_all(w->rt);     /* the loop has ended: freed here */
+    w->rt = NULL;
+    w->store = NULL;
     if (w->pending)
         conf_release(w->pending);
 
@@ -290,7 +270,6 @@ void worker_destroy(struct worker *w)
     if (w->base)
         event_base_free(w->base);
     free(w->path_buf);
-    conf_release(w->conf);
     pthread_mutex_destroy(&w->reload_lock);
     free(w);
 }

@@ -1,10 +1,11 @@
 /* sluice - worker.h: one thread serving clients on its own event base.
  *
  * A worker owns everything on its request path: its listener (its own
- * SO_REUSEPORT socket, so the kernel spreads connections), its Redis
- * connection, its upstream pools and its scratch buffers. Nothing but the
- * read-only config is shared with other workers. The main thread creates
- * workers, and asks them to stop from outside their thread. */
+ * SO_REUSEPORT socket, so the kernel spreads connections), its runtimes (a
+ * config's Redis connection and upstream pools, runtime.h) and its scratch
+ * buffers. Nothing but the read-only config is shared with other workers.
+ * The main thread creates workers, and asks them to stop from outside their
+ * thread. */
 #ifndef SLUICE_WORKER_H
 #define SLUICE_WORKER_H
 
@@ -21,6 +22,8 @@ struct client;
 struct denycache;
 struct accesslog;
 struct memstore;
+struct runtime;
+struct backend;
 
 struct worker {
     int id;
@@ -31,14 +34,12 @@ struct worker {
     struct event *notify_ev;
     pthread_mutex_t reload_lock;
     struct conf *pending;           /* under reload_lock */
-    struct store **old_stores;      /* replaced by reloads; freed at exit */
-    int nold_stores;
-    struct store *store;
+    struct runtime *rt;             /* current; requests retain their own */
+    struct store *store;            /* rt's Redis store, NULL for memory */
     struct denycache *deny;         /* keys Redis denied, until when */
     struct memstore *mem;           /* in-process limiter, shared; not owned */
     struct accesslog *alog;         /* shared; not owned; NULL when off */
-    struct conf *conf;              /* current config; clients retain it */
-    struct upstream_pool **pools;   /* one per conf->upstreams[i] */
+    struct conf *conf;              /* rt->conf; clients retain it */
     int nclients;
     int stopping;                   /* draining: no accepts, no keep-alive */
     struct event *drain_timer;      /* shutdown_timeout */
@@ -65,11 +66,15 @@ void worker_destroy(struct worker *w);
 /* 64 random bits from the worker's own generator (not for secrets). */
 uint64_t worker_random(struct worker *w);
 
-/* The pool for upstream cu of config conf. A request decided under a config
- * that a reload has since replaced gets the new config's upstream of the
- * same name; NULL when there is none. */
+/* The pool for upstream cu of config conf: the pool of the runtime made from
+ * conf (a request retains its runtime, so a request decided under a config
+ * that a reload has since replaced gets its own config's upstream); NULL
+ * when no runtime of the worker has conf. */
 struct upstream_pool *worker_pool(struct worker *w, const struct conf *conf,
                                   const struct conf_upstream *cu);
+
+/* The backend new requests decide on (the current runtime's). */
+struct backend *worker_backend(const struct worker *w);
 
 /* Thread-safe: apply a newly loaded config (retained here) to new requests. */
 void worker_reload(struct worker *w, struct conf *conf);
