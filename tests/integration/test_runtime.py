@@ -5,14 +5,17 @@
 # connections; the old ones close as soon as the last request that started
 # under the old config ends, and /readyz and sluice_redis_connected describe
 # the current config only. Each test has a redis-server of its own, so its
-# CLIENT LIST holds sluice's connections and the one asking.
+# CLIENT LIST holds sluice's connections and the one asking. The slow test
+# reloads onto a real Sentinel set (clusterlib.SentinelSet) and back.
 
 import os
 import re
 import signal
 import time
 
-from conftest import Conn, build_request, free_port, http_get, redis_clients
+import pytest
+
+from conftest import Conn, build_request, free_port, http_get, redis_clients, redis_keys
 from opslib import metrics, mval, start_ops, wait_metric
 
 ROUTES = """\
@@ -189,3 +192,31 @@ def test_request_in_flight_keeps_its_runtime_until_it_ends(sluice, own_redis):
         c.send(build_request("GET", "/lim"))
         assert c.read_response().status == 200
         assert sluice_conns(own_redis.port) == 1
+
+
+@pytest.mark.slow
+def test_reload_to_a_live_sentinel_and_back(sluice, own_redis, tmp_path):
+    """With real sentinels: the new backend decides through the master they
+    name, the single Redis's connections close, and a reload back reconnects."""
+    from clusterlib import SentinelSet
+    ss = SentinelSet(tmp_path).start()
+    try:
+        s = start_ops(sluice, ROUTES, workers=2, redis_port=own_redis.port, on_error="deny")
+        base = s.conf_path.read_text()
+        assert wait_conns(own_redis.port, 2) == 2
+        text = re.sub(r"(?m)^  url: .*$", "  sentinel:\n    master: mymaster\n    nodes: [%s]"
+                      % ", ".join("127.0.0.1:%d" % p for p in ss.sentinel_ports), base)
+        reload(s, text)
+        assert wait_conns(own_redis.port, 0) == 0
+        assert wait_readyz(s, 200) == 200
+        assert wait_connected(s, 2) == 2
+        assert close_get(s.port, "/lim") == 200     # on_error deny: decided by the master
+        assert any(k.startswith(b"itest:") for k in redis_keys(ss.master_port))
+        assert not any(k.startswith(b"itest:") for k in redis_keys(own_redis.port))
+        reload(s, base)
+        assert wait_conns(own_redis.port, 2) == 2
+        assert wait_connected(s, 2) == 2
+        assert close_get(s.port, "/lim") == 200
+        assert any(k.startswith(b"itest:") for k in redis_keys(own_redis.port))
+    finally:
+        ss.stop()
