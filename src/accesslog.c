@@ -23,6 +23,7 @@
 #include "accesslog.h"
 #include "log.h"
 #include "mem.h"
+#include "metrics.h"
 
 #define ACCESSLOG_CHUNK_BYTES (64 * 1024)
 #define ACCESSLOG_FREE_MAX 32           /* chunks kept for reuse */
@@ -72,7 +73,6 @@ struct accesslog {
 };
 
 static atomic_uint_fast64_t accesslog_next_id = 1;
-static atomic_uint_fast64_t accesslog_drops;    /* all logs, for metrics */
 
 /* The calling thread's slot for the log it wrote to last. */
 static _Thread_local struct {
@@ -346,7 +346,7 @@ static int accesslog_slot_rotate(struct accesslog *log, struct accesslog_slot *s
             && log->pending_bytes + c->len > log->max_pending_bytes) {
             log->dropped++;
             pthread_mutex_unlock(&log->lock);
-            atomic_fetch_add_explicit(&accesslog_drops, 1, memory_order_relaxed);
+            metrics_count(METRICS_ACCESS_LOG_DROPPED);
             return -1;
         }
         log->pending_bytes += c->len;
@@ -560,7 +560,7 @@ static void *accesslog_writer_main(void *arg)
         log->pending_bytes -= written;
         log->dropped += lost;
         if (lost)
-            atomic_fetch_add_explicit(&accesslog_drops, lost, memory_order_relaxed);
+            metrics_add(METRICS_ACCESS_LOG_DROPPED, lost);
         while (batch != NULL) {
             struct accesslog_chunk *next = batch->next;
             accesslog_recycle_locked(log, batch);
@@ -701,6 +701,6 @@ void accesslog_reopen(struct accesslog *log)
 
 uint64_t accesslog_dropped(void)
 {
-    return atomic_load_explicit(&accesslog_drops, memory_order_relaxed);
+    return metrics_counter_get(METRICS_ACCESS_LOG_DROPPED);
 }
 

@@ -23,6 +23,7 @@
 #include "mem.h"
 #include "metrics.h"
 #include "request.h"
+#include "runtime.h"
 #include "route.h"
 #include "upstream.h"
 #include "worker.h"
@@ -200,6 +201,8 @@ void client_request_done(struct client *c)
     request_log_end(c);
     request_drain_head(c);
     c->route = NULL;
+    runtime_release(c->rq.rt);  /* an idle connection holds no runtime */
+    c->rq.rt = NULL;
     if (!c->keep_alive || c->eof || c->w->stopping) {
         client_close_after_write(c);
         return;

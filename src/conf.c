@@ -2353,7 +2353,7 @@ static int h_paths(struct ctx *x, struct node *k, struct node *v, void *obj)
     return walk_map(x, v, paths_keys, &((struct conf *)obj)->paths);
 }
 
-/* route->metrics is not ours: metrics_bind() points it into its registry. */
+/* route->metrics is not ours: runtime_bind_metrics() points it into its registry. */
 static const struct key_def top_keys[] = {
     { "listen", h_listen, 1 },
     { "workers", h_workers, 0 },

@@ -77,7 +77,7 @@ struct route_regex;
 
 struct conf_route {
     char *name;
-    struct metrics_route *metrics;  /* set by metrics_bind() */
+    struct metrics_route *metrics;  /* set by runtime_bind_metrics() */
     char *path;                 /* normalised prefix, no trailing '/' except "/" */
     size_t pathlen;
     char **methods;             /* upper case; NULL when any method matches */

@@ -17,8 +17,9 @@ struct conf;
 struct conf_route;
 struct route_req;
 
-/* What the worker lends a decision: its backend, the memory backend used
- * by on_error: local, and its deny cache. Not owned. */
+/* What a decision is lent: the backend of the request's runtime, and the
+ * worker's memory backend for on_error: local and its deny cache. Not
+ * owned; each outlives the decision (the request retains its runtime). */
 struct decide_env {
     struct backend *backend;
     struct backend *local;

@@ -24,6 +24,7 @@
 #include "metrics.h"
 #include "obuf.h"
 #include "reply.h"
+#include "runtime.h"
 #include "request.h"
 #include "route.h"
 #include "upstream.h"
@@ -202,12 +203,12 @@ static void up_timeouts(struct client *c)
     bufferevent_set_timeouts(uc->bev, c->req_done ? &tv : NULL, &tv);
 }
 
-/* Borrow a connection from pool p (the worker's pool for the route's
- * upstream unless given). */
+/* Borrow a connection from pool p (the request's runtime's pool for the
+ * route's upstream unless given). */
 static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
 {
     if (p == NULL)
-        p = worker_pool(c->w, c->conf, c->route->upstream);
+        p = runtime_pool(c->rq.rt, c->route->upstream);
     if (p == NULL)
         return -1;
     c->up = upstream_acquire(p, fresh);

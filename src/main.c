@@ -18,6 +18,7 @@
 #include "mem.h"
 #include "memstore.h"
 #include "metrics.h"
+#include "runtime.h"
 #include "worker.h"
 
 #define SLUICE_VERSION "0.1.0"
@@ -126,7 +127,7 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
         log_warn("main: reload: listen and workers changes apply after a restart; "
                  "still %s with %d workers", ms->conf->listen.text, ms->conf->workers);
     fit_connections(nc, ms->n, ms->admin != NULL);
-    metrics_bind(nc);
+    runtime_bind_metrics(nc);
     for (int i = 0; i < ms->n; i++)
         worker_reload(ms->workers[i], nc);
     admin_reload(ms->admin, nc);
@@ -239,7 +240,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
     fit_connections(conf, conf->workers, conf->has_admin);
-    metrics_bind(conf);
+    runtime_bind_metrics(conf);
     struct main_state ms = { .file = file, .conf = conf };
     /* The in-process limiter outlives reloads, so its counts do too, and a
      * reload may switch to it: it always exists (empty costs little). The

@@ -9,11 +9,8 @@
 #include <string.h>
 #include <event2/buffer.h>
 
-#include "accesslog.h"
-#include "conf.h"
 #include "mem.h"
 #include "metrics.h"
-#include "store.h"
 
 #define METRICS_NSTATUS 600
 
@@ -74,14 +71,14 @@ struct metrics_route *metrics_unrouted(void)
     return unrouted;
 }
 
-void metrics_bind(struct conf *c)
+struct metrics_route *metrics_route(const char *name)
 {
     pthread_mutex_lock(&registry_lock);
     if (unrouted == NULL)
         unrouted = route_get("");
-    for (int i = 0; i < c->nroutes; i++)
-        c->routes[i].metrics = route_get(c->routes[i].name);
+    struct metrics_route *m = route_get(name);
     pthread_mutex_unlock(&registry_lock);
+    return m;
 }
 
 void metrics_request(struct metrics_route *m, enum metrics_decision d)
@@ -105,6 +102,16 @@ void metrics_regex_limit(struct metrics_route *m)
 void metrics_count(enum metrics_counter which)
 {
     atomic_fetch_add_explicit(&counters[which], 1, memory_order_relaxed);
+}
+
+void metrics_add(enum metrics_counter which, uint64_t n)
+{
+    atomic_fetch_add_explicit(&counters[which], n, memory_order_relaxed);
+}
+
+uint64_t metrics_counter_get(enum metrics_counter which)
+{
+    return atomic_load_explicit(&counters[which], memory_order_relaxed);
 }
 
 void metrics_redis_error(enum metrics_redis_error why)
@@ -273,15 +280,14 @@ void metrics_render(struct evbuffer *out)
     evbuffer_add_printf(out,
         "# HELP sluice_access_log_dropped_total Access-log lines dropped because the writer fell behind.\n"
         "# TYPE sluice_access_log_dropped_total counter\nsluice_access_log_dropped_total %llu\n",
-        (unsigned long long)accesslog_dropped());
-    uint64_t ask = 0, moved = 0;
-    store_redirects(&ask, &moved);
+        (unsigned long long)load(&counters[METRICS_ACCESS_LOG_DROPPED]));
     evbuffer_add_printf(out,
         "# HELP sluice_redis_redirects_total Redis Cluster redirects followed, by kind.\n"
         "# TYPE sluice_redis_redirects_total counter\n"
         "sluice_redis_redirects_total{kind=\"ask\"} %llu\n"
         "sluice_redis_redirects_total{kind=\"moved\"} %llu\n",
-        (unsigned long long)ask, (unsigned long long)moved);
+        (unsigned long long)load(&counters[METRICS_REDIS_REDIRECTS_ASK]),
+        (unsigned long long)load(&counters[METRICS_REDIS_REDIRECTS_MOVED]));
     evbuffer_add_printf(out,
         "# HELP sluice_config_reloads_total Config reloads by result.\n"
         "# TYPE sluice_config_reloads_total counter\n"

@@ -1,16 +1,17 @@
 /* sluice - metrics.h: process-wide counters, gauges and histograms.
  *
- * Workers update them with relaxed atomic adds, so the totals are exact
- * across threads without locks; the admin thread renders them in the
- * Prometheus text format. Per-route series live in a registry keyed by route
- * name that outlives config reloads, so counters never go backwards. */
+ * A leaf: other modules push to it (the store its redirects and readiness,
+ * the access log its drops), it calls none of them. Workers update with
+ * relaxed atomic adds, so the totals are exact across threads without
+ * locks; the admin thread renders them in the Prometheus text format.
+ * Per-route series live in a registry keyed by route name that outlives
+ * config reloads, so counters never go backwards. */
 #ifndef SLUICE_METRICS_H
 #define SLUICE_METRICS_H
 
 #include <stdint.h>
 
 struct evbuffer;
-struct conf;
 
 enum metrics_decision {
     METRICS_ALLOWED, METRICS_LIMITED, METRICS_SHADOW_LIMITED, METRICS_ERROR,
@@ -19,7 +20,10 @@ enum metrics_decision {
 enum metrics_hist { METRICS_REDIS_SECONDS, METRICS_UPSTREAM_SECONDS, METRICS_NHIST };
 enum metrics_counter {
     METRICS_REDIS_REQUESTS, METRICS_REDIS_ERRORS, METRICS_DENY_CACHE_HITS,
-    METRICS_RELOADS_OK, METRICS_RELOADS_FAILED, METRICS_NCOUNTERS
+    METRICS_RELOADS_OK, METRICS_RELOADS_FAILED,
+    METRICS_REDIS_REDIRECTS_ASK, METRICS_REDIS_REDIRECTS_MOVED,    /* cluster redirects followed */
+    METRICS_ACCESS_LOG_DROPPED,     /* lines a writer was too far behind for */
+    METRICS_NCOUNTERS
 };
 /* Why a decision got no answer from Redis (sluice_redis_errors_total{reason}). */
 enum metrics_redis_error {
@@ -35,9 +39,9 @@ enum metrics_gauge {
 
 struct metrics_route;
 
-/* Point every route of c at its series (created on first sight). Called by
- * the main thread before the config is handed to workers. */
-void metrics_bind(struct conf *c);
+/* The series of the route called name, created on first sight (at config
+ * load, by the main thread); it lives until metrics_shutdown(). */
+struct metrics_route *metrics_route(const char *name);
 
 /* The series of responses given before any route matched. */
 struct metrics_route *metrics_unrouted(void);
@@ -47,6 +51,8 @@ void metrics_response(struct metrics_route *m, int status);
 /* A path_regex match of route m stopped at its limit (answered 400). */
 void metrics_regex_limit(struct metrics_route *m);
 void metrics_count(enum metrics_counter which);
+void metrics_add(enum metrics_counter which, uint64_t n);
+uint64_t metrics_counter_get(enum metrics_counter which);
 /* One decision Redis did not answer: counts METRICS_REDIS_ERRORS and why. */
 void metrics_redis_error(enum metrics_redis_error why);
 /* A request read by worker thread `worker` (shows that every worker serves). */

@@ -40,6 +40,7 @@
 #include "reply.h"
 #include "request.h"
 #include "route.h"
+#include "runtime.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -56,6 +57,8 @@ void request_reset(struct request *rq)
 
 void request_free(struct request *rq)
 {
+    runtime_release(rq->rt);
+    rq->rt = NULL;
     free(rq->path);
     free(rq->keybuf);
     free(rq->log);
@@ -251,7 +254,7 @@ void request_answer(struct client *c, int status, int close_after)
     if (status == 429)
         reply_limited(tmp ? tmp : out, &rq->rl, conn, rq->rid, rq->rid_len);
     else if (status == 503)     /* limiter_unavailable: try again after the backoff */
-        reply_unavailable(tmp ? tmp : out, backend_retry_ms(c->w->backend), conn,
+        reply_unavailable(tmp ? tmp : out, (c->rq.rt ? backend_retry_ms(runtime_backend(c->rq.rt)) : 0), conn,
                           rq->rid, rq->rid_len);
     else
         reply_error_named(tmp ? tmp : out, status, c->error_name, conn, rq->rid, rq->rid_len);
@@ -376,6 +379,10 @@ void request_head(struct client *c)
     client_timer(c, TM_NONE, 0);
     struct worker *w = c->w;
     metrics_worker_request(w->id);
+    /* The request keeps the runtime it starts with (config, pools,
+     * backend) until it is done, whatever a reload does meanwhile. */
+    runtime_release(c->rq.rt);
+    c->rq.rt = runtime_retain(w->rt);
     if (w->conf != c->conf) {   /* a reload happened: new requests see it */
         conf_release(c->conf);
         c->conf = w->conf;
@@ -505,7 +512,7 @@ static void decide(struct client *c)
 {
     struct worker *w = c->w;
     struct request *rq = &c->rq;
-    struct decide_env env = { w->backend, w->local, w->deny };
+    struct decide_env env = { runtime_backend(rq->rt), w->local, w->deny };
     struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
                              c->route->regex ? &rq->caps : NULL };
     int v = decide_start(rq, &env, c->conf, c->route, &req, decide_cb, c);

@@ -51,6 +51,9 @@ struct request {
     char *keybuf;                       /* the keys, back to back */
     size_t key_cap;
     struct reqlog *log;                 /* NULL when logging is off */
+    struct runtime *rt;                 /* retained from the head until the request
+                                         * is done (the config, pools and backend it
+                                         * started with); NULL between requests */
 
     /* Zeroed per head from here (request_reset). */
     size_t path_len;
@@ -69,7 +72,7 @@ struct request {
 
     /* The decision in flight (decide.c). */
     const struct conf *conf;
-    struct backend *backend;            /* the worker's (Redis or memory) */
+    struct backend *backend;            /* its runtime's (Redis or memory) */
     struct backend *call_b;             /* the one that made call */
     struct backend_call *call;
     struct backend_call *count_call;    /* count_status consumption, on backend */

@@ -147,6 +147,7 @@ struct store {
     int map_known;                  /* some slots known */
     int map_complete;               /* every slot known */
     int ready;
+    int counted;                    /* ready counts in sluice_redis_connected */
     int destroying;
     int in_user_cb;                 /* depth of user callbacks on the stack */
     struct event *refresh_ev;
@@ -159,8 +160,6 @@ struct store {
     int64_t redirect_logged_ms[2];
     int64_t oom_logged_ms;
 };
-
-static uint64_t store_redirect_total[2];   /* ask, moved: the process' */
 
 static void node_connect(struct store_node *n);
 static void node_drop(struct store_node *n, const char *reason);
@@ -256,8 +255,37 @@ int store_slot(const char *key, size_t len)
 
 void store_redirects(uint64_t *ask, uint64_t *moved)
 {
-    *ask = __atomic_load_n(&store_redirect_total[0], __ATOMIC_RELAXED);
-    *moved = __atomic_load_n(&store_redirect_total[1], __ATOMIC_RELAXED);
+    *ask = metrics_counter_get(METRICS_REDIS_REDIRECTS_ASK);
+    *moved = metrics_counter_get(METRICS_REDIS_REDIRECTS_MOVED);
+}
+
+static int streq(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+static int strveq(char **a, int na, char **b, int nb)
+{
+    if (na != nb)
+        return 0;
+    for (int i = 0; i < na; i++)
+        if (!streq(a[i], b[i]))
+            return 0;
+    return 1;
+}
+
+/* Everything store_create() reads: the address, the credentials, the db,
+ * the timeout and the cluster and sentinel sections (not on_error, not the
+ * key prefix, which are the proxy's). */
+int store_same_conf(const struct conf_redis *a, const struct conf_redis *b)
+{
+    return streq(a->url, b->url) && a->is_unix == b->is_unix && streq(a->host, b->host) &&
+           a->port == b->port && a->db == b->db && streq(a->user, b->user) &&
+           streq(a->password, b->password) && a->timeout_ms == b->timeout_ms &&
+           strveq(a->cluster, a->ncluster, b->cluster, b->ncluster) &&
+           streq(a->sentinel_master, b->sentinel_master) &&
+           strveq(a->sentinel_nodes, a->nsentinel_nodes, b->sentinel_nodes, b->nsentinel_nodes) &&
+           streq(a->sentinel_password, b->sentinel_password);
 }
 
 /* ---- readiness ----------------------------------------------------------- */
@@ -278,9 +306,19 @@ static void store_update_ready(struct store *s)
                 ready = 0;
     }
     /* ready also feeds the process-wide gauge behind /readyz */
-    if (s->ready != ready)
+    if (s->ready != ready && s->counted)
         metrics_gauge_add(METRICS_REDIS_CONNECTED, ready ? 1 : -1);
     s->ready = ready;
+}
+
+void store_count_ready(struct store *s, int on)
+{
+    on = on != 0;
+    if (s->counted == on)
+        return;
+    if (s->ready)
+        metrics_gauge_add(METRICS_REDIS_CONNECTED, on ? 1 : -1);
+    s->counted = on;
 }
 
 static void node_set_ready(struct store_node *n, int ready)
@@ -1333,7 +1371,7 @@ static void store_count_redirect(struct store *s, int kind, int slot,
 {
     static const char *const kinds[2] = { "ask", "moved" };
     s->redirects[kind]++;
-    __atomic_add_fetch(&store_redirect_total[kind], 1, __ATOMIC_RELAXED);
+    metrics_count(kind == 0 ? METRICS_REDIS_REDIRECTS_ASK : METRICS_REDIS_REDIRECTS_MOVED);
     log_debug("store: cluster redirect %s slot %d to '%s'", kinds[kind], slot, to->name);
     int64_t now = store_now_ms();
     if (now - s->redirect_logged_ms[kind] >= STORE_REDIRECT_LOG_MS) {
@@ -1539,6 +1577,7 @@ struct store *store_create(struct event_base *base, const struct conf_redis *rc)
 {
     struct store *s = mem_calloc(1, sizeof(*s));
     s->base = base;
+    s->counted = 1;
     store_copy_conf(s, rc);
     for (int i = 0; i < STORE_SLOTS; i++)
         s->owner[i] = -1;

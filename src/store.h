@@ -73,6 +73,14 @@ void store_cancel(struct store_call *call);
 
 int store_connected(const struct store *s);
 
+/* Whether s's readiness counts in the process-wide gauge behind /readyz and
+ * sluice_redis_connected (on from store_create). A store a reload replaced
+ * but that still answers the requests started before it counts no more. */
+void store_count_ready(struct store *s, int on);
+
+/* 1 when a store made from a would be the same as one made from b. */
+int store_same_conf(const struct conf_redis *a, const struct conf_redis *b);
+
 /* While the store is not connected: milliseconds until its next reconnect
  * attempt (the backoff left), 0 when connected or not waiting for one. */
 int64_t store_retry_ms(const struct store *s);
@@ -80,8 +88,9 @@ int64_t store_retry_ms(const struct store *s);
 /* The Redis Cluster slot of a key (CRC16 of its hash tag, mod 16384). */
 int store_slot(const char *key, size_t len);
 
-/* Cluster redirects followed so far by every store of the process (for the
- * metric sluice_redis_redirects_total{kind="ask|moved"}). Thread-safe. */
+/* Cluster redirects followed so far by every store of the process (what
+ * the store pushed to sluice_redis_redirects_total{kind="ask|moved"}).
+ * Thread-safe. */
 void store_redirects(uint64_t *ask, uint64_t *moved);
 
 #endif

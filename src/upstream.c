@@ -25,7 +25,8 @@ struct upstream_pool {
     int nidle;
     unsigned next_server;           /* round robin */
     int borrowed;                   /* connections handed out */
-    int retired;                    /* config replaced: free when all return */
+    int retired;                    /* drained: returned connections close */
+    int orphaned;                   /* destroyed: free when all return */
 };
 
 struct upstream_pool *upstream_pool_create(struct event_base *base,
@@ -71,7 +72,7 @@ void upstream_pool_destroy(struct upstream_pool *p)
     pool_free(p);
 }
 
-void upstream_pool_retire(struct upstream_pool *p)
+void upstream_pool_drain(struct upstream_pool *p)
 {
     p->retired = 1;
     while (p->idle) {
@@ -80,15 +81,22 @@ void upstream_pool_retire(struct upstream_pool *p)
         p->nidle--;
         conn_free(uc);
     }
+}
+
+void upstream_pool_retire(struct upstream_pool *p)
+{
+    upstream_pool_drain(p);
     if (p->borrowed == 0)
         pool_free(p);
+    else
+        p->orphaned = 1;
 }
 
 /* A borrowed connection came back (kept or closed). */
 static void pool_returned(struct upstream_pool *p)
 {
     p->borrowed--;
-    if (p->retired && p->borrowed == 0)
+    if (p->orphaned && p->borrowed == 0)
         pool_free(p);
 }
 

@@ -37,6 +37,10 @@ void upstream_pool_destroy(struct upstream_pool *p);
  * pool's conf_upstream must stay valid until then (the borrowers' requests
  * hold a reference to their config). */
 void upstream_pool_retire(struct upstream_pool *p);
+/* The config that made the pool was replaced but its owner (a runtime)
+ * keeps it until its requests end: close idle connections and stop keeping
+ * returned ones; upstream_pool_destroy() frees it later. */
+void upstream_pool_drain(struct upstream_pool *p);
 
 /* An idle connection, or a new one whose connect is under way (fresh: never
  * an idle one). The borrower sets the callbacks. NULL when no socket could be

@@ -1,5 +1,5 @@
-/* sluice - worker.c: a thread with its own event base, listener, Redis
- * connection and upstream pools.
+/* sluice - worker.c: a thread with its own event base, listener and
+ * runtimes (a config's Redis connection and upstream pools).
  *
  * Each worker binds its own listening socket with SO_REUSEPORT, so the
  * kernel balances new connections across threads without a shared accept
@@ -17,11 +17,12 @@
 #include <event2/thread.h>
 
 #include "backend.h"
+#include "client.h"
 #include "denycache.h"
 #include "listener.h"
 #include "log.h"
 #include "mem.h"
-#include "client.h"
+#include "runtime.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -114,8 +115,6 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         w->rng[1] = 0xbf58476d1ce4e5b9ULL ^ (uint64_t)id;
     }
     pthread_mutex_init(&w->reload_lock, NULL);
-    w->conf = conf;
-    conf_retain(conf);
     /* Only this worker's thread touches its base, so it needs no lock:
      * requests make many event calls, each of which would take one. The
      * main thread reaches the worker through the notify pipe instead. */
@@ -144,13 +143,11 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
 
     w->notify_ev = event_new(w->base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
     event_add(w->notify_ev, NULL);
-    w->backend = conf->backend == CONF_BACKEND_REDIS ? backend_redis(w->base, &conf->redis)
-                                                     : backend_memory(w->base, mem);
-    w->local = backend_memory(w->base, mem);
+    /* Made on the main thread, used only once the worker's thread runs. */
+    w->rt = runtime_create(w->base, conf, mem, NULL);
+    w->conf = w->rt->conf;
     w->deny = denycache_create(conf->deny_cache_max_keys);
-    w->pools = mem_calloc((size_t)conf->nupstreams, sizeof(*w->pools));
-    for (int i = 0; i < conf->nupstreams; i++)
-        w->pools[i] = upstream_pool_create(w->base, &conf->upstreams[i]);
+    w->local = backend_memory(w->base, mem);
     return w;
 
 fail:
@@ -183,26 +180,16 @@ void worker_join(struct worker *w)
     pthread_join(w->thread, NULL);
 }
 
-struct upstream_pool *worker_pool(struct worker *w, const struct conf *conf,
-                                  const struct conf_upstream *cu)
+struct backend *worker_backend(const struct worker *w)
 {
-    if (conf == w->conf)
-        return w->pools[cu - conf->upstreams];
-    for (int i = 0; i < w->conf->nupstreams; i++)
-        if (strcmp(w->conf->upstreams[i].name, cu->name) == 0)
-            return w->pools[i];
-    return NULL;
+    return runtime_backend(w->rt);
 }
 
-static int same_redis(const struct conf_redis *a, const struct conf_redis *b)
-{
-    return strcmp(a->url, b->url) == 0 && a->timeout_ms == b->timeout_ms;
-}
-
-/* In the worker's thread: new pools for the new config; the old pools
- * retire as their connections come back. The backend is kept unless its
- * kind or Redis settings changed; a replaced one stays open for the
- * decisions already sent on it (freed at exit). */
+/* In the worker's thread: a new runtime (pools, and a backend unless the
+ * backend settings are the same) and scratch for the new config. The old
+ * runtime retires: its idle upstream connections close, its Redis store
+ * stops counting for /readyz, and it is freed with its connections when the
+ * last request that started under it ends. */
 static void reload_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
@@ -213,25 +200,12 @@ static void reload_cb(evutil_socket_t fd, short what, void *arg)
     if (nc == NULL)
         return;
 
-    struct conf *oc = w->conf;
-    for (int i = 0; i < oc->nupstreams; i++)
-        upstream_pool_retire(w->pools[i]);
-    free(w->pools);
-    w->pools = mem_calloc((size_t)nc->nupstreams, sizeof(*w->pools));
-    for (int i = 0; i < nc->nupstreams; i++)
-        w->pools[i] = upstream_pool_create(w->base, &nc->upstreams[i]);
-    int was_redis = backend_store(w->backend) != NULL;
-    int is_redis = nc->backend == CONF_BACKEND_REDIS;
-    if (was_redis != is_redis || (is_redis && !same_redis(&oc->redis, &nc->redis))) {
-        w->old_backends = realloc(w->old_backends,
-                                  sizeof(*w->old_backends) * (size_t)(w->nold_backends + 1));
-        if (w->old_backends == NULL)
-            abort();
-        w->old_backends[w->nold_backends++] = w->backend;
-        w->backend = is_redis ? backend_redis(w->base, &nc->redis) : backend_memory(w->base, w->mem);
-    }
-    w->conf = nc;           /* the reference taken in worker_reload() */
-    conf_release(oc);
+    struct runtime *old = w->rt;
+    w->rt = runtime_create(w->base, nc, w->mem, old);
+    conf_release(nc);       /* the reference taken in worker_reload(): rt has its own */
+    runtime_retire(old, w->rt);
+    runtime_release(old);   /* the worker's; requests in flight hold theirs */
+    w->conf = w->rt->conf;
 }
 
 void worker_reload(struct worker *w, struct conf *conf)
@@ -260,15 +234,9 @@ void worker_destroy(struct worker *w)
     if (w == NULL)
         return;
     client_close_all(w);
-    if (w->pools)
-        for (int i = 0; i < w->conf->nupstreams; i++)
-            upstream_pool_destroy(w->pools[i]);
-    free(w->pools);
-    backend_destroy(w->backend);
+    runtime_destroy_all(w->rt);     /* the loop has ended: freed here */
+    w->rt = NULL;
     backend_destroy(w->local);
-    for (int i = 0; i < w->nold_backends; i++)
-        backend_destroy(w->old_backends[i]);
-    free(w->old_backends);
     if (w->pending)
         conf_release(w->pending);
 
@@ -284,7 +252,6 @@ void worker_destroy(struct worker *w)
         event_free(w->drain_timer);
     if (w->base)
         event_base_free(w->base);
-    conf_release(w->conf);
     pthread_mutex_destroy(&w->reload_lock);
     free(w);
 }

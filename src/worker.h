@@ -1,10 +1,12 @@
 /* sluice - worker.h: one thread serving clients on its own event base.
  *
  * A worker owns everything on its request path: its listener (its own
- * SO_REUSEPORT socket, so the kernel spreads connections), its Redis
- * connection (its backend), its upstream pools and its deny cache. Nothing but the
- * read-only config is shared with other workers. The main thread creates
- * workers, and asks them to stop from outside their thread. */
+ * SO_REUSEPORT socket, so the kernel spreads connections), its runtimes (a
+ * config's Redis connection and upstream pools, runtime.h), its deny cache
+ * and the memory backend of on_error: local. Nothing but the read-only
+ * config is shared with other workers.
+ * The main thread creates workers, and asks them to stop from outside their
+ * thread. */
 #ifndef SLUICE_WORKER_H
 #define SLUICE_WORKER_H
 
@@ -19,6 +21,7 @@ struct client;
 struct denycache;
 struct accesslog;
 struct memstore;
+struct runtime;
 struct backend;
 
 struct worker {
@@ -30,15 +33,12 @@ struct worker {
     struct event *notify_ev;
     pthread_mutex_t reload_lock;
     struct conf *pending;           /* under reload_lock */
-    struct backend **old_backends;  /* replaced by reloads; freed at exit */
-    int nold_backends;
-    struct backend *backend;        /* decides: Redis, or memory over mem */
+    struct runtime *rt;             /* current; requests retain their own */
     struct backend *local;          /* memory over mem, for on_error: local */
     struct denycache *deny;         /* keys Redis denied, until when */
     struct memstore *mem;           /* in-process limiter, shared; not owned */
     struct accesslog *alog;         /* shared; not owned; NULL when off */
-    struct conf *conf;              /* current config; clients retain it */
-    struct upstream_pool **pools;   /* one per conf->upstreams[i] */
+    struct conf *conf;              /* rt->conf; clients retain it */
     int nclients;
     int stopping;                   /* draining: no accepts, no keep-alive */
     struct event *drain_timer;      /* shutdown_timeout */
@@ -61,11 +61,8 @@ void worker_destroy(struct worker *w);
 /* 64 random bits from the worker's own generator (not for secrets). */
 uint64_t worker_random(struct worker *w);
 
-/* The pool for upstream cu of config conf. A request decided under a config
- * that a reload has since replaced gets the new config's upstream of the
- * same name; NULL when there is none. */
-struct upstream_pool *worker_pool(struct worker *w, const struct conf *conf,
-                                  const struct conf_upstream *cu);
+/* The backend new requests decide on (the current runtime's). */
+struct backend *worker_backend(const struct worker *w);
 
 /* Thread-safe: apply a newly loaded config (retained here) to new requests. */
 void worker_reload(struct worker *w, struct conf *conf);

@@ -24,6 +24,7 @@
 #include "memstore.h"
 #include "metrics.h"
 #include "request.h"
+#include "runtime.h"
 
 static const char CONF_HEAD[] =
     "listen: 127.0.0.1:18080\n"
@@ -80,7 +81,7 @@ static struct conf *load(const char *on_error)
     unlink(path);
     if (c == NULL)
         fail_msg("conf_load: %s", err);
-    metrics_bind(c);
+    runtime_bind_metrics(c);
     return c;
 }
 
