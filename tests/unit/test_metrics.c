@@ -423,7 +423,7 @@ static void test_routes(void **state)
  * label values; other bytes (UTF-8) pass. */
 static void test_label_escaping(void **state)
 {
-    static const char *const names[] = { "we\"ird\\pa\nth", "caf\xc3\xa9 {x=1}" };
+    static const char *const names[] = { "we\"ird\\pa\nth", "caf\xc3\xa9 {x=1}\t\r" };
     struct conf c;
     struct conf_route r[2];
     bind_routes(&c, r, names, 2);
@@ -436,7 +436,7 @@ static void test_label_escaping(void **state)
     expect_line(t, "sluice_requests_total{route=\"we\\\"ird\\\\pa\\nth\",decision=\"limited\"} 1");
     expect_line(t, "sluice_responses_total{route=\"we\\\"ird\\\\pa\\nth\",code=\"503\"} 1");
     expect_line(t, "sluice_regex_limit_total{route=\"we\\\"ird\\\\pa\\nth\"} 1");
-    expect_line(t, "sluice_requests_total{route=\"caf\xc3\xa9 {x=1}\",decision=\"allowed\"} 1");
+    expect_line(t, "sluice_requests_total{route=\"caf\xc3\xa9 {x=1}\t\r\",decision=\"allowed\"} 1");
     assert_int_equal(promtool(t), 0);
     free(t);
 }
