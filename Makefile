@@ -28,6 +28,8 @@ DEBS     := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
             libhttp-parser-dev libpcre2-dev libcmocka-dev redis-server python3-pytest python3-requests curl
 # ab -k: an HTTP/1.0 keep-alive client for the integration tests
 DEBS     += apache2-utils
+# promtool: test_metrics checks the /metrics exposition with `promtool check metrics`
+DEBS     += prometheus
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.
