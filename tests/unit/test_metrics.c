@@ -326,7 +326,8 @@ static void bind_routes(struct conf *c, struct conf_route *r, const char *const 
         r[i].name = (char *)names[i];
     c->routes = r;
     c->nroutes = n;
-    metrics_bind(c);
+    for (int i = 0; i < n; i++)     /* as runtime_bind_metrics does */
+        r[i].metrics = metrics_route(r[i].name);
 }
 
 /* ---- the cases ------------------------------------------------------------------- */
