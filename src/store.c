@@ -20,6 +20,7 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "addr.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -197,32 +198,6 @@ static struct event *store_timer(struct store *s, event_callback_fn fn, void *ar
         abort();
     }
     return ev;
-}
-
-/* "host:port" or "[v6]:port" -> host, port; -1 when malformed. */
-static int store_split_addr(const char *text, char *host, size_t hostsize, int *port)
-{
-    const char *colon, *h = text, *hend;
-    if (text[0] == '[') {
-        hend = strchr(text, ']');
-        if (hend == NULL || hend[1] != ':')
-            return -1;
-        h = text + 1;
-        colon = hend + 1;
-    } else {
-        colon = strrchr(text, ':');
-        if (colon == NULL)
-            return -1;
-        hend = colon;
-    }
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (hend == h || (size_t)(hend - h) >= hostsize || *end != '\0' || p < 1 || p > 65535)
-        return -1;
-    memcpy(host, h, (size_t)(hend - h));
-    host[hend - h] = '\0';
-    *port = (int)p;
-    return 0;
 }
 
 /* ---- slots ------------------------------------------------------------------ */
@@ -1317,7 +1292,7 @@ static struct store_node *store_redirect_node(struct store *s, const char *err, 
     char *end;
     long k = strtol(sp + 1, &end, 10);
     if (*end != ' ' || k < 0 || k >= STORE_SLOTS ||
-        store_split_addr(end + 1, host, sizeof(host), &port) != 0)
+        addr_split(end + 1, host, sizeof(host), &port) < 0)
         return NULL;
     int idx = store_node_index(s, host, port);
     if (idx < 0)
@@ -1525,7 +1500,7 @@ static void store_parse_seeds(struct store *s, char **addrs, int n)
     for (int i = 0; i < n; i++) {
         char host[256];
         int port;
-        if (store_split_addr(addrs[i], host, sizeof(host), &port) != 0) {
+        if (addr_split(addrs[i], host, sizeof(host), &port) < 0) {
             log_error("store: bad address '%s': want host:port", addrs[i]);
             continue;
         }
