@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "accesslog.h"
+#include "esc.h"
 #include "log.h"
 #include "mem.h"
 
@@ -158,26 +159,13 @@ static char *accesslog_put_seconds(char *p, int64_t usec)
  * JSON and plain ASCII whatever the client sent. */
 static char *accesslog_put_str(char *p, const char *s, size_t len)
 {
-    static const char hex[] = "0123456789abcdef";
     if (s == NULL)
         return ACCESSLOG_PUT_LIT(p, "null");
     int cut = len > ACCESSLOG_FIELD_MAX;
     if (cut)
         len = ACCESSLOG_FIELD_MAX;
     *p++ = '"';
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') {
-            *p++ = '\\';
-            *p++ = (char)c;
-        } else if (c < 0x20 || c >= 0x7f) {
-            p = ACCESSLOG_PUT_LIT(p, "\\u00");
-            *p++ = hex[c >> 4];
-            *p++ = hex[c & 15];
-        } else {
-            *p++ = (char)c;
-        }
-    }
+    p = esc_put(p, s, len, ESC_JSON);
     if (cut)
         p = ACCESSLOG_PUT_LIT(p, "...");
     *p++ = '"';
