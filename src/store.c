@@ -21,6 +21,7 @@
 #include <hiredis/adapters/libevent.h>
 
 #include "addr.h"
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -172,19 +173,6 @@ static int req_dispatch(struct store_req *q);
 static void req_wait(struct store_req *q);
 static void req_settle(struct store_req *q);
 
-static int64_t store_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timeval store_tv(int64_t ms)
-{
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
-    return tv;
-}
-
 static char *store_strdup(const char *p)
 {
     return p ? mem_strndup(p, strlen(p)) : NULL;
@@ -269,14 +257,14 @@ static void node_set_ready(struct store_node *n, int ready)
 static void node_expect_reply(struct store_node *n)
 {
     if (n->inflight++ == 0)
-        n->progress_ms = store_now_ms();
+        n->progress_ms = clock_ms();
 }
 
 static void node_got_reply(struct store_node *n)
 {
     if (n->inflight > 0)
         n->inflight--;
-    n->progress_ms = store_now_ms();
+    n->progress_ms = clock_ms();
 }
 
 static void node_log_down(struct store_node *n, const char *reason, int64_t retry_ms)
@@ -305,8 +293,8 @@ static void node_down(struct store_node *n, const char *reason)
     if (!n->active)
         return;
     node_log_down(n, reason, n->backoff_ms);
-    struct timeval tv = store_tv(n->backoff_ms);
-    n->retry_at_ms = store_now_ms() + n->backoff_ms;
+    struct timeval tv = clock_timeval(n->backoff_ms);
+    n->retry_at_ms = clock_ms() + n->backoff_ms;
     event_add(n->retry_ev, &tv);
     n->backoff_ms *= 2;
     if (n->backoff_ms > STORE_BACKOFF_MAX_MS)
@@ -572,7 +560,7 @@ static void node_connect(struct store_node *n)
     int64_t budget_ms = 2 * s->rc.timeout_ms;
     if (budget_ms < STORE_CONNECT_MIN_MS)
         budget_ms = STORE_CONNECT_MIN_MS;
-    struct timeval tv = store_tv(budget_ms);
+    struct timeval tv = clock_timeval(budget_ms);
     event_add(n->connect_ev, &tv);
 }
 
@@ -635,8 +623,8 @@ static void node_move(struct store_node *n, const char *host, int port)
         node_kill_later(n, "moving to another server");
     } else if (n->active) {
         event_del(n->retry_ev);
-        struct timeval tv = { 0, 0 };
-        n->retry_at_ms = store_now_ms();
+        struct timeval tv = clock_timeval(0);
+        n->retry_at_ms = clock_ms();
         event_add(n->retry_ev, &tv);    /* not from inside a hiredis callback */
     }
 }
@@ -761,7 +749,7 @@ static void store_refresh_cb(evutil_socket_t fd, short what, void *arg)
     node_expect_reply(n);
     n->slots_inflight = 1;
     s->refresh_wanted = 0;
-    s->last_refresh_ms = store_now_ms();
+    s->last_refresh_ms = clock_ms();
 }
 
 /* At most one CLUSTER SLOTS every STORE_REFRESH_MIN_MS, however many
@@ -773,8 +761,8 @@ static void store_refresh_soon(struct store *s)
     s->refresh_wanted = 1;
     if (evtimer_pending(s->refresh_ev, NULL))
         return;
-    int64_t wait_ms = s->last_refresh_ms + STORE_REFRESH_MIN_MS - store_now_ms();
-    struct timeval tv = store_tv(wait_ms > 0 ? wait_ms : 0);
+    int64_t wait_ms = s->last_refresh_ms + STORE_REFRESH_MIN_MS - clock_ms();
+    struct timeval tv = clock_timeval(wait_ms > 0 ? wait_ms : 0);
     event_add(s->refresh_ev, &tv);
 }
 
@@ -1102,7 +1090,7 @@ static void store_refund(struct store_call *c, const struct store_req *g)
     struct store_req *q = mem_calloc(1, sizeof(*q));
     q->s = s;
     q->slot = g->slot;
-    q->deadline_ms = store_now_ms() + STORE_REFUND_BUDGET_MS;
+    q->deadline_ms = clock_ms() + STORE_REFUND_BUDGET_MS;
     int argc = 3 + n + 3 + 6 * n;
     size_t need = 16 + (size_t)argc * 48 + 80;
     for (int i = 0; i < n; i++)
@@ -1213,14 +1201,14 @@ static void req_wait_cb(evutil_socket_t fd, short what, void *arg)
  * bounds how long; a refund has its deadline. */
 static void req_wait(struct store_req *q)
 {
-    if (q->call == NULL && store_now_ms() > q->deadline_ms) {
+    if (q->call == NULL && clock_ms() > q->deadline_ms) {
         log_warn("store: refund abandoned for slot %d: no master answered", q->slot);
         q->done = 1;
         return;
     }
     if (q->wait_ev == NULL)
         q->wait_ev = store_timer(q->s, req_wait_cb, q);
-    struct timeval tv = store_tv(STORE_WAIT_MS);
+    struct timeval tv = clock_timeval(STORE_WAIT_MS);
     event_add(q->wait_ev, &tv);
 }
 
@@ -1310,7 +1298,7 @@ static void store_count_redirect(struct store *s, int kind, int slot,
     s->redirects[kind]++;
     __atomic_add_fetch(&store_redirect_total[kind], 1, __ATOMIC_RELAXED);
     log_debug("store: cluster redirect %s slot %d to '%s'", kinds[kind], slot, to->name);
-    int64_t now = store_now_ms();
+    int64_t now = clock_ms();
     if (now - s->redirect_logged_ms[kind] >= STORE_REDIRECT_LOG_MS) {
         s->redirect_logged_ms[kind] = now;
         log_info("store: cluster redirect %s slot %d to '%s' (redirects so far: "
@@ -1380,7 +1368,7 @@ static enum store_status store_error_status(struct store *s, struct store_node *
 {
     if (strncmp(err, "OOM ", 4) != 0 && strstr(err, "OOM command not allowed") == NULL)
         return STORE_ERROR;
-    int64_t now = store_now_ms();
+    int64_t now = clock_ms();
     if (s->oom_logged_ms == 0 || now - s->oom_logged_ms >= STORE_OOM_LOG_MS) {
         s->oom_logged_ms = now;
         log_warn("store: EVALSHA failed '%s': out of memory (maxmemory reached under "
@@ -1443,7 +1431,7 @@ static void store_timeout_cb(evutil_socket_t fd, short what, void *arg)
         return;
     struct store_node *stalled[STORE_MAX_LIMITS];
     int nstalled = 0;
-    int64_t now = store_now_ms();
+    int64_t now = clock_ms();
     for (int i = 0; i < c->nreq; i++) {
         struct store_node *n = c->req[i].node;
         if (c->req[i].in_hiredis && n != NULL && n->ac != NULL && n->inflight > 0 &&
@@ -1547,7 +1535,7 @@ struct store *store_create(struct event_base *base, const struct conf_redis *rc)
     s->ctl = node_new(s, NODE_CTL, s->seeds[0].host, s->seeds[0].port, 0);
     node_start(s->ctl);
     if (s->mode == STORE_CLUSTER) {
-        struct timeval tv = store_tv(STORE_REFRESH_EVERY_MS);
+        struct timeval tv = clock_timeval(STORE_REFRESH_EVERY_MS);
         event_add(s->periodic_ev, &tv);
     }
     return s;
@@ -1702,7 +1690,7 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
             return NULL;
         }
     }
-    struct timeval tv = store_tv(s->rc.timeout_ms);
+    struct timeval tv = clock_timeval(s->rc.timeout_ms);
     event_add(c->timer, &tv);
     return c;
 }
@@ -1723,7 +1711,7 @@ int store_connected(const struct store *s)
 
 int64_t store_retry_ms(const struct store *s)
 {
-    int64_t now = store_now_ms(), left = 0;
+    int64_t now = clock_ms(), left = 0;
     if (s->ready)
         return 0;
     for (int i = -1; i < s->nnodes; i++) {
