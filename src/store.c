@@ -67,7 +67,7 @@ struct store_node {
     int down_logged;                /* "down" logged since the last "connected" */
     int64_t backoff_ms;
     struct event *retry_ev;         /* reconnect after backoff */
-    int64_t retry_at_ms;            /* when retry_ev fires (store_now_ms) */
+    int64_t retry_at_ms;            /* when retry_ev fires (clock_ms) */
     struct event *connect_ev;       /* connect + handshake deadline */
     struct event *kill_ev;          /* drop the connection outside hiredis */
     const char *kill_reason;
@@ -973,51 +973,61 @@ static char *store_put_header(char *p, int argc)
     return store_put(p, "\r\n", 2);
 }
 
-/* Room for argc arguments plus the keys: 24 bytes of bulk framing per
- * argument bounds every number's digits too. */
-static void store_req_reserve(struct store_req *q, int argc)
+/* The one EVALSHA encoder of both scripts: EVALSHA sha n key_1..key_n
+ * [mode] args[0..nargs) n (algo limit window_ms interval_us cost last_i)*n
+ * for the call's limits li[0..n), straight into q->cmd: RESP is what
+ * hiredis would build, and keeping it lets a retry resend it after the
+ * caller's keys are gone. limit.lua takes the mode and the flags as last,
+ * refund.lua the TIME of its call as args and the marks as last. The buffer
+ * grows to the largest request seen, then is reused. */
+static void store_encode_evalsha(struct store_req *q, const struct store_call *c,
+                                 const char *sha, const int *li, int n, const char *mode,
+                                 const int64_t *args, int nargs, const int64_t *last)
 {
-    const struct store_call *c = q->call;
+    int argc = 3 + n + (mode != NULL) + nargs + 1 + 6 * n;
+    /* 24 bytes of bulk framing per argument bound every number's digits too */
     size_t need = 16 + (size_t)argc * (24 + 24) + 80;
-    for (int i = 0; i < q->n; i++)
-        need += c->klen[q->idx[i]];
+    for (int i = 0; i < n; i++)
+        need += c->klen[li[i]];
     if (q->cmdcap < need) {
         free(q->cmd);
         q->cmd = mem_alloc(need);
         q->cmdcap = need;
     }
-}
-
-/* EVALSHA limit n key1..keyN mode n (algo limit window_ms interval_us cost
- * flags)*n straight into the request's buffer: RESP is what hiredis would
- * build, and keeping it lets a retry resend it after the caller's keys are
- * gone. The buffer grows to the largest request seen, then is reused. */
-static void store_encode(struct store_req *q, char mode)
-{
-    const struct store_call *c = q->call;
-    int n = q->n;
-    int argc = 3 + n + 2 + 6 * n;
-    store_req_reserve(q, argc);
     char *p = store_put_header(q->cmd, argc);
     p = store_put_bulk(p, "EVALSHA", 7);
-    p = store_put_bulk(p, limit_lua_sha, strlen(limit_lua_sha));
+    p = store_put_bulk(p, sha, strlen(sha));
     p = store_put_int(p, n);
     for (int i = 0; i < n; i++)
-        p = store_put_bulk(p, c->keys + c->koff[q->idx[i]], c->klen[q->idx[i]]);
-    p = store_put_bulk(p, &mode, 1);
+        p = store_put_bulk(p, c->keys + c->koff[li[i]], c->klen[li[i]]);
+    if (mode != NULL)
+        p = store_put_bulk(p, mode, strlen(mode));
+    for (int i = 0; i < nargs; i++)
+        p = store_put_int(p, args[i]);
     p = store_put_int(p, n);
     for (int i = 0; i < n; i++) {
-        int k = q->idx[i];
-        const struct limiter_params *lp = &c->params[k];
+        const struct limiter_params *lp = &c->params[li[i]];
         p = store_put_int(p, (int64_t)lp->algo);
         p = store_put_int(p, lp->limit);
         p = store_put_int(p, lp->window_ms);
         p = store_put_int(p, lp->interval_us);
-        p = store_put_int(p, c->cost[k]);
-        p = store_put_int(p, (int64_t)c->flags[k]);
+        p = store_put_int(p, c->cost[li[i]]);
+        p = store_put_int(p, last[i]);
     }
     q->cmdlen = (size_t)(p - q->cmd);
     assert(q->cmdlen <= q->cmdcap);
+}
+
+/* limit.lua for the request's group: mode "d" decides, "c" also returns the
+ * TIME and marks a refund needs. */
+static void store_encode(struct store_req *q, char mode)
+{
+    const struct store_call *c = q->call;
+    int64_t flags[STORE_MAX_LIMITS];
+    char m[2] = { mode, '\0' };
+    for (int i = 0; i < q->n; i++)
+        flags[i] = (int64_t)c->flags[q->idx[i]];
+    store_encode_evalsha(q, c, limit_lua_sha, q->idx, q->n, m, NULL, 0, flags);
 }
 
 /* The reply of limit.lua: { allowed, (allowed_i remaining_i reset_i
@@ -1091,35 +1101,13 @@ static void store_refund(struct store_call *c, const struct store_req *g)
     q->s = s;
     q->slot = g->slot;
     q->deadline_ms = clock_ms() + STORE_REFUND_BUDGET_MS;
-    int argc = 3 + n + 3 + 6 * n;
-    size_t need = 16 + (size_t)argc * 48 + 80;
-    for (int i = 0; i < n; i++)
-        need += c->klen[g->idx[k[i]]];
-    q->cmd = mem_alloc(need);
-    q->cmdcap = need;
-    char *p = store_put_header(q->cmd, argc);
-    p = store_put_bulk(p, "EVALSHA", 7);
-    p = store_put_bulk(p, refund_lua_sha, strlen(refund_lua_sha));
-    p = store_put_int(p, n);
+    int li[STORE_MAX_LIMITS];
+    int64_t marks[STORE_MAX_LIMITS], times[2] = { g->time_s, g->time_us };
     for (int i = 0; i < n; i++) {
-        int li = g->idx[k[i]];
-        p = store_put_bulk(p, c->keys + c->koff[li], c->klen[li]);
+        li[i] = g->idx[k[i]];
+        marks[i] = g->mark[k[i]];
     }
-    p = store_put_int(p, g->time_s);
-    p = store_put_int(p, g->time_us);
-    p = store_put_int(p, n);
-    for (int i = 0; i < n; i++) {
-        int li = g->idx[k[i]];
-        const struct limiter_params *lp = &c->params[li];
-        p = store_put_int(p, (int64_t)lp->algo);
-        p = store_put_int(p, lp->limit);
-        p = store_put_int(p, lp->window_ms);
-        p = store_put_int(p, lp->interval_us);
-        p = store_put_int(p, c->cost[li]);
-        p = store_put_int(p, g->mark[k[i]]);
-    }
-    q->cmdlen = (size_t)(p - q->cmd);
-    assert(q->cmdlen <= q->cmdcap);
+    store_encode_evalsha(q, c, refund_lua_sha, li, n, NULL, times, 2, marks);
     q->next = s->refunds;
     if (s->refunds != NULL)
         s->refunds->prev = q;
