@@ -6,8 +6,6 @@
  * beyond them. Pure functions: no I/O, no allocation, no global state, so
  * every worker thread may call them at once; the one exception is each
  * thread's PCRE2 match data (see path_regex below). */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <pthread.h>
