@@ -1071,7 +1071,7 @@ static int h_body_timeout(struct ctx *x, struct node *k, struct node *v, void *o
 
 static int h_buffer_body_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    uint64_t n;
+    uint64_t n = 0;
     if (get_size(x, v, 0, 1048576, &n) < 0)
         return -1;
     ((struct conf_client *)obj)->buffer_body_bytes = (size_t)n;
