@@ -352,11 +352,10 @@ static int node_take_master(struct store_node *n, const redisReply *reply)
         reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING)
         return -1;
-    char *end;
-    long port = strtol(reply->element[1]->str, &end, 10);
-    if (*end != '\0' || port < 1 || port > 65535)
+    int port;
+    if (addr_port(reply->element[1]->str, reply->element[1]->len, &port) < 0)
         return -1;
-    store_set_master(n->s, reply->element[0]->str, (int)port);
+    store_set_master(n->s, reply->element[0]->str, port);
     return 0;
 }
 
