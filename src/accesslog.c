@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "accesslog.h"
+#include "clock.h"
+#include "esc.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -79,13 +81,6 @@ static _Thread_local struct {
     uint64_t log_id;
     struct accesslog_slot *slot;
 } accesslog_tls;
-
-static int64_t accesslog_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static char *accesslog_errf(const char *what, const char *target, int errnum)
 {
@@ -158,26 +153,13 @@ static char *accesslog_put_seconds(char *p, int64_t usec)
  * JSON and plain ASCII whatever the client sent. */
 static char *accesslog_put_str(char *p, const char *s, size_t len)
 {
-    static const char hex[] = "0123456789abcdef";
     if (s == NULL)
         return ACCESSLOG_PUT_LIT(p, "null");
     int cut = len > ACCESSLOG_FIELD_MAX;
     if (cut)
         len = ACCESSLOG_FIELD_MAX;
     *p++ = '"';
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') {
-            *p++ = '\\';
-            *p++ = (char)c;
-        } else if (c < 0x20 || c >= 0x7f) {
-            p = ACCESSLOG_PUT_LIT(p, "\\u00");
-            *p++ = hex[c >> 4];
-            *p++ = hex[c & 15];
-        } else {
-            *p++ = (char)c;
-        }
-    }
+    p = esc_put(p, s, len, ESC_JSON);
     if (cut)
         p = ACCESSLOG_PUT_LIT(p, "...");
     *p++ = '"';
@@ -420,7 +402,7 @@ static uint64_t accesslog_log_dropped(struct accesslog *log)
 /* Says once a second how many lines were lost since the last report. */
 static void accesslog_report_drops(struct accesslog *log, uint64_t *reported, int64_t *last_ms)
 {
-    int64_t now = accesslog_mono_ms();
+    int64_t now = clock_ms();
     if (now - *last_ms < ACCESSLOG_REPORT_MS)
         return;
     uint64_t dropped = accesslog_log_dropped(log);
@@ -441,7 +423,7 @@ static size_t accesslog_write_chunk(struct accesslog *log, const char *data, siz
 {
     size_t done = 0;
     while (done < len) {
-        int past_drain = log->give_up_ms >= 0 && accesslog_mono_ms() >= log->give_up_ms;
+        int past_drain = log->give_up_ms >= 0 && clock_ms() >= log->give_up_ms;
         struct pollfd pfd = { .fd = log->fd, .events = POLLOUT };
         int r = poll(&pfd, 1, past_drain ? 0 : ACCESSLOG_POLL_MS);
         if (r < 0 && errno != EINTR)
@@ -451,7 +433,7 @@ static size_t accesslog_write_chunk(struct accesslog *log, const char *data, siz
                 break;
             accesslog_report_drops(log, reported, last_report_ms);
             if (log->give_up_ms < 0 && accesslog_is_stopping(log))
-                log->give_up_ms = accesslog_mono_ms() + ACCESSLOG_CLOSE_DRAIN_MS;
+                log->give_up_ms = clock_ms() + ACCESSLOG_CLOSE_DRAIN_MS;
             continue;
         }
         /* POLLOUT promises room for PIPE_BUF bytes on a pipe, so a write of
@@ -463,7 +445,7 @@ static size_t accesslog_write_chunk(struct accesslog *log, const char *data, siz
         if (w < 0) {
             if (errno == EINTR || errno == EAGAIN)
                 continue;
-            int64_t now = accesslog_mono_ms();
+            int64_t now = clock_ms();
             if (now - log->last_error_ms >= ACCESSLOG_REPORT_MS) {
                 log_error("accesslog: write to '%s' failed: %s; dropping lines",
                           log->path ? log->path : "stdout", strerror(errno));
@@ -521,7 +503,7 @@ static void *accesslog_writer_main(void *arg)
 {
     struct accesslog *log = arg;
     uint64_t reported = 0;
-    int64_t last_report_ms = accesslog_mono_ms();
+    int64_t last_report_ms = clock_ms();
     for (;;) {
         pthread_mutex_lock(&log->lock);
         if (log->queue == NULL && !log->stopping) {
@@ -620,7 +602,7 @@ struct accesslog *accesslog_open_bounded(const char *target, size_t max_pending_
     log->path = path;
     log->fd = fd;
     log->fd_regular = accesslog_fd_regular(fd);
-    log->last_error_ms = accesslog_mono_ms() - ACCESSLOG_REPORT_MS;
+    log->last_error_ms = clock_ms() - ACCESSLOG_REPORT_MS;
     log->give_up_ms = -1;
     log->queue_tail = &log->queue;
     log->max_pending_bytes = max_pending_bytes;

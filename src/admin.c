@@ -22,6 +22,7 @@
 #include <event2/event.h>
 
 #include "admin.h"
+#include "clock.h"
 #include "http1.h"
 #include "listener.h"
 #include "log.h"
@@ -55,11 +56,6 @@ struct admin {
 
 static struct log_every refused_log;
 
-static struct timeval tv_ms(int64_t ms)
-{
-    return (struct timeval){ ms / 1000, (ms % 1000) * 1000 };
-}
-
 static void conn_free(struct admin_conn *c)
 {
     struct admin *a = c->a;
@@ -78,7 +74,7 @@ static void conn_free(struct admin_conn *c)
 
 static void conn_timer(struct admin_conn *c, int64_t ms)
 {
-    struct timeval tv = tv_ms(ms);
+    struct timeval tv = clock_timeval(ms);
     evtimer_add(c->timer, &tv);
 }
 
@@ -270,7 +266,7 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     a->nconns++;
 
     int64_t idle_ms = atomic_load(&a->idle_timeout_ms);
-    struct timeval wt = tv_ms(idle_ms);
+    struct timeval wt = clock_timeval(idle_ms);
     bufferevent_set_timeouts(bev, NULL, &wt);
     bufferevent_setwatermark(bev, EV_READ, 0, ADMIN_MAX_HEAD_BYTES + 1);
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, c);

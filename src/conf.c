@@ -753,17 +753,6 @@ int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms)
     return 0;
 }
 
-/* "1" .. "65535", digits only. */
-static int parse_port(const char *s, int *port)
-{
-    int64_t v;
-    const char *e = parse_digits(s, &v);
-    if (!e || *e || e - s > 5 || v < 1 || v > 65535)
-        return -1;
-    *port = (int)v;
-    return 0;
-}
-
 /* A name getaddrinfo may look up: dot-separated labels of letters, digits,
  * '-' and '_' (docker-compose service names), none empty or starting with
  * '-', the last not all digits (RFC 3696), one trailing dot allowed. So
@@ -796,40 +785,24 @@ static int hostname_ok(const char *s)
     return label > 0 && !digits;
 }
 
+/* addr_split as the config takes it: a v6 address needs its brackets;
+ * *port_text points at the port in s (for getaddrinfo), *family is AF_INET6
+ * for the bracketed form. -1 on bad syntax or port. */
+static int conf_split_addr(const char *s, char host[CONF_MAX_HOSTNAME + 1],
+                           const char **port_text, int *family)
+{
+    int port, form = addr_split(s, host, CONF_MAX_HOSTNAME + 1, &port);
+    if (form < 0 || form == ADDR_LAST_COLON)
+        return -1;
+    *family = form == ADDR_V6_PORT ? AF_INET6 : AF_INET;
+    *port_text = strrchr(s, ':') + 1;
+    return 0;
+}
+
 /* host:port with a numeric host, [v6]:port, localhost:port or NAME:port.
  * Returns 0, -1 on bad syntax, or a getaddrinfo error when a name does not
  * resolve; host receives the host part (for that message). Names resolve
  * now, once: the first address wins, as docker-compose service names need. */
-/* Split host:port or [v6]:port: the host into host, *port_text points at
- * the port in s, *family is AF_INET6 for the bracketed form. -1 on bad
- * syntax or port. */
-static int split_hostport(const char *s, char host[CONF_MAX_HOSTNAME + 1],
-                          const char **port_text, int *family)
-{
-    const char *hs = s, *he, *ps;
-    int port;
-    if (s[0] == '[') {
-        hs = s + 1;
-        he = strchr(hs, ']');
-        if (!he || he[1] != ':')
-            return -1;
-        ps = he + 2;
-        *family = AF_INET6;
-    } else {
-        he = strrchr(s, ':');
-        if (!he || memchr(s, ':', (size_t)(he - s)))
-            return -1;
-        ps = he + 1;
-        *family = AF_INET;
-    }
-    if (he == hs || (size_t)(he - hs) > CONF_MAX_HOSTNAME || parse_port(ps, &port) < 0)
-        return -1;
-    memcpy(host, hs, (size_t)(he - hs));
-    host[he - hs] = '\0';
-    *port_text = ps;
-    return 0;
-}
-
 static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *sslen,
                       char host[CONF_MAX_HOSTNAME + 1])
 {
@@ -838,7 +811,7 @@ static int parse_addr(const char *s, struct sockaddr_storage *ss, socklen_t *ssl
     unsigned char probe[sizeof(struct in6_addr)];
     int family, rc;
 
-    if (split_hostport(s, host, &ps, &family) < 0)
+    if (conf_split_addr(s, host, &ps, &family) < 0)
         return -1;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = family;
@@ -881,88 +854,6 @@ static int get_addr(struct ctx *x, struct node *n, struct conf_addr *a)
         return fail(x, n, "cannot resolve '%s': %s", show(host, sb), gai_strerror(rc));
     free(a->text);
     a->text = xstrdup(s);
-    return 0;
-}
-
-/* "10.0.0.0/8", "fd00::/8", or a bare address (/32, /128). */
-static int parse_cidr(const char *s, struct conf_cidr *out)
-{
-    char host[INET6_ADDRSTRLEN];
-    const char *slash = strchr(s, '/');
-    size_t hl = slash ? (size_t)(slash - s) : strlen(s);
-    int64_t bits;
-    int max;
-    memset(out, 0, sizeof *out);
-    if (hl == 0 || hl >= sizeof host)
-        return -1;
-    memcpy(host, s, hl);
-    host[hl] = '\0';
-    if (inet_pton(AF_INET, host, out->addr) == 1)
-        out->family = AF_INET, max = 32;
-    else if (inet_pton(AF_INET6, host, out->addr) == 1)
-        out->family = AF_INET6, max = 128;
-    else
-        return -1;
-    bits = max;
-    if (slash) {
-        const char *e = parse_digits(slash + 1, &bits);
-        if (!e || *e || e - (slash + 1) > 3 || bits > max)
-            return -1;
-    }
-    out->bits = (int)bits;
-    for (int i = 0; i < max / 8; i++) {
-        int keep = (int)bits - i * 8;
-        if (keep <= 0)
-            out->addr[i] = 0;
-        else if (keep < 8)
-            out->addr[i] &= (uint8_t)(0xff00 >> keep);
-    }
-    return 0;
-}
-
-static int prefix_eq(const uint8_t *a, const uint8_t *b, int bits)
-{
-    int full = bits / 8, rest = bits % 8;
-    if (memcmp(a, b, (size_t)full))
-        return 0;
-    if (rest) {
-        uint8_t mask = (uint8_t)(0xff00 >> rest);
-        return (a[full] & mask) == (b[full] & mask);
-    }
-    return 1;
-}
-
-int conf_cidr_match(const struct conf_cidr *cidrs, int n, const struct sockaddr *addr)
-{
-    static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
-    uint8_t v4[4], v6[16];
-    int has4 = 0;
-    if (!addr)
-        return 0;
-    if (addr->sa_family == AF_INET) {
-        struct sockaddr_in sin;
-        memcpy(&sin, addr, sizeof sin);
-        memcpy(v4, &sin.sin_addr, 4);
-        memcpy(v6, mapped, 12);
-        memcpy(v6 + 12, v4, 4);
-        has4 = 1;
-    } else if (addr->sa_family == AF_INET6) {
-        struct sockaddr_in6 sin6;
-        memcpy(&sin6, addr, sizeof sin6);
-        memcpy(v6, &sin6.sin6_addr, 16);
-        if (!memcmp(v6, mapped, 12)) {
-            memcpy(v4, v6 + 12, 4);
-            has4 = 1;
-        }
-    } else {
-        return 0;
-    }
-    for (int i = 0; i < n; i++) {
-        if (cidrs[i].family == AF_INET && has4 && prefix_eq(v4, cidrs[i].addr, cidrs[i].bits))
-            return 1;
-        if (cidrs[i].family == AF_INET6 && prefix_eq(v6, cidrs[i].addr, cidrs[i].bits))
-            return 1;
-    }
     return 0;
 }
 
@@ -1078,13 +969,7 @@ static const char *parse_redis_url(const char *url, struct conf_redis *r)
         r->host = xstrndup(hp, (size_t)(he - hp));
     }
     if (colon) {
-        char port[8];
-        size_t pl = (size_t)(auth_end - colon - 1);
-        if (pl == 0 || pl >= sizeof port)
-            return "port must be 1..65535";
-        memcpy(port, colon + 1, pl);
-        port[pl] = '\0';
-        if (parse_port(port, &r->port) < 0)
+        if (addr_port(colon + 1, (size_t)(auth_end - colon - 1), &r->port) < 0)
             return "port must be 1..65535";
     }
     if (*auth_end == '/' && auth_end[1]) {
@@ -1186,7 +1071,7 @@ static int h_body_timeout(struct ctx *x, struct node *k, struct node *v, void *o
 
 static int h_buffer_body_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    uint64_t n;
+    uint64_t n = 0;
     if (get_size(x, v, 0, 1048576, &n) < 0)
         return -1;
     ((struct conf_client *)obj)->buffer_body_bytes = (size_t)n;
@@ -1287,7 +1172,7 @@ static int node_addr_ok(const char *s)
     unsigned char probe[sizeof(struct in6_addr)];
     const char *ps;
     int family;
-    if (split_hostport(s, host, &ps, &family) < 0)
+    if (conf_split_addr(s, host, &ps, &family) < 0)
         return 0;
     if (family == AF_INET6)
         return inet_pton(AF_INET6, host, probe) == 1;
@@ -1468,7 +1353,7 @@ static int h_upstreams(struct ctx *x, struct node *k, struct node *v, void *obj)
 }
 
 /* A sequence of CIDRs (trusted_proxies, allow) into a fresh array. */
-static int get_cidrs(struct ctx *x, struct node *v, struct conf_cidr **out, int *n)
+static int get_cidrs(struct ctx *x, struct node *v, struct addr_cidr **out, int *n)
 {
     char sb[SHOW_BUF];
     if (expect(x, v, NODE_SEQ) < 0)
@@ -1478,7 +1363,7 @@ static int get_cidrs(struct ctx *x, struct node *v, struct conf_cidr **out, int 
     for (int i = 0; i < v->nkids; i++) {
         size_t old = path_push(x, "[%d]", i);
         const char *s = scalar(x, v->kids[i]);
-        int rc = s ? parse_cidr(s, &(*out)[i]) : -1;
+        int rc = s ? addr_cidr_parse(s, &(*out)[i]) : -1;
         if (s && rc < 0)
             fail(x, v->kids[i], "bad CIDR '%s' (use e.g. 10.0.0.0/8, 192.0.2.7, fd00::/8)",
                  show(s, sb));
@@ -1674,7 +1559,7 @@ static int h_match_host(struct ctx *x, struct node *k, struct node *v, void *obj
         port = end + 1;
     else if (*end)
         goto bad;
-    if (port && parse_port(port, &portnum) < 0)
+    if (port && addr_port(port, strlen(port), &portnum) < 0)
         goto bad;
     free(r->host);
     r->host = xstrndup(s, (size_t)(end - s));

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
+#include "addr.h"
 #include "limiter.h"
 
 enum conf_on_error { CONF_ON_ERROR_ALLOW, CONF_ON_ERROR_DENY, CONF_ON_ERROR_LOCAL };
@@ -28,12 +29,6 @@ struct conf_addr {
     struct sockaddr_storage ss;
     socklen_t sslen;
     char *text;                 /* as written, for logs: "127.0.0.1:9000" */
-};
-
-struct conf_cidr {
-    int family;                 /* AF_INET or AF_INET6 */
-    uint8_t addr[16];           /* network bytes, masked */
-    int bits;                   /* prefix length */
 };
 
 enum conf_keysrc_kind {
@@ -91,7 +86,7 @@ struct conf_route {
     struct conf_upstream *upstream;
     struct conf_limit *limits;
     int nlimits;
-    struct conf_cidr *allow;    /* clients that bypass this route's limits */
+    struct addr_cidr *allow;    /* clients that bypass this route's limits */
     int nallow;
     int64_t cost;               /* units a request consumes, default 1 */
     enum conf_headers headers;  /* default full */
@@ -154,9 +149,9 @@ struct conf {
     int nupstreams;
     struct conf_route *routes;
     int nroutes;
-    struct conf_cidr *trusted;
+    struct addr_cidr *trusted;
     int ntrusted;
-    struct conf_cidr *allow;    /* top-level allow: bypass every limit */
+    struct addr_cidr *allow;    /* top-level allow: bypass every limit */
     int nallow;
     enum conf_backend backend;  /* default redis */
     size_t memory_max_keys;     /* memory backend bound, default 1000000 */
@@ -179,7 +174,12 @@ void conf_release(struct conf *c);
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);
 
-/* 1 when addr (AF_INET/AF_INET6 sockaddr) is inside any of cidrs. */
-int conf_cidr_match(const struct conf_cidr *cidrs, int n, const struct sockaddr *addr);
+/* 1 when addr (AF_INET/AF_INET6 sockaddr) is inside any of cidrs: kept
+ * for its callers, the match is addr.c's (addr_cidr_match). */
+static inline int conf_cidr_match(const struct addr_cidr *cidrs, int n,
+                                  const struct sockaddr *addr)
+{
+    return addr_cidr_match(cidrs, n, addr);
+}
 
 #endif

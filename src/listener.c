@@ -11,6 +11,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
+#include "clock.h"
 #include "listener.h"
 #include "log.h"
 #include "mem.h"
@@ -50,7 +51,7 @@ static void error_cb(struct evconnlistener *ev, void *arg)
                  "(%ld failure%s since the last such line)", l->who, l->addr,
                  evutil_socket_error_to_string(err), LISTENER_PAUSE_MS, n, n == 1 ? "" : "s");
     evconnlistener_disable(ev);
-    struct timeval tv = { 0, LISTENER_PAUSE_MS * 1000 };
+    struct timeval tv = clock_timeval(LISTENER_PAUSE_MS);
     evtimer_add(l->resume, &tv);
 }
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 
 static enum log_level log_min = LOG_INFO;
@@ -23,20 +24,18 @@ void log_write(enum log_level level, const char *fmt, ...)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
 
-    struct timespec ts;
+    int64_t now_us = clock_wall_us();
+    time_t sec = (time_t)(now_us / 1000000);
     struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
+    gmtime_r(&sec, &tm);
     fprintf(stderr, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s %s\n",
             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-            tm.tm_sec, ts.tv_nsec / 1000000, log_names[level], msg);
+            tm.tm_sec, (long)(now_us / 1000 % 1000), log_names[level], msg);
 }
 
 long log_every_second(struct log_every *e)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    int64_t now_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t now_ms = clock_ms();
     atomic_fetch_add(&e->count, 1);
     int64_t next = atomic_load(&e->next_ms);
     if (now_ms < next || !atomic_compare_exchange_strong(&e->next_ms, &next, now_ms + 1000))

@@ -1,9 +1,9 @@
 /* sluice - memstore.c: the in-process backend, a striped table of limiter states.
  *
- * Keys hash (SipHash-2-4 with a random key: they come from clients) to one
- * of up to 64 stripes, each a chained hash table with its own mutex, LRU list
- * and bound. A decision locks its stripes in ascending order (so two never
- * deadlock), runs limiter_check() on every limit and limiter_commit() on
+ * Keys hash (kvtable.h: SipHash-2-4 with a random key, as they come from
+ * clients) to one of up to 64 stripes, each a kvtable with its own mutex,
+ * LRU lists and bound. A decision locks its stripes in ascending order (so
+ * two never deadlock), runs limiter_check() on every limit and limiter_commit() on
  * the allowing ones only when the request passes, exactly as limit.lua does
  * in Redis, shadow and check-only limits (store.h) included.
  *
@@ -15,9 +15,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <sys/random.h>
 
+#include "kvtable.h"
 #include "limiter.h"
 #include "mem.h"
 #include "memstore.h"
@@ -29,145 +28,54 @@
 #define MEMSTORE_LOG_MIN 4          /* first sliding_log ring, in entries */
 
 struct mentry {
-    struct mentry *hnext;                   /* hash chain */
-    struct mentry *newer, *older;           /* its LRU list: open or held */
-    uint64_t hash;
+    struct kvtable_entry kv;                /* first; kv's list: open or held */
     int64_t held_until_us;                  /* denies until then: kept before others */
     uint64_t seen;                          /* stripe->decisions when last fetched */
     int held;                               /* on the held list */
     struct limiter_state st;                /* st.log is ours (mem_alloc) */
-    size_t keylen;
-    char key[];
-};
-
-struct lru {
-    struct mentry *newest, *oldest;
 };
 
 struct stripe {
     _Alignas(64) pthread_mutex_t lock;      /* one cache line per stripe head */
-    struct mentry **buckets;
-    size_t nbuckets;                        /* a power of two */
-    size_t count, cap;
-    struct lru open;                        /* keys not denying now */
-    struct lru held;                        /* keys denying now: evicted last */
+    struct kvtable table;
+    size_t cap;
+    struct kvtable_list open;               /* keys not denying now */
+    struct kvtable_list held;               /* keys denying now: evicted last */
     uint64_t decisions;                     /* decisions that locked the stripe */
     size_t hand;                            /* the sweep's next bucket */
 };
 
 struct memstore {
     unsigned nstripes;                      /* a power of two */
-    uint64_t k0, k1;                        /* SipHash key */
+    struct kvtable_key key;                 /* one for all: the hash picks the stripe */
     struct stripe *stripes;
 };
 
-/* ---- SipHash-2-4 ----------------------------------------------------------- */
+/* ---- one stripe: a kvtable and two LRU lists, under its lock ------------- */
 
-static uint64_t rotl(uint64_t x, int b) { return (x << b) | (x >> (64 - b)); }
-
-#define SIPROUND do { \
-        v0 += v1; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32); \
-        v2 += v3; v3 = rotl(v3, 16); v3 ^= v2; \
-        v0 += v3; v3 = rotl(v3, 21); v3 ^= v0; \
-        v2 += v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32); \
-    } while (0)
-
-static uint64_t memstore_hash(const struct memstore *m, const char *key, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)key;
-    uint64_t v0 = 0x736f6d6570736575ULL ^ m->k0, v1 = 0x646f72616e646f6dULL ^ m->k1;
-    uint64_t v2 = 0x6c7967656e657261ULL ^ m->k0, v3 = 0x7465646279746573ULL ^ m->k1;
-    uint64_t b = (uint64_t)len << 56;
-    size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        uint64_t w = 0;
-        for (int j = 7; j >= 0; j--)
-            w = (w << 8) | p[i + j];
-        v3 ^= w;
-        SIPROUND; SIPROUND;
-        v0 ^= w;
-    }
-    for (int j = 0; i + j < len; j++)
-        b |= (uint64_t)p[i + j] << (8 * j);
-    v3 ^= b;
-    SIPROUND; SIPROUND;
-    v0 ^= b;
-    v2 ^= 0xff;
-    SIPROUND; SIPROUND; SIPROUND; SIPROUND;
-    return v0 ^ v1 ^ v2 ^ v3;
-}
-
-static void memstore_seed(struct memstore *m)
-{
-    uint64_t k[2];
-    if (getrandom(k, sizeof(k), 0) != (ssize_t)sizeof(k)) {
-        /* no entropy yet: a weaker key is still better than none */
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        k[0] = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)(uintptr_t)m;
-        k[1] = rotl(k[0], 17) ^ 0x9e3779b97f4a7c15ULL;
-    }
-    m->k0 = k[0];
-    m->k1 = k[1];
-}
-
-/* ---- one stripe: hash chains and an LRU list, under its lock --------------- */
-
-static struct mentry **stripe_slot(struct stripe *s, uint64_t hash)
-{
-    return &s->buckets[hash & (s->nbuckets - 1)];
-}
-
-static struct lru *lru_of(struct stripe *s, const struct mentry *e)
+static struct kvtable_list *lru_of(struct stripe *s, const struct mentry *e)
 {
     return e->held ? &s->held : &s->open;
 }
 
 static void lru_unlink(struct stripe *s, struct mentry *e)
 {
-    struct lru *l = lru_of(s, e);
-    if (e->newer) e->newer->older = e->older; else l->newest = e->older;
-    if (e->older) e->older->newer = e->newer; else l->oldest = e->newer;
+    kvtable_list_unlink(lru_of(s, e), &e->kv);
 }
 
 /* e becomes the newest of the list its hold puts it on at now_us. */
 static void lru_push(struct stripe *s, struct mentry *e, int64_t now_us)
 {
     e->held = e->held_until_us > now_us;
-    struct lru *l = lru_of(s, e);
-    e->newer = NULL;
-    e->older = l->newest;
-    if (l->newest) l->newest->newer = e; else l->oldest = e;
-    l->newest = e;
+    kvtable_list_push(lru_of(s, e), &e->kv);
 }
 
 static void stripe_remove(struct stripe *s, struct mentry *e)
 {
-    struct mentry **pp = stripe_slot(s, e->hash);
-    while (*pp != e)
-        pp = &(*pp)->hnext;
-    *pp = e->hnext;
+    kvtable_remove(&s->table, &e->kv);
     lru_unlink(s, e);
-    s->count--;
     free(e->st.log);
     free(e);
-}
-
-static void stripe_grow(struct stripe *s)
-{
-    size_t n = s->nbuckets * 2;
-    struct mentry **b = mem_calloc(n, sizeof(*b));
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        struct mentry *e = s->buckets[i], *next;
-        for (; e; e = next) {
-            next = e->hnext;
-            e->hnext = b[e->hash & (n - 1)];
-            b[e->hash & (n - 1)] = e;
-        }
-    }
-    free(s->buckets);
-    s->buckets = b;
-    s->nbuckets = n;
 }
 
 /* A held key whose hold has ended goes back to the open list. */
@@ -187,10 +95,10 @@ static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
 {
     size_t seen = 0;
     while (seen < budget) {
-        struct mentry **pp = &s->buckets[s->hand];
+        struct kvtable_entry **pp = kvtable_bucket(&s->table, s->hand);
         seen++;
         while (*pp) {
-            struct mentry *e = *pp;
+            struct mentry *e = (struct mentry *)*pp;
             seen++;
             /* stripe_remove() unlinks e through the one pointer that holds
              * it, which is *pp: the analyser cannot see that, and takes the
@@ -199,10 +107,10 @@ static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
                 stripe_remove(s, e);    /* NOLINT(clang-analyzer-unix.Malloc): *pp is now the next one */
             } else {
                 stripe_unhold(s, e, now_us);    /* NOLINT(clang-analyzer-unix.Malloc): as above */
-                pp = &e->hnext;
+                pp = &e->kv.hnext;
             }
         }
-        s->hand = (s->hand + 1) & (s->nbuckets - 1);
+        s->hand = (s->hand + 1) & (s->table.nbuckets - 1);
     }
 }
 
@@ -214,9 +122,9 @@ static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
  * when the whole list is, and then the other list's oldest is not. */
 static struct mentry *stripe_victim(struct stripe *s)
 {
-    struct mentry *e = s->open.oldest;
+    struct mentry *e = (struct mentry *)s->open.oldest;
     if (e == NULL || e->seen == s->decisions)
-        e = s->held.oldest;
+        e = (struct mentry *)s->held.oldest;
     assert(e != NULL && e->seen != s->decisions);
     return e;
 }
@@ -226,25 +134,14 @@ static struct mentry *stripe_victim(struct stripe *s)
 static struct mentry *stripe_get(struct stripe *s, const char *key, size_t len,
                                  uint64_t hash, int64_t now_us)
 {
-    struct mentry *e = *stripe_slot(s, hash);
-    for (; e; e = e->hnext)
-        if (e->hash == hash && e->keylen == len && memcmp(e->key, key, len) == 0)
-            break;
+    struct mentry *e = (struct mentry *)kvtable_find(&s->table, hash, key, len);
     if (e == NULL) {
-        if (s->count >= s->cap)
+        if (s->table.count >= s->cap)
             stripe_remove(s, stripe_victim(s));
-        if (s->count >= s->nbuckets)
-            stripe_grow(s);
-        e = mem_alloc(sizeof(*e) + len);
-        e->hash = hash;
-        e->keylen = len;
-        memcpy(e->key, key, len);
+        e = kvtable_add(&s->table, sizeof(*e), hash, key, len);
         e->held_until_us = 0;
         e->held = 0;
         limiter_state_init(&e->st, NULL, 0);
-        e->hnext = *stripe_slot(s, hash);
-        *stripe_slot(s, hash) = e;
-        s->count++;
     } else {
         lru_unlink(s, e);
     }
@@ -287,15 +184,14 @@ struct memstore *memstore_create(size_t max_keys)
     m->nstripes = MEMSTORE_STRIPES_MAX;
     while (m->nstripes > 1 && max_keys / m->nstripes < STORE_MAX_LIMITS)
         m->nstripes /= 2;
-    memstore_seed(m);
+    kvtable_key_init(&m->key);
     m->stripes = mem_calloc(m->nstripes, sizeof(*m->stripes));
     for (unsigned i = 0; i < m->nstripes; i++) {
         struct stripe *s = &m->stripes[i];
         if (pthread_mutex_init(&s->lock, NULL) != 0)
             abort();
         s->cap = max_keys / m->nstripes;
-        s->nbuckets = MEMSTORE_BUCKETS_MIN;
-        s->buckets = mem_calloc(s->nbuckets, sizeof(*s->buckets));
+        kvtable_init(&s->table, MEMSTORE_BUCKETS_MIN);
     }
     return m;
 }
@@ -307,10 +203,10 @@ void memstore_destroy(struct memstore *m)
     for (unsigned i = 0; i < m->nstripes; i++) {
         struct stripe *s = &m->stripes[i];
         while (s->open.oldest)
-            stripe_remove(s, s->open.oldest);
+            stripe_remove(s, (struct mentry *)s->open.oldest);
         while (s->held.oldest)
-            stripe_remove(s, s->held.oldest);
-        free(s->buckets);
+            stripe_remove(s, (struct mentry *)s->held.oldest);
+        kvtable_fini(&s->table);
         pthread_mutex_destroy(&s->lock);
     }
     free(m->stripes);
@@ -322,7 +218,7 @@ size_t memstore_count(struct memstore *m)
     size_t n = 0;
     for (unsigned i = 0; i < m->nstripes; i++) {
         pthread_mutex_lock(&m->stripes[i].lock);
-        n += m->stripes[i].count;
+        n += m->stripes[i].table.count;
         pthread_mutex_unlock(&m->stripes[i].lock);
     }
     return n;
@@ -446,14 +342,14 @@ int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
         return -1;
     }
     for (int i = 0; i < n; i++)
-        hash[i] = memstore_hash(m, limits[i].key, limits[i].keylen);
+        hash[i] = kvtable_hash(&m->key, limits[i].key, limits[i].keylen);
     int k = memstore_stripes(m, hash, n, order);
     for (int i = 0; i < k; i++) {
         struct stripe *s = &m->stripes[order[i]];
         pthread_mutex_lock(&s->lock);
         s->decisions++;
         /* before any entry of this decision is fetched: the sweep frees */
-        stripe_sweep(s, now_us, s->count + n >= s->cap ? MEMSTORE_SWEEP_FULL : MEMSTORE_SWEEP);
+        stripe_sweep(s, now_us, s->table.count + n >= s->cap ? MEMSTORE_SWEEP_FULL : MEMSTORE_SWEEP);
     }
     res->allowed = memstore_apply(m, limits, n, hash, now_us, res);
     for (int i = k - 1; i >= 0; i--)

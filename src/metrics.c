@@ -9,6 +9,7 @@
 #include <string.h>
 #include <event2/buffer.h>
 
+#include "esc.h"
 #include "mem.h"
 #include "metrics.h"
 
@@ -149,13 +150,10 @@ static uint64_t load(_Atomic uint64_t *v)
 /* Label values are route names from the config: escape per the format. */
 static void add_label(struct evbuffer *out, const char *s)
 {
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            evbuffer_add_printf(out, "\\%c", *s);
-        else if (*s == '\n')
-            evbuffer_add(out, "\\n", 2);
-        else
-            evbuffer_add(out, s, 1);
+    char buf[ESC_MAX(64)];
+    for (size_t n = strlen(s), i = 0; i < n; i += 64) {
+        size_t k = n - i < 64 ? n - i : 64;
+        evbuffer_add(out, buf, (size_t)(esc_put(buf, s + i, k, ESC_LABEL) - buf));
     }
 }
 

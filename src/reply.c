@@ -7,6 +7,7 @@
 #include <string.h>
 #include <event2/buffer.h>
 
+#include "esc.h"
 #include "obuf.h"
 
 #include "reply.h"
@@ -19,15 +20,11 @@
  * strings of the IETF fields (both treat '"' and '\' the same way). */
 static void add_quoted(struct obuf *out, const char *s)
 {
+    char buf[ESC_MAX(64)];
     ADD_LIT(out, "\"");
-    for (const char *p = s; *p; p++) {
-        unsigned char ch = (unsigned char)*p;
-        if (ch == '"' || ch == '\\') {
-            char esc[2] = { '\\', (char)ch };
-            obuf_add(out, esc, 2);
-        } else if (ch >= 0x20 && ch != 0x7f) {
-            obuf_add(out, p, 1);
-        }
+    for (size_t n = strlen(s), i = 0; i < n; i += 64) {
+        size_t k = n - i < 64 ? n - i : 64;
+        obuf_add(out, buf, (size_t)(esc_put(buf, s + i, k, ESC_QUOTED) - buf));
     }
     ADD_LIT(out, "\"");
 }
@@ -225,10 +222,7 @@ void reply_unavailable(struct evbuffer *buf, int64_t retry_ms, int keep_alive,
 
 static size_t quoted_len(const char *s)
 {
-    size_t n = 2;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        n += (*p == '"' || *p == '\\') ? 2 : (*p >= 0x20 && *p != 0x7f);
-    return n;
+    return 2 + esc_len(s, strlen(s), ESC_QUOTED);
 }
 
 static size_t int_len(int64_t v)

@@ -6,14 +6,13 @@
  * beyond them. Pure functions: no I/O, no allocation, no global state, so
  * every worker thread may call them at once; the one exception is each
  * thread's PCRE2 match data (see path_regex below). */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <pthread.h>
 #include <string.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include "addr.h"
 #include "mem.h"
 #include "route.h"
 #include "sha1.h"
@@ -560,155 +559,29 @@ const struct conf_route *route_match(const struct conf *c,
 
 /* ---- client address ---- */
 
-/* An IPv4-mapped IPv6 address (::ffff:a.b.c.d) becomes AF_INET, so that it
- * is written, matched against CIDRs and counted like the IPv4 it is. */
-static void route_fold_mapped(struct sockaddr_storage *ss)
-{
-    if (ss->ss_family != AF_INET6)
-        return;
-    const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
-    if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
-        return;
-    struct sockaddr_in s4;
-    memset(&s4, 0, sizeof s4);
-    s4.sin_family = AF_INET;
-    s4.sin_port = s6->sin6_port;
-    memcpy(&s4.sin_addr, &s6->sin6_addr.s6_addr[12], 4);
-    memset(ss, 0, sizeof *ss);
-    memcpy(ss, &s4, sizeof s4);
-}
-
-static int route_pton(int family, const char *text, struct sockaddr_storage *ss)
-{
-    memset(ss, 0, sizeof *ss);
-    if (family == AF_INET) {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)ss;
-        s4->sin_family = AF_INET;
-        return inet_pton(AF_INET, text, &s4->sin_addr) == 1 ? 0 : -1;
-    }
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)ss;
-    s6->sin6_family = AF_INET6;
-    if (inet_pton(AF_INET6, text, &s6->sin6_addr) != 1)
-        return -1;
-    route_fold_mapped(ss);
-    return 0;
-}
-
-static int route_is_port(const char *p, size_t n)
-{
-    if (n == 0 || n > 5)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (p[i] < '0' || p[i] > '9')
-            return 0;
-    return 1;
-}
-
-/* Parse one X-Forwarded-For entry: "1.2.3.4", "1.2.3.4:5678", "2001:db8::1",
- * "[2001:db8::1]" or "[2001:db8::1]:443". 0 with *ss set, or -1. */
-static int route_parse_entry(const char *s, size_t n, struct sockaddr_storage *ss)
-{
-    char tmp[ROUTE_IP_MAX];
-    if (n == 0 || n >= sizeof tmp || memchr(s, '\0', n) != NULL)
-        return -1;                      /* a NUL would cut inet_pton's string */
-
-    if (s[0] == '[') {
-        const char *end = memchr(s, ']', n);
-        if (end == NULL)
-            return -1;
-        size_t hlen = (size_t)(end - s) - 1;
-        size_t rest = n - hlen - 2;
-        if (rest > 0 && (end[1] != ':' || !route_is_port(end + 2, rest - 1)))
-            return -1;
-        memcpy(tmp, s + 1, hlen);
-        tmp[hlen] = '\0';
-        return route_pton(AF_INET6, tmp, ss);
-    }
-    const char *colon = memchr(s, ':', n);
-    if (colon != NULL && memchr(colon + 1, ':', n - (size_t)(colon + 1 - s)) == NULL) {
-        size_t hlen = (size_t)(colon - s);
-        if (!route_is_port(colon + 1, n - hlen - 1))
-            return -1;
-        memcpy(tmp, s, hlen);
-        tmp[hlen] = '\0';
-        return route_pton(AF_INET, tmp, ss);
-    }
-    memcpy(tmp, s, n);
-    tmp[n] = '\0';
-    if (route_pton(AF_INET, tmp, ss) == 0)
-        return 0;
-    return route_pton(AF_INET6, tmp, ss);
-}
-
-static int route_trusted(const struct conf *c, const struct sockaddr_storage *ss)
-{
-    return c->ntrusted > 0 && conf_cidr_match(c->trusted, c->ntrusted, (const struct sockaddr *)ss);
-}
-
-/* Walk the X-Forwarded-For entries from the right (last header first, each
- * list from its end). Every trusted entry becomes the candidate and the walk
- * goes on; the first untrusted entry is the client. An entry that is not an
- * address stops the walk and the candidate stands: the last trusted hop seen,
- * the farthest proxy we can still vouch for, or the peer when there was none.
- * We do not skip garbage, because what lies left of it was written by no one
- * we trust. When every entry is trusted the left-most one is the client. */
-static void route_walk_xff(const struct conf *c, const char *buf, const struct http1_head *h,
-                           struct sockaddr_storage *client)
-{
-    for (int i = h->nheaders - 1; i >= 0; i--) {
-        if (!route_header_is(buf, h, i, "x-forwarded-for", 15))
-            continue;
-        const char *v;
-        size_t end;
-        route_header_value(buf, h, i, &v, &end);
-        for (;;) {
-            size_t start = end;
-            while (start > 0 && v[start - 1] != ',')
-                start--;
-            const char *e = v + start;
-            size_t elen = end - start;
-            route_trim(&e, &elen);
-            struct sockaddr_storage ss;
-            if (route_parse_entry(e, elen, &ss) < 0)
-                return;
-            *client = ss;
-            if (!route_trusted(c, &ss))
-                return;
-            if (start == 0)
-                break;
-            end = start - 1;            /* step over the ',' */
-        }
-    }
-}
-
-static size_t route_ntop(const struct sockaddr_storage *ss, char *out)
-{
-    const void *a = ss->ss_family == AF_INET
-        ? (const void *)&((const struct sockaddr_in *)ss)->sin_addr
-        : (const void *)&((const struct sockaddr_in6 *)ss)->sin6_addr;
-    if (inet_ntop(ss->ss_family, a, out, ROUTE_IP_MAX) == NULL) {
-        out[0] = '\0';
-        return 0;
-    }
-    return strlen(out);
-}
-
+/* The fields are walked from the last; addr_xff_walk walks each from its
+ * end (addr.c says how the client is picked). */
 size_t route_client_ip(const struct conf *c, const struct sockaddr *peer,
                        const char *buf, const struct http1_head *h, char *out)
 {
     struct sockaddr_storage client;
-    memset(&client, 0, sizeof client);
-    if (peer == NULL || (peer->sa_family != AF_INET && peer->sa_family != AF_INET6)) {
+    if (addr_from_peer(peer, &client) < 0) {
         out[0] = '\0';                  /* unix socket or unknown: no address */
         return 0;
     }
-    memcpy(&client, peer, peer->sa_family == AF_INET
-           ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6));
-    route_fold_mapped(&client);
-
-    if (buf != NULL && h != NULL && route_trusted(c, &client))
-        route_walk_xff(c, buf, h, &client);
-    return route_ntop(&client, out);
+    if (buf != NULL && h != NULL &&
+        addr_cidr_match(c->trusted, c->ntrusted, (const struct sockaddr *)&client)) {
+        for (int i = h->nheaders - 1; i >= 0; i--) {
+            const char *v;
+            size_t n;
+            if (!route_header_is(buf, h, i, "x-forwarded-for", 15))
+                continue;
+            route_header_value(buf, h, i, &v, &n);
+            if (!addr_xff_walk(c->trusted, c->ntrusted, v, n, &client))
+                break;
+        }
+    }
+    return addr_ntop(&client, out);
 }
 
 /* ---- keys ---- */

@@ -13,12 +13,13 @@
 
 #include <stddef.h>
 #include <sys/socket.h>
+#include "addr.h"
 #include "conf.h"
 #include "http1.h"
 
 #define ROUTE_MAX_PART 256
 #define ROUTE_MAX_KEY  4096
-#define ROUTE_IP_MAX   64
+#define ROUTE_IP_MAX   ADDR_IP_MAX
 
 /* Normalise the path of a request target (the bytes before '?'); out must
  * hold len + 1 bytes (the result is NUL-terminated). Returns the normalised length, or -1 for a target that gets

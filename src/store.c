@@ -20,6 +20,8 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "addr.h"
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -65,7 +67,7 @@ struct store_node {
     int down_logged;                /* "down" logged since the last "connected" */
     int64_t backoff_ms;
     struct event *retry_ev;         /* reconnect after backoff */
-    int64_t retry_at_ms;            /* when retry_ev fires (store_now_ms) */
+    int64_t retry_at_ms;            /* when retry_ev fires (clock_ms) */
     struct event *connect_ev;       /* connect + handshake deadline */
     struct event *kill_ev;          /* drop the connection outside hiredis */
     const char *kill_reason;
@@ -170,19 +172,6 @@ static int req_dispatch(struct store_req *q);
 static void req_wait(struct store_req *q);
 static void req_settle(struct store_req *q);
 
-static int64_t store_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timeval store_tv(int64_t ms)
-{
-    struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
-    return tv;
-}
-
 static char *store_strdup(const char *p)
 {
     return p ? mem_strndup(p, strlen(p)) : NULL;
@@ -196,32 +185,6 @@ static struct event *store_timer(struct store *s, event_callback_fn fn, void *ar
         abort();
     }
     return ev;
-}
-
-/* "host:port" or "[v6]:port" -> host, port; -1 when malformed. */
-static int store_split_addr(const char *text, char *host, size_t hostsize, int *port)
-{
-    const char *colon, *h = text, *hend;
-    if (text[0] == '[') {
-        hend = strchr(text, ']');
-        if (hend == NULL || hend[1] != ':')
-            return -1;
-        h = text + 1;
-        colon = hend + 1;
-    } else {
-        colon = strrchr(text, ':');
-        if (colon == NULL)
-            return -1;
-        hend = colon;
-    }
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (hend == h || (size_t)(hend - h) >= hostsize || *end != '\0' || p < 1 || p > 65535)
-        return -1;
-    memcpy(host, h, (size_t)(hend - h));
-    host[hend - h] = '\0';
-    *port = (int)p;
-    return 0;
 }
 
 /* ---- slots ------------------------------------------------------------------ */
@@ -332,14 +295,14 @@ static void node_set_ready(struct store_node *n, int ready)
 static void node_expect_reply(struct store_node *n)
 {
     if (n->inflight++ == 0)
-        n->progress_ms = store_now_ms();
+        n->progress_ms = clock_ms();
 }
 
 static void node_got_reply(struct store_node *n)
 {
     if (n->inflight > 0)
         n->inflight--;
-    n->progress_ms = store_now_ms();
+    n->progress_ms = clock_ms();
 }
 
 static void node_log_down(struct store_node *n, const char *reason, int64_t retry_ms)
@@ -368,8 +331,8 @@ static void node_down(struct store_node *n, const char *reason)
     if (!n->active)
         return;
     node_log_down(n, reason, n->backoff_ms);
-    struct timeval tv = store_tv(n->backoff_ms);
-    n->retry_at_ms = store_now_ms() + n->backoff_ms;
+    struct timeval tv = clock_timeval(n->backoff_ms);
+    n->retry_at_ms = clock_ms() + n->backoff_ms;
     event_add(n->retry_ev, &tv);
     n->backoff_ms *= 2;
     if (n->backoff_ms > STORE_BACKOFF_MAX_MS)
@@ -427,11 +390,10 @@ static int node_take_master(struct store_node *n, const redisReply *reply)
         reply->element[0]->type != REDIS_REPLY_STRING ||
         reply->element[1]->type != REDIS_REPLY_STRING)
         return -1;
-    char *end;
-    long port = strtol(reply->element[1]->str, &end, 10);
-    if (*end != '\0' || port < 1 || port > 65535)
+    int port;
+    if (addr_port(reply->element[1]->str, reply->element[1]->len, &port) < 0)
         return -1;
-    store_set_master(n->s, reply->element[0]->str, (int)port);
+    store_set_master(n->s, reply->element[0]->str, port);
     return 0;
 }
 
@@ -635,7 +597,7 @@ static void node_connect(struct store_node *n)
     int64_t budget_ms = 2 * s->rc.timeout_ms;
     if (budget_ms < STORE_CONNECT_MIN_MS)
         budget_ms = STORE_CONNECT_MIN_MS;
-    struct timeval tv = store_tv(budget_ms);
+    struct timeval tv = clock_timeval(budget_ms);
     event_add(n->connect_ev, &tv);
 }
 
@@ -698,8 +660,8 @@ static void node_move(struct store_node *n, const char *host, int port)
         node_kill_later(n, "moving to another server");
     } else if (n->active) {
         event_del(n->retry_ev);
-        struct timeval tv = { 0, 0 };
-        n->retry_at_ms = store_now_ms();
+        struct timeval tv = clock_timeval(0);
+        n->retry_at_ms = clock_ms();
         event_add(n->retry_ev, &tv);    /* not from inside a hiredis callback */
     }
 }
@@ -824,7 +786,7 @@ static void store_refresh_cb(evutil_socket_t fd, short what, void *arg)
     node_expect_reply(n);
     n->slots_inflight = 1;
     s->refresh_wanted = 0;
-    s->last_refresh_ms = store_now_ms();
+    s->last_refresh_ms = clock_ms();
 }
 
 /* At most one CLUSTER SLOTS every STORE_REFRESH_MIN_MS, however many
@@ -836,8 +798,8 @@ static void store_refresh_soon(struct store *s)
     s->refresh_wanted = 1;
     if (evtimer_pending(s->refresh_ev, NULL))
         return;
-    int64_t wait_ms = s->last_refresh_ms + STORE_REFRESH_MIN_MS - store_now_ms();
-    struct timeval tv = store_tv(wait_ms > 0 ? wait_ms : 0);
+    int64_t wait_ms = s->last_refresh_ms + STORE_REFRESH_MIN_MS - clock_ms();
+    struct timeval tv = clock_timeval(wait_ms > 0 ? wait_ms : 0);
     event_add(s->refresh_ev, &tv);
 }
 
@@ -1048,51 +1010,61 @@ static char *store_put_header(char *p, int argc)
     return store_put(p, "\r\n", 2);
 }
 
-/* Room for argc arguments plus the keys: 24 bytes of bulk framing per
- * argument bounds every number's digits too. */
-static void store_req_reserve(struct store_req *q, int argc)
+/* The one EVALSHA encoder of both scripts: EVALSHA sha n key_1..key_n
+ * [mode] args[0..nargs) n (algo limit window_ms interval_us cost last_i)*n
+ * for the call's limits li[0..n), straight into q->cmd: RESP is what
+ * hiredis would build, and keeping it lets a retry resend it after the
+ * caller's keys are gone. limit.lua takes the mode and the flags as last,
+ * refund.lua the TIME of its call as args and the marks as last. The buffer
+ * grows to the largest request seen, then is reused. */
+static void store_encode_evalsha(struct store_req *q, const struct store_call *c,
+                                 const char *sha, const int *li, int n, const char *mode,
+                                 const int64_t *args, int nargs, const int64_t *last)
 {
-    const struct store_call *c = q->call;
+    int argc = 3 + n + (mode != NULL) + nargs + 1 + 6 * n;
+    /* 24 bytes of bulk framing per argument bound every number's digits too */
     size_t need = 16 + (size_t)argc * (24 + 24) + 80;
-    for (int i = 0; i < q->n; i++)
-        need += c->klen[q->idx[i]];
+    for (int i = 0; i < n; i++)
+        need += c->klen[li[i]];
     if (q->cmdcap < need) {
         free(q->cmd);
         q->cmd = mem_alloc(need);
         q->cmdcap = need;
     }
-}
-
-/* EVALSHA limit n key1..keyN mode n (algo limit window_ms interval_us cost
- * flags)*n straight into the request's buffer: RESP is what hiredis would
- * build, and keeping it lets a retry resend it after the caller's keys are
- * gone. The buffer grows to the largest request seen, then is reused. */
-static void store_encode(struct store_req *q, char mode)
-{
-    const struct store_call *c = q->call;
-    int n = q->n;
-    int argc = 3 + n + 2 + 6 * n;
-    store_req_reserve(q, argc);
     char *p = store_put_header(q->cmd, argc);
     p = store_put_bulk(p, "EVALSHA", 7);
-    p = store_put_bulk(p, limit_lua_sha, strlen(limit_lua_sha));
+    p = store_put_bulk(p, sha, strlen(sha));
     p = store_put_int(p, n);
     for (int i = 0; i < n; i++)
-        p = store_put_bulk(p, c->keys + c->koff[q->idx[i]], c->klen[q->idx[i]]);
-    p = store_put_bulk(p, &mode, 1);
+        p = store_put_bulk(p, c->keys + c->koff[li[i]], c->klen[li[i]]);
+    if (mode != NULL)
+        p = store_put_bulk(p, mode, strlen(mode));
+    for (int i = 0; i < nargs; i++)
+        p = store_put_int(p, args[i]);
     p = store_put_int(p, n);
     for (int i = 0; i < n; i++) {
-        int k = q->idx[i];
-        const struct limiter_params *lp = &c->params[k];
+        const struct limiter_params *lp = &c->params[li[i]];
         p = store_put_int(p, (int64_t)lp->algo);
         p = store_put_int(p, lp->limit);
         p = store_put_int(p, lp->window_ms);
         p = store_put_int(p, lp->interval_us);
-        p = store_put_int(p, c->cost[k]);
-        p = store_put_int(p, (int64_t)c->flags[k]);
+        p = store_put_int(p, c->cost[li[i]]);
+        p = store_put_int(p, last[i]);
     }
     q->cmdlen = (size_t)(p - q->cmd);
     assert(q->cmdlen <= q->cmdcap);
+}
+
+/* limit.lua for the request's group: mode "d" decides, "c" also returns the
+ * TIME and marks a refund needs. */
+static void store_encode(struct store_req *q, char mode)
+{
+    const struct store_call *c = q->call;
+    int64_t flags[STORE_MAX_LIMITS];
+    char m[2] = { mode, '\0' };
+    for (int i = 0; i < q->n; i++)
+        flags[i] = (int64_t)c->flags[q->idx[i]];
+    store_encode_evalsha(q, c, limit_lua_sha, q->idx, q->n, m, NULL, 0, flags);
 }
 
 /* The reply of limit.lua: { allowed, (allowed_i remaining_i reset_i
@@ -1165,36 +1137,14 @@ static void store_refund(struct store_call *c, const struct store_req *g)
     struct store_req *q = mem_calloc(1, sizeof(*q));
     q->s = s;
     q->slot = g->slot;
-    q->deadline_ms = store_now_ms() + STORE_REFUND_BUDGET_MS;
-    int argc = 3 + n + 3 + 6 * n;
-    size_t need = 16 + (size_t)argc * 48 + 80;
-    for (int i = 0; i < n; i++)
-        need += c->klen[g->idx[k[i]]];
-    q->cmd = mem_alloc(need);
-    q->cmdcap = need;
-    char *p = store_put_header(q->cmd, argc);
-    p = store_put_bulk(p, "EVALSHA", 7);
-    p = store_put_bulk(p, refund_lua_sha, strlen(refund_lua_sha));
-    p = store_put_int(p, n);
+    q->deadline_ms = clock_ms() + STORE_REFUND_BUDGET_MS;
+    int li[STORE_MAX_LIMITS];
+    int64_t marks[STORE_MAX_LIMITS], times[2] = { g->time_s, g->time_us };
     for (int i = 0; i < n; i++) {
-        int li = g->idx[k[i]];
-        p = store_put_bulk(p, c->keys + c->koff[li], c->klen[li]);
+        li[i] = g->idx[k[i]];
+        marks[i] = g->mark[k[i]];
     }
-    p = store_put_int(p, g->time_s);
-    p = store_put_int(p, g->time_us);
-    p = store_put_int(p, n);
-    for (int i = 0; i < n; i++) {
-        int li = g->idx[k[i]];
-        const struct limiter_params *lp = &c->params[li];
-        p = store_put_int(p, (int64_t)lp->algo);
-        p = store_put_int(p, lp->limit);
-        p = store_put_int(p, lp->window_ms);
-        p = store_put_int(p, lp->interval_us);
-        p = store_put_int(p, c->cost[li]);
-        p = store_put_int(p, g->mark[k[i]]);
-    }
-    q->cmdlen = (size_t)(p - q->cmd);
-    assert(q->cmdlen <= q->cmdcap);
+    store_encode_evalsha(q, c, refund_lua_sha, li, n, NULL, times, 2, marks);
     q->next = s->refunds;
     if (s->refunds != NULL)
         s->refunds->prev = q;
@@ -1276,14 +1226,14 @@ static void req_wait_cb(evutil_socket_t fd, short what, void *arg)
  * bounds how long; a refund has its deadline. */
 static void req_wait(struct store_req *q)
 {
-    if (q->call == NULL && store_now_ms() > q->deadline_ms) {
+    if (q->call == NULL && clock_ms() > q->deadline_ms) {
         log_warn("store: refund abandoned for slot %d: no master answered", q->slot);
         q->done = 1;
         return;
     }
     if (q->wait_ev == NULL)
         q->wait_ev = store_timer(q->s, req_wait_cb, q);
-    struct timeval tv = store_tv(STORE_WAIT_MS);
+    struct timeval tv = clock_timeval(STORE_WAIT_MS);
     event_add(q->wait_ev, &tv);
 }
 
@@ -1355,7 +1305,7 @@ static struct store_node *store_redirect_node(struct store *s, const char *err, 
     char *end;
     long k = strtol(sp + 1, &end, 10);
     if (*end != ' ' || k < 0 || k >= STORE_SLOTS ||
-        store_split_addr(end + 1, host, sizeof(host), &port) != 0)
+        addr_split(end + 1, host, sizeof(host), &port) < 0)
         return NULL;
     int idx = store_node_index(s, host, port);
     if (idx < 0)
@@ -1373,7 +1323,7 @@ static void store_count_redirect(struct store *s, int kind, int slot,
     s->redirects[kind]++;
     metrics_count(kind == 0 ? METRICS_REDIS_REDIRECTS_ASK : METRICS_REDIS_REDIRECTS_MOVED);
     log_debug("store: cluster redirect %s slot %d to '%s'", kinds[kind], slot, to->name);
-    int64_t now = store_now_ms();
+    int64_t now = clock_ms();
     if (now - s->redirect_logged_ms[kind] >= STORE_REDIRECT_LOG_MS) {
         s->redirect_logged_ms[kind] = now;
         log_info("store: cluster redirect %s slot %d to '%s' (redirects so far: "
@@ -1443,7 +1393,7 @@ static enum store_status store_error_status(struct store *s, struct store_node *
 {
     if (strncmp(err, "OOM ", 4) != 0 && strstr(err, "OOM command not allowed") == NULL)
         return STORE_ERROR;
-    int64_t now = store_now_ms();
+    int64_t now = clock_ms();
     if (s->oom_logged_ms == 0 || now - s->oom_logged_ms >= STORE_OOM_LOG_MS) {
         s->oom_logged_ms = now;
         log_warn("store: EVALSHA failed '%s': out of memory (maxmemory reached under "
@@ -1506,7 +1456,7 @@ static void store_timeout_cb(evutil_socket_t fd, short what, void *arg)
         return;
     struct store_node *stalled[STORE_MAX_LIMITS];
     int nstalled = 0;
-    int64_t now = store_now_ms();
+    int64_t now = clock_ms();
     for (int i = 0; i < c->nreq; i++) {
         struct store_node *n = c->req[i].node;
         if (c->req[i].in_hiredis && n != NULL && n->ac != NULL && n->inflight > 0 &&
@@ -1563,7 +1513,7 @@ static void store_parse_seeds(struct store *s, char **addrs, int n)
     for (int i = 0; i < n; i++) {
         char host[256];
         int port;
-        if (store_split_addr(addrs[i], host, sizeof(host), &port) != 0) {
+        if (addr_split(addrs[i], host, sizeof(host), &port) < 0) {
             log_error("store: bad address '%s': want host:port", addrs[i]);
             continue;
         }
@@ -1611,7 +1561,7 @@ struct store *store_create(struct event_base *base, const struct conf_redis *rc)
     s->ctl = node_new(s, NODE_CTL, s->seeds[0].host, s->seeds[0].port, 0);
     node_start(s->ctl);
     if (s->mode == STORE_CLUSTER) {
-        struct timeval tv = store_tv(STORE_REFRESH_EVERY_MS);
+        struct timeval tv = clock_timeval(STORE_REFRESH_EVERY_MS);
         event_add(s->periodic_ev, &tv);
     }
     return s;
@@ -1766,7 +1716,7 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
             return NULL;
         }
     }
-    struct timeval tv = store_tv(s->rc.timeout_ms);
+    struct timeval tv = clock_timeval(s->rc.timeout_ms);
     event_add(c->timer, &tv);
     return c;
 }
@@ -1787,7 +1737,7 @@ int store_connected(const struct store *s)
 
 int64_t store_retry_ms(const struct store *s)
 {
-    int64_t now = store_now_ms(), left = 0;
+    int64_t now = clock_ms(), left = 0;
     if (s->ready)
         return 0;
     for (int i = -1; i < s->nnodes; i++) {

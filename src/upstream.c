@@ -13,6 +13,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -134,7 +135,7 @@ static struct upstream_conn *conn_new(struct upstream_pool *p)
     struct bufferevent *bev = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
     if (bev == NULL)
         return NULL;
-    struct timeval tv = { cu->connect_timeout_ms / 1000, (cu->connect_timeout_ms % 1000) * 1000 };
+    struct timeval tv = clock_timeval(cu->connect_timeout_ms);
     bufferevent_set_timeouts(bev, NULL, &tv);
     if (bufferevent_socket_connect(bev, (const struct sockaddr *)&a->ss, (int)a->sslen) < 0) {
         log_warn("upstream: connect '%s' failed at once", a->text);

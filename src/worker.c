@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "client.h"
+#include "clock.h"
 #include "denycache.h"
 #include "listener.h"
 #include "log.h"
@@ -97,7 +98,7 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
         event_base_loopexit(w->base, NULL);
         return;
     }
-    struct timeval tv = { w->shutdown_timeout_ms / 1000, (w->shutdown_timeout_ms % 1000) * 1000 };
+    struct timeval tv = clock_timeval(w->shutdown_timeout_ms);
     w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
     evtimer_add(w->drain_timer, &tv);
 }

@@ -73,13 +73,13 @@ static struct conf_route routes[2] = {
     { .name = "users", .ncaptures = 2, .limits = limits, .nlimits = NLIMITS },
     { .name = "default", .path = "/", .pathlen = 1, .limits = limits, .nlimits = NLIMITS },
 };
-static struct conf_cidr trusted[3];
+static struct addr_cidr trusted[3];
 static struct conf c = {
     .redis = { .prefix = "sluice:" }, .routes = routes, .nroutes = 2,
     .trusted = trusted, .ntrusted = 3,
 };
 
-static void cidr(struct conf_cidr *out, int family, const char *text, int bits)
+static void cidr(struct addr_cidr *out, int family, const char *text, int bits)
 {
     out->family = family;
     out->bits = bits;

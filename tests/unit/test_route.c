@@ -19,7 +19,7 @@
 #include "route.h"
 #include "sha1.h"
 
-/* conf_cidr_match comes from the real src/conf.c, linked into this binary:
+/* conf_cidr_match (addr_cidr_match) comes from the real src/addr.c, linked into this binary:
  * the trusted-proxy cases below test both modules together. */
 
 /* ---- request heads built by hand ---- */
@@ -559,7 +559,7 @@ static void test_match_paths_and_host_dot(void **state)
 
 /* ---- client address ---- */
 
-static struct conf_cidr xff_trusted[] = {
+static struct addr_cidr xff_trusted[] = {
     { .family = AF_INET, .addr = { 10 }, .bits = 8 },
     { .family = AF_INET, .addr = { 192, 168 }, .bits = 16 },
     { .family = AF_INET6, .addr = { 0xfd }, .bits = 8 },
