@@ -24,8 +24,7 @@
 #include <yaml.h>
 
 #include "http1.h"
-#include "route.h"
-#include "store.h"
+#include "regex.h"
 
 #define CONF_MAX_FILE_BYTES (4 << 20)
 #define CONF_MAX_DEPTH      32
@@ -1703,7 +1702,7 @@ static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, voi
     struct conf_route *r = obj;
     char sb[SHOW_BUF], why[160];
     const char *s = scalar(x, v);
-    struct route_regex *re;
+    struct regex *re;
     int64_t weight;
     int ncaptures = 0;
     if (!s)
@@ -1736,11 +1735,11 @@ static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, voi
     if (weight > CONF_MAX_REGEX_WEIGHT)
         return fail(x, v, "bad regex '%s': repetition bounds expand beyond %d atoms",
                     show(s, sb), CONF_MAX_REGEX_WEIGHT);
-    re = route_regex_compile(s, &ncaptures, why, sizeof why);
+    re = regex_compile(s, &ncaptures, why, sizeof why);
     if (re == NULL)
         return fail(x, v, "bad regex '%s': %s", show(s, sb), why);
     if (ncaptures > CONF_MAX_CAPTURES) {
-        route_regex_free(re);
+        regex_free(re);
         return fail(x, v, "regex '%s' has %d groups, at most %d", show(s, sb), ncaptures,
                     CONF_MAX_CAPTURES);
     }
@@ -2108,8 +2107,8 @@ static int h_route_limits(struct ctx *x, struct node *k, struct node *v, void *o
     struct conf_route *r = obj;
     if (expect(x, v, NODE_SEQ) < 0)
         return -1;
-    if (v->nkids > STORE_MAX_LIMITS)
-        return fail(x, v, "at most %d limits per route, got %d", STORE_MAX_LIMITS, v->nkids);
+    if (v->nkids > CONF_MAX_LIMITS)
+        return fail(x, v, "at most %d limits per route, got %d", CONF_MAX_LIMITS, v->nkids);
     r->limits = xcalloc((size_t)v->nkids, sizeof *r->limits);
     r->nlimits = v->nkids;
     for (int i = 0; i < v->nkids; i++) {
@@ -2474,7 +2473,7 @@ static void conf_free(struct conf *c)
         free(r->name);
         free(r->path);
         free(r->host);
-        route_regex_free(r->regex);
+        regex_free(r->regex);
         free(r->path_regex);
         free(r->allow);
     }

@@ -23,6 +23,7 @@ enum conf_headers { CONF_HEADERS_FULL, CONF_HEADERS_IETF, CONF_HEADERS_LEGACY, C
 enum conf_underscore { CONF_UNDERSCORE_DROP, CONF_UNDERSCORE_PASS, CONF_UNDERSCORE_REJECT };
 
 #define CONF_MAX_STATUS 600
+#define CONF_MAX_LIMITS 16             /* per route (store.h: STORE_MAX_LIMITS) */
 
 /* A host:port (or [v6]:port, or unix:///path for Redis) resolved at load time. */
 struct conf_addr {
@@ -68,7 +69,7 @@ struct conf_upstream {
 };
 
 struct metrics_route;
-struct route_regex;
+struct regex;
 
 struct conf_route {
     char *name;
@@ -78,7 +79,7 @@ struct conf_route {
     char **methods;             /* upper case; NULL when any method matches */
     int nmethods;
     char *host;                 /* lower case, no port; NULL when any host */
-    struct route_regex *regex;  /* compiled path_regex (route.h), or NULL;
+    struct regex *regex;        /* compiled path_regex (regex.h), or NULL;
                                  * then path is NULL and the regex is matched
                                  * against the normalised path */
     char *path_regex;           /* as written */

@@ -5,15 +5,13 @@
  * headers, query, cookies) through spans into the head buffer and never
  * beyond them. Pure functions: no I/O, no allocation, no global state, so
  * every worker thread may call them at once; the one exception is each
- * thread's PCRE2 match data (see path_regex below). */
+ * thread's PCRE2 match data (regex.c). */
 #include <stdio.h>
 #include <stdlib.h>
-#include <pthread.h>
 #include <string.h>
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include "addr.h"
 #include "mem.h"
+#include "regex.h"
 #include "route.h"
 #include "sha1.h"
 
@@ -346,181 +344,24 @@ static int route_host_meets(const struct conf_route *r, const char *host, size_t
     return route_caseeq(want, wantlen, host, hostlen);
 }
 
-/* ---- path_regex (PCRE2) ----
- *
- * The only PCRE2 user. A pattern is compiled once at config load (with JIT
- * when the platform allows, the interpreter otherwise) and matched against
- * the normalised path with a step limit that shrinks as the path grows, a
- * depth limit and a heap limit, so one match costs bounded CPU whatever the
- * pattern and the path: a match that hits a limit is an answer of its own
- * (route_match's over_limit), never a stall. Match data, match context and
- * JIT stack are per thread (pcre2 match data must not be shared), created on
- * a thread's first match and freed when it exits. */
-
-/* Steps (pcre2's match limit) per match: ROUTE_REGEX_STEPS, or fewer on long
- * paths, where one step may scan the whole path: ROUTE_REGEX_BYTE_STEPS /
- * path length. The interpreter gets a tenth of both: its steps cost more.
- * The worst patterns tried (tests/unit/test_route_regex.c and nested or
- * unanchored .*) took ~4 ms with JIT, ~12 ms in the interpreter, on paths
- * up to 78 KB. */
-#define ROUTE_REGEX_STEPS       100000
-#define ROUTE_REGEX_BYTE_STEPS  10000000
-#define ROUTE_REGEX_NOJIT_SHARE 10
-#define ROUTE_REGEX_DEPTH       2000            /* interpreter nesting */
-#define ROUTE_REGEX_HEAP_KB     1024            /* interpreter frames, per thread */
-#define ROUTE_REGEX_JIT_STACK_MIN (32 * 1024)
-#define ROUTE_REGEX_JIT_STACK_MAX (256 * 1024)
-
-struct route_regex {
-    pcre2_code *code;
-    int jit;                    /* JIT-compiled: the JIT's step budget */
-};
-
-struct route_scratch {
-    pcre2_match_data *md;
-    pcre2_match_context *mc;
-    pcre2_jit_stack *js;        /* NULL without JIT: its default stack */
-};
-
-static pthread_once_t route_pcre2_once = PTHREAD_ONCE_INIT;
-static pthread_key_t route_scratch_key;
-static pcre2_general_context *route_gctx;
-
-/* pcre2 allocates through mem_alloc: no NULL to check, as everywhere. */
-static void *route_pcre2_alloc(PCRE2_SIZE size, void *data)
-{
-    return mem_alloc(size);
-}
-
-static void route_pcre2_free(void *p, void *data)
-{
-    free(p);
-}
-
-static void route_scratch_free(void *p)
-{
-    struct route_scratch *s = p;
-    pcre2_jit_stack_free(s->js);
-    pcre2_match_context_free(s->mc);
-    pcre2_match_data_free(s->md);
-    free(s);
-}
-
-static void route_pcre2_init(void)
-{
-    route_gctx = pcre2_general_context_create(route_pcre2_alloc, route_pcre2_free, NULL);
-    if (route_gctx == NULL || pthread_key_create(&route_scratch_key, route_scratch_free) != 0)
-        abort();                /* mem_alloc aborts first; the key cannot run out */
-}
-
-/* This thread's match data, made on its first match. */
-static struct route_scratch *route_scratch(void)
-{
-    pthread_once(&route_pcre2_once, route_pcre2_init);
-    struct route_scratch *s = pthread_getspecific(route_scratch_key);
-    if (s != NULL)
-        return s;
-    s = mem_calloc(1, sizeof *s);
-    s->md = pcre2_match_data_create(ROUTE_MAX_CAPTURES, route_gctx);
-    s->mc = pcre2_match_context_create(route_gctx);
-    s->js = pcre2_jit_stack_create(ROUTE_REGEX_JIT_STACK_MIN, ROUTE_REGEX_JIT_STACK_MAX,
-                                   route_gctx);
-    if (s->js != NULL)
-        pcre2_jit_stack_assign(s->mc, NULL, s->js);
-    pcre2_set_depth_limit(s->mc, ROUTE_REGEX_DEPTH);
-    pcre2_set_heap_limit(s->mc, ROUTE_REGEX_HEAP_KB);
-    if (pthread_setspecific(route_scratch_key, s) != 0)
-        abort();
-    return s;
-}
-
-struct route_regex *route_regex_compile(const char *pattern, int *ncaptures,
-                                        char *why, size_t whylen)
-{
-    /* POSIX ERE's reading where Perl's differs and a path can tell: '.'
-     * matches any byte (a decoded %0A too), '$' only the end of the path
-     * (not before a final newline). Bytes, never UTF-8. */
-    const uint32_t opts = PCRE2_DOTALL | PCRE2_DOLLAR_ENDONLY | PCRE2_NEVER_UTF |
-                          PCRE2_NEVER_UCP | PCRE2_NEVER_BACKSLASH_C;
-    int err;
-    PCRE2_SIZE at;
-    uint32_t groups = 0, backrefs = 0;
-    size_t jitsize = 0;
-
-    pthread_once(&route_pcre2_once, route_pcre2_init);
-    pcre2_code *code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, opts,
-                                     &err, &at, NULL);
-    if (code == NULL) {
-        PCRE2_UCHAR msg[120];
-        if (pcre2_get_error_message(err, msg, sizeof msg) < 0)
-            snprintf((char *)msg, sizeof msg, "error %d", err);
-        snprintf(why, whylen, "%s", (const char *)msg);
-        return NULL;
-    }
-    pcre2_pattern_info(code, PCRE2_INFO_CAPTURECOUNT, &groups);
-    pcre2_pattern_info(code, PCRE2_INFO_BACKREFMAX, &backrefs);
-    if (backrefs > 0) {         /* \g1, \k<n>, (?P=n): \1 the loader refuses first */
-        pcre2_code_free(code);
-        snprintf(why, whylen, "backreferences are not supported");
-        return NULL;
-    }
-    /* Without JIT (a platform without it, no executable memory) the
-     * interpreter runs the same pattern on a smaller step budget. */
-    if (pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0)
-        pcre2_pattern_info(code, PCRE2_INFO_JITSIZE, &jitsize);
-    struct route_regex *re = mem_calloc(1, sizeof *re);
-    re->code = code;
-    re->jit = jitsize > 0;
-    *ncaptures = (int)groups;
-    return re;
-}
-
-void route_regex_free(struct route_regex *re)
-{
-    if (re == NULL)
-        return;
-    pcre2_code_free(re->code);
-    free(re);
-}
-
-int route_regex_jit(const struct route_regex *re)
-{
-    return re->jit;
-}
-
-static uint32_t route_regex_steps(const struct route_regex *re, size_t pathlen)
-{
-    uint64_t share = re->jit ? 1 : ROUTE_REGEX_NOJIT_SHARE;
-    uint64_t steps = ROUTE_REGEX_BYTE_STEPS / share / (pathlen + 1);
-    if (steps > ROUTE_REGEX_STEPS / share)
-        steps = ROUTE_REGEX_STEPS / share;
-    return steps > 0 ? (uint32_t)steps : 1;
-}
-
 /* 1: the regex matches the normalised path (caps, when not NULL, gets its
  * groups), 0: it does not, -1: it hit a limit before it could tell. */
 static int route_regex_meets(const struct conf_route *r, const char *path, size_t pathlen,
                              struct route_captures *caps)
 {
-    struct route_scratch *s = route_scratch();
-    pcre2_set_match_limit(s->mc, route_regex_steps(r->regex, pathlen));
-    int rc = pcre2_match(r->regex->code, (PCRE2_SPTR)path, pathlen, 0, 0, s->md, s->mc);
-    if (rc == PCRE2_ERROR_NOMATCH)
-        return 0;
-    if (rc < 0)     /* match, depth, heap or JIT stack limit: nothing else is expected */
-        return -1;
-    if (caps) {
-        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
-        int pairs = rc > 0 ? rc : ROUTE_MAX_CAPTURES;   /* 0: the ovector is full */
-        caps->n = 0;
-        caps->set = 0;
-        for (int i = 0; i < ROUTE_MAX_CAPTURES && i <= r->ncaptures; i++) {
-            int set = i < pairs && ov[2 * i] != PCRE2_UNSET && ov[2 * i + 1] >= ov[2 * i];
-            caps->off[i] = set ? (size_t)ov[2 * i] : 0;
-            caps->len[i] = set ? (size_t)(ov[2 * i + 1] - ov[2 * i]) : 0;
-            caps->set |= (unsigned)set << i;
-            caps->n = i + 1;
-        }
+    size_t off[ROUTE_MAX_CAPTURES], len[ROUTE_MAX_CAPTURES];
+    int max = r->ncaptures + 1 < ROUTE_MAX_CAPTURES ? r->ncaptures + 1 : ROUTE_MAX_CAPTURES;
+    int rc = regex_match(r->regex, path, pathlen, off, len, max);
+    if (rc <= 0 || caps == NULL)
+        return rc;
+    caps->n = 0;
+    caps->set = 0;
+    for (int i = 0; i < max; i++) {
+        int set = off[i] != SIZE_MAX;
+        caps->off[i] = set ? off[i] : 0;
+        caps->len[i] = len[i];
+        caps->set |= (unsigned)set << i;
+        caps->n = i + 1;
     }
     return 1;
 }

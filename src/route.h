@@ -39,17 +39,6 @@ long route_normalize_paths(const struct conf *c, const char *target, size_t len,
  * digits; -1 otherwise (userinfo, spaces, '/', ',', '%'...: a 400). */
 int route_host_check(const char *host, size_t len);
 
-/* A compiled path_regex (PCRE2, JIT when available), made by the config
- * loader. NULL with a message in why (PCRE2's, or "backreferences are not
- * supported") when the pattern does not compile; *ncaptures gets its group
- * count. The caller owns the result: route_regex_free. */
-struct route_regex;
-struct route_regex *route_regex_compile(const char *pattern, int *ncaptures,
-                                        char *why, size_t whylen);
-void route_regex_free(struct route_regex *re);
-/* 1 when JIT-compiled (the interpreter gets a smaller step budget). */
-int route_regex_jit(const struct route_regex *re);
-
 /* Groups a path_regex route captured from the normalised path. */
 #define ROUTE_MAX_CAPTURES 10
 struct route_captures {

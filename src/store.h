@@ -22,7 +22,7 @@
 #include "conf.h"
 #include "limiter.h"
 
-#define STORE_MAX_LIMITS 16
+#define STORE_MAX_LIMITS CONF_MAX_LIMITS
 
 struct event_base;
 struct store;

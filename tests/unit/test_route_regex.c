@@ -17,15 +17,16 @@
 #include <time.h>
 #include <cmocka.h>
 
+#include "regex.h"
 #include "route.h"
 
 #define MAX_PATH 80000                  /* http_parser's head limit */
 #define CPU_BOUND_MS 50.0               /* per match; JIT takes ~1 ms, ASan more */
 
-static struct route_regex *compile(const char *pattern, int *groups)
+static struct regex *compile(const char *pattern, int *groups)
 {
     char why[160];
-    struct route_regex *re = route_regex_compile(pattern, groups, why, sizeof why);
+    struct regex *re = regex_compile(pattern, groups, why, sizeof why);
     if (re == NULL)
         fail_msg("'%s': %s", pattern, why);
     return re;
@@ -141,7 +142,7 @@ static void test_regex_semantics(void **state)
             }
         }
         free(path);
-        route_regex_free(r.regex);
+        regex_free(r.regex);
     }
 }
 
@@ -158,17 +159,17 @@ static void test_regex_compile_errors(void **state)
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         char why[160] = "";
         int groups = -1;
-        struct route_regex *re = route_regex_compile(t[i].pattern, &groups, why, sizeof why);
+        struct regex *re = regex_compile(t[i].pattern, &groups, why, sizeof why);
         if (re != NULL)
             fail_msg("'%s' compiled", t[i].pattern);
         if (!strstr(why, t[i].why))
             fail_msg("'%s': '%s', expected '%s'", t[i].pattern, why, t[i].why);
     }
     int groups = -1;
-    struct route_regex *re = compile("^/(a)(?:b)(?<c>c)", &groups);
+    struct regex *re = compile("^/(a)(?:b)(?<c>c)", &groups);
     assert_int_equal(groups, 2);        /* (?:...) does not count, named groups do */
-    route_regex_free(re);
-    route_regex_free(NULL);
+    regex_free(re);
+    regex_free(NULL);
 }
 
 /* Debian's libpcre2 has JIT on the architectures sluice is built for; the
@@ -177,15 +178,15 @@ static void test_regex_compile_errors(void **state)
 static void test_regex_jit(void **state)
 {
     int groups;
-    struct route_regex *re;
+    struct regex *re;
 #if defined(__x86_64__) || defined(__aarch64__)
     re = compile("^/users/([^/]+)", &groups);
-    assert_int_equal(route_regex_jit(re), 1);
-    route_regex_free(re);
+    assert_int_equal(regex_jit(re), 1);
+    regex_free(re);
 #endif
     re = compile("(*NO_JIT)^/users/([^/]+)", &groups);
-    assert_int_equal(route_regex_jit(re), 0);
-    route_regex_free(re);
+    assert_int_equal(regex_jit(re), 0);
+    regex_free(re);
 }
 
 /* ---- limits ---- */
@@ -241,7 +242,7 @@ static void test_regex_limits(void **state)
                 assert_null(route_match(&c, path, n, "GET", 3, NULL, 0, NULL));
             free(path);
         }
-        route_regex_free(routes[0].regex);
+        regex_free(routes[0].regex);
     }
 }
 
@@ -268,7 +269,7 @@ static void test_regex_limit_outcomes(void **state)
     assert_int_equal(caps.off[1], 4);
     assert_int_equal(caps.len[1], n - 10);
     free(path);
-    route_regex_free(r.regex);
+    regex_free(r.regex);
 
     /* 121 * 121 steps on any path it meets: within the 100,000 steps up to
      * ~100 bytes, within 10,000,000 / length up to ~680 bytes, not beyond. */
@@ -281,7 +282,7 @@ static void test_regex_limit_outcomes(void **state)
     assert_null(route_match(&c, path, n, "GET", 3, NULL, 0, &caps));
     assert_ptr_equal(caps.over_limit, &r);
     free(path);
-    route_regex_free(r.regex);
+    regex_free(r.regex);
 }
 
 /* Route order still holds around a regex route: a method or host that does
@@ -304,7 +305,7 @@ static void test_regex_skipped_by_method(void **state)
     assert_null(route_match(&c, path, n, "GET", 3, NULL, 0, &caps));
     assert_ptr_equal(caps.over_limit, &routes[0]);
     free(path);
-    route_regex_free(routes[0].regex);
+    regex_free(routes[0].regex);
 }
 
 /* ---- threads ---- */
@@ -354,7 +355,7 @@ static void test_regex_threads(void **state)
         assert_int_equal(pthread_join(th[i], NULL), 0);
         assert_int_equal(args[i].bad, 0);
     }
-    route_regex_free(r.regex);
+    regex_free(r.regex);
 }
 
 int main(void)
