@@ -1,21 +1,64 @@
 /* sluice - decide.h: whether one request may go on.
  *
- * Allow lists, the keys of the route's limits (built into the request's own
- * buffer), the deny cache, one call to the worker's backend, on_error
+ * Allow lists, the keys of the route's limits (built into the decision's
+ * own buffer), the deny cache, one call to the worker's backend, on_error
  * (allow, deny, or a local in-process decision) and, after the response,
- * the count_status consumption. Everything is kept in the request, so an
- * answer arriving after a reload still sees the request's own keys. The
- * backend is reached only through backend.h. */
+ * the count_status consumption. Everything is kept in struct decision
+ * (embedded in the request), so an answer arriving after a reload still
+ * sees the request's own keys. The backend is reached only through
+ * backend.h; the request is not seen at all. */
 #ifndef SLUICE_DECIDE_H
 #define SLUICE_DECIDE_H
 
-#include "request.h"
+#include <stddef.h>
+#include <stdint.h>
+#include "reply.h"
+#include "store.h"
 
 struct backend;
+struct backend_call;
 struct denycache;
 struct conf;
 struct conf_route;
 struct route_req;
+
+/* One limit's key, at off in the decision's key buffer. */
+struct decide_key {
+    size_t off, len;
+    int64_t cost;
+    unsigned flags;                     /* STORE_SHADOW, STORE_CHECK_ONLY */
+};
+
+/* One request's decision: its keys and limit results, and the call in
+ * flight. Embedded in the request; the key buffer is kept across the
+ * requests of a connection (decide_free frees it). */
+struct decision {
+    char *keybuf;                       /* the keys, back to back */
+    size_t key_cap;
+
+    /* Zeroed per request from here (decide_reset). */
+    size_t key_used;
+    int nkeys;
+    struct decide_key key[STORE_MAX_LIMITS];    /* limit i is rl.limit[i] */
+    struct reply_limits rl;
+    int have_limits;
+    int decision;                       /* enum metrics_decision, or -1 */
+    unsigned counted;                   /* bit i: key i waits for count_status */
+    const struct conf *conf;
+    struct backend *backend;            /* its runtime's (Redis or memory) */
+    struct backend *call_b;             /* the one that made call */
+    struct backend_call *call;
+    struct backend_call *count_call;    /* count_status consumption, on backend */
+    struct backend *local;              /* on_error: local */
+    struct denycache *deny;
+    int64_t call_start_us;
+    void (*done)(void *arg, int verdict);
+    void *arg;
+};
+
+/* Zero the per-request part; keeps the key buffer. */
+void decide_reset(struct decision *dec);
+void decide_free(struct decision *dec);
 
 /* What a decision is lent: the backend of the request's runtime, and the
  * worker's memory backend for on_error: local and its deny cache. Not
@@ -39,20 +82,20 @@ enum decide_verdict {
  * decide_cancel(). */
 typedef void decide_done(void *arg, int verdict);
 
-/* Decide rq on route (of conf, which must outlive the decision). req
- * carries the head and rq->path; rq->ip must be set. Returns a verdict, or
- * DECIDE_PENDING and done(arg, verdict) later. Counts the decision
- * (metrics_request) and sets rq->decision. */
-int decide_start(struct request *rq, const struct decide_env *env, const struct conf *conf,
+/* Decide on route (of conf, which must outlive the decision). req carries
+ * the head, the client address and the normalised path. Returns a verdict,
+ * or DECIDE_PENDING and done(arg, verdict) later. Counts the decision
+ * (metrics_request) and sets dec->decision. */
+int decide_start(struct decision *dec, const struct decide_env *env, const struct conf *conf,
                  const struct conf_route *route, const struct route_req *req,
                  decide_done *done, void *arg);
 
 /* The response status is known: the limits whose count_status lists it
  * consume now. Returns 1 when done(arg, 0) will follow (the response waits
  * for it), 0 when nothing waits. */
-int decide_count_status(struct request *rq, int status, decide_done *done, void *arg);
+int decide_count_status(struct decision *dec, int status, decide_done *done, void *arg);
 
 /* The answers are no longer wanted: no callback runs after this. */
-void decide_cancel(struct request *rq);
+void decide_cancel(struct decision *dec);
 
 #endif

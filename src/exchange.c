@@ -3,7 +3,7 @@
  * Bodies move between evbuffers piece by piece (http1 reports where payload
  * is); only a small request body is held whole, before an upstream
  * connection is taken. Backpressure: a side whose output is above
- * CLIENT_HIGH_WATER stops the other side's reading (client_flush resumes). */
+ * CONN_HIGH_WATER stops the other side's reading (conn_flush resumes). */
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +13,8 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
-#include "client.h"
 #include "clock.h"
+#include "conn.h"
 #include "conf.h"
 #include "exchange.h"
 #include "h1write.h"
@@ -28,7 +28,6 @@
 #include "request.h"
 #include "route.h"
 #include "upstream.h"
-#include "worker.h"
 
 #define EXCHANGE_RESP_HEAD_MAX (64 * 1024)
 /* Interim (1xx) responses relayed to a client per request; more are read
@@ -55,43 +54,7 @@ static void add_hex(struct evbuffer *out, size_t n)
 }
 
 /* Bytes move from buffer to buffer by copying into the destination's own
- * chains, never by handing chains over: a socket read leaves its bytes in a
- * chain about twice their size, and a stalled peer's output made of such
- * chains would hold twice what CLIENT_HIGH_WATER allows. */
-
-/* Copy the payload pieces of run (the first `used` bytes of src) to dst, or
- * drop them when dst is NULL, then drop the run, framing included. */
-static void move_pieces(struct evbuffer *src, struct evbuffer *dst, const char *run,
-                        size_t used, const struct http1_piece *pieces, int n)
-{
-    for (int i = 0; dst && i < n; i++)
-        evbuffer_add(dst, run + pieces[i].off, pieces[i].len);
-    evbuffer_drain(src, used);
-}
-
-/* Feed one contiguous run of src's body bytes to parser p; the payload goes
- * to dst as is. Returns 1 when the message is complete, 0 to wait for more,
- * 2 when there may be more to do, -1 on a framing error. *payload gets the
- * payload bytes moved. */
-int exchange_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
-                     size_t *payload)
-{
-    struct evbuffer_iovec v;
-    struct http1_piece pieces[HTTP1_MAX_PIECES];
-    int npieces = 0, done = 0;
-    *payload = 0;
-    if (evbuffer_peek(src, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
-        return 0;
-    long used = http1_body_feed(p, v.iov_base, v.iov_len, pieces, &npieces, &done);
-    if (used < 0)
-        return -1;
-    for (int i = 0; i < npieces; i++)
-        *payload += pieces[i].len;
-    move_pieces(src, dst, v.iov_base, (size_t)used, pieces, npieces);
-    if (done)
-        return 1;
-    return used == 0 && npieces == 0 ? 0 : 2;
-}
+ * chains, never by handing chains over (conn_pump_once). */
 
 /* Append all of src to dst (copying, as above). A buffer may keep empty
  * chains a read reserved: only the length says when it is empty. */
@@ -128,7 +91,7 @@ static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst
     *payload = 0;
     do {
         size_t n;
-        rc = exchange_pump_once(p, src, to, &n);
+        rc = conn_pump_once(p, src, to, &n);
         *payload += n;
     } while (rc == 2 && *payload < room);
     if (!chunked)
@@ -176,7 +139,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
     const char *t = upstream_conf(c->up->pool)->servers[c->up->server].text;
     struct h1write_req o = {
         .peer = c->peer_text, .peer_len = c->peer_len,
-        .rid = c->rq.rid, .rid_len = c->rq.rid_len,
+        .rid = c->rq->rid, .rid_len = c->rq->rid_len,
         .host = t, .host_len = strlen(t),
         .trusted = peer_trusted(c),
         .upgrade = c->upgrade,
@@ -208,7 +171,7 @@ static void up_timeouts(struct client *c)
 static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
 {
     if (p == NULL)
-        p = runtime_pool(c->rq.rt, c->route->upstream);
+        p = runtime_pool(c->rq->rt, c->route->upstream);
     if (p == NULL)
         return -1;
     c->up = upstream_acquire(p, fresh);
@@ -216,11 +179,11 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
         return -1;
     struct bufferevent *ub = c->up->bev;
     bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
-    bufferevent_setwatermark(ub, EV_WRITE, CLIENT_HIGH_WATER / 2, 0);
+    bufferevent_setwatermark(ub, EV_WRITE, CONN_HIGH_WATER / 2, 0);
     c->up_deadline_ms = 0;      /* counted on this connection */
     up_timeouts(c);
     /* A connect completes on the write event; a connected socket is
-     * written by client_flush. */
+     * written by conn_flush. */
     bufferevent_enable(ub, c->up->connected ? EV_READ : EV_READ | EV_WRITE);
     c->up_paused = 0;
     return 0;
@@ -260,7 +223,7 @@ void exchange_start(struct client *c)
         up_timeouts(c);
         return;
     }
-    client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+    conn_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
 }
 
 /* ---- request buffering ---------------------------------------------- */
@@ -301,7 +264,7 @@ static void buffer_wait(struct client *c)
 {
     int64_t left = c->buffer_until_ms - clock_ms();
     int64_t ms = c->conf->client.body_timeout_ms;
-    client_timer(c, TM_BODY, left < 0 ? 0 : left < ms ? left : ms);
+    conn_timer(c, TM_BODY, left < 0 ? 0 : left < ms ? left : ms);
 }
 
 /* The head leaves the input (the body behind it is read into c->body); a
@@ -332,10 +295,10 @@ void exchange_buffer_body(struct client *c)
     uint64_t max_body = c->conf->client.max_body_bytes;
     for (;;) {
         size_t payload;
-        int rc = exchange_pump_once(c->parser, in, c->body, &payload);
+        int rc = conn_pump_once(c->parser, in, c->body, &payload);
         c->body_bytes += payload;
-        if (c->rq.log)
-            c->rq.log->bytes_in += payload;
+        if (c->rq->log)
+            c->rq->log->bytes_in += payload;
         if (rc < 0) {
             request_fail(c, 400);
             return;
@@ -352,13 +315,13 @@ void exchange_buffer_body(struct client *c)
             break;
         if (rc == 0) {
             if (c->eof)         /* the rest can never come */
-                client_kill(c);
+                conn_kill(c);
             else
                 buffer_wait(c);
             return;
         }
     }
-    client_timer(c, TM_NONE, 0);
+    conn_timer(c, TM_NONE, 0);
     exchange_start(c);
 }
 
@@ -389,17 +352,17 @@ void exchange_pump_request(struct client *c)
 
     while (!c->req_done && c->up) {
         size_t queued = evbuffer_get_length(uo);
-        if (queued > CLIENT_HIGH_WATER) {
+        if (queued > CONN_HIGH_WATER) {
             bufferevent_disable(c->bev, EV_READ);
             c->client_paused = 1;
             return;
         }
         size_t payload;
         int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
-                           CLIENT_HIGH_WATER - queued, &payload);
+                           CONN_HIGH_WATER - queued, &payload);
         c->body_bytes += payload;
-        if (c->rq.log)
-            c->rq.log->bytes_in += payload;
+        if (c->rq->log)
+            c->rq->log->bytes_in += payload;
         if (rc < 0) {
             request_fail(c, 400);
             return;
@@ -411,9 +374,9 @@ void exchange_pump_request(struct client *c)
         if (rc == 1) {
             c->req_done = 1;
             up_timeouts(c);
-            client_timer(c, TM_NONE, 0);
+            conn_timer(c, TM_NONE, 0);
         } else if (rc == 0) {
-            client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+            conn_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
             return;
         }
     }
@@ -452,7 +415,7 @@ static void write_response_head(struct client *c, const char *buf)
 {
     const struct http1_head *h = &c->up->head;
     struct obuf ob;
-    enum conf_headers mode = c->rq.have_limits ? c->route->headers : CONF_HEADERS_NONE;
+    enum conf_headers mode = c->rq->dec.have_limits ? c->route->headers : CONF_HEADERS_NONE;
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
         if (c->head.minor >= 1)
@@ -461,7 +424,7 @@ static void write_response_head(struct client *c, const char *buf)
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
     }
     struct h1write_resp o = {
-        .rid = c->rq.rid, .rid_len = c->rq.rid_len,
+        .rid = c->rq->rid, .rid_len = c->rq->rid_len,
         .limits = mode,
         .head_request = c->head_request,
         .chunked = c->out_chunked,
@@ -473,7 +436,7 @@ static void write_response_head(struct client *c, const char *buf)
     if (mode != CONF_HEADERS_NONE) {
         struct reply_upstream up;
         upstream_limits(buf, h, &up);
-        reply_limit_headers(&ob, &c->rq.rl, 0, &up);
+        reply_limit_headers(&ob, &c->rq->dec.rl, 0, &up);
     }
     h1write_response_end(&ob, buf, h, &o);
     obuf_end(&ob);
@@ -488,11 +451,11 @@ void exchange_tunnel_pump(struct client *c)
     move_all(uo, bufferevent_get_input(c->bev));
     move_all(out, bufferevent_get_input(ub));
     /* Whichever side is slow to read holds back the other. */
-    if (evbuffer_get_length(uo) > CLIENT_HIGH_WATER) {
+    if (evbuffer_get_length(uo) > CONN_HIGH_WATER) {
         bufferevent_disable(c->bev, EV_READ);
         c->client_paused = 1;
     }
-    if (evbuffer_get_length(out) > CLIENT_HIGH_WATER) {
+    if (evbuffer_get_length(out) > CONN_HIGH_WATER) {
         bufferevent_disable(ub, EV_READ);
         c->up_paused = 1;
     }
@@ -505,7 +468,7 @@ static void start_tunnel(struct client *c)
     c->state = CS_TUNNEL;
     c->resp_started = 1;
     c->keep_alive = 0;
-    client_timer(c, TM_NONE, 0);
+    conn_timer(c, TM_NONE, 0);
     bufferevent_set_timeouts(c->bev, NULL, NULL);
     bufferevent_set_timeouts(c->up->bev, NULL, NULL);
     bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
@@ -588,7 +551,7 @@ static int read_response_head(struct client *c)
             start_tunnel(c);
             return -1;
         }
-        if (c->rq.count_call || request_consume_counted(c, status))
+        if (c->rq->dec.count_call || request_consume_counted(c, status))
             return 0;   /* counted_done_cb resumes */
         request_drain_head(c);  /* the request head is no longer needed for a retry */
         request_count_response(c, status);
@@ -610,14 +573,14 @@ void exchange_pump_response(struct client *c)
     struct evbuffer *out = bufferevent_get_output(c->bev);
     while (!c->resp_done) {
         size_t queued = evbuffer_get_length(out);
-        if (queued > CLIENT_HIGH_WATER) {
+        if (queued > CONN_HIGH_WATER) {
             bufferevent_disable(uc->bev, EV_READ);
             c->up_paused = 1;
             return;
         }
         size_t payload;
         int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->out_chunked,
-                           CLIENT_HIGH_WATER - queued, &payload);
+                           CONN_HIGH_WATER - queued, &payload);
         request_count_out(c, payload);
         if (rc < 0) {
             log_warn("exchange: bad response body from upstream '%s': cutting the client",
@@ -642,19 +605,19 @@ void exchange_maybe_finish(struct client *c)
     c->up = NULL;
     int64_t up_us = clock_us() - c->upstream_start_us;
     metrics_observe(METRICS_UPSTREAM_SECONDS, up_us);
-    if (c->rq.log)
-        c->rq.log->upstream_us = up_us;
+    if (c->rq->log)
+        c->rq->log->upstream_us = up_us;
     if (uc->head.keep_alive && uc->head.body != HTTP1_BODY_EOF)
         upstream_release(uc);
     else
         upstream_close(uc);
-    client_request_done(c);
+    c->ops->request_done(c);
 }
 
 static void up_read_cb(struct bufferevent *bev, void *arg)
 {
     struct client *c = arg;
-    client_enter(c);
+    conn_enter(c);
     if (c->state == CS_TUNNEL) {
         exchange_tunnel_pump(c);
         goto out;
@@ -665,9 +628,9 @@ static void up_read_cb(struct bufferevent *bev, void *arg)
     if (!c->dead && c->up)
         exchange_maybe_finish(c);
     if (!c->dead)
-        client_process(c);
+        c->ops->process(c);
 out:
-    client_leave(c);
+    conn_leave(c);
 }
 
 /* Carry on with a response that waited (count_status consumption). */
@@ -679,15 +642,15 @@ void exchange_resume(struct client *c)
             exchange_maybe_finish(c);
     }
     if (!c->dead)
-        client_process(c);
+        c->ops->process(c);
 }
 
 static void up_write_cb(struct bufferevent *bev, void *arg)
 {
     struct client *c = arg;
-    client_enter(c);
-    client_out_idle(bev);
-    client_leave(c);        /* resumes the client if it was held back */
+    conn_enter(c);
+    conn_out_idle(bev);
+    conn_leave(c);        /* resumes the client if it was held back */
 }
 
 static void up_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -695,7 +658,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
     struct client *c = arg;
     struct upstream_conn *uc = c->up;
     const struct conf_upstream *cu = upstream_conf(uc->pool);
-    client_enter(c);
+    conn_enter(c);
     if (what & BEV_EVENT_CONNECTED) {
         uc->connected = 1;
         up_timeouts(c);
@@ -705,7 +668,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         exchange_tunnel_pump(c);
         upstream_close(uc);
         c->up = NULL;
-        client_close_after_write(c);
+        conn_close_after_write(c);
         goto out;
     }
     if ((what & BEV_EVENT_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
@@ -715,7 +678,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
             if (c->out_chunked)
                 evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);
-            client_process(c);
+            c->ops->process(c);
             goto out;
         }
     }
@@ -735,7 +698,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         } else {
             request_fail(c, 502);
             if (!c->dead)
-                client_process(c);
+                c->ops->process(c);
         }
         goto out;
     }
@@ -746,8 +709,8 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
                  evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
     request_fail(c, (what & BEV_EVENT_TIMEOUT) ? 504 : 502);
     if (!c->dead)
-        client_process(c);
+        c->ops->process(c);
 out:
-    client_leave(c);
+    conn_leave(c);
 }
 

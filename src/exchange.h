@@ -4,15 +4,13 @@
  * (a small body buffered whole first), relay interim 1xx heads, a 101 and
  * the tunnel after it, the response head (with the rate-limit fields) and
  * body, then give the connection back or close it. Everything works on the
- * client whose request it is, and never frees it (client.h). */
+ * client whose request it is, and never frees it (conn.h). */
 #ifndef SLUICE_EXCHANGE_H
 #define SLUICE_EXCHANGE_H
 
 #include <stddef.h>
 
 struct client;
-struct http1;
-struct evbuffer;
 
 /* The request is allowed: go upstream (or buffer its small body first). */
 void exchange_start(struct client *c);
@@ -25,12 +23,5 @@ void exchange_pump_response(struct client *c);
 void exchange_maybe_finish(struct client *c);
 /* A count_status consumption answered: the held response goes on. */
 void exchange_resume(struct client *c);
-
-/* Feed one contiguous run of src's body bytes to parser p; the payload goes
- * to dst (NULL: dropped). Returns 1 when the message is complete, 0 to wait
- * for more, 2 when there may be more to do, -1 on a framing error. *payload
- * gets the payload bytes moved. */
-int exchange_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
-                       size_t *payload);
 
 #endif

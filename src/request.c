@@ -4,18 +4,25 @@
  *                                               │
  *                      404 ◀── no route ────────┤
  *                                               ▼
- *          decide.c: allow lists, keys (into the request), deny cache,
+ *          decide.c: allow lists, keys (into rq->dec), deny cache,
  *                    one call to the worker's backend (backend.h) ──▶ Redis / memory
  *                                               │
  *            429 + headers ◀── denied ──────────┤
  *            on_error (allow / 503 / local) ◀── down
- *                                               ▼ allowed
+ *                                               ▼ allowed: c->ops->forward
  *        exchange.c: upstream pool (upstream) ◀── head + streamed body
  *                 │
  *                 └──▶ response head + rate-limit fields + streamed body ──▶ client
  *
+ * Modules, each including only those below it (no cycles):
+ *   worker ─▶ client ─▶ exchange ─▶ request ─▶ decide ─▶ backend ─▶ store, memstore
+ *                 └──────────┴───────────┴──▶ conn (struct client, lifetime, timer, flush)
+ * A lower layer tells an upper one through c->ops (conn.h), set by client.c:
+ * the request is allowed (forward), count_status answered (resume), it is
+ * done (request_done), more input may be processed (process).
+ *
  * One request is handled at a time per connection (client.c); its state is
- * c->rq, zeroed per head, so nothing it needs after a wait (the backend, the
+ * *c->rq, zeroed per head, so nothing it needs after a wait (the backend, the
  * upstream, a timer) lives in worker scratch or in the previous request. */
 #include <stddef.h>
 #include <stdlib.h>
@@ -28,11 +35,10 @@
 
 #include "accesslog.h"
 #include "backend.h"
-#include "client.h"
 #include "clock.h"
+#include "conn.h"
 #include "conf.h"
 #include "decide.h"
-#include "exchange.h"
 #include "h1write.h"
 #include "http1.h"
 #include "mem.h"
@@ -42,7 +48,6 @@
 #include "route.h"
 #include "runtime.h"
 #include "upstream.h"
-#include "worker.h"
 
 /* A rejected request's body is read and dropped up to this size so the
  * connection can stay open; a larger one closes it. */
@@ -52,7 +57,7 @@ void request_reset(struct request *rq)
 {
     size_t from = offsetof(struct request, path_len);
     memset((char *)rq + from, 0, sizeof(*rq) - from);
-    rq->decision = -1;
+    decide_reset(&rq->dec);
 }
 
 void request_free(struct request *rq)
@@ -60,11 +65,11 @@ void request_free(struct request *rq)
     runtime_release(rq->rt);
     rq->rt = NULL;
     free(rq->path);
-    free(rq->keybuf);
+    decide_free(&rq->dec);
     free(rq->log);
-    rq->path = rq->keybuf = NULL;
+    rq->path = NULL;
     rq->log = NULL;
-    rq->path_cap = rq->key_cap = 0;
+    rq->path_cap = 0;
 }
 
 /* Grown by doubling, never shrunk: a connection's requests reuse it. */
@@ -88,14 +93,6 @@ char *request_path_room(struct request *rq, size_t n)
     return grow(&rq->path, &rq->path_cap, n + 1);
 }
 
-size_t request_key_add(struct request *rq, const char *key, size_t len)
-{
-    size_t off = rq->key_used;
-    memcpy(grow(&rq->keybuf, &rq->key_cap, off + len) + off, key, len);
-    rq->key_used += len;
-    return off;
-}
-
 /* ---- the request in progress on a client ----------------------------- */
 
 static const char *hb(const struct client *c, struct http1_span s);
@@ -103,7 +100,7 @@ static void decide(struct client *c);
 
 /* ---- small helpers ----------------------------------------------------- */
 
-static struct metrics_route *client_metrics(const struct client *c)
+static struct metrics_route *request_metrics(const struct client *c)
 {
     return c->route ? c->route->metrics : metrics_unrouted();
 }
@@ -114,7 +111,7 @@ static struct metrics_route *client_metrics(const struct client *c)
 static void request_address(struct client *c)
 {
     const struct conf *conf = c->conf;
-    struct request *rq = &c->rq;
+    struct request *rq = c->rq;
     if (conf->ntrusted == 0 ||
         !conf_cidr_match(conf->trusted, conf->ntrusted, (const struct sockaddr *)&c->peer)) {
         memcpy(rq->ip, c->peer_text, c->peer_len + 1);
@@ -127,27 +124,27 @@ static void request_address(struct client *c)
 
 void request_count_response(struct client *c, int status)
 {
-    metrics_response(client_metrics(c), status);
-    if (c->rq.log)
-        c->rq.log->status = status;
+    metrics_response(request_metrics(c), status);
+    if (c->rq->log)
+        c->rq->log->status = status;
 }
 
 void request_count_out(struct client *c, uint64_t n)
 {
-    if (c->rq.log)
-        c->rq.log->bytes_out += n;
+    if (c->rq->log)
+        c->rq->log->bytes_out += n;
 }
 
 /* One access-log line for the request in progress, once. */
 void request_log_end(struct client *c)
 {
     static const char *const decisions[] = { "allowed", "limited", "shadow_limited", "error" };
-    struct reqlog *rq = c->rq.log;
+    struct reqlog *rq = c->rq->log;
     if (rq == NULL || !rq->active)
         return;
     rq->active = 0;
-    const struct reply_limits *rl = &c->rq.rl;
-    const struct limiter_result *r = c->rq.have_limits ? &rl->r[rl->shown] : NULL;
+    const struct reply_limits *rl = &c->rq->dec.rl;
+    const struct limiter_result *r = c->rq->dec.have_limits ? &rl->r[rl->shown] : NULL;
     struct accesslog_entry e = {
         .time_us = rq->wall_us,
         .client = rq->client, .client_len = rq->client_len,
@@ -155,26 +152,26 @@ void request_log_end(struct client *c)
         .path = rq->target, .path_len = rq->target_len,
         .status = rq->status,
         .route = c->route ? c->route->name : NULL,
-        .decision = c->rq.decision >= 0 ? decisions[c->rq.decision] : NULL,
+        .decision = c->rq->dec.decision >= 0 ? decisions[c->rq->dec.decision] : NULL,
         .limit = r ? rl->limit[rl->shown]->name : NULL,
         .remaining = r ? r->remaining : -1,
         .upstream_us = rq->upstream_us,
         .total_us = clock_us() - rq->start_us,
         .bytes_in = rq->bytes_in, .bytes_out = rq->bytes_out,
-        .request_id = c->rq.rid, .request_id_len = c->rq.rid_len,
+        .request_id = c->rq->rid, .request_id_len = c->rq->rid_len,
     };
-    accesslog_write(c->w->alog, &e);
+    accesslog_write(c->env->alog, &e);
 }
 
 /* A head arrived: note what the log line will need. A head that did not
  * parse (parsed = 0) is logged without method and target. */
 void request_log_begin(struct client *c, int parsed)
 {
-    if (c->w->alog == NULL)
+    if (c->env->alog == NULL)
         return;
-    if (c->rq.log == NULL)
-        c->rq.log = mem_alloc(sizeof(*c->rq.log));
-    struct reqlog *rq = c->rq.log;
+    if (c->rq->log == NULL)
+        c->rq->log = mem_alloc(sizeof(*c->rq->log));
+    struct reqlog *rq = c->rq->log;
     rq->wall_us = clock_wall_us();
     rq->start_us = clock_us();
     rq->upstream_us = -1;
@@ -193,8 +190,8 @@ void request_log_begin(struct client *c, int parsed)
     memcpy(rq->method, hb(c, c->head.method), rq->method_len);
     rq->target_len = c->head.target.len < sizeof(rq->target) ? c->head.target.len : sizeof(rq->target);
     memcpy(rq->target, hb(c, c->head.target), rq->target_len);
-    memcpy(rq->client, c->rq.ip, c->rq.ip_len + 1);
-    rq->client_len = c->rq.ip_len;
+    memcpy(rq->client, c->rq->ip, c->rq->ip_len + 1);
+    rq->client_len = c->rq->ip_len;
 }
 
 static const char *hb(const struct client *c, struct http1_span s)
@@ -245,16 +242,16 @@ void request_answer(struct client *c, int status, int close_after)
 {
     struct evbuffer *out = bufferevent_get_output(c->bev);
     size_t out_before = evbuffer_get_length(out);
-    int keep = !close_after && c->head.keep_alive && !c->eof && !c->w->stopping &&
+    int keep = !close_after && c->head.keep_alive && !c->eof && !c->env->stopping &&
                body_discardable(&c->head);
     /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
     struct evbuffer *tmp = c->head_request ? evbuffer_new() : NULL;
-    const struct request *rq = &c->rq;
+    const struct request *rq = c->rq;
     if (status == 429)
-        reply_limited(tmp ? tmp : out, &rq->rl, conn, rq->rid, rq->rid_len);
+        reply_limited(tmp ? tmp : out, &rq->dec.rl, conn, rq->rid, rq->rid_len);
     else if (status == 503)     /* limiter_unavailable: try again after the backoff */
-        reply_unavailable(tmp ? tmp : out, (c->rq.rt ? backend_retry_ms(runtime_backend(c->rq.rt)) : 0), conn,
+        reply_unavailable(tmp ? tmp : out, (c->rq->rt ? backend_retry_ms(runtime_backend(c->rq->rt)) : 0), conn,
                           rq->rid, rq->rid_len);
     else
         reply_error_named(tmp ? tmp : out, status, c->error_name, conn, rq->rid, rq->rid_len);
@@ -263,14 +260,16 @@ void request_answer(struct client *c, int status, int close_after)
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
     }
-    if (status == 429)      /* a limit may answer with its own status */
-        status = rq->rl.limit[rq->rl.shown]->status ? rq->rl.limit[rq->rl.shown]->status : 429;
+    if (status == 429) {    /* a limit may answer with its own status */
+        const struct conf_limit *l = rq->dec.rl.limit[rq->dec.rl.shown];
+        status = l->status ? l->status : 429;
+    }
     request_count_response(c, status);
     request_count_out(c, evbuffer_get_length(out) - out_before);
     c->resp_started = c->resp_done = 1;
     request_drain_head(c);
     if (!keep) {
-        client_close_after_write(c);
+        conn_close_after_write(c);
         return;
     }
     c->keep_alive = 1;
@@ -278,9 +277,9 @@ void request_answer(struct client *c, int status, int close_after)
     c->state = CS_DISCARD;
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
-        client_request_done(c);
+        c->ops->request_done(c);
     } else {        /* the rest of the body, with no gap over body_timeout */
-        client_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
+        conn_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
     }
 }
 
@@ -303,7 +302,7 @@ void request_fail(struct client *c, int status)
     if (!c->resp_started) {
         request_answer(c, status, 1);     /* body state unknown: close */
     } else {
-        client_kill(c);
+        conn_kill(c);
     }
 }
 
@@ -319,6 +318,17 @@ static int rid_acceptable(const char *v, size_t n)
     return 1;
 }
 
+/* 64 random bits from the worker's xorshift128+ generator (not for
+ * secrets), kept in its conn_env. */
+static uint64_t request_random(struct conn_env *env)
+{
+    uint64_t x = env->rng[0], y = env->rng[1];
+    env->rng[0] = y;
+    x ^= x << 23;
+    env->rng[1] = x ^ y ^ (x >> 17) ^ (y >> 26);
+    return env->rng[1] + y;
+}
+
 /* The client's X-Request-Id when it is sane, otherwise 32 random hex digits
  * from the worker's generator. */
 static void set_request_id(struct client *c)
@@ -328,18 +338,18 @@ static void set_request_id(struct client *c)
         const char *v = hb(c, c->head.h[i].value);
         size_t n = c->head.h[i].value.len;
         if (rid_acceptable(v, n)) {
-            memcpy(c->rq.rid, v, n);
-            c->rq.rid_len = n;
+            memcpy(c->rq->rid, v, n);
+            c->rq->rid_len = n;
             return;
         }
     }
     static const char hex[] = "0123456789abcdef";
-    uint64_t a = worker_random(c->w), b = worker_random(c->w);
+    uint64_t a = request_random(c->env), b = request_random(c->env);
     for (int k = 0; k < 16; k++) {
-        c->rq.rid[k] = hex[(a >> (4 * k)) & 15];
-        c->rq.rid[16 + k] = hex[(b >> (4 * k)) & 15];
+        c->rq->rid[k] = hex[(a >> (4 * k)) & 15];
+        c->rq->rid[16 + k] = hex[(b >> (4 * k)) & 15];
     }
-    c->rq.rid_len = 32;
+    c->rq->rid_len = 32;
 }
 
 /* A path_regex hit its match limit before it could tell whether it meets
@@ -347,7 +357,7 @@ static void set_request_id(struct client *c)
  * formed and its cost bounded, so the connection stays open. */
 static void regex_over_limit(struct client *c)
 {
-    metrics_regex_limit(c->rq.caps.over_limit->metrics);
+    metrics_regex_limit(c->rq->caps.over_limit->metrics);
     request_answer_named(c, 400, "regex_limit", 0);
 }
 
@@ -359,7 +369,7 @@ void request_head(struct client *c)
     if (len == 0)
         return;
     if (c->timer_mode != TM_HEADER)
-        client_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
+        conn_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
     size_t n = len > max + 1 ? max + 1 : len;
     const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
     int rc = http1_head_feed(c->parser, data, n, max, 0, &c->head);
@@ -367,8 +377,8 @@ void request_head(struct client *c)
         return;
     c->hbuf = data;
     c->head_in_input = 1;
-    decide_cancel(&c->rq);      /* none can be pending between requests */
-    request_reset(&c->rq);
+    decide_cancel(&c->rq->dec);      /* none can be pending between requests */
+    request_reset(c->rq);
     if (rc != 0) {
         c->route = NULL;
         c->head_request = 0;
@@ -376,16 +386,16 @@ void request_head(struct client *c)
         request_answer(c, rc, 1);
         return;
     }
-    client_timer(c, TM_NONE, 0);
-    struct worker *w = c->w;
-    metrics_worker_request(w->id);
+    conn_timer(c, TM_NONE, 0);
+    struct conn_env *env = c->env;
+    metrics_worker_request(env->id);
     /* The request keeps the runtime it starts with (config, pools,
      * backend) until it is done, whatever a reload does meanwhile. */
-    runtime_release(c->rq.rt);
-    c->rq.rt = runtime_retain(w->rt);
-    if (w->conf != c->conf) {   /* a reload happened: new requests see it */
+    runtime_release(c->rq->rt);
+    c->rq->rt = runtime_retain(env->rt);
+    if (env->conf != c->conf) {   /* a reload happened: new requests see it */
         conf_release(c->conf);
-        c->conf = w->conf;
+        c->conf = env->conf;
         conf_retain(c->conf);
     }
     c->route = NULL;
@@ -396,7 +406,7 @@ void request_head(struct client *c)
     c->body_bytes = 0;
     c->up_deadline_ms = 0;
     c->interims = c->interims_relayed = 0;
-    c->keep_alive = c->head.keep_alive && !w->stopping;
+    c->keep_alive = c->head.keep_alive && !env->stopping;
     c->state = CS_DECIDE;
 
     const struct http1_head *h = &c->head;
@@ -411,13 +421,13 @@ void request_head(struct client *c)
         request_answer(c, 400, 1);
         return;
     }
-    char *path = request_path_room(&c->rq, h->target.len);
+    char *path = request_path_room(c->rq, h->target.len);
     long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, path);
     if (plen < 0) {
         request_answer(c, 400, 1);
         return;
     }
-    c->rq.path_len = (size_t)plen;
+    c->rq->path_len = (size_t)plen;
     const char *host = h->host >= 0 ? hb(c, h->h[h->host].value) : NULL;
     size_t hostlen = h->host >= 0 ? h->h[h->host].value.len : 0;
     if (host != NULL && route_host_check(host, hostlen) < 0) {
@@ -425,8 +435,8 @@ void request_head(struct client *c)
         return;
     }
     c->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
-                           h->method.len, host, hostlen, &c->rq.caps);
-    if (c->route == NULL && c->rq.caps.over_limit) {
+                           h->method.len, host, hostlen, &c->rq->caps);
+    if (c->route == NULL && c->rq->caps.over_limit) {
         regex_over_limit(c);
         return;
     }
@@ -457,7 +467,7 @@ static void decided(struct client *c, int verdict)
 {
     switch (verdict) {
     case DECIDE_FORWARD:
-        exchange_start(c);
+        c->ops->forward(c);
         break;
     case DECIDE_LIMITED:
         request_answer(c, 429, 0);
@@ -474,26 +484,26 @@ static void decided(struct client *c, int verdict)
     }
 }
 
-static void decide_cb(void *arg, int verdict)
+static void request_decided(void *arg, int verdict)
 {
     struct client *c = arg;
-    client_enter(c);
+    conn_enter(c);
     request_refresh_head(c);
     decided(c, verdict);
     if (!c->dead)
-        client_process(c);
-    client_leave(c);
+        c->ops->process(c);
+    conn_leave(c);
 }
 
 /* The consumption is recorded (or failed): the response may go on. */
 static void counted_cb(void *arg, int verdict)
 {
     struct client *c = arg;
-    client_enter(c);
+    conn_enter(c);
     if (c->up)
         bufferevent_enable(c->up->bev, EV_READ);
-    exchange_resume(c);
-    client_leave(c);
+    c->ops->resume(c);
+    conn_leave(c);
 }
 
 /* The response status is known: limits whose count_status lists it
@@ -502,7 +512,7 @@ static void counted_cb(void *arg, int verdict)
  * while it waits. */
 int request_consume_counted(struct client *c, int status)
 {
-    if (!decide_count_status(&c->rq, status, counted_cb, c))
+    if (!decide_count_status(&c->rq->dec, status, counted_cb, c))
         return 0;
     bufferevent_disable(c->up->bev, EV_READ);
     return 1;
@@ -510,12 +520,11 @@ int request_consume_counted(struct client *c, int status)
 
 static void decide(struct client *c)
 {
-    struct worker *w = c->w;
-    struct request *rq = &c->rq;
-    struct decide_env env = { runtime_backend(rq->rt), w->local, w->deny };
+    struct request *rq = c->rq;
+    struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny };
     struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
                              c->route->regex ? &rq->caps : NULL };
-    int v = decide_start(rq, &env, c->conf, c->route, &req, decide_cb, c);
+    int v = decide_start(&rq->dec, &env, c->conf, c->route, &req, request_decided, c);
     if (v != DECIDE_PENDING)
         decided(c, v);
 }
@@ -525,17 +534,17 @@ void request_discard_body(struct client *c)
     struct evbuffer *in = bufferevent_get_input(c->bev);
     while (!c->req_done) {
         size_t payload;
-        int rc = exchange_pump_once(c->parser, in, NULL, &payload);
+        int rc = conn_pump_once(c->parser, in, NULL, &payload);
         c->body_bytes += payload;
         if (rc < 0 || c->body_bytes > REQUEST_DISCARD_MAX) {
-            client_close_after_write(c);
+            conn_close_after_write(c);
             return;
         }
         if (rc == 0)
             return;
         if (rc == 1) {
             c->req_done = 1;
-            client_request_done(c);
+            c->ops->request_done(c);
         }
     }
 }

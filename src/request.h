@@ -1,23 +1,21 @@
 /* sluice - request.h: one request, and what it computed.
  *
- * A request is embedded in its client connection and zeroed for each head
- * (request_reset); it owns everything the request needs after a suspension
- * point (Redis, the upstream, a timer): its normalised path, its keys, the
- * client address, its id, the limit results, the path_regex captures and
- * the access-log facts. The path and key buffers and the log facts are kept
- * across the requests of a connection and grown as needed (freed by
- * request_free), so a request allocates nothing in the common case. */
+ * A request is owned by its client connection (c->rq, conn.h) and zeroed
+ * for each head (request_reset); it owns everything the request needs
+ * after a suspension point (Redis, the upstream, a timer): its normalised
+ * path, the client address, its id, the path_regex captures, the
+ * access-log facts, and its keys and limit results (rq->dec, decide.h).
+ * The path and key buffers and the log facts are kept across the requests
+ * of a connection and grown as needed (freed by request_free), so a
+ * request allocates nothing in the common case. */
 #ifndef SLUICE_REQUEST_H
 #define SLUICE_REQUEST_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "reply.h"
+#include "decide.h"
 #include "route.h"
-#include "store.h"
 
-struct backend;
-struct backend_call;
 struct conf;
 
 /* A client's X-Request-Id is kept when it is this long at most and only
@@ -37,23 +35,16 @@ struct reqlog {
     char target[REQUEST_LOG_TARGET_MAX];
 };
 
-/* One limit's key, at off in the request's key buffer. */
-struct request_key {
-    size_t off, len;
-    int64_t cost;
-    unsigned flags;                     /* STORE_SHADOW, STORE_CHECK_ONLY */
-};
-
 struct request {
     /* Kept across the requests of a connection. */
     char *path;                         /* normalised path, NUL-terminated */
     size_t path_cap;
-    char *keybuf;                       /* the keys, back to back */
-    size_t key_cap;
     struct reqlog *log;                 /* NULL when logging is off */
     struct runtime *rt;                 /* retained from the head until the request
                                          * is done (the config, pools and backend it
                                          * started with); NULL between requests */
+    struct decision dec;                /* keys, limit results, the call (decide.h);
+                                         * reset with the request */
 
     /* Zeroed per head from here (request_reset). */
     size_t path_len;
@@ -62,25 +53,6 @@ struct request {
     char rid[REQUEST_RID_MAX + 1];      /* X-Request-Id, sent up and back */
     size_t rid_len;
     struct route_captures caps;         /* path_regex groups, into path */
-    int nkeys;
-    size_t key_used;
-    struct request_key key[STORE_MAX_LIMITS];   /* limit i is rl.limit[i] */
-    struct reply_limits rl;
-    int have_limits;
-    int decision;                       /* enum metrics_decision, or -1 */
-    unsigned counted;                   /* bit i: key i waits for count_status */
-
-    /* The decision in flight (decide.c). */
-    const struct conf *conf;
-    struct backend *backend;            /* its runtime's (Redis or memory) */
-    struct backend *call_b;             /* the one that made call */
-    struct backend_call *call;
-    struct backend_call *count_call;    /* count_status consumption, on backend */
-    struct backend *local;              /* on_error: local */
-    struct denycache *deny;
-    int64_t call_start_us;
-    void (*done)(void *arg, int verdict);
-    void *arg;
 };
 
 /* Zero the per-request part; keeps the buffers. */
@@ -89,11 +61,9 @@ void request_free(struct request *rq);
 
 /* Room for n more bytes of normalised path (n + 1 with the NUL). */
 char *request_path_room(struct request *rq, size_t n);
-/* Append a key to the request's key buffer; returns its offset. */
-size_t request_key_add(struct request *rq, const char *key, size_t len);
 
 /* The way of the request in progress on client c (request.c), from its
- * head to the decision and then the exchange (exchange.h) or a reply. */
+ * head to the decision and then the exchange (c->ops->forward) or a reply. */
 struct client;
 struct http1_span;
 

@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "client.h"
+#include "conn.h"
 #include "clock.h"
 #include "denycache.h"
 #include "listener.h"
@@ -80,26 +81,26 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
-    log_warn("worker %d: %d connection%s still busy at shutdown_timeout; closing", w->id,
-             w->nclients, w->nclients == 1 ? "" : "s");
-    event_base_loopexit(w->base, NULL);
+    log_warn("worker %d: %d connection%s still busy at shutdown_timeout; closing", w->env.id,
+             w->env.nclients, w->env.nclients == 1 ? "" : "s");
+    event_base_loopexit(w->env.base, NULL);
 }
 
 static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
-    w->stopping = 1;
+    w->env.stopping = 1;
     if (w->listener) {      /* closed, not paused: new clients are refused */
         listener_destroy(w->listener);
         w->listener = NULL;
     }
-    client_drain(w);
-    if (w->nclients == 0) {
-        event_base_loopexit(w->base, NULL);
+    client_drain(&w->env);
+    if (w->env.nclients == 0) {
+        event_base_loopexit(w->env.base, NULL);
         return;
     }
     struct timeval tv = clock_timeval(w->shutdown_timeout_ms);
-    w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
+    w->drain_timer = evtimer_new(w->env.base, drain_timeout_cb, w);
     evtimer_add(w->drain_timer, &tv);
 }
 
@@ -108,12 +109,12 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
 {
     struct worker *w = mem_calloc(1, sizeof(*w));
     w->mem = mem;
-    w->alog = alog;
+    w->env.alog = alog;
     const char *step = "event base";
-    w->id = id;
-    if (getrandom(w->rng, sizeof(w->rng), 0) != (ssize_t)sizeof(w->rng) || (w->rng[0] | w->rng[1]) == 0) {
-        w->rng[0] = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)w;
-        w->rng[1] = 0xbf58476d1ce4e5b9ULL ^ (uint64_t)id;
+    w->env.id = id;
+    if (getrandom(w->env.rng, sizeof(w->env.rng), 0) != (ssize_t)sizeof(w->env.rng) || (w->env.rng[0] | w->env.rng[1]) == 0) {
+        w->env.rng[0] = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)w;
+        w->env.rng[1] = 0xbf58476d1ce4e5b9ULL ^ (uint64_t)id;
     }
     pthread_mutex_init(&w->reload_lock, NULL);
     /* Only this worker's thread touches its base, so it needs no lock:
@@ -124,9 +125,9 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     /* Coalesce the epoll_ctl calls of one loop iteration (a request enables
      * and disables write events several times): measured 4.7 per request. */
     event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
-    w->base = event_base_new_with_config(cfg);
+    w->env.base = event_base_new_with_config(cfg);
     event_config_free(cfg);
-    if (w->base == NULL)
+    if (w->env.base == NULL)
         goto fail;
     step = "notify pipe";
     if (pipe2(w->notify, O_NONBLOCK | O_CLOEXEC) < 0)
@@ -138,17 +139,17 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         goto fail;
     char who[32];
     snprintf(who, sizeof(who), "worker %d", id);
-    w->listener = listener_create(w->base, fd, who, conf->listen.text, accept_cb, w);
+    w->listener = listener_create(w->env.base, fd, who, conf->listen.text, accept_cb, w);
     if (w->listener == NULL)
         goto fail;
 
-    w->notify_ev = event_new(w->base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
+    w->notify_ev = event_new(w->env.base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
     event_add(w->notify_ev, NULL);
     /* Made on the main thread, used only once the worker's thread runs. */
-    w->rt = runtime_create(w->base, conf, mem, NULL);
-    w->conf = w->rt->conf;
-    w->deny = denycache_create(conf->deny_cache_max_keys);
-    w->local = backend_memory(w->base, mem);
+    w->env.rt = runtime_create(w->env.base, conf, mem, NULL);
+    w->env.conf = w->env.rt->conf;
+    w->env.deny = denycache_create(conf->deny_cache_max_keys);
+    w->env.local = backend_memory(w->env.base, mem);
     return w;
 
 fail:
@@ -160,8 +161,8 @@ fail:
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
-    event_base_dispatch(w->base);
-    client_close_all(w);
+    event_base_dispatch(w->env.base);
+    client_close_all(&w->env);
     return NULL;
 }
 
@@ -183,7 +184,7 @@ void worker_join(struct worker *w)
 
 struct backend *worker_backend(const struct worker *w)
 {
-    return runtime_backend(w->rt);
+    return runtime_backend(w->env.rt);
 }
 
 /* In the worker's thread: a new runtime (pools, and a backend unless the
@@ -201,12 +202,12 @@ static void reload_cb(evutil_socket_t fd, short what, void *arg)
     if (nc == NULL)
         return;
 
-    struct runtime *old = w->rt;
-    w->rt = runtime_create(w->base, nc, w->mem, old);
+    struct runtime *old = w->env.rt;
+    w->env.rt = runtime_create(w->env.base, nc, w->mem, old);
     conf_release(nc);       /* the reference taken in worker_reload(): rt has its own */
-    runtime_retire(old, w->rt);
+    runtime_retire(old, w->env.rt);
     runtime_release(old);   /* the worker's; requests in flight hold theirs */
-    w->conf = w->rt->conf;
+    w->env.conf = w->env.rt->conf;
 }
 
 void worker_reload(struct worker *w, struct conf *conf)
@@ -221,27 +222,18 @@ void worker_reload(struct worker *w, struct conf *conf)
     notify(w, 'r');
 }
 
-uint64_t worker_random(struct worker *w)
-{
-    uint64_t x = w->rng[0], y = w->rng[1];
-    w->rng[0] = y;
-    x ^= x << 23;
-    w->rng[1] = x ^ y ^ (x >> 17) ^ (y >> 26);
-    return w->rng[1] + y;
-}
-
 void worker_destroy(struct worker *w)
 {
     if (w == NULL)
         return;
-    client_close_all(w);
-    runtime_destroy_all(w->rt);     /* the loop has ended: freed here */
-    w->rt = NULL;
-    backend_destroy(w->local);
+    client_close_all(&w->env);
+    runtime_destroy_all(w->env.rt);     /* the loop has ended: freed here */
+    w->env.rt = NULL;
+    backend_destroy(w->env.local);
     if (w->pending)
         conf_release(w->pending);
 
-    denycache_destroy(w->deny);
+    denycache_destroy(w->env.deny);
     listener_destroy(w->listener);
     if (w->notify_ev)
         event_free(w->notify_ev);
@@ -251,8 +243,8 @@ void worker_destroy(struct worker *w)
     }
     if (w->drain_timer)
         event_free(w->drain_timer);
-    if (w->base)
-        event_base_free(w->base);
+    if (w->env.base)
+        event_base_free(w->env.base);
     pthread_mutex_destroy(&w->reload_lock);
     free(w);
 }

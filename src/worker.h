@@ -12,39 +12,27 @@
 
 #include <pthread.h>
 #include "conf.h"
+#include "conn.h"
 
-struct event_base;
 struct event;
 struct listener;
 struct upstream_pool;
-struct client;
-struct denycache;
-struct accesslog;
 struct memstore;
-struct runtime;
 struct backend;
 
 struct worker {
-    int id;
+    struct conn_env env;            /* id, loop, client set, runtime, deny cache,
+                                     * local backend, access log, rng: lent to
+                                     * its connections */
     pthread_t thread;
-    struct event_base *base;
     struct listener *listener;      /* NULL once stopping */
     int notify[2];                  /* pipe: other threads -> this one */
     struct event *notify_ev;
     pthread_mutex_t reload_lock;
     struct conf *pending;           /* under reload_lock */
-    struct runtime *rt;             /* current; requests retain their own */
-    struct backend *local;          /* memory over mem, for on_error: local */
-    struct denycache *deny;         /* keys Redis denied, until when */
     struct memstore *mem;           /* in-process limiter, shared; not owned */
-    struct accesslog *alog;         /* shared; not owned; NULL when off */
-    struct conf *conf;              /* rt->conf; clients retain it */
-    int nclients;
-    int stopping;                   /* draining: no accepts, no keep-alive */
     struct event *drain_timer;      /* shutdown_timeout */
     int64_t shutdown_timeout_ms;    /* written before the stop byte */
-    struct client *clients;         /* all open client connections */
-    uint64_t rng[2];                /* xorshift128+ state, for request ids */
 };
 
 /* Create a worker listening on conf->listen (SO_REUSEPORT). Returns NULL and
@@ -57,9 +45,6 @@ int worker_start(struct worker *w);
 void worker_stop(struct worker *w, int64_t shutdown_timeout_ms);
 void worker_join(struct worker *w);
 void worker_destroy(struct worker *w);
-
-/* 64 random bits from the worker's own generator (not for secrets). */
-uint64_t worker_random(struct worker *w);
 
 /* The backend new requests decide on (the current runtime's). */
 struct backend *worker_backend(const struct worker *w);

@@ -23,7 +23,7 @@
 #include "denycache.h"
 #include "memstore.h"
 #include "metrics.h"
-#include "request.h"
+#include "route.h"
 #include "runtime.h"
 
 static const char CONF_HEAD[] =
@@ -62,7 +62,9 @@ struct fixture {
     struct denycache *deny;
     struct conf *conf;
     struct decide_env env;
-    struct request rq;
+    struct decision dec;
+    char ip[ROUTE_IP_MAX];  /* the client address, as request.c sets it */
+    size_t ip_len;
     int calls;              /* callbacks seen */
     int verdict;
 };
@@ -102,8 +104,8 @@ static struct fixture *setup(const char *on_error, int redis)
 
 static void teardown(struct fixture *fx)
 {
-    decide_cancel(&fx->rq);
-    request_free(&fx->rq);
+    decide_cancel(&fx->dec);
+    decide_free(&fx->dec);
     backend_destroy(fx->backend);
     backend_destroy(fx->local);
     denycache_destroy(fx->deny);
@@ -136,16 +138,16 @@ static const struct conf_route *route_named(const struct conf *c, const char *na
 static int decide_path(struct fixture *fx, const char *route, const char *path)
 {
     static const struct http1_head empty_head = { .host = -1 };
-    request_reset(&fx->rq);
-    memcpy(fx->rq.ip, "192.0.2.1", 10);
-    fx->rq.ip_len = 9;
+    decide_reset(&fx->dec);
+    memcpy(fx->ip, "192.0.2.1", 10);
+    fx->ip_len = 9;
     size_t n = strlen(path);
     char *scratch = malloc(n + 1);
     assert_non_null(scratch);
     memcpy(scratch, path, n + 1);
-    struct route_req req = { "", &empty_head, fx->rq.ip, fx->rq.ip_len, scratch, n, NULL };
+    struct route_req req = { "", &empty_head, fx->ip, fx->ip_len, scratch, n, NULL };
     fx->calls = 0;
-    int v = decide_start(&fx->rq, &fx->env, fx->conf, route_named(fx->conf, route), &req,
+    int v = decide_start(&fx->dec, &fx->env, fx->conf, route_named(fx->conf, route), &req,
                          done_cb, fx);
     memset(scratch, 'X', n);
     free(scratch);
@@ -163,21 +165,21 @@ static void test_allowed_then_denied_fills_deny_cache(void **state)
 {
     struct fixture *fx = setup("allow", 0);
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_FORWARD);
-    assert_true(fx->rq.have_limits);
-    assert_int_equal(fx->rq.decision, METRICS_ALLOWED);
-    assert_int_equal(fx->rq.rl.r[0].remaining, 0);
+    assert_true(fx->dec.have_limits);
+    assert_int_equal(fx->dec.decision, METRICS_ALLOWED);
+    assert_int_equal(fx->dec.rl.r[0].remaining, 0);
     /* denied by the backend, from the loop: the key goes to the deny cache
      * from the request's own copy (the path buffer was scribbled over) */
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_LIMITED);
-    assert_int_equal(fx->rq.decision, METRICS_LIMITED);
-    assert_int_equal(fx->rq.nkeys, 1);
-    assert_true(denycache_get(fx->deny, fx->rq.keybuf + fx->rq.key[0].off, fx->rq.key[0].len,
+    assert_int_equal(fx->dec.decision, METRICS_LIMITED);
+    assert_int_equal(fx->dec.nkeys, 1);
+    assert_true(denycache_get(fx->deny, fx->dec.keybuf + fx->dec.key[0].off, fx->dec.key[0].len,
                               0, 1) > 0);
     assert_int_equal(denycache_size(fx->deny), 1);
     /* the next one stops at the deny cache, at once */
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_LIMITED);
-    assert_false(fx->rq.rl.r[0].allowed);
-    assert_true(fx->rq.rl.r[0].retry_ms > 0);
+    assert_false(fx->dec.rl.r[0].allowed);
+    assert_true(fx->dec.rl.r[0].retry_ms > 0);
     teardown(fx);
 }
 
@@ -185,10 +187,10 @@ static void test_shadow_denial_forwards(void **state)
 {
     struct fixture *fx = setup("allow", 0);
     assert_int_equal(decide_path(fx, "shadow", "/shadow"), DECIDE_FORWARD);
-    assert_int_equal(fx->rq.decision, METRICS_ALLOWED);
+    assert_int_equal(fx->dec.decision, METRICS_ALLOWED);
     assert_int_equal(decide_path(fx, "shadow", "/shadow"), DECIDE_FORWARD);
-    assert_int_equal(fx->rq.decision, METRICS_SHADOW_LIMITED);
-    assert_false(fx->rq.rl.r[0].allowed);
+    assert_int_equal(fx->dec.decision, METRICS_SHADOW_LIMITED);
+    assert_false(fx->dec.rl.r[0].allowed);
     assert_int_equal(denycache_size(fx->deny), 0);      /* shadow keys are not cached */
     teardown(fx);
 }
@@ -198,17 +200,17 @@ static void test_count_status_consumes_only_listed_statuses(void **state)
     struct fixture *fx = setup("allow", 0);
     /* check-only: a 200 consumes nothing */
     assert_int_equal(decide_path(fx, "login", "/login"), DECIDE_FORWARD);
-    assert_int_equal(decide_count_status(&fx->rq, 200, done_cb, fx), 0);
+    assert_int_equal(decide_count_status(&fx->dec, 200, done_cb, fx), 0);
     assert_int_equal(decide_path(fx, "login", "/login"), DECIDE_FORWARD);
     /* a 401 consumes, and the response waits for the answer */
     fx->calls = 0;
-    assert_int_equal(decide_count_status(&fx->rq, 401, done_cb, fx), 1);
+    assert_int_equal(decide_count_status(&fx->dec, 401, done_cb, fx), 1);
     assert_int_equal(fx->calls, 0);
     for (int i = 0; i < 10 && fx->calls == 0; i++)
         event_base_loop(fx->base, EVLOOP_NONBLOCK);
     assert_int_equal(fx->calls, 1);
     /* consumed once: nothing left to consume for this request */
-    assert_int_equal(decide_count_status(&fx->rq, 401, done_cb, fx), 0);
+    assert_int_equal(decide_count_status(&fx->dec, 401, done_cb, fx), 0);
     assert_int_equal(decide_path(fx, "login", "/login"), DECIDE_LIMITED);
     teardown(fx);
 }
@@ -217,8 +219,8 @@ static void test_on_error_deny(void **state)
 {
     struct fixture *fx = setup("deny", 1);
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_UNAVAILABLE);
-    assert_false(fx->rq.have_limits);
-    assert_int_equal(fx->rq.decision, METRICS_ERROR);
+    assert_false(fx->dec.have_limits);
+    assert_int_equal(fx->dec.decision, METRICS_ERROR);
     teardown(fx);
 }
 
@@ -226,8 +228,8 @@ static void test_on_error_allow(void **state)
 {
     struct fixture *fx = setup("allow", 1);
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_FORWARD);
-    assert_false(fx->rq.have_limits);
-    assert_int_equal(fx->rq.decision, METRICS_ERROR);
+    assert_false(fx->dec.have_limits);
+    assert_int_equal(fx->dec.decision, METRICS_ERROR);
     teardown(fx);
 }
 
@@ -235,8 +237,8 @@ static void test_on_error_local(void **state)
 {
     struct fixture *fx = setup("local", 1);
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_FORWARD);
-    assert_true(fx->rq.have_limits);
-    assert_int_equal(fx->rq.decision, METRICS_ALLOWED);
+    assert_true(fx->dec.have_limits);
+    assert_int_equal(fx->dec.decision, METRICS_ALLOWED);
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_LIMITED);
     assert_int_equal(denycache_size(fx->deny), 0);      /* a local denial is not cached */
     teardown(fx);
@@ -246,15 +248,15 @@ static void test_cancelled_call_never_calls_back(void **state)
 {
     static const struct http1_head empty_head = { .host = -1 };
     struct fixture *fx = setup("allow", 0);
-    request_reset(&fx->rq);
-    memcpy(fx->rq.ip, "192.0.2.1", 10);
-    fx->rq.ip_len = 9;
-    struct route_req req = { "", &empty_head, fx->rq.ip, fx->rq.ip_len, "/one", 4, NULL };
+    decide_reset(&fx->dec);
+    memcpy(fx->ip, "192.0.2.1", 10);
+    fx->ip_len = 9;
+    struct route_req req = { "", &empty_head, fx->ip, fx->ip_len, "/one", 4, NULL };
     fx->calls = 0;
-    assert_int_equal(decide_start(&fx->rq, &fx->env, fx->conf, route_named(fx->conf, "one"),
+    assert_int_equal(decide_start(&fx->dec, &fx->env, fx->conf, route_named(fx->conf, "one"),
                                   &req, done_cb, fx), DECIDE_PENDING);
-    decide_cancel(&fx->rq);
-    assert_null(fx->rq.call);
+    decide_cancel(&fx->dec);
+    assert_null(fx->dec.call);
     for (int i = 0; i < 5; i++)
         event_base_loop(fx->base, EVLOOP_NONBLOCK);
     assert_int_equal(fx->calls, 0);

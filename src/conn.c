@@ -1,0 +1,181 @@
+/* sluice - conn.c: services on a downstream connection (conn.h).
+ *
+ * Lifetime (busy/dead, freed by the outermost callback), the connection's
+ * timer, close-after-write, write coalescing with backpressure by
+ * watermarks, and the body pump both request.c and exchange.c use. What
+ * needs the layers above goes through c->ops. */
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "clock.h"
+#include "conn.h"
+#include "http1.h"
+#include "upstream.h"
+
+/* ---- lifetime ---------------------------------------------------------- */
+
+void conn_enter(struct client *c)
+{
+    c->busy++;
+}
+
+
+/* Returns 1 when the client was freed. The outermost callback also writes
+ * what the others queued (conn_flush). */
+int conn_leave(struct client *c)
+{
+    if (c->busy == 1 && !c->dead)
+        conn_flush(c);
+    if (--c->busy == 0 && c->dead) {
+        c->ops->free(c);
+        return 1;
+    }
+    return 0;
+}
+
+void conn_kill(struct client *c)
+{
+    c->ops->log_end(c);     /* a request cut short is logged with what was sent */
+    c->dead = 1;
+    c->ops->cancel(c);
+    if (c->up) {
+        upstream_close(c->up);
+        c->up = NULL;
+    }
+}
+
+void conn_timer(struct client *c, enum timer_mode mode, int64_t ms)
+{
+    c->timer_mode = mode;
+    if (mode == TM_NONE) {
+        event_del(c->timer);
+        return;
+    }
+    struct timeval tv = clock_timeval(ms);
+    event_add(c->timer, &tv);
+}
+
+/* Stop reading requests and close once what is queued has been written. */
+void conn_close_after_write(struct client *c)
+{
+    c->ops->log_end(c);
+    c->state = CS_CLOSING;
+    c->keep_alive = 0;
+    conn_timer(c, TM_NONE, 0);
+    bufferevent_disable(c->bev, EV_READ);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        conn_kill(c);
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+/* Write a socket's queued output now, in this loop iteration, instead of
+ * arming the write event and writing in the next one: a bufferevent adds
+ * its write event when output is queued and deletes it once written, two
+ * epoll_ctl calls per response and per forwarded request. Here the write
+ * event stays off while writes complete at once, and is enabled only when
+ * the socket is full (EAGAIN), or on an error, which the bufferevent then
+ * meets and reports through its event callback as usual. */
+static void out_flush(struct bufferevent *bev)
+{
+    struct evbuffer *out = bufferevent_get_output(bev);
+    if (evbuffer_get_length(out) == 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
+        return;
+    /* A bufferevent keeps its output's start frozen against others
+     * draining it; its own write callback thaws it the same way. */
+    evbuffer_unfreeze(out, 1);
+    int n = evbuffer_write(out, bufferevent_getfd(bev));
+    evbuffer_freeze(out, 1);
+    if (n < 0 || evbuffer_get_length(out) > 0)
+        bufferevent_enable(bev, EV_WRITE);
+}
+
+/* The write event is needed again only when output waits. */
+void conn_out_idle(struct bufferevent *bev)
+{
+    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        bufferevent_disable(bev, EV_WRITE);
+}
+
+/* Flush both sides, then do what the freed space allows: resume a side that
+ * backpressure stopped. Bounded: each round needs progress. */
+void conn_flush(struct client *c)
+{
+    for (int round = 0; round < 16 && !c->dead; round++) {
+        int progress = 0;
+        out_flush(c->bev);
+        if (c->up && c->up->connected)
+            out_flush(c->up->bev);
+        if (c->client_paused && c->up &&
+            evbuffer_get_length(bufferevent_get_output(c->up->bev)) <= CONN_HIGH_WATER / 2) {
+            c->client_paused = 0;
+            bufferevent_enable(c->bev, EV_READ);
+            c->ops->process(c);
+            progress = 1;
+        }
+        if (!c->dead && c->up_paused && c->up &&
+            evbuffer_get_length(bufferevent_get_output(c->bev)) <= CONN_HIGH_WATER / 2) {
+            c->up_paused = 0;
+            bufferevent_enable(c->up->bev, EV_READ);
+            c->ops->up_resumed(c);
+            progress = 1;
+        }
+        /* Answers sluice wrote itself filled the output while pipelined
+         * heads waited: once it drains, go on with them (a write that
+         * completed at once arms no write event to do it). */
+        if (!c->dead && c->heads_paused &&
+            evbuffer_get_length(bufferevent_get_output(c->bev)) <= CONN_HIGH_WATER / 2) {
+            c->heads_paused = 0;
+            c->ops->process(c);
+            progress = 1;
+        }
+        if (!progress)
+            break;
+    }
+    if (!c->dead && c->state == CS_CLOSING &&
+        evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        conn_kill(c);
+}
+
+/* ---- bodies ------------------------------------------------------------ */
+
+/* Bytes move from buffer to buffer by copying into the destination's own
+ * chains, never by handing chains over: a socket read leaves its bytes in a
+ * chain about twice their size, and a stalled peer's output made of such
+ * chains would hold twice what CONN_HIGH_WATER allows. */
+
+/* Copy the payload pieces of run (the first `used` bytes of src) to dst, or
+ * drop them when dst is NULL, then drop the run, framing included. */
+static void move_pieces(struct evbuffer *src, struct evbuffer *dst, const char *run,
+                        size_t used, const struct http1_piece *pieces, int n)
+{
+    for (int i = 0; dst && i < n; i++)
+        evbuffer_add(dst, run + pieces[i].off, pieces[i].len);
+    evbuffer_drain(src, used);
+}
+
+/* Feed one contiguous run of src's body bytes to parser p; the payload goes
+ * to dst as is. Returns 1 when the message is complete, 0 to wait for more,
+ * 2 when there may be more to do, -1 on a framing error. *payload gets the
+ * payload bytes moved. */
+int conn_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                   size_t *payload)
+{
+    struct evbuffer_iovec v;
+    struct http1_piece pieces[HTTP1_MAX_PIECES];
+    int npieces = 0, done = 0;
+    *payload = 0;
+    if (evbuffer_peek(src, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
+        return 0;
+    long used = http1_body_feed(p, v.iov_base, v.iov_len, pieces, &npieces, &done);
+    if (used < 0)
+        return -1;
+    for (int i = 0; i < npieces; i++)
+        *payload += pieces[i].len;
+    move_pieces(src, dst, v.iov_base, (size_t)used, pieces, npieces);
+    if (done)
+        return 1;
+    return used == 0 && npieces == 0 ? 0 : 2;
+}
+

@@ -1,0 +1,142 @@
+/* sluice - conn.h: one downstream connection's state, and the services
+ * request.c and exchange.c use on it.
+ *
+ * struct client is made by client.c (client_accept), which owns its
+ * lifetime: callbacks never free it, they mark it dead (conn_kill) and the
+ * outermost one frees it when the stack unwinds (conn_enter/leave). What a
+ * lower layer must tell client.c (the request is done, more input may be
+ * processed, the connection is freed) goes through the ops it set, never a
+ * call upward. The request in progress is *c->rq (request.h). */
+#ifndef SLUICE_CONN_H
+#define SLUICE_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include "http1.h"
+#include "route.h"
+
+struct bufferevent;
+struct evbuffer;
+struct event;
+struct event_base;
+struct upstream_conn;
+struct request;
+struct conf;
+struct runtime;
+struct backend;
+struct denycache;
+struct accesslog;
+
+/* Output above this stops reading the other side until it drains: what a
+ * peer that does not read holds in sluice, per direction (about nginx's
+ * proxy_buffers), plus at most one read or one decoded run. */
+#define CONN_HIGH_WATER   (64 * 1024)
+
+enum client_state {
+    CS_HEAD,        /* waiting for a request head */
+    CS_DECIDE,      /* waiting for the store */
+    CS_BUFFER,      /* allowed: reading a small body whole before going upstream */
+    CS_PROXY,       /* forwarded: request body and response streaming */
+    CS_DISCARD,     /* answered locally, dropping the request body */
+    CS_TUNNEL,      /* after a 101: bytes pass both ways untouched */
+    CS_CLOSING,     /* flushing the last response, then free */
+};
+
+enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY };
+
+/* What a worker lends its connections (embedded in struct worker, written
+ * only on the worker's thread): its loop, its client set, the runtime new
+ * requests start with, and its own parts of the request path. */
+struct conn_env {
+    int id;                             /* the worker's */
+    struct event_base *base;
+    struct client *clients;             /* all open client connections */
+    int nclients;
+    int stopping;                       /* draining: no accepts, no keep-alive */
+    struct conf *conf;                  /* rt->conf; clients retain it */
+    struct runtime *rt;                 /* current; requests retain their own */
+    struct backend *local;              /* memory over mem, for on_error: local */
+    struct denycache *deny;             /* keys Redis denied, until when */
+    struct accesslog *alog;             /* shared; not owned; NULL when off */
+    uint64_t rng[2];                    /* xorshift128+ state, for request ids */
+};
+
+/* Set by client.c; each is called from inside a callback of c (busy). */
+struct conn_ops {
+    void (*process)(struct client *c);      /* do what the bytes in hand allow */
+    void (*request_done)(struct client *c); /* answered, body read: next or close */
+    void (*log_end)(struct client *c);      /* the request ends now: log it */
+    void (*cancel)(struct client *c);       /* drop the decision in flight */
+    void (*up_resumed)(struct client *c);   /* our output drained: move more */
+    void (*forward)(struct client *c);      /* allowed: the upstream exchange */
+    void (*resume)(struct client *c);       /* count_status answered: go on */
+    void (*free)(struct client *c);         /* busy dropped to 0 while dead */
+};
+
+struct client {
+    const struct conn_ops *ops;
+    struct conn_env *env;
+    struct client *prev, *next;         /* env's list */
+    struct conf *conf;                  /* retained */
+    struct bufferevent *bev;
+    struct sockaddr_storage peer;
+    char peer_text[ROUTE_IP_MAX];       /* the peer's address, as keys use it */
+    size_t peer_len;
+    struct http1 *parser;
+    struct http1_head head;
+    struct event *timer;
+    enum timer_mode timer_mode;
+    enum client_state state;
+    int busy;                           /* callbacks on the stack */
+    int dead;                           /* free when busy drops to 0 */
+    int eof;                            /* client closed its sending side */
+
+    /* The request in progress. */
+    const char *hbuf;                   /* head bytes while still in input */
+    int head_in_input;
+    const struct conf_route *route;
+    struct request *rq;                 /* what the request computed; owned */
+    struct upstream_conn *up;
+    int retried;
+    int head_request;                   /* method HEAD: response has no body */
+    int upgrade;                        /* Upgrade request on an upgrade route */
+    const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
+    int req_done;                       /* request body fully read */
+    int resp_started;                   /* response head sent to client */
+    int resp_done;
+    int keep_alive;                     /* connection stays open afterwards */
+    int out_chunked;                    /* response re-framed as chunked */
+    int client_paused;                  /* reading stopped: upstream full */
+    int up_paused;                      /* upstream reading stopped: client full */
+    int heads_paused;                   /* pipelined heads wait: our output is full */
+    uint64_t body_bytes;                /* request payload so far */
+    struct evbuffer *body;              /* CS_BUFFER: the payload read so far;
+                                         * otherwise scratch for re-framing,
+                                         * empty between calls (lazy) */
+    struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
+    int head_held;                      /* hbuf points into held */
+    int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
+    int64_t upstream_start_us;          /* when the request was forwarded */
+    int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
+    int interims;                       /* 1xx heads read for this request */
+    int interims_relayed;
+};
+
+void conn_enter(struct client *c);
+int conn_leave(struct client *c);       /* 1: freed */
+void conn_kill(struct client *c);
+void conn_timer(struct client *c, enum timer_mode mode, int64_t ms);
+/* Stop reading requests and close once what is queued has been written. */
+void conn_close_after_write(struct client *c);
+void conn_flush(struct client *c);
+void conn_out_idle(struct bufferevent *bev);
+
+/* Feed one contiguous run of src's body bytes to parser p; the payload goes
+ * to dst (NULL: dropped). Returns 1 when the message is complete, 0 to wait
+ * for more, 2 when there may be more to do, -1 on a framing error. *payload
+ * gets the payload bytes moved. */
+int conn_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                   size_t *payload);
+
+#endif
