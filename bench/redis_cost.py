@@ -9,7 +9,9 @@
 # (-c 64 -P 16, EVALSHA with the keys and arguments sluice's store.c sends,
 # one key per client out of 10,000), interleaved: A B C ... A B C ... Before
 # each scenario it flushes the data and resets INFO commandstats; after it,
-# it reads cmdstat_evalsha's usec and calls: usec per decision. Every reply
+# it reads cmdstat_evalsha's usec and calls: usec per decision. A run is
+# --rounds such rounds; it reports each scenario's median (the machine may
+# be shared: medians of short interleaved rounds are what stays stable). Every reply
 # is checked first (one call by hand: an allowing decision, no error), and
 # INFO errorstats must stay empty. The redis-server is stopped by PID at the
 # end, also on error, SIGINT and SIGTERM. Standard library only.
@@ -215,13 +217,16 @@ def main():
     ap.add_argument("--script", default=os.path.join(ROOT, "src", "scripts", "limit.lua"))
     ap.add_argument("--before", help="an older limit.lua to measure beside --script")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=200000)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds per run; a run reports each scenario's median")
+    ap.add_argument("--requests", type=int, default=20000, help="calls per scenario and round")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--pipeline", type=int, default=16)
     ap.add_argument("--keyspace", type=int, default=10000)
     opt = ap.parse_args()
-    if not 1 <= opt.runs <= 20 or not 1000 <= opt.requests <= 10000000:
-        ap.error("runs 1..20, requests 1000..10000000")
+    if not 1 <= opt.runs <= 20 or not 1 <= opt.rounds <= 50 or \
+            not 1000 <= opt.requests <= 10000000:
+        ap.error("runs 1..20, rounds 1..50, requests 1000..10000000")
 
     proc = None
 
@@ -243,17 +248,23 @@ def main():
             sc = scenarios(shas)
             for name, args in sc:
                 check_reply(conn, name, args)
-            print("redis-server %s on 127.0.0.1:%d; redis-benchmark -c %d -P %d -n %d -r %d"
+            print("redis-server %s on 127.0.0.1:%d; redis-benchmark -c %d -P %d -n %d -r %d;"
+                  " %d interleaved rounds per run, medians"
                   % (version.group(1) if version else "?", port, opt.clients, opt.pipeline,
-                     opt.requests, opt.keyspace))
+                     opt.requests, opt.keyspace, opt.rounds))
             print("script: %s%s" % (opt.script, "; before: " + opt.before if opt.before else ""))
             table = {name: [] for name, _ in sc}
             for run in range(opt.runs):
-                for name, args in sc:
-                    table[name].append(run_one(conn, port, args, opt.requests, opt.clients,
-                                               opt.pipeline, opt.keyspace))
+                rounds = {name: [] for name, _ in sc}
+                for _ in range(opt.rounds):
+                    for name, args in sc:
+                        rounds[name].append(run_one(conn, port, args, opt.requests, opt.clients,
+                                                    opt.pipeline, opt.keyspace))
+                for name in rounds:
+                    table[name].append(statistics.median(rounds[name]))
                 print_run(run + 1, {k: v[-1] for k, v in table.items()})
-            print_run("median", {k: statistics.median(v) for k, v in table.items()})
+            if opt.runs > 1:
+                print_run("median", {k: statistics.median(v) for k, v in table.items()})
     except KeyboardInterrupt:
         return 130
     finally:
