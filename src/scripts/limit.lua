@@ -36,7 +36,9 @@
 --
 -- Key layouts (one key per limit, so each lives under its one hash tag).
 -- Every algorithm but sliding_log keeps one STRING, so one MGET reads all
--- of them and one SET (with PXAT or PX) writes each, value and expiry:
+-- of them and one SET writes each, value and expiry (PXAT or PX; KEEPTTL
+-- when a window's key is written again in its own window, whose PXAT it
+-- got when that window began):
 --   fixed_window    STRING "F<window index> <count>"
 --   sliding_window  STRING "S<window index> <current count> <previous count>"
 --   token_bucket    STRING "B<last refill, us> <tokens>" (tokens as %.17g:
@@ -76,10 +78,15 @@ if mode == 't' then
 end
 local now_ms = floor(now_us / 1000)
 
-local vals = redis.call('MGET', unpack(KEYS))
-local out = { 1 }       -- allowed, then allowed_i remaining_i reset_i retry_i
-local w = {}            -- per limit i: w[3i-2..3i] = value, 'PXAT'/'PX'/'Z', expiry
-local z = {}            -- per limit i: z[2i-1], z[2i] = remaining, reset unconsumed
+-- MGET, not GET: it answers nil for a key of another type instead of
+-- failing. One limit (the common case), unless it is a sliding_log or mode
+-- "c", is decided, written and answered in place.
+local vals
+if n == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET', unpack(KEYS)) end
+-- Made once the in-place answer is ruled out:
+local out               -- allowed, then allowed_i remaining_i reset_i retry_i
+local w                 -- per limit i: w[3i-2..3i] = value, 'PXAT'/'PX'/'KEEPTTL'/'Z', expiry
+local z                 -- per limit i: z[2i-1], z[2i] = remaining, reset unconsumed
 local marks = mode == 'c' and { tonumber(t[1]), tonumber(t[2]) } or nil
 local all_ok = true
 
@@ -95,7 +102,7 @@ for i = 1, n do
         return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
     end
     local s = vals[i]
-    local ok, rem, reset, retry, rem0, reset0, mark
+    local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
     if algo <= 2 then
         if W < 1 then
             return redis.error_reply('ERR sluice limit.lua: bad window ' .. i)
@@ -104,10 +111,10 @@ for i = 1, n do
         mark = win
         if algo == 0 then
             -- fixed_window: one count per window index
-            local cnt = 0
+            local cnt, same = 0, false
             if s then
                 local sw, sn = match(s, '^F(%d+) (%d+)$')
-                if sw and tonumber(sw) == win then cnt = tonumber(sn) end
+                if sw and tonumber(sw) == win then cnt, same = tonumber(sn), true end
             end
             reset = (win + 1) * W - now_ms
             rem0, reset0 = L - cnt, reset
@@ -115,8 +122,9 @@ for i = 1, n do
             ok = cnt + c <= L
             if ok then
                 rem, retry = L - cnt - c, 0
-                w[3 * i - 2] = format('F%d %d', win, cnt + c)
-                w[3 * i - 1], w[3 * i] = 'PXAT', format('%d', (win + 1) * W)
+                val = format('F%d %d', win, cnt + c)
+                if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
+                else opt, exp = 'PXAT', format('%d', (win + 1) * W) end
             else
                 rem, retry = 0, reset
                 if c > L then retry = W end
@@ -125,13 +133,13 @@ for i = 1, n do
             -- sliding_window, the two-counter estimate:
             -- est = p * (W - elapsed) / W + c. Comparisons are made
             -- multiplied by W so they stay in exact integer arithmetic.
-            local cc, pc = 0, 0
+            local cc, pc, same = 0, 0, false
             if s then
                 local sw, sc, sp = match(s, '^S(%d+) (%d+) (%d+)$')
                 if sw then
                     sw = tonumber(sw)
                     if sw >= win then          -- current window (or a clock that went back)
-                        cc, pc = tonumber(sc), tonumber(sp)
+                        cc, pc, same = tonumber(sc), tonumber(sp), sw == win
                     elseif sw == win - 1 then  -- the stored window is now the previous one
                         pc = tonumber(sc)
                     end
@@ -150,8 +158,9 @@ for i = 1, n do
                 rem = floor((LW - decay - (cc + c) * W) / W)
                 if rem < 0 then rem = 0 end
                 reset, retry = (win + 2) * W - now_ms, 0
-                w[3 * i - 2] = format('S%d %d %d', win, cc + c, pc)
-                w[3 * i - 1], w[3 * i] = 'PXAT', format('%d', (win + 2) * W)
+                val = format('S%d %d %d', win, cc + c, pc)
+                if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
+                else opt, exp = 'PXAT', format('%d', (win + 2) * W) end
             else
                 rem, reset = 0, reset0
                 if c > L then
@@ -192,7 +201,7 @@ for i = 1, n do
             ok = count + c <= L
             if ok then
                 rem, reset, retry = L - count - c, W, 0
-                w[3 * i - 2], w[3 * i - 1], w[3 * i] = count, stale and 'ZS' or 'Z', W
+                val, opt, exp = count, stale and 'ZS' or 'Z', W
             else
                 rem, reset = 0, reset0
                 if c > L then
@@ -231,9 +240,8 @@ for i = 1, n do
             if ok then
                 local after = tokens - c
                 rem, reset, retry = floor(after), ceil((B - after) * I / 1000), 0
-                w[3 * i - 2] = format('B%d %.17g', now_us, after)
-                w[3 * i - 1] = 'PX'
-                w[3 * i] = reset < 1 and '1' or format('%d', reset)
+                val, opt = format('B%d %.17g', now_us, after), 'PX'
+                exp = reset < 1 and '1' or format('%d', reset)
             else
                 rem, reset = 0, reset0
                 if c > B then retry = ceil(B * I / 1000)
@@ -256,9 +264,8 @@ for i = 1, n do
             if ok then
                 rem = floor((BI - (new_tat - now_us)) / I)
                 reset, retry = ceil((new_tat - now_us) / 1000), 0
-                w[3 * i - 2] = format('%d', new_tat)
-                w[3 * i - 1] = 'PX'
-                w[3 * i] = reset < 1 and '1' or format('%d', reset)
+                val, opt = format('%d', new_tat), 'PX'
+                exp = reset < 1 and '1' or format('%d', reset)
             else
                 rem, reset = 0, reset0
                 if c > B then retry = ceil(BI / 1000)
@@ -269,10 +276,22 @@ for i = 1, n do
     else
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
     end
+    if n == 1 and opt ~= 'Z' and opt ~= 'ZS' and not marks then
+        if not ok then                                   -- allowed only when shadow
+            return { (f == 1 or f == 3) and 1 or 0, 0, rem, reset, retry }
+        end
+        if f < 2 then                                    -- not check only: consume
+            if exp then redis.call('SET', KEYS[1], val, opt, exp)
+            else redis.call('SET', KEYS[1], val, opt) end
+            return { 1, 1, rem, reset, 0 }
+        end
+        return { 1, 1, rem0, reset0, 0 }
+    end
+    if i == 1 then out, w, z = { 1 }, {}, {} end
     if not ok then
         if f ~= 1 and f ~= 3 then all_ok = false end    -- not shadow
-    elseif f >= 2 then
-        w[3 * i - 2] = nil                               -- check only: never consumes
+    elseif f < 2 then                                    -- check only never consumes
+        w[3 * i - 2], w[3 * i - 1], w[3 * i] = val, opt, exp
     end
     local o = 4 * i
     out[o - 2], out[o - 1], out[o], out[o + 1] = ok and 1 or 0, rem, reset, retry
@@ -289,6 +308,8 @@ for i = 1, n do
         local v = all_ok and w[3 * i - 2]
         if not v then
             out[o - 1], out[o] = z[2 * i - 1], z[2 * i]
+        elseif w[3 * i - 1] == 'KEEPTTL' then
+            redis.call('SET', KEYS[i], v, 'KEEPTTL')
         elseif w[3 * i - 1] == 'PXAT' or w[3 * i - 1] == 'PX' then
             redis.call('SET', KEYS[i], v, w[3 * i - 1], w[3 * i])
         else
