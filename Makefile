@@ -28,8 +28,11 @@ DEBS     := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
             libhttp-parser-dev libpcre2-dev libcmocka-dev redis-server python3-pytest python3-requests curl
 # ab -k: an HTTP/1.0 keep-alive client for the integration tests
 DEBS     += apache2-utils
-# promtool: test_metrics checks the /metrics exposition with `promtool check metrics`
+# promtool: test_metrics and the dashboard tests check /metrics scrapes and
+# docs/prometheus/alerts.yml
 DEBS     += prometheus
+# yaml: the tests read docs/prometheus/alerts.yml
+DEBS     += python3-yaml
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.

@@ -20,3 +20,14 @@ bench-deps:
 bench: bench-deps
 	$(MAKE) all
 	/usr/bin/python3 bench/run.py --sluice $(BENCH_SLUICE) $(BENCH_ARGS)
+
+# `make bench-redis` (issue 11): Redis' own command time per decision, sluice's
+# limit.lua next to a minimal fixed-window script, in one run against its own
+# redis-server on 127.0.0.1. BENCH_REDIS_ARGS passes options to redis_cost.py
+# (e.g. BENCH_REDIS_ARGS="--before /tmp/old-limit.lua --runs 3").
+BENCH_REDIS_ARGS ?=
+
+.PHONY: bench-redis
+
+bench-redis:
+	/usr/bin/python3 bench/redis_cost.py $(BENCH_REDIS_ARGS)

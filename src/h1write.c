@@ -29,6 +29,18 @@ static int span_is(const char *buf, struct http1_span s, const char *lit)
     return s.len == n && strncasecmp(buf + s.off, lit, n) == 0;
 }
 
+/* The next token of a comma-separated field value (between *v and end):
+ * sets *t to it and returns its length, 0 once the value is used up. */
+static size_t list_token(const char **v, const char *end, const char **t)
+{
+    while (*v < end && (**v == ' ' || **v == '\t' || **v == ','))
+        (*v)++;
+    *t = *v;
+    while (*v < end && **v != ',' && **v != ' ' && **v != '\t')
+        (*v)++;
+    return (size_t)(*v - *t);
+}
+
 static int token_is(const char *t, size_t n, const char *lit)
 {
     return strlen(lit) == n && strncasecmp(t, lit, n) == 0;
@@ -83,16 +95,8 @@ static void connection_names(const char *buf, const struct http1_head *h,
     for (int i = 0; i < h->nheaders; i++) {
         if (!span_is(buf, h->h[i].name, "connection"))
             continue;
-        const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len;
-        while (v < end) {
-            while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
-                v++;
-            const char *t = v;
-            while (v < end && *v != ',' && *v != ' ' && *v != '\t')
-                v++;
-            size_t n = (size_t)(v - t);
-            if (n == 0)
-                continue;
+        const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len, *t;
+        for (size_t n; (n = list_token(&v, end, &t)) > 0;) {
             if (token_is(t, n, "content-length"))
                 cn->special |= CN_CL;
             else if (token_is(t, n, "transfer-encoding"))
@@ -359,16 +363,9 @@ int h1write_upgrade_ok(const char *buf, const struct http1_head *h,
     int seen = 0;
     for (int i = http1_find(buf, h, "upgrade", 0); i >= 0;
          i = http1_find(buf, h, "upgrade", i + 1)) {
-        const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len;
-        while (v < end) {
-            while (v < end && (*v == ' ' || *v == '\t' || *v == ','))
-                v++;
-            const char *t = v;
-            while (v < end && *v != ',' && *v != ' ' && *v != '\t')
-                v++;
-            if (v == t)
-                continue;
-            if (!proto_allowed(t, (size_t)(v - t), protos, nprotos))
+        const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len, *t;
+        for (size_t n; (n = list_token(&v, end, &t)) > 0;) {
+            if (!proto_allowed(t, n, protos, nprotos))
                 return 0;
             seen = 1;
         }

@@ -1,10 +1,11 @@
 -- sluice - limit.lua: every limit of one request, decided atomically in Redis.
 --
--- One EVALSHA carries all limits of a route. Phase 1 reads each limit's key
--- and decides it without writing; phase 2 consumes from every limit only when
--- all of them allow, so a denied request costs nothing anywhere. Time is
--- Redis TIME, read once, so several proxies agree. Every key written gets
--- its expiry here, in the same script: none can live without a TTL.
+-- One EVALSHA carries all limits of a route. Phase 1 reads every limit's key
+-- (one MGET) and decides each without writing; phase 2 consumes from every
+-- limit only when all of them allow, so a denied request costs nothing
+-- anywhere. Time is Redis TIME, read once, so several proxies agree. Every
+-- key written gets its expiry here, in the same SET: none can live without
+-- a TTL.
 --
 -- Call:   EVALSHA sha N key1..keyN  mode N  (algo limit window_ms interval_us cost flags) x N
 --   ARGV[1]             mode: "d" = decide and consume; "t" = the same on a
@@ -33,314 +34,310 @@
 --   allowing limit that is not check-only is consumed. Limits that are not
 --   consumed report their unconsumed state.
 --
--- Key layouts (one key per limit, so each lives under its one hash tag):
---   fixed_window    HASH {w = window index, n = count}
---   sliding_window  HASH {w = window index, c = current count, p = previous}
+-- Key layouts (one key per limit, so each lives under its one hash tag).
+-- Every algorithm but sliding_log keeps one STRING, so one MGET reads all
+-- of them and one SET writes each, value and expiry (PXAT or PX; KEEPTTL
+-- when a window's key is written again in its own window, whose PXAT it
+-- got when that window began):
+--   fixed_window    STRING "F<window index> <count>"
+--   sliding_window  STRING "S<window index> <current count> <previous count>"
+--   token_bucket    STRING "B<last refill, us> <tokens>" (tokens as %.17g:
+--                   the double round-trips exactly, as the C limiter keeps it)
+--   gcra            STRING "<theoretical arrival time, us>"
 --   sliding_log     ZSET, one member per admitted unit, score = ms admitted
---   token_bucket    HASH {t = tokens (fractional), u = last refill in us}
---   gcra            STRING: theoretical arrival time in us
--- A key of the wrong type (an algorithm changed by a reload) reads as absent
--- and is replaced on the next write instead of failing every request.
+-- A key of another type or layout (an algorithm changed by a reload, or a
+-- key of an older sluice) reads as absent and is replaced on the next
+-- write instead of failing every request: MGET answers nil for a key that
+-- is not a string, a value that does not match the algorithm's pattern is
+-- ignored, SET replaces a key of any type, and sliding_log reads with
+-- redis.pcall (a string there is deleted before its ZADD).
+--
+-- The hot path makes no closures and no tables per limit: the decisions
+-- go straight into the reply, and the planned writes into one flat table.
+-- Redis 6.2 or later (SET PXAT); scripts replicate by their effects there.
 
-if redis.replicate_commands then redis.replicate_commands() end
+local floor, ceil, format, match = math.floor, math.ceil, string.format, string.match
 
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
-
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
--- Mode "t" (test_limiter_table.py runs the shared table of cases through
--- this script): only the time differs from "d".
-local fake_us = nil
-if ARGV[1] == 't' then
-    fake_us = tonumber(ARGV[#ARGV])
-    if fake_us ~= nil and fake_us == floor(fake_us) then now_us = fake_us end
-end
-local now_ms = floor(now_us / 1000)
-local member_base = t[1] .. '.' .. t[2] .. '-'
-
--- Integers as decimal text: Lua's own number formatting keeps only 14 digits.
-local function int(x)
-    return string.format('%d', x)
-end
-
-local function atleast1(x)
-    if x < 1 then return 1 end
-    return x
-end
-
--- Reads that cannot fail on a key of another type: nil means "treat as absent".
-local function read(...)
-    local r = redis.pcall(...)
-    if type(r) == 'table' and r.err then return nil end
-    return r
-end
-
--- Each decide_* returns a table d:
---   ok         this limit admits the cost
---   rem, reset, retry   what to report when the request is consumed (ok) or
---                       denied here (not ok)
---   rem0, reset0        what an allowing limit reports in a denied request
---   write      function consuming the cost (called only when all allow)
-
-local function decide_fixed(key, L, W, c)
-    local win = floor(now_ms / W)
-    local h = read('HMGET', key, 'w', 'n')
-    local stale = h == nil
-    local n = 0
-    if h and tonumber(h[1]) == win then n = tonumber(h[2]) or 0 end
-    local reset = (win + 1) * W - now_ms
-    local d = { ok = n + c <= L, reset = reset, reset0 = reset,
-                rem0 = max(0, L - n), mark = win }
-    if d.ok then
-        d.rem, d.retry = L - n - c, 0
-    else
-        d.rem, d.retry = 0, reset
-        if c > L then d.retry = W end
-    end
-    d.write = function()
-        if stale then redis.call('DEL', key) end
-        redis.call('HSET', key, 'w', int(win), 'n', int(n + c))
-        redis.call('PEXPIREAT', key, int((win + 1) * W))
-    end
-    return d
-end
-
--- The two-counter estimate: est = p * (W - elapsed) / W + c. Comparisons are
--- made multiplied by W so they stay in exact integer arithmetic.
-local function decide_sliding(key, L, W, c)
-    local cur = floor(now_ms / W)
-    local h = read('HMGET', key, 'w', 'c', 'p')
-    local stale = h == nil
-    local sw = h and tonumber(h[1])
-    local cc, pc = 0, 0
-    if sw ~= nil then
-        if sw >= cur then          -- current window (or a clock that went back)
-            cc, pc = tonumber(h[2]) or 0, tonumber(h[3]) or 0
-        elseif sw == cur - 1 then  -- the stored window is now the previous one
-            pc = tonumber(h[2]) or 0
-        end
-    end
-    local elapsed = now_ms - cur * W
-    local decay = pc * (W - elapsed)          -- previous count's weight, times W
-    local function remaining(count)
-        return max(0, floor((L * W - decay - count * W) / W))
-    end
-    local function reset(count)
-        if count > 0 then return (cur + 2) * W - now_ms end
-        if pc > 0 then return (cur + 1) * W - now_ms end
-        return 0
-    end
-    local d = { ok = c <= L and decay + (cc + c) * W <= L * W,
-                rem0 = remaining(cc), reset0 = reset(cc), mark = cur }
-    if d.ok then
-        d.rem, d.reset, d.retry = remaining(cc + c), reset(cc + c), 0
-    else
-        d.rem, d.reset = 0, reset(cc)
-        if c > L then
-            d.retry = W
-        elseif pc > 0 and cc + c <= L
-               and ceil(W * (pc + cc + c - L) / pc) < W then
-            -- within this window, once enough of the previous count decayed
-            d.retry = ceil(W * (pc + cc + c - L) / pc) - elapsed
-        else
-            -- next window: today's count becomes the decaying previous one
-            local e = 0
-            if cc > 0 then e = max(0, ceil(W * (cc + c - L) / cc)) end
-            d.retry = (cur + 1) * W + e - now_ms
-        end
-        d.retry = atleast1(d.retry)
-    end
-    d.write = function()
-        if stale then redis.call('DEL', key) end
-        redis.call('HSET', key, 'w', int(cur), 'c', int(cc + c), 'p', int(pc))
-        redis.call('PEXPIREAT', key, int((cur + 2) * W))
-    end
-    return d
-end
-
--- Entries exactly W old are out: the live range is (now_ms - W, +inf).
-local function decide_log(key, L, W, c)
-    local lo = '(' .. int(now_ms - W)
-    local count = read('ZCOUNT', key, lo, '+inf')
-    local stale = count == nil
-    count = count or 0
-    local reset0 = 0
-    if count > 0 then
-        local newest = read('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
-                            'LIMIT', count - 1, 1)
-        reset0 = max(0, tonumber(newest[2]) + W - now_ms)
-    end
-    local d = { ok = count + c <= L, rem0 = max(0, L - count), reset0 = reset0,
-                mark = count }
-    if d.ok then
-        d.rem, d.reset, d.retry = L - count - c, W, 0
-    else
-        d.rem, d.reset = 0, reset0
-        if c > L then
-            d.retry = W
-        else
-            local k = count + c - L      -- this many oldest entries must leave
-            local e = read('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
-                           'LIMIT', k - 1, 1)
-            d.retry = atleast1(tonumber(e[2]) + W - now_ms)
-        end
-    end
-    d.write = function()
-        if stale then
-            redis.call('DEL', key)
-        else
-            redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now_ms - W))
-        end
-        local score = int(now_ms)
-        local i = 1
-        while i <= c do                  -- ZADD in chunks: unpack has a limit
-            local args = {}
-            local last = min(c, i + 99)
-            for j = i, last do
-                args[#args + 1] = score
-                args[#args + 1] = member_base .. int(count + j)
-            end
-            redis.call('ZADD', key, unpack(args))
-            i = last + 1
-        end
-        redis.call('PEXPIRE', key, int(W))
-    end
-    return d
-end
-
--- A missing bucket is a full one; the key expires exactly when the bucket
--- would be full again, so expiry and absence mean the same thing.
-local function decide_bucket(key, B, I, c)
-    local h = read('HMGET', key, 't', 'u')
-    local stale = h == nil
-    local tokens = B
-    if h and h[1] then
-        local elapsed = max(0, now_us - (tonumber(h[2]) or now_us))
-        tokens = min(B, (tonumber(h[1]) or B) + elapsed / I)
-    end
-    local function refill_ms(tk)
-        return ceil((B - tk) * I / 1000)
-    end
-    local d = { ok = c <= B and tokens >= c,
-                rem0 = floor(tokens), reset0 = refill_ms(tokens) }
-    local after = tokens - c
-    if d.ok then
-        d.rem, d.reset, d.retry = floor(after), refill_ms(after), 0
-    else
-        d.rem, d.reset = 0, refill_ms(tokens)
-        if c > B then
-            d.retry = atleast1(ceil(B * I / 1000))
-        else
-            d.retry = atleast1(ceil((c - tokens) * I / 1000))
-        end
-    end
-    d.write = function()
-        if stale then redis.call('DEL', key) end
-        redis.call('HSET', key, 't', after, 'u', int(now_us))
-        redis.call('PEXPIRE', key, int(atleast1(refill_ms(after))))
-    end
-    return d
-end
-
-local function decide_gcra(key, B, I, c)
-    local stored = read('GET', key)
-    local stale = stored == nil
-    local tat = now_us
-    if stored then tat = max(tonumber(stored) or now_us, now_us) end
-    local new_tat = tat + c * I
-    local d = { ok = c <= B and new_tat - now_us <= B * I,
-                rem0 = max(0, floor((B * I - (tat - now_us)) / I)),
-                reset0 = ceil((tat - now_us) / 1000) }
-    if d.ok then
-        d.rem = floor((B * I - (new_tat - now_us)) / I)
-        d.reset, d.retry = ceil((new_tat - now_us) / 1000), 0
-    else
-        d.rem, d.reset = 0, d.reset0
-        if c > B then
-            d.retry = atleast1(ceil(B * I / 1000))
-        else
-            d.retry = atleast1(ceil((new_tat - B * I - now_us) / 1000))
-        end
-    end
-    d.write = function()
-        if stale then redis.call('DEL', key) end
-        redis.call('SET', key, int(new_tat), 'PX',
-                   int(atleast1(ceil((new_tat - now_us) / 1000))))
-    end
-    return d
-end
-
-local function arg_int(i, lowest)
-    local v = tonumber(ARGV[i])
-    if v == nil or v ~= floor(v) or v < lowest then
-        return nil
-    end
-    return v
-end
-
-if ARGV[1] ~= 'd' and ARGV[1] ~= 't' and ARGV[1] ~= 'c' then
+local mode, n, nargv = ARGV[1], tonumber(ARGV[2]), #ARGV
+if mode ~= 'd' and mode ~= 't' and mode ~= 'c' then
     return redis.error_reply('ERR sluice limit.lua: unknown mode')
 end
-local n = tonumber(ARGV[2])
-if n == nil or n ~= #KEYS or n < 1 or #ARGV ~= 2 + 6 * n + (fake_us and 1 or 0) then
+if n == nil or n ~= #KEYS or n < 1 or nargv ~= 2 + 6 * n + (mode == 't' and 1 or 0) then
     return redis.error_reply('ERR sluice limit.lua: bad argument count')
 end
-if ARGV[1] == 't' and now_us ~= fake_us then
-    return redis.error_reply('ERR sluice limit.lua: bad time')
+
+local t = redis.call('TIME')
+local now_us = t[1] * 1000000 + t[2]
+-- Mode "t" (test_limiter_table.py runs the shared table of cases through
+-- this script): only the time differs from "d".
+if mode == 't' then
+    now_us = tonumber(ARGV[nargv])
+    if now_us == nil or now_us % 1 ~= 0 then
+        return redis.error_reply('ERR sluice limit.lua: bad time')
+    end
 end
+local now_ms = floor(now_us / 1000)
+
+-- MGET, not GET: it answers nil for a key of another type instead of
+-- failing. One limit (the common case), unless it is a sliding_log or mode
+-- "c", is decided, written and answered in place.
+local vals
+if n == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET', unpack(KEYS)) end
+-- Made once the in-place answer is ruled out:
+local out               -- allowed, then allowed_i remaining_i reset_i retry_i
+local w                 -- per limit i: w[3i-2..3i] = value, 'PXAT'/'PX'/'KEEPTTL'/'Z', expiry
+local z                 -- per limit i: z[2i-1], z[2i] = remaining, reset unconsumed
+local marks = mode == 'c' and { tonumber(t[1]), tonumber(t[2]) } or nil
+local all_ok = true
 
 -- Phase 1: decide every limit, write nothing.
-local decisions = {}
-local all_ok = true
 for i = 1, n do
-    local a = 3 + 6 * (i - 1)
-    local algo, L, W = arg_int(a, 0), arg_int(a + 1, 0), arg_int(a + 2, 0)
-    local I, c, f = arg_int(a + 3, 0), arg_int(a + 4, 1), arg_int(a + 5, 0)
-    if algo == nil or L == nil or W == nil or I == nil or c == nil or f == nil or f > 3 then
+    local a = 6 * i - 3
+    local algo, L, W = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local I, c, f = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+    if algo == nil or L == nil or W == nil or I == nil or c == nil or f == nil
+            or algo % 1 ~= 0 or L % 1 ~= 0 or W % 1 ~= 0 or I % 1 ~= 0 or c % 1 ~= 0
+            or f % 1 ~= 0 or algo < 0 or L < 0 or W < 0 or I < 0 or c < 1 or f < 0
+            or f > 3 then
         return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
     end
-    local key = KEYS[i]
-    local d
+    local s = vals[i]
+    local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
     if algo <= 2 then
         if W < 1 then
             return redis.error_reply('ERR sluice limit.lua: bad window ' .. i)
         end
-        if algo == 0 then d = decide_fixed(key, L, W, c)
-        elseif algo == 1 then d = decide_sliding(key, L, W, c)
-        else d = decide_log(key, L, W, c) end
+        local win = floor(now_ms / W)
+        mark = win
+        if algo == 0 then
+            -- fixed_window: one count per window index
+            local cnt, same = 0, false
+            if s then
+                local sw, sn = match(s, '^F(%d+) (%d+)$')
+                if sw and tonumber(sw) == win then cnt, same = tonumber(sn), true end
+            end
+            reset = (win + 1) * W - now_ms
+            rem0, reset0 = L - cnt, reset
+            if rem0 < 0 then rem0 = 0 end
+            ok = cnt + c <= L
+            if ok then
+                rem, retry = L - cnt - c, 0
+                val = format('F%d %d', win, cnt + c)
+                if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
+                else opt, exp = 'PXAT', format('%d', (win + 1) * W) end
+            else
+                rem, retry = 0, reset
+                if c > L then retry = W end
+            end
+        elseif algo == 1 then
+            -- sliding_window, the two-counter estimate:
+            -- est = p * (W - elapsed) / W + c. Comparisons are made
+            -- multiplied by W so they stay in exact integer arithmetic.
+            local cc, pc, same = 0, 0, false
+            if s then
+                local sw, sc, sp = match(s, '^S(%d+) (%d+) (%d+)$')
+                if sw then
+                    sw = tonumber(sw)
+                    if sw >= win then          -- current window (or a clock that went back)
+                        cc, pc, same = tonumber(sc), tonumber(sp), sw == win
+                    elseif sw == win - 1 then  -- the stored window is now the previous one
+                        pc = tonumber(sc)
+                    end
+                end
+            end
+            local elapsed = now_ms - win * W
+            local decay = pc * (W - elapsed)   -- previous count's weight, times W
+            local LW = L * W
+            rem0 = floor((LW - decay - cc * W) / W)
+            if rem0 < 0 then rem0 = 0 end
+            if cc > 0 then reset0 = (win + 2) * W - now_ms
+            elseif pc > 0 then reset0 = (win + 1) * W - now_ms
+            else reset0 = 0 end
+            ok = c <= L and decay + (cc + c) * W <= LW
+            if ok then
+                rem = floor((LW - decay - (cc + c) * W) / W)
+                if rem < 0 then rem = 0 end
+                reset, retry = (win + 2) * W - now_ms, 0
+                val = format('S%d %d %d', win, cc + c, pc)
+                if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
+                else opt, exp = 'PXAT', format('%d', (win + 2) * W) end
+            else
+                rem, reset = 0, reset0
+                if c > L then
+                    retry = W
+                elseif pc > 0 and cc + c <= L
+                       and ceil(W * (pc + cc + c - L) / pc) < W then
+                    -- within this window, once enough of the previous count decayed
+                    retry = ceil(W * (pc + cc + c - L) / pc) - elapsed
+                else
+                    -- next window: today's count becomes the decaying previous one
+                    local e = 0
+                    if cc > 0 then
+                        e = ceil(W * (cc + c - L) / cc)
+                        if e < 0 then e = 0 end
+                    end
+                    retry = (win + 1) * W + e - now_ms
+                end
+                if retry < 1 then retry = 1 end
+            end
+        else
+            -- sliding_log: entries exactly W old are out, the live range
+            -- is (now_ms - W, +inf). A key of another type reads as empty.
+            local key = KEYS[i]
+            local lo = format('(%d', now_ms - W)
+            local count = redis.pcall('ZCOUNT', key, lo, '+inf')
+            local stale = type(count) ~= 'number'
+            if stale then count = 0 end
+            mark = count
+            reset0 = 0
+            if count > 0 then
+                local newest = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
+                                          'LIMIT', count - 1, 1)
+                reset0 = tonumber(newest[2]) + W - now_ms
+                if reset0 < 0 then reset0 = 0 end
+            end
+            rem0 = L - count
+            if rem0 < 0 then rem0 = 0 end
+            ok = count + c <= L
+            if ok then
+                rem, reset, retry = L - count - c, W, 0
+                val, opt, exp = count, stale and 'ZS' or 'Z', W
+            else
+                rem, reset = 0, reset0
+                if c > L then
+                    retry = W
+                else
+                    local k = count + c - L      -- this many oldest entries must leave
+                    local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
+                                         'LIMIT', k - 1, 1)
+                    retry = tonumber(e[2]) + W - now_ms
+                    if retry < 1 then retry = 1 end
+                end
+            end
+        end
     elseif algo <= 4 then
         if I < 1 then
             return redis.error_reply('ERR sluice limit.lua: bad interval ' .. i)
         end
-        if algo == 3 then d = decide_bucket(key, L, I, c)
-        else d = decide_gcra(key, L, I, c) end
+        mark = 0
+        local B = L
+        if algo == 3 then
+            -- token_bucket: a missing bucket is a full one; the key expires
+            -- exactly when the bucket would be full again, so expiry and
+            -- absence mean the same thing.
+            local tokens = B
+            if s then
+                local su, st = match(s, '^B(%d+) (%S+)$')
+                if su then
+                    local elapsed = now_us - tonumber(su)
+                    if elapsed < 0 then elapsed = 0 end
+                    tokens = (tonumber(st) or B) + elapsed / I
+                    if tokens > B then tokens = B end
+                end
+            end
+            ok = c <= B and tokens >= c
+            rem0, reset0 = floor(tokens), ceil((B - tokens) * I / 1000)
+            if ok then
+                local after = tokens - c
+                rem, reset, retry = floor(after), ceil((B - after) * I / 1000), 0
+                val, opt = format('B%d %.17g', now_us, after), 'PX'
+                exp = reset < 1 and '1' or format('%d', reset)
+            else
+                rem, reset = 0, reset0
+                if c > B then retry = ceil(B * I / 1000)
+                else retry = ceil((c - tokens) * I / 1000) end
+                if retry < 1 then retry = 1 end
+            end
+        else
+            -- gcra: the theoretical arrival time
+            local tat = now_us
+            if s then
+                local v = tonumber(s)
+                if v and v > now_us then tat = v end
+            end
+            local new_tat = tat + c * I
+            local BI = B * I
+            ok = c <= B and new_tat - now_us <= BI
+            rem0 = floor((BI - (tat - now_us)) / I)
+            if rem0 < 0 then rem0 = 0 end
+            reset0 = ceil((tat - now_us) / 1000)
+            if ok then
+                rem = floor((BI - (new_tat - now_us)) / I)
+                reset, retry = ceil((new_tat - now_us) / 1000), 0
+                val, opt = format('%d', new_tat), 'PX'
+                exp = reset < 1 and '1' or format('%d', reset)
+            else
+                rem, reset = 0, reset0
+                if c > B then retry = ceil(BI / 1000)
+                else retry = ceil((new_tat - BI - now_us) / 1000) end
+                if retry < 1 then retry = 1 end
+            end
+        end
     else
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
     end
-    d.shadow = f % 2 == 1
-    d.check_only = f >= 2
-    decisions[i] = d
-    if not d.ok and not d.shadow then all_ok = false end
+    if n == 1 and opt ~= 'Z' and opt ~= 'ZS' and not marks then
+        if not ok then                                   -- allowed only when shadow
+            return { (f == 1 or f == 3) and 1 or 0, 0, rem, reset, retry }
+        end
+        if f < 2 then                                    -- not check only: consume
+            if exp then redis.call('SET', KEYS[1], val, opt, exp)
+            else redis.call('SET', KEYS[1], val, opt) end
+            return { 1, 1, rem, reset, 0 }
+        end
+        return { 1, 1, rem0, reset0, 0 }
+    end
+    if i == 1 then out, w, z = { 1 }, {}, {} end
+    if not ok then
+        if f ~= 1 and f ~= 3 then all_ok = false end    -- not shadow
+    elseif f < 2 then                                    -- check only never consumes
+        w[3 * i - 2], w[3 * i - 1], w[3 * i] = val, opt, exp
+    end
+    local o = 4 * i
+    out[o - 2], out[o - 1], out[o], out[o + 1] = ok and 1 or 0, rem, reset, retry
+    z[2 * i - 1], z[2 * i] = rem0, reset0
+    if marks then marks[i + 2] = mark end
 end
 
--- Phase 2: consume everywhere or nowhere.
-local out = { all_ok and 1 or 0 }
+-- Phase 2: consume everywhere or nowhere. A limit that allows but is not
+-- consumed reports its state without this request.
+if not all_ok then out[1] = 0 end
 for i = 1, n do
-    local d = decisions[i]
-    local rem, reset, retry = d.rem, d.reset, d.retry
-    if all_ok and d.ok and not d.check_only then
-        d.write()
-    elseif d.ok then
-        rem, reset, retry = d.rem0, d.reset0, 0
+    local o = 4 * i
+    if out[o - 2] == 1 then
+        local v = all_ok and w[3 * i - 2]
+        if not v then
+            out[o - 1], out[o] = z[2 * i - 1], z[2 * i]
+        elseif w[3 * i - 1] == 'KEEPTTL' then
+            redis.call('SET', KEYS[i], v, 'KEEPTTL')
+        elseif w[3 * i - 1] == 'PXAT' or w[3 * i - 1] == 'PX' then
+            redis.call('SET', KEYS[i], v, w[3 * i - 1], w[3 * i])
+        else
+            local key, W, cost = KEYS[i], w[3 * i], tonumber(ARGV[6 * i + 1])
+            if w[3 * i - 1] == 'ZS' then
+                redis.call('DEL', key)
+            else
+                redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms - W))
+            end
+            local score = format('%d', now_ms)
+            local base = t[1] .. '.' .. t[2] .. '-'
+            local j = 1
+            while j <= cost do               -- ZADD in chunks: unpack has a limit
+                local args = {}
+                local last = cost
+                if last > j + 99 then last = j + 99 end
+                for m = j, last do
+                    args[#args + 1] = score
+                    args[#args + 1] = base .. format('%d', v + m)
+                end
+                redis.call('ZADD', key, unpack(args))
+                j = last + 1
+            end
+            redis.call('PEXPIRE', key, format('%d', W))
+        end
     end
-    out[#out + 1] = d.ok and 1 or 0
-    out[#out + 1] = floor(rem)
-    out[#out + 1] = max(0, ceil(reset))
-    out[#out + 1] = ceil(retry)
 end
-if ARGV[1] == 'c' then
-    out[#out + 1] = tonumber(t[1])
-    out[#out + 1] = tonumber(t[2])
-    for i = 1, n do out[#out + 1] = decisions[i].mark or 0 end
+if marks then
+    for i = 1, n + 2 do out[#out + 1] = marks[i] end
 end
 return out

@@ -15,94 +15,92 @@
 --                       before the request (sliding_log), 0 otherwise
 -- Reply:  the number of limits whose consumption was found and given back.
 --
--- Per algorithm:
+-- Per algorithm (key layouts as in limit.lua):
 --   fixed_window    n -= cost while the key still holds window `mark`
 --   sliding_window  c -= cost while it holds window `mark`; p -= cost once
 --                   the next window made that count the previous one
 --   sliding_log     ZREM the members limit.lua added
 --   token_bucket    tokens += cost, capped at the burst (full = no key)
 --   gcra            TAT -= cost * interval, never below now (now = no key)
+-- A key of another type or layout has nothing of this request: it is left
+-- alone (MGET answers nil for a key that is not a string).
 
-if redis.replicate_commands then redis.replicate_commands() end
-
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local floor, ceil, format, match = math.floor, math.ceil, string.format, string.match
 
 local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_us = t[1] * 1000000 + t[2]
 
-local function int(x)
-    return string.format('%d', x)
-end
-
-local function read(...)
-    local r = redis.pcall(...)
-    if type(r) == 'table' and r.err then return nil end
-    return r
-end
-
-local function refund_fixed(key, W, c, mark)
-    local h = read('HMGET', key, 'w', 'n')
-    if not h or tonumber(h[1]) ~= mark then return 0 end
-    local n = max(0, (tonumber(h[2]) or 0) - c)
-    redis.call('HSET', key, 'n', int(n))
-    redis.call('PEXPIREAT', key, int((mark + 1) * W))
+local function refund_fixed(key, s, W, c, mark)
+    local sw, sn = match(s or '', '^F(%d+) (%d+)$')
+    if not sw or tonumber(sw) ~= mark then return 0 end
+    local n = tonumber(sn) - c
+    if n < 0 then n = 0 end
+    redis.call('SET', key, format('F%d %d', mark, n), 'PXAT', format('%d', (mark + 1) * W))
     return 1
 end
 
-local function refund_sliding(key, W, c, mark)
-    local h = read('HMGET', key, 'w', 'c', 'p')
-    local sw = h and tonumber(h[1])
+local function refund_sliding(key, s, W, c, mark)
+    local sw, sc, sp = match(s or '', '^S(%d+) (%d+) (%d+)$')
+    if not sw then return 0 end
+    sw, sc, sp = tonumber(sw), tonumber(sc), tonumber(sp)
     if sw == mark then
-        redis.call('HSET', key, 'c', int(max(0, (tonumber(h[2]) or 0) - c)))
+        sc = sc - c
+        if sc < 0 then sc = 0 end
     elseif sw == mark + 1 then
-        redis.call('HSET', key, 'p', int(max(0, (tonumber(h[3]) or 0) - c)))
+        sp = sp - c
+        if sp < 0 then sp = 0 end
     else
         return 0
     end
-    redis.call('PEXPIREAT', key, int((sw + 2) * W))
+    redis.call('SET', key, format('S%d %d %d', sw, sc, sp), 'PXAT', format('%d', (sw + 2) * W))
     return 1
 end
 
 local function refund_log(key, c, mark, base)
-    local ty = read('TYPE', key)
-    if not ty or ty['ok'] ~= 'zset' then return 0 end
     local removed = 0
     local i = 1
     while i <= c do                      -- ZREM in chunks: unpack has a limit
         local args = {}
-        local last = min(c, i + 99)
-        for j = i, last do args[#args + 1] = base .. int(mark + j) end
-        removed = removed + redis.call('ZREM', key, unpack(args))
+        local last = c
+        if last > i + 99 then last = i + 99 end
+        for j = i, last do args[#args + 1] = base .. format('%d', mark + j) end
+        local r = redis.pcall('ZREM', key, unpack(args))
+        if type(r) ~= 'number' then return 0 end    -- not a zset: nothing of ours
+        removed = removed + r
         i = last + 1
     end
     if removed > 0 then return 1 end
     return 0
 end
 
-local function refund_bucket(key, B, I, c)
-    local h = read('HMGET', key, 't', 'u')
-    if not h or not h[1] then return 0 end      -- absent: already full
-    local elapsed = max(0, now_us - (tonumber(h[2]) or now_us))
-    local tokens = min(B, (tonumber(h[1]) or B) + elapsed / I)
-    local after = min(B, tokens + c)
+local function refund_bucket(key, s, B, I, c)
+    local su, st = match(s or '', '^B(%d+) (%S+)$')
+    if not su then return 0 end                     -- absent: already full
+    local elapsed = now_us - tonumber(su)
+    if elapsed < 0 then elapsed = 0 end
+    local tokens = (tonumber(st) or B) + elapsed / I
+    if tokens > B then tokens = B end
+    local after = tokens + c
     if after >= B then
         redis.call('DEL', key)
     else
-        redis.call('HSET', key, 't', after, 'u', int(now_us))
-        redis.call('PEXPIRE', key, int(max(1, ceil((B - after) * I / 1000))))
+        local px = ceil((B - after) * I / 1000)
+        if px < 1 then px = 1 end
+        redis.call('SET', key, format('B%d %.17g', now_us, after), 'PX', format('%d', px))
     end
     return 1
 end
 
-local function refund_gcra(key, I, c)
-    local stored = read('GET', key)
-    local tat = stored and tonumber(stored)
+local function refund_gcra(key, s, I, c)
+    local tat = s and tonumber(s)
     if not tat then return 0 end
-    local new_tat = max(now_us, tat - c * I)
+    local new_tat = tat - c * I
     if new_tat <= now_us then
         redis.call('DEL', key)
     else
-        redis.call('SET', key, int(new_tat), 'PX', int(max(1, ceil((new_tat - now_us) / 1000))))
+        local px = ceil((new_tat - now_us) / 1000)
+        if px < 1 then px = 1 end
+        redis.call('SET', key, format('%d', new_tat), 'PX', format('%d', px))
     end
     return 1
 end
@@ -117,7 +115,8 @@ local ts, tus, n = arg_int(1, 0), arg_int(2, 0), arg_int(3, 1)
 if ts == nil or tus == nil or n == nil or n ~= #KEYS or #ARGV ~= 3 + 6 * n then
     return redis.error_reply('ERR sluice refund.lua: bad argument count')
 end
-local base = int(ts) .. '.' .. int(tus) .. '-'
+local base = format('%d', ts) .. '.' .. format('%d', tus) .. '-'
+local vals = redis.call('MGET', unpack(KEYS))
 
 local given = 0
 for i = 1, n do
@@ -131,11 +130,11 @@ for i = 1, n do
     if algo <= 2 and W < 1 or algo >= 3 and I < 1 then
         return redis.error_reply('ERR sluice refund.lua: bad limit ' .. i)
     end
-    if algo == 0 then given = given + refund_fixed(key, W, c, mark)
-    elseif algo == 1 then given = given + refund_sliding(key, W, c, mark)
+    if algo == 0 then given = given + refund_fixed(key, vals[i], W, c, mark)
+    elseif algo == 1 then given = given + refund_sliding(key, vals[i], W, c, mark)
     elseif algo == 2 then given = given + refund_log(key, c, mark, base)
-    elseif algo == 3 then given = given + refund_bucket(key, L, I, c)
-    elseif algo == 4 then given = given + refund_gcra(key, I, c)
+    elseif algo == 3 then given = given + refund_bucket(key, vals[i], L, I, c)
+    elseif algo == 4 then given = given + refund_gcra(key, vals[i], I, c)
     else return redis.error_reply('ERR sluice refund.lua: bad algorithm ' .. i) end
 end
 return given

@@ -352,7 +352,9 @@ def test_hostile_key_bytes_change_neither_command_nor_key(sluice, redis):
            commands=",".join(sorted(used)))
     assert used <= baseline | {"script|load", "evalsha", "eval"}, \
         "hostile keys made sluice run %s" % sorted(used - baseline)
-    for bad in ("del", "flushall", "flushdb", "config|set", "set", "keys"):
+    # (SET is how limit.lua writes its STRING keys since issue 11: it is in
+    # the baseline; the check above still bars every command beyond it)
+    for bad in ("del", "flushall", "flushdb", "config|set", "keys"):
         assert bad not in used, bad
 
     keys = redis_keys(redis.port)

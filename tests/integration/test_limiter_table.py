@@ -93,7 +93,7 @@ def lua_redis(tmp_path_factory):
         with open(SCRIPT, "rb") as f:
             sha = redis_cmd(srv.port, "SCRIPT", "LOAD", f.read()).decode()
         # Time is shifted by whole days, so every window stays aligned, and
-        # into the future, so that PEXPIREAT (Redis' real clock) keeps the keys.
+        # into the future, so that SET PXAT (Redis' real clock) keeps the keys.
         base_ms = (int(time.time() * 1000) // DAY_MS + 2) * DAY_MS
         yield srv.port, sha, base_ms * 1000
     finally:

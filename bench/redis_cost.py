@@ -1,0 +1,288 @@
+#!/usr/bin/python3
+# sluice - bench/redis_cost.py: Redis' own command time per sluice decision
+# (issue 11), next to a minimal fixed-window script, in one run.
+#
+# Starts its own redis-server on a free 127.0.0.1 port, loads
+# src/scripts/limit.lua (and, with --before FILE, an older limit.lua beside
+# it) and two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same
+# for three keys, TIME read once), then drives each with redis-benchmark
+# (-c 64 -P 16, EVALSHA with the keys and arguments sluice's store.c sends,
+# one key per client out of 10,000), interleaved: A B C ... A B C ... Before
+# each scenario it flushes the data and resets INFO commandstats; after it,
+# it reads cmdstat_evalsha's usec and calls: usec per decision. A run is
+# --rounds such rounds; it reports each scenario's median (the machine may
+# be shared: medians of short interleaved rounds are what stays stable). Every reply
+# is checked first (one call by hand: an allowing decision, no error), and
+# INFO errorstats must stay empty. The redis-server is stopped by PID at the
+# end, also on error, SIGINT and SIGTERM. Standard library only.
+#
+# Prints, per run, usec per decision and the ratios the issue asks for:
+#   one limit:    sluice (fixed_window) / minimal          target <= 1.0
+#   three limits: sluice (token_bucket, gcra, fixed_window) / minimal  <= 2.0
+#                 (and / minimal x3, the same script over three keys)
+
+import argparse
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+
+MINIMAL = """
+local t = redis.call('TIME')
+local w = tonumber(ARGV[2])
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('PEXPIREAT', KEYS[1], (math.floor(now_ms / w) + 1) * w)
+return n
+"""
+
+MINIMAL3 = """
+local t = redis.call('TIME')
+local w = tonumber(ARGV[2])
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i = 1, #KEYS do
+    out[i] = redis.call('INCRBY', KEYS[i], ARGV[1])
+    redis.call('PEXPIREAT', KEYS[i], (math.floor(now_ms / w) + 1) * w)
+end
+return out
+"""
+
+# Keys as store.c sends them: PREFIX{ROUTE|LIMIT|LEN:PART}; redis-benchmark
+# replaces each __rand_int__ with a 12-digit number below -r.
+KEY = "sluice:{all|%s|12:__rand_int__}"
+HOUR_MS = 3600000
+BIG = 1000000000
+# (algo limit window_ms interval_us cost flags), enum limiter_algo order.
+FIXED = [0, BIG, HOUR_MS, 0, 1, 0]
+BUCKET = [3, 1000000, 0, 1, 1, 0]       # rate 1000000/s, burst 1000000
+GCRA = [4, 1000000, 0, 1, 1, 0]
+
+
+def resp(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(out)
+
+
+class Conn:
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buf = b""
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def reply(self):
+        line = self.line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RuntimeError("redis: " + rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("redis closed the connection")
+                self.buf += chunk
+            data, self.buf = self.buf[:n], self.buf[n + 2:]
+            return data
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.reply() for _ in range(n)]
+        raise RuntimeError("bad reply %r" % line)
+
+    def call(self, *args):
+        self.sock.sendall(resp(args))
+        return self.reply()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_redis(workdir):
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", workdir, "--loglevel", "warning",
+         "--daemonize", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if Conn(port).call("PING") == "PONG":
+                return proc, port
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    stop(proc)
+    raise RuntimeError("redis-server did not start")
+
+
+def stop(proc):
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()            # this Popen's own PID
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def sluice_args(sha, limits):
+    n = len(limits)
+    args = ["EVALSHA", sha, n] + [KEY % ("l%d" % i) for i in range(n)] + ["d", n]
+    for lim in limits:
+        args += lim
+    return [str(a) for a in args]
+
+
+def scenarios(shas):
+    sc = [("minimal", ["EVALSHA", shas["minimal"], "1", KEY % "l0", "1", str(HOUR_MS)]),
+          ("minimal_x3", ["EVALSHA", shas["minimal3"], "3"] + [KEY % ("l%d" % i) for i in range(3)]
+           + ["1", str(HOUR_MS)])]
+    for tag in ("after", "before"):
+        if tag in shas:
+            sc.append(("sluice_1_" + tag, sluice_args(shas[tag], [FIXED])))
+            sc.append(("sluice_3_" + tag, sluice_args(shas[tag], [BUCKET, GCRA, FIXED])))
+    return sc
+
+
+def check_reply(conn, name, args):
+    """One call by hand, on a key of its own: it must allow, without error."""
+    probe = [a.replace("__rand_int__", "999999999999") for a in args]
+    r = conn.call(*probe)
+    ok = r[0] == 1 if isinstance(r, list) else isinstance(r, int) and r >= 1
+    if name.startswith("minimal_x3"):
+        ok = isinstance(r, list) and all(x >= 1 for x in r)
+    if not ok:
+        raise RuntimeError("%s: unexpected reply %r" % (name, r))
+
+
+def commandstat(conn, cmd):
+    info = conn.call("INFO", "commandstats").decode()
+    m = re.search(r"cmdstat_%s:calls=(\d+),usec=(\d+)" % cmd, info)
+    if not m:
+        raise RuntimeError("no cmdstat_%s in INFO commandstats" % cmd)
+    return int(m.group(1)), int(m.group(2))
+
+
+def run_one(conn, port, args, requests, clients, pipeline, keyspace):
+    conn.call("FLUSHALL")
+    conn.call("CONFIG", "RESETSTAT")
+    cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),
+           "-P", str(pipeline), "-n", str(requests), "-r", str(keyspace), "-q"] + args
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                   timeout=300)
+    errors = conn.call("INFO", "errorstats").decode()
+    if "errorstat_" in errors:
+        raise RuntimeError("errors during the run: %s" % errors.strip())
+    calls, usec = commandstat(conn, "evalsha")
+    if calls < requests:
+        raise RuntimeError("only %d of %d calls counted" % (calls, requests))
+    return usec / calls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--script", default=os.path.join(ROOT, "src", "scripts", "limit.lua"))
+    ap.add_argument("--before", help="an older limit.lua to measure beside --script")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="interleaved rounds per run; a run reports each scenario's median")
+    ap.add_argument("--requests", type=int, default=20000, help="calls per scenario and round")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--pipeline", type=int, default=16)
+    ap.add_argument("--keyspace", type=int, default=10000)
+    opt = ap.parse_args()
+    if not 1 <= opt.runs <= 20 or not 1 <= opt.rounds <= 50 or \
+            not 1000 <= opt.requests <= 10000000:
+        ap.error("runs 1..20, rounds 1..50, requests 1000..10000000")
+
+    proc = None
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt()
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        with tempfile.TemporaryDirectory(prefix="sluice-redis-cost-") as tmp:
+            proc, port = start_redis(tmp)
+            conn = Conn(port)
+            version = re.search(r"redis_version:(\S+)", conn.call("INFO", "server").decode())
+            shas = {"minimal": conn.call("SCRIPT", "LOAD", MINIMAL).decode(),
+                    "minimal3": conn.call("SCRIPT", "LOAD", MINIMAL3).decode()}
+            with open(opt.script, "rb") as f:
+                shas["after"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
+            if opt.before:
+                with open(opt.before, "rb") as f:
+                    shas["before"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
+            sc = scenarios(shas)
+            for name, args in sc:
+                check_reply(conn, name, args)
+            print("redis-server %s on 127.0.0.1:%d; redis-benchmark -c %d -P %d -n %d -r %d;"
+                  " %d interleaved rounds per run, medians"
+                  % (version.group(1) if version else "?", port, opt.clients, opt.pipeline,
+                     opt.requests, opt.keyspace, opt.rounds))
+            print("script: %s%s" % (opt.script, "; before: " + opt.before if opt.before else ""))
+            table = {name: [] for name, _ in sc}
+            for run in range(opt.runs):
+                rounds = {name: [] for name, _ in sc}
+                for _ in range(opt.rounds):
+                    for name, args in sc:
+                        rounds[name].append(run_one(conn, port, args, opt.requests, opt.clients,
+                                                    opt.pipeline, opt.keyspace))
+                for name in rounds:
+                    table[name].append(statistics.median(rounds[name]))
+                print_run(run + 1, {k: v[-1] for k, v in table.items()})
+            if opt.runs > 1:
+                print_run("median", {k: statistics.median(v) for k, v in table.items()})
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stop(proc)
+    return 0
+
+
+def print_run(label, us):
+    m = us["minimal"]
+    parts = ["run %s: usec/decision minimal %.2f, minimal_x3 %.2f" % (label, m, us["minimal_x3"])]
+    for tag in ("before", "after"):
+        if "sluice_1_" + tag in us:
+            s1, s3 = us["sluice_1_" + tag], us["sluice_3_" + tag]
+            parts.append("  %-6s 1 limit %.2f (%.2fx minimal)  3 limits %.2f (%.2fx minimal,"
+                         " %.2fx minimal_x3)" % (tag, s1, s1 / m, s3, s3 / m,
+                                                 s3 / us["minimal_x3"]))
+    print("\n".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
