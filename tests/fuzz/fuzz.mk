@@ -31,9 +31,9 @@ FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 # The src/ modules each target links, and its longest input.
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
-FUZZ_OBJS_conf            := conf addr limiter route sha1 mem
-FUZZ_OBJS_route_normalize := route addr conf limiter sha1 mem
-FUZZ_OBJS_route_key       := route addr conf limiter sha1 http1 mem
+FUZZ_OBJS_conf            := conf addr limiter regex route sha1 mem
+FUZZ_OBJS_route_normalize := route addr conf limiter regex sha1 mem
+FUZZ_OBJS_route_key       := route addr conf limiter regex sha1 http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_LEN_http1_request    := 8192

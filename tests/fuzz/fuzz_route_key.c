@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "http1.h"
+#include "regex.h"
 #include "route.h"
 #include "sha1.h"
 
@@ -90,7 +91,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     char why[160];
     int groups = 0;
-    routes[0].regex = route_regex_compile("^/users/([^/]+)(/.*)?$", &groups, why, sizeof why);
+    routes[0].regex = regex_compile("^/users/([^/]+)(/.*)?$", &groups, why, sizeof why);
     fuzz_check(routes[0].regex != NULL && groups == 2);
     cidr(&trusted[0], AF_INET, "10.0.0.0", 8);
     cidr(&trusted[1], AF_INET6, "2001:db8::", 32);
