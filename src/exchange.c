@@ -289,24 +289,34 @@ static void buffer_begin(struct client *c)
 
 /* Read body bytes into c->body; forward once the body is whole, or once a
  * chunked one outgrows the limit (it then streams). */
+/* payload more request body bytes were read (pump rc): count them, and
+ * fail the request on bad framing (400) or a body over max_body_bytes
+ * (413). Returns -1 when the request failed. */
+static int body_counted(struct client *c, int rc, size_t payload)
+{
+    uint64_t max_body = c->conf->client.max_body_bytes;
+    c->body_bytes += payload;
+    if (c->rq->log)
+        c->rq->log->bytes_in += payload;
+    if (rc < 0) {
+        request_fail(c, 400);
+        return -1;
+    }
+    if (max_body && c->body_bytes > max_body) {
+        request_fail(c, 413);
+        return -1;
+    }
+    return 0;
+}
+
 void exchange_buffer_body(struct client *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
-    uint64_t max_body = c->conf->client.max_body_bytes;
     for (;;) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, c->body, &payload);
-        c->body_bytes += payload;
-        if (c->rq->log)
-            c->rq->log->bytes_in += payload;
-        if (rc < 0) {
-            request_fail(c, 400);
+        if (body_counted(c, rc, payload) < 0)
             return;
-        }
-        if (max_body && c->body_bytes > max_body) {
-            request_fail(c, 413);
-            return;
-        }
         if (rc == 1) {
             c->req_done = 1;
             break;
@@ -348,7 +358,6 @@ void exchange_pump_request(struct client *c)
     struct evbuffer *in = bufferevent_get_input(c->bev);
     struct evbuffer *uo = bufferevent_get_output(c->up->bev);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
-    uint64_t max_body = c->conf->client.max_body_bytes;
 
     while (!c->req_done && c->up) {
         size_t queued = evbuffer_get_length(uo);
@@ -360,17 +369,8 @@ void exchange_pump_request(struct client *c)
         size_t payload;
         int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
                            CONN_HIGH_WATER - queued, &payload);
-        c->body_bytes += payload;
-        if (c->rq->log)
-            c->rq->log->bytes_in += payload;
-        if (rc < 0) {
-            request_fail(c, 400);
+        if (body_counted(c, rc, payload) < 0)
             return;
-        }
-        if (max_body && c->body_bytes > max_body) {
-            request_fail(c, 413);
-            return;
-        }
         if (rc == 1) {
             c->req_done = 1;
             up_timeouts(c);
