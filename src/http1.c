@@ -270,7 +270,9 @@ static int parse_length(const char *d, struct http1_span s, uint64_t *out)
         unsigned char c = (unsigned char)d[s.off + i];
         if (c < '0' || c > '9')
             return -1;
-        if (v > (UINT64_MAX - 1 - (c - '0')) / 10)
+        /* At most INT64_MAX: whatever writes the length again (h1write)
+         * or compares it with a signed bound must see the same number. */
+        if (v > (uint64_t)(INT64_MAX - (c - '0')) / 10)
             return -1;
         v = v * 10 + (c - '0');
     }
