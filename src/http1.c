@@ -292,11 +292,13 @@ static int te_ends_chunked(const char *d, struct http1_span v)
 
 /* http_parser 2.9.4 takes a name that merely starts with one of the names
  * it interprets ("Transfer-Encodingf") for that name, while every other
- * reader sees an unknown field (found by fuzzing): refuse such names. */
+ * reader sees an unknown field (found by fuzzing): refuse such names.
+ * "Upgrade..." is not among them: http_parser reads "Upgradex" as an unknown
+ * field, and every browser sends Upgrade-Insecure-Requests on navigation. */
 static int special_prefix(const char *d, struct http1_span name)
 {
     static const char *const special[] = {
-        "content-length", "transfer-encoding", "connection", "proxy-connection", "upgrade",
+        "content-length", "transfer-encoding", "connection", "proxy-connection",
     };
     for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++) {
         size_t n = strlen(special[i]);
