@@ -19,8 +19,9 @@ endif
 PYTEST   := /usr/bin/python3 -m pytest
 SRCS     := $(wildcard src/*.c)
 SCRIPTS  := $(wildcard src/scripts/*.lua)
+WEB      := $(sort $(wildcard src/web/*))
 OBJS     := $(patsubst src/%.c,$(BUILD)/%.o,$(SRCS)) \
-            $(patsubst src/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS))
+            $(patsubst src/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS)) $(BUILD)/web_assets.o
 LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
 UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
@@ -33,6 +34,8 @@ DEBS     += apache2-utils
 DEBS     += prometheus
 # yaml: the tests read docs/prometheus/alerts.yml
 DEBS     += python3-yaml
+# headless Chromium: test_dashboard loads the admin console's page in it
+DEBS     += chromium
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.
@@ -56,6 +59,19 @@ $(BUILD)/%_lua.c: src/scripts/%.lua | $(BUILD)
 	  printf ';\n'; } > $@
 
 $(BUILD)/%_lua.o: $(BUILD)/%_lua.c
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+# The admin console's page, script and style (src/web/NAME.EXT) are embedded
+# as web_NAME_EXT[] and web_NAME_EXT_len: the dashboard needs no file at run
+# time and loads nothing from elsewhere.
+$(BUILD)/web_assets.c: $(WEB) | $(BUILD)
+	{ for f in $(WEB); do n=$$(basename $$f | tr '.-' '__'); \
+	    printf 'const unsigned char web_%s[] = {\n' $$n; \
+	    od -An -v -tx1 $$f | sed -e 's/ \([0-9a-f][0-9a-f]\)/0x\1,/g'; \
+	    printf '0};\nconst unsigned long web_%s_len = %s;\n' $$n $$(wc -c < $$f); \
+	  done; } > $@
+
+$(BUILD)/web_assets.o: $(BUILD)/web_assets.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD):

@@ -1,4 +1,5 @@
-/* sluice - admin.c: /metrics, /healthz and /readyz, on the admin thread.
+/* sluice - admin.c: /metrics, /healthz, /readyz and the console, on the
+ * admin thread.
  *
  * A small HTTP/1.1 server on the thread's own event base, reading heads with
  * the public side's framing code (http1.c), under the bounds in admin.h:
@@ -22,6 +23,7 @@
 #include <event2/event.h>
 
 #include "admin.h"
+#include "admin_console.h"
 #include "clock.h"
 #include "http1.h"
 #include "listener.h"
@@ -47,6 +49,7 @@ struct admin {
     struct event_base *base;
     struct listener *listener;
     struct event *stop_ev;
+    struct admin_console *console;  /* /api/top, /api/stats, the dashboard */
     struct admin_conn *conns;   /* every open connection */
     int nconns;
     _Atomic int on_error;
@@ -135,6 +138,7 @@ static void serve(struct admin_conn *c, const char *data)
     struct admin *a = c->a;
     const struct http1_head *h = &c->head;
     int head_only = span_is(data, h->method, "HEAD");
+    const char *ctype, *cextra;
     size_t plen;
     const char *path = target_path(data + h->target.off, h->target.len, &plen);
     struct evbuffer *body = evbuffer_new();
@@ -161,6 +165,8 @@ static void serve(struct admin_conn *c, const char *data)
             evbuffer_add_printf(body, "not ready: redis down\n");
             answer(c, 503, "Service Unavailable", "text/plain", body, head_only, "");
         }
+    } else if (admin_console_serve(a->console, path, plen, body, &ctype, &cextra)) {
+        answer(c, 200, "OK", ctype, body, head_only, cextra);
     } else {
         evbuffer_add_printf(body, "not found\n");
         answer(c, 404, "Not Found", "text/plain", body, head_only, "");
@@ -293,6 +299,7 @@ static void admin_free(struct admin *a)
         conn_free(c);
     }
     listener_destroy(a->listener);
+    admin_console_destroy(a->console);
     if (a->stop_ev)
         event_free(a->stop_ev);
     if (a->base)
@@ -321,11 +328,12 @@ struct admin *admin_start(const struct conf *conf)
     fd = -1;                    /* the listener's now, or closed */
     if (a->listener == NULL)
         goto fail;
+    a->console = admin_console_create(a->base, conf);
     step = "thread";
     a->stop_ev = event_new(a->base, -1, 0, stop_cb, a);
     if (a->stop_ev == NULL || pthread_create(&a->thread, NULL, admin_main, a) != 0)
         goto fail;
-    log_info("admin: serving /metrics /healthz /readyz on %s (at most %d connections, "
+    log_info("admin: serving /metrics /healthz /readyz /api/top /api/stats / on %s (at most %d connections, "
              "%d-byte heads)", addr->text, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_HEAD_BYTES);
     return a;
 
@@ -345,6 +353,7 @@ void admin_reload(struct admin *a, const struct conf *conf)
                                                                     : (int)conf->redis.on_error);
     atomic_store(&a->header_timeout_ms, conf->client.header_timeout_ms);
     atomic_store(&a->idle_timeout_ms, conf->client.idle_timeout_ms);
+    admin_console_reload(a->console, conf);
 }
 
 void admin_stop(struct admin *a)

@@ -3,8 +3,9 @@
  * Serves /metrics (Prometheus text), /healthz (the process is alive) and
  * /readyz (a config is loaded, and Redis is connected or on_error lets
  * requests be served without it) on admin.listen, never on the public
- * listener. It reads only metrics and the current config's on_error and
- * client timeouts.
+ * listener, and the console (admin_console.h: /api/top, /api/stats and the
+ * dashboard at /). It reads only metrics, the console's summaries and the
+ * current config's on_error, client timeouts, workers and backend.
  *
  * Bounded like the public listener: a head of at most ADMIN_MAX_HEAD_BYTES
  * (431/414), no request body (413), client.header_timeout for a head (408),

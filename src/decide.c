@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "admin_console.h"
 #include "backend.h"
 #include "clock.h"
 #include "conf.h"
@@ -170,6 +171,16 @@ static void remember_denials(struct decision *dec, const struct store_result *re
                           now + res->r[i].retry_ms, dec->key[i].cost);
 }
 
+/* The console's heavy hitters: each key that denied this request. */
+static void note_denials(const struct decision *dec, int n)
+{
+    size_t prefix_len = strlen(dec->conf->redis.prefix);
+    for (int i = 0; i < dec->nkeys && i < n; i++)
+        if (!dec->rl.r[i].allowed && !(dec->key[i].flags & STORE_SHADOW))
+            admin_console_denied(dec->rl.route->name, dec->rl.limit[i]->name, prefix_len,
+                                 dec->keybuf + dec->key[i].off, dec->key[i].len);
+}
+
 /* An answer is in: allowed (forward) or denied (429). */
 static int apply_decision(struct decision *dec, const struct store_result *res, int remember)
 {
@@ -184,6 +195,7 @@ static int apply_decision(struct decision *dec, const struct store_result *res, 
         return DECIDE_FORWARD;
     }
     count_decision(dec, METRICS_LIMITED);
+    note_denials(dec, res->n);
     if (remember)
         remember_denials(dec, res);
     return DECIDE_LIMITED;
@@ -291,6 +303,7 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
     if (denied_by_cache(dec)) {
         metrics_count(METRICS_DENY_CACHE_HITS);
         count_decision(dec, METRICS_LIMITED);
+        note_denials(dec, dec->nkeys);
         reply_pick(&dec->rl, 0);
         dec->have_limits = 1;
         return DECIDE_LIMITED;

@@ -13,6 +13,8 @@
 
 #include "accesslog.h"
 #include "admin.h"
+#include "admin_console.h"
+#include "clock.h"
 #include "conf.h"
 #include "log.h"
 #include "mem.h"
@@ -116,7 +118,9 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     struct main_state *ms = arg;
     char *err = NULL;
+    int64_t t0 = clock_us();
     struct conf *nc = conf_load(ms->file, &err);
+    admin_console_config_loaded(nc != NULL, err, clock_us() - t0);
     if (nc == NULL) {
         log_error("main: reload failed, keeping the running config: %s", err);
         free(err);
@@ -225,7 +229,9 @@ int main(int argc, char **argv)
     }
 
     char *err = NULL;
+    int64_t t0 = clock_us();
     struct conf *conf = conf_load(file, &err);
+    admin_console_config_loaded(conf != NULL, err, clock_us() - t0);
     if (conf == NULL) {
         fprintf(stderr, "%s\n", err);
         free(err);
@@ -261,6 +267,7 @@ int main(int argc, char **argv)
     memstore_destroy(ms.mem);
     conf_release(ms.conf);
     metrics_shutdown();
+    admin_console_shutdown();
     libevent_global_shutdown();
     return rc;
 }

@@ -173,11 +173,72 @@ static void render_regex_limits(struct evbuffer *out)
     }
 }
 
+static const char *const names[METRICS_NDECISIONS] = {
+    "allowed", "limited", "shadow_limited", "error",
+};
+
+const char *metrics_decision_name(enum metrics_decision d)
+{
+    return names[d];
+}
+
+void metrics_routes_each(void (*fn)(void *arg, const char *name, const uint64_t *decisions),
+                         void *arg)
+{
+    uint64_t d[METRICS_NDECISIONS];
+    pthread_mutex_lock(&registry_lock);
+    for (struct metrics_route *m = routes; m; m = m->next) {
+        if (m == unrouted)
+            continue;
+        for (int i = 0; i < METRICS_NDECISIONS; i++)
+            d[i] = load(&m->decisions[i]);
+        fn(arg, m->name, d);
+    }
+    pthread_mutex_unlock(&registry_lock);
+}
+
+int metrics_hist_read(enum metrics_hist which, uint64_t *counts, const int64_t **bounds_us)
+{
+    _Static_assert(METRICS_NBUCKETS <= METRICS_MAX_BUCKETS, "METRICS_MAX_BUCKETS too small");
+    for (size_t b = 0; b < METRICS_NBUCKETS; b++)
+        counts[b] = load(&hists[which].buckets[b]);
+    *bounds_us = hist_bounds_us;
+    return (int)METRICS_NBUCKETS;
+}
+
+/* The last load or reload: its result, when it ran, when the running config
+ * was loaded (wall clock, us). */
+static _Atomic int64_t config_ok = 1, config_attempt_us, config_loaded_us;
+
+void metrics_config_load(int ok, int64_t wall_us)
+{
+    atomic_store(&config_ok, ok ? 1 : 0);
+    atomic_store(&config_attempt_us, wall_us);
+    if (ok)
+        atomic_store(&config_loaded_us, wall_us);
+}
+
+static void render_config(struct evbuffer *out)
+{
+    evbuffer_add_printf(out,
+        "# HELP sluice_config_last_reload_success 1 when the last config load or reload "
+        "succeeded, 0 when it failed (the previous config still serves).\n"
+        "# TYPE sluice_config_last_reload_success gauge\n"
+        "sluice_config_last_reload_success %d\n"
+        "# HELP sluice_config_last_reload_timestamp_seconds When the last config load or "
+        "reload ran, whatever its result (Unix time).\n"
+        "# TYPE sluice_config_last_reload_timestamp_seconds gauge\n"
+        "sluice_config_last_reload_timestamp_seconds %.3f\n"
+        "# HELP sluice_config_load_timestamp_seconds When the running config was loaded "
+        "(Unix time).\n"
+        "# TYPE sluice_config_load_timestamp_seconds gauge\n"
+        "sluice_config_load_timestamp_seconds %.3f\n",
+        (int)atomic_load(&config_ok), (double)atomic_load(&config_attempt_us) / 1e6,
+        (double)atomic_load(&config_loaded_us) / 1e6);
+}
+
 static void render_routes(struct evbuffer *out)
 {
-    static const char *const names[METRICS_NDECISIONS] = {
-        "allowed", "limited", "shadow_limited", "error",
-    };
     evbuffer_add_printf(out, "# HELP sluice_requests_total Requests by route and decision.\n"
                              "# TYPE sluice_requests_total counter\n");
     for (struct metrics_route *m = routes; m; m = m->next)
@@ -293,6 +354,7 @@ void metrics_render(struct evbuffer *out)
         "sluice_config_reloads_total{result=\"error\"} %llu\n",
         (unsigned long long)load(&counters[METRICS_RELOADS_OK]),
         (unsigned long long)load(&counters[METRICS_RELOADS_FAILED]));
+    render_config(out);
 }
 
 void metrics_shutdown(void)

@@ -61,6 +61,22 @@ void metrics_gauge_add(enum metrics_gauge which, int64_t delta);
 int64_t metrics_gauge_get(enum metrics_gauge which);
 void metrics_observe(enum metrics_hist which, int64_t usec);
 
+/* The name of decision d in sluice_requests_total{decision} ("allowed"...). */
+const char *metrics_decision_name(enum metrics_decision d);
+/* Each route's name and its METRICS_NDECISIONS decision counts, in registry
+ * order, the unrouted series left out; under the registry lock (fn must not
+ * call metrics_route). */
+void metrics_routes_each(void (*fn)(void *arg, const char *name, const uint64_t *decisions),
+                         void *arg);
+/* Histogram which: its cumulative-free bucket counts into counts (room for
+ * METRICS_MAX_BUCKETS), the upper bounds (us; the last bucket is +Inf and
+ * has none) into *bounds_us. Returns the number of buckets. */
+#define METRICS_MAX_BUCKETS 16
+int metrics_hist_read(enum metrics_hist which, uint64_t *counts, const int64_t **bounds_us);
+/* A config was loaded at start or by a reload (ok), or a reload failed:
+ * sluice_config_last_reload_success and the load timestamps. */
+void metrics_config_load(int ok, int64_t wall_us);
+
 /* Append the whole exposition to out. */
 void metrics_render(struct evbuffer *out);
 

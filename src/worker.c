@@ -16,6 +16,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "admin_console.h"
 #include "backend.h"
 #include "client.h"
 #include "conn.h"
@@ -161,6 +162,7 @@ fail:
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
+    admin_console_worker(w->env.id);
     event_base_dispatch(w->env.base);
     client_close_all(&w->env);
     return NULL;

@@ -242,7 +242,7 @@ def test_checker_rejects_misspelt_copies(scrape, tmp_path):
     copy.write_text(rules.replace("sluice_redis_connected", "sluice_redis_conected"))
     got = check_exprs(alert_exprs(str(copy)), scrape)
     assert any("sluice_redis_conected is not in the scrape" in p for p in got), got
-    copy.write_text(rules.replace("[15m])", "[15m]", 1))
+    copy.write_text(rules.replace("[5m]))", "[5m])", 1))
     r = run_promtool("check", "rules", str(copy))
     assert r.returncode != 0, r
 
@@ -330,8 +330,9 @@ tests:
         values: '0+570x30'
       - series: 'sluice_requests_total{job="sluice",instance="a",route="hot",decision="error"}'
         values: '0+30x30'
-      - series: 'sluice_config_reloads_total{job="sluice",instance="a",result="error"}'
-        values: '0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1'
+      # a reload fails at 2m, a good one follows at 20m
+      - series: 'sluice_config_last_reload_success{job="sluice",instance="a"}'
+        values: '1 1 0x17 1x10'
       - series: 'sluice_access_log_dropped_total{job="sluice",instance="a"}'
         values: '0 0 0 50 50 50 50 50 50 50 50 50 50'
     alert_rule_test:
@@ -350,7 +351,7 @@ tests:
       - eval_time: 5m
         alertname: SluiceReloadFailed
         exp_alerts:
-          - exp_labels: { severity: warning, job: sluice, instance: a, result: error }
+          - exp_labels: { severity: warning, job: sluice, instance: a }
       - eval_time: 24m
         alertname: SluiceReloadFailed
         exp_alerts: []

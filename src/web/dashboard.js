@@ -1,0 +1,145 @@
+// sluice - dashboard.js: the admin console's page, refreshed from /api/stats.
+// Every value from the server (route names, keys: client bytes) goes into
+// the page with textContent or as a number attribute, never as markup.
+"use strict";
+(function () {
+  var REFRESH_MS = 2000, SVG = "http://www.w3.org/2000/svg", KINDS = ["allowed", "limited", "delayed"];
+
+  function $(id) { return document.getElementById(id); }
+  function text(id, v) { $(id).textContent = v; }
+  function el(tag, cls, txt) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (txt !== undefined) e.textContent = txt;
+    return e;
+  }
+  function fmtTime(unix) {
+    if (!unix) return "-";
+    return new Date(unix * 1000).toLocaleString();
+  }
+  function fmtDur(s) {
+    if (s < 120) return s + " s";
+    if (s < 7200) return Math.floor(s / 60) + " min";
+    return Math.floor(s / 3600) + " h";
+  }
+  function ms(v) { return v === null || v === undefined ? "-" : v.toFixed(2) + " ms"; }
+
+  // Stacked bars: one per bucket, allowed at the bottom.
+  function chart(svg, series, n) {
+    while (svg.firstChild) svg.removeChild(svg.firstChild);
+    var w = 600, h = 120, max = 1;
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    svg.setAttribute("preserveAspectRatio", "none");
+    for (var i = 0; i < n; i++) {
+      var t = 0;
+      KINDS.forEach(function (k) { t += (series[k] || [])[i] || 0; });
+      if (t > max) max = t;
+    }
+    var bw = w / n;
+    for (var j = 0; j < n; j++) {
+      var y = h;
+      KINDS.forEach(function (k) {
+        var v = (series[k] || [])[j] || 0;
+        if (!v) return;
+        var bh = v / max * (h - 4);
+        var r = document.createElementNS(SVG, "rect");
+        r.setAttribute("class", "bar " + k);
+        r.setAttribute("x", (j * bw + 0.5).toFixed(1));
+        r.setAttribute("width", Math.max(bw - 1, 1).toFixed(1));
+        r.setAttribute("y", (y - bh).toFixed(1));
+        r.setAttribute("height", bh.toFixed(1));
+        var tip = document.createElementNS(SVG, "title");
+        tip.textContent = k + ": " + v;
+        r.appendChild(tip);
+        svg.appendChild(r);
+        y -= bh;
+      });
+    }
+  }
+
+  function routeCard(box, r, n) {
+    var card = null;
+    for (var c = box.firstChild; c; c = c.nextSibling)
+      if (c.routeName === r.route) card = c;
+    if (!card) {
+      card = el("div", "card route");
+      card.routeName = r.route;
+      card.setAttribute("data-route", r.route);
+      card.appendChild(el("h3", "route-name", r.route));
+      card.appendChild(document.createElementNS(SVG, "svg"));
+      var counts = el("div", "counts");
+      KINDS.forEach(function (k) {
+        var s = el("span", k);
+        s.appendChild(document.createTextNode(k + " "));
+        s.appendChild(el("b", "n-" + k, "0"));
+        counts.appendChild(s);
+      });
+      var tot = el("span", "muted");
+      tot.appendChild(document.createTextNode("all time "));
+      tot.appendChild(el("b", "n-total", "0"));
+      counts.appendChild(tot);
+      card.appendChild(counts);
+      box.appendChild(card);
+    }
+    chart(card.querySelector("svg"), r.series, n);
+    KINDS.forEach(function (k) {
+      card.querySelector(".n-" + k).textContent = String(r.window[k] || 0);
+    });
+    card.querySelector(".n-total").textContent = String(r.total.requests || 0);
+  }
+
+  function render(s) {
+    text("status", "updated " + new Date().toLocaleTimeString());
+    var st = $("redis-state");
+    st.textContent = s.redis.state;
+    st.className = "big " + (s.redis.state === "down" ? "bad" : "good");
+    text("lat-p50", ms(s.redis.latency_ms.p50));
+    text("lat-p99", ms(s.redis.latency_ms.p99));
+    text("redis-detail", s.redis.backend === "redis"
+      ? s.redis.connected + " of " + s.workers + " workers connected, " + s.redis.errors_total + " errors"
+      : "decisions in process");
+    text("deny-window", String(s.deny_cache.hits_window));
+    text("deny-total", String(s.deny_cache.hits_total));
+    text("workers", String(s.workers));
+    text("uptime", fmtDur(s.uptime_s));
+    text("conn-client", String(s.connections.client));
+    text("conn-upstream", String(s.connections.upstream));
+    var rr = $("reload-result");
+    rr.textContent = s.config.last_reload.ok ? "loaded" : "reload failed";
+    rr.className = "big " + (s.config.last_reload.ok ? "good" : "bad");
+    text("config-loaded", fmtTime(s.config.loaded_at));
+    text("config-load-ms", ms(s.config.load_ms));
+    text("reload-error", s.config.last_reload.error
+      ? "at " + fmtTime(s.config.last_reload.at) + ": " + s.config.last_reload.error : "");
+
+    var box = $("routes");
+    s.routes.forEach(function (r) { routeCard(box, r, s.buckets); });
+
+    var body = $("top-body");
+    while (body.firstChild) body.removeChild(body.firstChild);
+    if (!s.top.length) {
+      var tr0 = el("tr");
+      var td0 = el("td", "muted", "no key limited lately");
+      td0.colSpan = 4;
+      tr0.appendChild(td0);
+      body.appendChild(tr0);
+    }
+    s.top.forEach(function (t) {
+      var tr = el("tr");
+      tr.appendChild(el("td", "route", t.route));
+      tr.appendChild(el("td", "limit", t.limit));
+      tr.appendChild(el("td", "key", t.key.join(" | ") + (t.truncated ? " \u2026" : "")));
+      tr.appendChild(el("td", "num count", String(t.count)));
+      body.appendChild(tr);
+    });
+  }
+
+  function refresh() {
+    fetch("/api/stats", { cache: "no-store" })
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(render)
+      .catch(function (e) { text("status", "cannot read /api/stats: " + e.message); })
+      .then(function () { setTimeout(refresh, REFRESH_MS); });
+  }
+  refresh();
+})();
