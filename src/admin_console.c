@@ -80,6 +80,7 @@ void admin_console_worker(int id)
 
 void admin_console_shutdown(void)
 {
+    hh_self = NULL;                     /* the calling thread's, if a worker's */
     for (int i = 0; i < CONSOLE_MAX_WORKERS; i++) {
         struct hh_worker *w = atomic_exchange(&hh_workers[i], NULL);
         if (w) {
