@@ -199,7 +199,8 @@ def test_dashboard_in_headless_chromium(console, tmp_path):
     assert "<rect" in html and 'class="bar allowed"' in html and 'class="bar limited"' in html
 
 
-@pytest.mark.parametrize("size", [(1280, 900), (390, 844)], ids=["laptop", "phone"])
+@pytest.mark.parametrize("size", [(1280, 900), pytest.param((390, 844), marks=pytest.mark.slow)],
+                         ids=["laptop", "phone"])
 def test_dashboard_screenshot(console, tmp_path, size):
     s = console
     png = tmp_path / "dashboard.png"

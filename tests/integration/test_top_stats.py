@@ -4,8 +4,9 @@
 #
 # /api/top comes from a space-saving summary per worker (64 counters per
 # 60 s epoch, two epochs), merged over the workers: a flooded key is named
-# first, hostile key bytes come back escaped and bounded, and 100k distinct
-# denied keys leave the summary (and the process's RSS) at a fixed size.
+# first, hostile key bytes come back escaped and bounded, and 20k distinct
+# denied keys (100k in make test-slow) leave the summary (and the process's
+# RSS) at a fixed size.
 # /api/stats carries the per-route ring, Redis state and latency, deny-cache
 # hits, workers, connections and the config's last load, with counts that
 # match the traffic and /metrics.
@@ -14,11 +15,14 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 
-from conftest import Conn, build_request, free_port, http_get
-from opslib import metrics, mval, start_ops, statuses
+import pytest
+
+from conftest import Conn, build_request, free_port, http_get, wait_port
+from opslib import metrics, mval, ops_conf, start_ops, statuses
 
 ROUTES = """\
   - name: lim
@@ -215,14 +219,23 @@ def test_stats_on_the_memory_backend_and_head(sluice):
     assert r.status == 200 and r.body == b"" and int(r.header("Content-Length")) > 0
 
 
-def test_summary_memory_is_fixed(sluice):
-    """100k distinct denied keys (one request each) with one key flooded in
-    among them: the summary stays at 2 x 64 counters per worker, the flooded
-    key stays first, and RSS stays flat."""
-    s = start_ops(sluice, DENY_ROUTES, workers=2,
-                  top="backend: memory\nmemory: { max_keys: 2000 }\n"
-                      "deny_cache: { max_keys: 2000 }\n",
-                  wait_redis=False, redis_port=free_port())
+@pytest.mark.parametrize("nkeys", [20000, pytest.param(100000, marks=pytest.mark.slow)],
+                         ids=["20k", "100k"])
+def test_summary_memory_is_fixed(sluice, nkeys):
+    """nkeys distinct denied keys (one request each) with one key flooded in
+    among them (1 in 26): the summary stays at 2 x 64 counters per worker,
+    the flooded key stays first, and RSS stays flat."""
+    admin_port = free_port()
+    text = ops_conf(DENY_ROUTES, workers=2, admin_port=admin_port,
+                    top="backend: memory\nmemory: { max_keys: 2000 }\n"
+                        "deny_cache: { max_keys: 2000 }\n")
+    # Under ASan, freed memory waits in a 256 MB quarantine: RSS would
+    # measure that, not sluice (the variable is ignored by other builds).
+    asan = ":".join(o for o in (os.environ.get("ASAN_OPTIONS", ""), "quarantine_size_mb=0",
+                                "thread_local_quarantine_size_kb=0") if o)
+    s = sluice(text, wait_redis=False, redis_port=free_port(), env={"ASAN_OPTIONS": asan})
+    s.admin_port = admin_port
+    assert wait_port(admin_port, s.proc)
     flood = "flood-" + uuid.uuid4().hex[:8]
     tag = uuid.uuid4().hex[:8]
 
@@ -234,13 +247,12 @@ def test_summary_memory_is_fixed(sluice):
                 out.append(flood)
         return out
 
-    warm = keys(0, 10000)
+    warm = keys(0, nkeys // 10)
     assert pipeline(s.port, "/deny", warm) == len(warm)
     before = rss_kb(s.proc.pid)
-    rest = keys(10000, 100000)
+    rest = keys(nkeys // 10, nkeys)
     half = len(rest) // 2
     # two connections at once: both workers count
-    import threading
     got = [0, 0]
 
     def run(i, part):
@@ -253,12 +265,14 @@ def test_summary_memory_is_fixed(sluice):
         t.join(PIPE_TIMEOUT_S + 5)
     assert got == [half, len(rest) - half]
     after = rss_kb(s.proc.pid)
+    print("RSS after %d denied keys %d kB, after %d %d kB" % (nkeys // 10, before, nkeys, after))
     top = api(s.admin_port, "/api/top")
     assert top["tracked"] <= 2 * 2 * 64, top["tracked"]
     g = top["limits"][0]
     assert (g["route"], g["limit"]) == ("deny", "one")
     first = g["keys"][0]
     assert first["key"] == [flood], g["keys"][:3]
-    # 4000 floods among 100k: space-saving keeps it, with a bounded error
-    assert first["count"] - first["error"] <= 4000 <= first["count"], first
+    # space-saving keeps it, never under its count, over it by at most error
+    floods = nkeys // 25
+    assert first["count"] - first["error"] <= floods <= first["count"], first
     assert after - before < 4096, (before, after)
