@@ -51,7 +51,8 @@ def chromium():
 
 def run_chromium(tmp_path, url, *args):
     """chromium headless on url, bounded in time (killed by PID, with its
-    process group, past CHROMIUM_TIMEOUT_S). Returns its stdout."""
+    process group, past CHROMIUM_TIMEOUT_S). Returns its stdout and stderr
+    (where --enable-logging puts the page's console messages)."""
     profile = tmp_path / ("profile-%s" % uuid.uuid4().hex[:8])
     cmd = [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu",
            "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions",
@@ -68,8 +69,9 @@ def run_chromium(tmp_path, url, *args):
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, (p.returncode, err.decode(errors="replace")[-3000:])
-    return out.decode("utf-8", "replace")
+    err = err.decode("utf-8", "replace")
+    assert p.returncode == 0, (p.returncode, err[-3000:])
+    return out.decode("utf-8", "replace"), err
 
 
 class Dom(HTMLParser):
@@ -171,7 +173,11 @@ def test_browser_navigation_headers_are_accepted(console):
 def test_dashboard_in_headless_chromium(console, tmp_path):
     s = console
     url = "http://127.0.0.1:%d/" % s.admin_port
-    html = run_chromium(tmp_path, url, "--dump-dom")
+    html, log = run_chromium(tmp_path, url, "--dump-dom", "--enable-logging=stderr", "--v=0")
+    # the page's console: no CSP violation, no script error
+    console_lines = [l for l in log.splitlines() if ":CONSOLE" in l]
+    assert not [l for l in console_lines if "Content Security Policy" in l or "Uncaught" in l
+                or "Error" in l], console_lines
     dom = Dom()
     dom.feed(html)
     stats = json.loads(http_get(s.admin_port, "/api/stats").body)
