@@ -4,7 +4,8 @@
  * the public side's framing code (http1.c), under the bounds in admin.h:
  *
  *   accept (at most ADMIN_MAX_CONNECTIONS) -> idle_timeout until a first byte
- *     -> head (ADMIN_MAX_HEAD_BYTES, header_timeout; no body) -> answer
+ *     -> head (ADMIN_MAX_HEAD_BYTES, header_timeout; no body, but
+ *        ADMIN_API_MAX_BODY on /api/limits) -> answer
  *     -> written: keep-alive (idle_timeout again) or close
  *
  * Reading stops while an answer is being written, so a peer that pipelines

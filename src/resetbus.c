@@ -69,8 +69,8 @@ static void resetbus_free(struct resetbus *rb)
 
 struct resetbus *resetbus_start(const struct conf *conf)
 {
-    if (conf->backend != CONF_BACKEND_REDIS)
-        return NULL;
+    if (conf->backend != CONF_BACKEND_REDIS || !conf->redis.overrides)
+        return NULL;            /* no admin.token: no writes to hear of */
     struct resetbus *rb = mem_calloc(1, sizeof(*rb));
     char channel[512];
     rb->conf = (struct conf *)conf;
@@ -94,10 +94,11 @@ fail:
 
 struct resetbus *resetbus_reload(struct resetbus *rb, const struct conf *conf)
 {
-    int same = rb != NULL && conf->backend == CONF_BACKEND_REDIS &&
+    int wanted = conf->backend == CONF_BACKEND_REDIS && conf->redis.overrides;
+    int same = rb != NULL && wanted &&
                store_same_conf(&rb->rc, &conf->redis) &&
                !strcmp(rb->prefix, conf->redis.prefix ? conf->redis.prefix : "");
-    if (same || (rb == NULL && conf->backend != CONF_BACKEND_REDIS))
+    if (same || (rb == NULL && !wanted))
         return rb;
     resetbus_stop(rb);
     resetbus_bump();            /* a new Redis: what was denied may differ */

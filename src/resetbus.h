@@ -23,8 +23,9 @@ uint64_t resetbus_epoch(void);
 /* Something was reset in this process: every deny cache forgets. */
 void resetbus_bump(void);
 
-/* With backend redis: a thread subscribed to PREFIX "reset" on conf's
- * Redis. NULL (nothing to run) for the memory backend. */
+/* With backend redis and admin.token set (redis.overrides): a thread
+ * subscribed to PREFIX "reset" on conf's Redis. NULL (nothing to run)
+ * otherwise: the memory backend, or a proxy without the admin API's writes. */
 struct resetbus *resetbus_start(const struct conf *conf);
 /* A reload: started again when the Redis settings or prefix changed. */
 struct resetbus *resetbus_reload(struct resetbus *rb, const struct conf *conf);

@@ -44,7 +44,8 @@ def start_api(sluice, routes, token=TOKEN, workers=1, top=""):
     if token is not None:
         admin += "  token: ${SLUICE_TEST_TOKEN}\n"
     text = text.replace("routes:\n", admin + "routes:\n", 1)
-    s = sluice(text, env={"SLUICE_TEST_TOKEN": token or ""})
+    s = sluice(text, env={"SLUICE_TEST_TOKEN": token or ""},
+               wait_redis="backend: memory" not in top)
     s.admin_port = admin_port
     assert wait_port(admin_port, s.proc), s.stderr
     return s

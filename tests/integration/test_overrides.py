@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from apilib import TOKEN, api, deny_hits, get_k, poll, start_api, start_pair
+from apilib import api, deny_hits, get_k, poll, start_api, start_pair
 from conftest import http_get, redis_cmd
 
 ROUTES = """\
@@ -140,11 +140,11 @@ def test_override_write_clears_deny_caches(sluice, redis):
     assert ok, "a still denies max from its deny cache"
 
 
-MEM_ROUTES = ROUTES
+
 
 
 def test_memory_backend_override_and_reset(sluice, redis):
-    s = start_api(sluice, MEM_ROUTES, workers=2, top="backend: memory\n")
+    s = start_api(sluice, ROUTES, workers=2, top="backend: memory\n")
     st = [get_k(s, "/r", "mo") for _ in range(3)]
     assert st == [200, 200, 429], st
     code, doc, _ = api(s, "PUT", "/api/limits/r/fw/override?key=mo", {"limit": 4})
