@@ -101,7 +101,8 @@ static int hexval(int c)
          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
-/* %XX-decoded s[0..n) into a new string; NULL for a bad escape. */
+/* s[0..n) decoded as a query value (%XX, '+' a space) into a new string;
+ * NULL for a bad escape. */
 static char *decode(const char *s, size_t n, size_t *outlen)
 {
     char *o = malloc(n + 1);
@@ -118,6 +119,8 @@ static char *decode(const char *s, size_t n, size_t *outlen)
             }
             o[w++] = (char)(hi << 4 | lo);
             i += 2;
+        } else if (s[i] == '+') {
+            o[w++] = ' ';               /* as a query is read: %2B for a '+' */
         } else {
             o[w++] = s[i];
         }

@@ -163,3 +163,37 @@ def test_memory_backend_override_and_reset(sluice, redis):
     code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=mo")
     assert doc["source"] == "limit" and doc["params"]["limit"] == 2, doc
     assert redis_cmd(redis.port, "DBSIZE") == 0     # nothing went to Redis
+
+
+LONG = "x" * 300        # over 256 bytes: the key holds its SHA-1, the override too
+
+KEYED_ROUTES = """\
+  - name: q
+    match: { path: /q }
+    upstream: api
+    limits:
+      - name: per-q
+        algorithm: sliding_log
+        limit: 1
+        window: 1h
+        key: ["query:k", "cookie:c"]
+        overrides:
+          - { key: ["a b", "s1"], limit: 3 }
+          - { key: ["%s", "s1"], limit: 2 }
+""" % LONG
+
+
+def test_config_override_matches_the_parts_as_sent(sluice, redis):
+    """The override names the values the client sends; the request's key is
+    built from the query and cookie decoded, so both spellings meet."""
+    s = start_api(sluice, KEYED_ROUTES)
+
+    def q(k, cookie):
+        return http_get(s.port, "/q?k=" + k, headers=[("Cookie", "c=" + cookie)]).status
+    assert [q("a%20b", "%73%31") for _ in range(4)] == [200] * 3 + [429]
+    assert [q(LONG, '"s1"') for _ in range(3)] == [200, 200, 429]
+    assert q("a+b", "s1") == 429        # the query's '+' is a space: the same key
+    assert [q("zz", "s1") for _ in range(2)] == [200, 429]      # no override: 1
+    code, doc, _ = api(s, "GET", "/api/limits/q/per-q?key=a+b&key=s1")
+    assert doc["source"] == "config" and doc["remaining"] == 0, doc
+    assert doc["key"] == ["a b", "s1"], doc
