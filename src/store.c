@@ -1119,8 +1119,10 @@ static int store_parse(struct store_req *q, const redisReply *reply, int with_ma
             q->mark[i] = e[2 + i]->integer;
     }
     redisReply **lim = reply->element + want - nlim;
-    for (size_t i = 0; i < nlim; i++)
+    for (size_t i = 0; i < nlim; i++) {
         c->res.r[q->idx[i]].limit = lim[i]->integer;
+        c->params[q->idx[i]].limit = lim[i]->integer;   /* a refund caps at it */
+    }
     return 0;
 }
 
