@@ -198,3 +198,48 @@ def test_config_override_matches_the_parts_as_sent(sluice, redis):
     code, doc, _ = api(s, "GET", "/api/limits/q/per-q?key=a+b&key=s1")
     assert doc["source"] == "config" and doc["remaining"] == 0, doc
     assert doc["key"] == ["a b", "s1"], doc
+
+
+@pytest.mark.slow
+def test_cluster_override_and_reset(sluice, tmp_path):
+    """Redis Cluster: the override key shares its counter's slot, the admin
+    API follows MOVED to the slot's master, and PUBLISH reaches the
+    subscribers of both proxies through whichever node they are on."""
+    from clusterlib import Cluster
+    from conftest import free_port, wait_port
+    c = Cluster(tmp_path, masters=3, replicas=0).start()
+    try:
+        procs = []
+        for _ in range(2):
+            admin_port = free_port()
+            text = ("listen: 127.0.0.1:@LISTEN_PORT@\n"
+                    "admin:\n  listen: 127.0.0.1:%d\n  token: ${SLUICE_TEST_TOKEN}\n"
+                    "redis:\n  cluster: [127.0.0.1:%d]\n  timeout: 1s\n  prefix: \"ct:\"\n"
+                    "upstreams:\n  api:\n    servers: [127.0.0.1:@UPSTREAM_PORT@]\n"
+                    "routes:\n" % (admin_port, c.ports[0])) + ROUTES
+            s = sluice(text, redis_port=c.masters()[0], wait_redis=False,
+                       env={"SLUICE_TEST_TOKEN": "s3cret-token"})
+            s.admin_port = admin_port
+            assert wait_port(admin_port, s.proc)
+            procs.append(s)
+        a, b = procs
+        for s in procs:         # connected: a decision answers with rate-limit fields
+            ok, _ = poll(lambda: http_get(s.port, "/b", headers=[("X-K", "warm")])
+                         .header("X-RateLimit-Limit"), 10.0)
+            assert ok, s.stderr[-2000:]
+        # keys on several slots, so some are on masters the seed is not
+        keys = ["ck%d" % i for i in range(6)]
+        for k in keys:
+            assert [get_k(s, "/r", k) for s in (a, b)] == [200, 200]
+            assert [get_k(s, "/r", k) for s in (a, b)] == [429, 429]
+            code, doc, _ = api(a, "PUT", "/api/limits/r/fw/override?key=" + k, {"limit": 3})
+            assert code == 200, doc
+            assert poll(lambda: get_k(b, "/r", k) == 200 or None, 1.0)[0], k
+            assert get_k(a, "/r", k) == 429
+            code, doc, _ = api(b, "GET", "/api/limits/r/fw?key=" + k)
+            assert doc["source"] == "runtime" and doc["remaining"] == 0, doc
+            code, doc, _ = api(b, "POST", "/api/limits/r/fw/reset?key=" + k)
+            assert code == 200 and doc["existed"] is True, doc
+            assert poll(lambda: get_k(a, "/r", k) == 200 or None, 1.0)[0], k
+    finally:
+        c.stop()
