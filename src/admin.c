@@ -5,7 +5,8 @@
  * the public side's framing code (http1.c), under the bounds in admin.h:
  *
  *   accept (at most ADMIN_MAX_CONNECTIONS) -> idle_timeout until a first byte
- *     -> head (ADMIN_MAX_HEAD_BYTES, header_timeout; no body) -> answer
+ *     -> head (ADMIN_MAX_HEAD_BYTES, header_timeout; no body, but
+ *        ADMIN_API_MAX_BODY on /api/limits) -> answer
  *     -> written: keep-alive (idle_timeout again) or close
  *
  * Reading stops while an answer is being written, so a peer that pipelines
@@ -23,6 +24,7 @@
 #include <event2/event.h>
 
 #include "admin.h"
+#include "admin_api.h"
 #include "admin_console.h"
 #include "clock.h"
 #include "http1.h"
@@ -175,6 +177,43 @@ static void serve(struct admin_conn *c, const char *data)
     evbuffer_free(body);
 }
 
+/* /api/limits...: the admin API (admin_api.c), JSON, with its body. */
+static int is_api(const char *path, size_t plen)
+{
+    size_t n = sizeof(ADMIN_API_PREFIX) - 1;
+    return plen >= n && memcmp(path, ADMIN_API_PREFIX, n) == 0 && (plen == n || path[n] == '/');
+}
+
+static void serve_api(struct admin_conn *c, const char *data, const char *body, size_t blen)
+{
+    size_t plen;
+    const char *path = target_path(data + c->head.target.off, c->head.target.len, &plen);
+    struct evbuffer *out = evbuffer_new(), *hdr = evbuffer_new();
+    if (out == NULL || hdr == NULL)
+        abort();
+    c->keep_alive = c->head.keep_alive;
+    int status = admin_api_serve(data, &c->head, path, plen, body, blen, out, hdr);
+    evbuffer_add(hdr, "", 1);
+    answer(c, status, admin_api_reason(status), "application/json", out,
+           span_is(data, c->head.method, "HEAD"), (const char *)evbuffer_pullup(hdr, -1));
+    evbuffer_free(out);
+    evbuffer_free(hdr);
+}
+
+/* The body an admin API request may carry: Content-Length up to
+ * ADMIN_API_MAX_BODY; -1 for any other body (refused, not read). */
+static long api_body_len(const struct http1_head *h, const char *data)
+{
+    size_t plen;
+    const char *path = target_path(data + h->target.off, h->target.len, &plen);
+    if (h->body == HTTP1_BODY_NONE || (h->body == HTTP1_BODY_LENGTH && h->content_length == 0))
+        return 0;
+    if (h->body != HTTP1_BODY_LENGTH || !is_api(path, plen) ||
+        h->content_length > ADMIN_API_MAX_BODY)
+        return -1;
+    return (long)h->content_length;
+}
+
 /* Parse what has come of the next head; answer it once it is whole. */
 static void parse(struct admin_conn *c)
 {
@@ -186,22 +225,31 @@ static void parse(struct admin_conn *c)
         c->in_head = 1;
         conn_timer(c, atomic_load(&c->a->header_timeout_ms));
     }
-    size_t n = len > ADMIN_MAX_HEAD_BYTES + 1 ? ADMIN_MAX_HEAD_BYTES + 1 : len;
+    size_t max = ADMIN_MAX_HEAD_BYTES + ADMIN_API_MAX_BODY + 1;
+    size_t n = len > max ? max : len;
     const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
     const struct http1_head *h = &c->head;
-    int rc = http1_head_parse(c->parser, data, n, ADMIN_MAX_HEAD_BYTES, 0, &c->head);
+    int rc = http1_head_parse(c->parser, data, n > ADMIN_MAX_HEAD_BYTES + 1 ?
+                              ADMIN_MAX_HEAD_BYTES + 1 : n, ADMIN_MAX_HEAD_BYTES, 0, &c->head);
     if (rc == 1)
         return;
-    /* Nothing here takes a body: refused, not read. */
-    if (rc == 0 && (h->body == HTTP1_BODY_CHUNKED ||
-                    (h->body == HTTP1_BODY_LENGTH && h->content_length > 0)))
+    /* Only the admin API takes a (small) body; others are refused, not read. */
+    long blen = rc == 0 ? api_body_len(h, data) : 0;
+    if (blen < 0)
         rc = 413;
     if (rc != 0) {
         answer_error(c, rc);
         return;
     }
-    serve(c, data);
-    evbuffer_drain(in, h->len);
+    if (n < h->len + (size_t)blen)
+        return;                 /* the body is still coming (header_timeout runs) */
+    size_t plen;
+    const char *path = target_path(data + h->target.off, h->target.len, &plen);
+    if (is_api(path, plen))
+        serve_api(c, data, data + h->len, (size_t)blen);
+    else
+        serve(c, data);
+    evbuffer_drain(in, h->len + (size_t)blen);
 }
 
 static void read_cb(struct bufferevent *bev, void *arg)
@@ -274,7 +322,7 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     int64_t idle_ms = atomic_load(&a->idle_timeout_ms);
     struct timeval wt = clock_timeval(idle_ms);
     bufferevent_set_timeouts(bev, NULL, &wt);
-    bufferevent_setwatermark(bev, EV_READ, 0, ADMIN_MAX_HEAD_BYTES + 1);
+    bufferevent_setwatermark(bev, EV_READ, 0, ADMIN_MAX_HEAD_BYTES + ADMIN_API_MAX_BODY + 1);
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, c);
     bufferevent_enable(bev, EV_READ);
     conn_timer(c, idle_ms);

@@ -7,8 +7,11 @@
  * dashboard at /). It reads only metrics, the console's summaries and the
  * current config's on_error, client timeouts, workers and backend.
  *
+ * /api/limits/... goes to the admin API (admin_api.h).
+ *
  * Bounded like the public listener: a head of at most ADMIN_MAX_HEAD_BYTES
- * (431/414), no request body (413), client.header_timeout for a head (408),
+ * (431/414), no request body (413) but up to ADMIN_API_MAX_BODY bytes of
+ * Content-Length on /api/limits, client.header_timeout for a head (408),
  * client.idle_timeout between requests and for a peer that stops reading,
  * and at most ADMIN_MAX_CONNECTIONS open connections (more are closed at
  * once). One request is answered at a time per connection. */

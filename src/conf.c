@@ -25,6 +25,7 @@
 
 #include "http1.h"
 #include "regex.h"
+#include "route.h"
 
 #define CONF_MAX_FILE_BYTES (4 << 20)
 #define CONF_MAX_DEPTH      32
@@ -41,6 +42,9 @@
 #define CONF_MAX_COST       1000000 /* route cost */
 #define CONF_MAX_MESSAGE    256     /* limit message bytes */
 #define CONF_MAX_MEMORY_KEYS 100000000LL   /* memory.max_keys, deny_cache.max_keys */
+#define CONF_MAX_OVERRIDES  1000    /* overrides per limit (looked up in a list) */
+#define CONF_MAX_PART       1024    /* bytes of one override key value */
+#define CONF_MAX_TOKEN      256     /* admin.token bytes */
 #define SHOW_BUF            80
 
 enum node_kind { NODE_NULL, NODE_SCALAR, NODE_SEQ, NODE_MAP };
@@ -1442,8 +1446,28 @@ static int h_admin_listen(struct ctx *x, struct node *k, struct node *v, void *o
     return 0;
 }
 
+/* admin.token: a Bearer token for the admin API's writes (${VAR} is the
+ * way to keep it out of the file). */
+static int h_admin_token(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    size_t n = strlen(s);
+    if (n == 0 || n > CONF_MAX_TOKEN)
+        return fail(x, v, "token must be 1 to %d bytes", CONF_MAX_TOKEN);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= 0x20 || s[i] == 0x7f)
+            return fail(x, v, "token has a space or a control byte");
+    free(c->admin_token);
+    c->admin_token = xstrdup(s);
+    return 0;
+}
+
 static const struct key_def admin_keys[] = {
     { "listen", h_admin_listen, 1 },
+    { "token", h_admin_token, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -1791,6 +1815,7 @@ static int h_route_upstream(struct ctx *x, struct node *k, struct node *v, void 
 struct limit_src {
     struct conf_limit *l;
     struct node *algorithm, *limit, *window, *rate, *burst;   /* values */
+    struct node *overrides, *overrides_k;
     struct node *limit_k, *window_k, *rate_k, *burst_k;       /* their keys */
 };
 
@@ -1983,6 +2008,13 @@ static int h_limit_message(struct ctx *x, struct node *k, struct node *v, void *
     return 0;
 }
 
+static int h_limit_overrides(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->overrides = v, ls->overrides_k = k;
+    return expect(x, v, NODE_SEQ);
+}
+
 static const struct key_def limit_keys[] = {
     { "name", h_limit_name, 1 },
     { "algorithm", h_limit_algorithm, 1 },
@@ -1996,6 +2028,7 @@ static const struct key_def limit_keys[] = {
     { "count_status", h_limit_count_status, 0 },
     { "status", h_limit_status, 0 },
     { "message", h_limit_message, 0 },
+    { "overrides", h_limit_overrides, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -2080,6 +2113,176 @@ static int limit_bucket_params(struct ctx *x, struct node *m, struct limit_src *
     return 0;
 }
 
+/* ---- overrides: [{ key: [VALUE, ...], limit: N | rate: R, burst: N }] */
+
+/* One override's own keys, checked against the limit's algorithm. */
+struct override_src {
+    struct conf_limit *l;
+    struct conf_override *o;
+    struct node *key, *limit, *rate, *burst;
+};
+
+static int h_override_key(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct override_src *os = obj;
+    char sb[SHOW_BUF];
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    os->key = v;
+    if (v->nkids == 0)
+        return fail(x, v, "needs one value per key source of the limit");
+    os->o->parts = xcalloc((size_t)v->nkids, sizeof *os->o->parts);
+    os->o->partlen = xcalloc((size_t)v->nkids, sizeof *os->o->partlen);
+    os->o->nparts = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        const char *s = scalar(x, v->kids[i]);
+        int rc = s ? 0 : -1;
+        if (s && strlen(s) > CONF_MAX_PART)
+            rc = fail(x, v->kids[i], "key value '%s' is longer than %d bytes", show(s, sb),
+                      CONF_MAX_PART);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+        os->o->parts[i] = xstrdup(s);
+        os->o->partlen[i] = strlen(s);
+    }
+    return 0;
+}
+
+static int h_override_limit(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    ((struct override_src *)obj)->limit = v;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static int h_override_rate(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    ((struct override_src *)obj)->rate = v;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static int h_override_burst(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    ((struct override_src *)obj)->burst = v;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static const struct key_def override_keys[] = {
+    { "key", h_override_key, 1 },
+    { "limit", h_override_limit, 0 },
+    { "rate", h_override_rate, 0 },
+    { "burst", h_override_burst, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* The limit's parameters with what the override changes. Window
+ * algorithms take limit; token_bucket and gcra take rate and/or burst. */
+static int override_params(struct ctx *x, struct node *m, struct override_src *os)
+{
+    struct limiter_params *p = &os->o->params;
+    const char *an = limiter_algo_name(p->algo);
+    char sb[SHOW_BUF];
+    int bucket = p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA;
+    size_t old;
+    int rc = 0;
+    if (bucket && os->limit)
+        return fail_bare(x, os->limit, "'limit' does not apply to %s in %s (use rate and/or "
+                         "burst)", an, where(x));
+    if (!bucket && (os->rate || os->burst))
+        return fail_bare(x, os->rate ? os->rate : os->burst, "'%s' does not apply to %s in %s "
+                         "(use limit)", os->rate ? "rate" : "burst", an, where(x));
+    if (!bucket) {
+        if (!os->limit)
+            return fail_bare(x, m, "missing required key 'limit' in %s", where(x));
+        old = path_push_key(x, "limit");
+        rc = get_int(x, os->limit, 1, CONF_MAX_COUNT, &p->limit);
+        path_pop(x, old);
+        return rc;
+    }
+    if (!os->rate && !os->burst)
+        return fail_bare(x, m, "missing required key 'rate' or 'burst' in %s", where(x));
+    if (os->burst) {
+        old = path_push_key(x, "burst");
+        rc = get_int(x, os->burst, 1, CONF_MAX_COUNT, &p->limit);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    if (os->rate) {
+        int64_t n = 0, period_ms = 0;
+        old = path_push_key(x, "rate");
+        if (conf_parse_rate(os->rate->str, &n, &period_ms) < 0 ||
+            period_ms > CONF_MAX_DURATION_MS)
+            rc = fail(x, os->rate, "bad rate '%s' (use e.g. 10/s, 100/m, 5/h, 1000/d, 100/10s)",
+                      show(os->rate->str, sb));
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+        p->interval_us = period_ms * 1000 / n;
+        if (p->interval_us < 1)
+            p->interval_us = 1;
+    }
+    int64_t win_us;
+    if (__builtin_mul_overflow(p->limit, p->interval_us, &win_us) ||
+        win_us / 1000 > CONF_MAX_DURATION_MS)
+        return fail(x, m, "rate and burst give a refill time beyond 3650d");
+    p->window_ms = win_us / 1000 > 0 ? win_us / 1000 : 1;
+    return 0;
+}
+
+static int overrides_load(struct ctx *x, struct node *v, struct conf_limit *l)
+{
+    if (v->nkids > CONF_MAX_OVERRIDES)
+        return fail(x, v, "at most %d overrides per limit, got %d", CONF_MAX_OVERRIDES,
+                    v->nkids);
+    l->overrides = xcalloc((size_t)v->nkids, sizeof *l->overrides);
+    l->noverrides = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        struct override_src os = { .l = l, .o = &l->overrides[i] };
+        size_t old = path_push(x, "[%d]", i);
+        int rc = walk_map(x, v->kids[i], override_keys, &os);
+        os.o->params = l->params;
+        if (rc == 0 && os.o->nparts != l->nkeys) {
+            size_t o2 = path_push_key(x, "key");
+            rc = fail(x, os.key, "has %d value%s, the limit's key has %d part%s", os.o->nparts,
+                      os.o->nparts == 1 ? "" : "s", l->nkeys, l->nkeys == 1 ? "" : "s");
+            path_pop(x, o2);
+        }
+        if (rc == 0)
+            rc = override_params(x, v->kids[i], &os);
+        for (int j = 0; rc == 0 && j < i; j++)
+            if (l->overrides[j].nparts == os.o->nparts) {
+                int same = 1;
+                for (int p = 0; same && p < os.o->nparts; p++)
+                    same = !strcmp(l->overrides[j].parts[p], os.o->parts[p]);
+                if (same)
+                    rc = fail(x, v->kids[i], "the same key as overrides[%d]", j);
+            }
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Phase 3: the Redis key of each override (the prefix is known now). */
+static void overrides_keys(struct conf *c)
+{
+    char key[ROUTE_MAX_KEY];
+    for (int i = 0; i < c->nroutes; i++)
+        for (int j = 0; j < c->routes[i].nlimits; j++) {
+            struct conf_limit *l = &c->routes[i].limits[j];
+            for (int k = 0; k < l->noverrides; k++) {
+                struct conf_override *o = &l->overrides[k];
+                long n = route_key_parts(c, &c->routes[i], l, (const char *const *)o->parts,
+                                         o->partlen, o->nparts, key);
+                o->key = n > 0 ? xstrndup(key, (size_t)n) : NULL;
+                o->keylen = n > 0 ? (size_t)n : 0;
+            }
+        }
+}
+
 static int limit_load(struct ctx *x, struct node *m, struct conf_limit *l)
 {
     struct limit_src ls = { .l = l };
@@ -2097,9 +2300,17 @@ static int limit_load(struct ctx *x, struct node *m, struct conf_limit *l)
         path_pop(x, old);
         return -1;
     }
+    int rc;
     if (l->params.algo == LIMITER_TOKEN_BUCKET || l->params.algo == LIMITER_GCRA)
-        return limit_bucket_params(x, m, &ls, an);
-    return limit_window_params(x, m, &ls, an);
+        rc = limit_bucket_params(x, m, &ls, an);
+    else
+        rc = limit_window_params(x, m, &ls, an);
+    if (rc < 0 || ls.overrides == NULL)
+        return rc;
+    old = path_push_key(x, "overrides");
+    rc = overrides_load(x, ls.overrides, l);
+    path_pop(x, old);
+    return rc;
 }
 
 static int h_route_limits(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -2400,7 +2611,11 @@ static int conf_from_tree(struct ctx *x, struct node *root)
     for (int i = 0; i < x->c->nroutes; i++)
         if (check_route(x, i) < 0 || check_captures(x, i) < 0 || check_paths(x, i) < 0)
             return -1;
-    return check_admin(x, root);
+    if (check_admin(x, root) < 0)
+        return -1;
+    overrides_keys(x->c);
+    x->c->redis.overrides = x->c->admin_token != NULL;
+    return 0;
 }
 
 /* ---- load, retain, release */
@@ -2468,6 +2683,15 @@ static void conf_free(struct conf *c)
             free(r->limits[j].name);
             free(r->limits[j].cost_header);
             free(r->limits[j].message);
+            for (int k = 0; k < r->limits[j].noverrides; k++) {
+                struct conf_override *o = &r->limits[j].overrides[k];
+                for (int p = 0; p < o->nparts; p++)
+                    free(o->parts[p]);
+                free(o->parts);
+                free(o->partlen);
+                free(o->key);
+            }
+            free(r->limits[j].overrides);
         }
         free(r->limits);
         free(r->name);
@@ -2481,6 +2705,7 @@ static void conf_free(struct conf *c)
     free(c->trusted);
     free(c->allow);
     free(c->admin_listen.text);
+    free(c->admin_token);
     free(c->access_log);
     free(c);
 }

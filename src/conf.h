@@ -44,6 +44,19 @@ struct conf_keysrc {
     int capture;                /* CONF_KEY_CAPTURE: group 1..9 of path_regex */
 };
 
+/* overrides: one key's parameters instead of the limit's own. parts are
+ * the key's values in the order of the limit's key sources, as the client
+ * sends them; key is the Redis key they make (route_key_parts), filled in
+ * when the file is loaded. */
+struct conf_override {
+    char **parts;
+    size_t *partlen;
+    int nparts;                 /* == the limit's nkeys */
+    struct limiter_params params;
+    char *key;
+    size_t keylen;
+};
+
 struct conf_limit {
     char *name;
     struct limiter_params params;
@@ -57,6 +70,8 @@ struct conf_limit {
     uint8_t count_status[CONF_MAX_STATUS];  /* 1 = counts */
     int status;                 /* rejection status, default 429 */
     char *message;              /* rejection "message" in the JSON body; NULL */
+    struct conf_override *overrides;    /* per-key parameters; NULL */
+    int noverrides;
 };
 
 struct conf_upstream {
@@ -116,6 +131,9 @@ struct conf_redis {
     char **sentinel_nodes;
     int nsentinel_nodes;
     char *sentinel_password;    /* NULL when absent */
+    /* Decisions read each limit's run-time override key (store.h): on when
+     * admin.token is set, since only then can the admin API write one. */
+    int overrides;
 };
 
 struct conf_client {
@@ -159,6 +177,7 @@ struct conf {
     size_t deny_cache_max_keys; /* per worker, default 100000; 0 = off */
     int has_admin;
     struct conf_addr admin_listen;
+    char *admin_token;          /* writes to the admin API need it; NULL: refused */
     char *access_log;           /* NULL = off, "stdout", or a file path */
     int refs;                   /* atomic; starts at 1 */
 };

@@ -23,6 +23,7 @@
 #include "denycache.h"
 #include "http1.h"
 #include "metrics.h"
+#include "resetbus.h"
 #include "route.h"
 
 /* cost_header: a whole number 1..1000000 replaces the route's cost; a
@@ -115,8 +116,13 @@ static int build_keys(struct decision *dec, const struct conf *conf,
             return -1;
         unsigned flags = (l->shadow ? STORE_SHADOW : 0) |
                          (l->has_count_status ? STORE_CHECK_ONLY : 0);
+        /* a config override of this key: its parameters (a run-time one,
+         * in the store, still goes before them) */
+        const struct conf_override *o = l->noverrides ? route_override(l, key, (size_t)klen)
+                                                      : NULL;
         size_t off = decide_key_add(dec, key, (size_t)klen);
-        dec->key[n] = (struct decide_key){ off, (size_t)klen, cost, flags };
+        dec->key[n] = (struct decide_key){ off, (size_t)klen, cost, flags,
+                                           o ? &o->params : &l->params };
         dec->rl.limit[n] = l;
         if (flags & STORE_CHECK_ONLY)
             dec->counted |= 1u << n;
@@ -130,7 +136,7 @@ static int limits_of(const struct decision *dec, struct store_limit *sl)
 {
     for (int i = 0; i < dec->nkeys; i++)
         sl[i] = (struct store_limit){ dec->keybuf + dec->key[i].off, dec->key[i].len,
-                                      &dec->rl.limit[i]->params, dec->key[i].cost,
+                                      dec->key[i].params, dec->key[i].cost,
                                       dec->key[i].flags };
     return dec->nkeys;
 }
@@ -145,11 +151,12 @@ static void count_decision(struct decision *dec, enum metrics_decision d)
 static int denied_by_cache(struct decision *dec)
 {
     int64_t now = clock_ms(), denied = 0;
+    denycache_sync(dec->deny, resetbus_epoch());    /* a reset or override since */
     for (int i = 0; i < dec->nkeys; i++) {
         int64_t left = denycache_get(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
                                      now, dec->key[i].cost);
         struct limiter_result *r = &dec->rl.r[i];
-        r->limit = dec->rl.limit[i]->params.limit;
+        r->limit = dec->key[i].params->limit;
         r->allowed = left == 0;
         r->remaining = left ? 0 : r->limit;
         r->reset_ms = r->retry_ms = left;
@@ -343,7 +350,7 @@ int decide_count_status(struct decision *dec, int status, decide_done *done, voi
         const struct conf_limit *l = dec->rl.limit[i];
         if ((counted & (1u << i)) && l->count_status[status])
             sl[n++] = (struct store_limit){ dec->keybuf + dec->key[i].off, dec->key[i].len,
-                                            &l->params, dec->key[i].cost,
+                                            dec->key[i].params, dec->key[i].cost,
                                             l->shadow ? STORE_SHADOW : 0 };
     }
     if (n == 0)

@@ -27,6 +27,7 @@ struct decide_key {
     size_t off, len;
     int64_t cost;
     unsigned flags;                     /* STORE_SHADOW, STORE_CHECK_ONLY */
+    const struct limiter_params *params;    /* the limit's, or a config override's */
 };
 
 /* One request's decision: its keys and limit results, and the call in

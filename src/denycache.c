@@ -22,6 +22,7 @@ struct denycache {
     struct kvtable table;
     struct kvtable_key key;
     struct kvtable_list lru;
+    uint64_t epoch;                     /* resetbus epoch last seen */
 };
 
 struct denycache *denycache_create(size_t max_keys)
@@ -107,4 +108,13 @@ int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t
         return 0;
     dc_touch(dc, e);
     return e->until_ms - now_ms;
+}
+
+void denycache_sync(struct denycache *dc, uint64_t epoch)
+{
+    if (dc == NULL || dc->epoch == epoch)
+        return;
+    dc->epoch = epoch;
+    while (dc->lru.oldest != NULL)
+        dc_remove(dc, dc->lru.oldest);
 }

@@ -30,4 +30,9 @@ int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t
 
 size_t denycache_size(const struct denycache *dc);
 
+/* A key was reset or its override changed somewhere (resetbus.h: epoch
+ * counts those events): when epoch differs from the one the cache last saw,
+ * every entry goes, so no stale denial outlives it. */
+void denycache_sync(struct denycache *dc, uint64_t epoch);
+
 #endif

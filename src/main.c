@@ -13,12 +13,14 @@
 
 #include "accesslog.h"
 #include "admin.h"
+#include "admin_api.h"
 #include "admin_console.h"
 #include "clock.h"
 #include "conf.h"
 #include "log.h"
 #include "mem.h"
 #include "memstore.h"
+#include "resetbus.h"
 #include "metrics.h"
 #include "runtime.h"
 #include "worker.h"
@@ -47,6 +49,7 @@ struct main_state {
     int n;
     struct event_base *base;
     struct admin *admin;
+    struct resetbus *resetbus;      /* the reset subscriber (backend redis) */
     struct memstore *mem;           /* in-process limiter, when configured */
     struct accesslog *alog;         /* NULL when access_log is off */
 };
@@ -135,6 +138,9 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
     for (int i = 0; i < ms->n; i++)
         worker_reload(ms->workers[i], nc);
     admin_reload(ms->admin, nc);
+    admin_api_set(nc, ms->mem);
+    ms->resetbus = resetbus_reload(ms->resetbus, nc);
+    resetbus_bump();                /* config overrides may have changed */
     conf_release(ms->conf);
     ms->conf = nc;
     metrics_count(METRICS_RELOADS_OK);
@@ -175,6 +181,8 @@ static int serve(struct main_state *ms)
             goto out;
     }
     ms->n = n;
+    admin_api_set(conf, ms->mem);
+    ms->resetbus = resetbus_start(conf);
     if (conf->has_admin) {
         ms->admin = admin_start(conf);
         if (ms->admin == NULL)
@@ -199,6 +207,8 @@ static int serve(struct main_state *ms)
     rc = 0;
 out:
     admin_stop(ms->admin);
+    resetbus_stop(ms->resetbus);
+    admin_api_set(NULL, NULL);
     for (int i = 0; i < n; i++)
         worker_destroy(workers[i]);
     for (int i = 0; i < 4; i++)

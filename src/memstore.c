@@ -13,6 +13,7 @@
  * keys cannot evict a denied key and hand its client a fresh quota. */
 #include <assert.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,10 +46,21 @@ struct stripe {
     size_t hand;                            /* the sweep's next bucket */
 };
 
+/* A run-time override (the admin API): a key's parameters until expire_us. */
+struct moverride {
+    struct kvtable_entry kv;                /* first */
+    struct limiter_params params;
+    int64_t expire_us;                      /* 0: until deleted */
+};
+
 struct memstore {
     unsigned nstripes;                      /* a power of two */
     struct kvtable_key key;                 /* one for all: the hash picks the stripe */
     struct stripe *stripes;
+    pthread_mutex_t ovr_lock;               /* the overrides, apart from the stripes */
+    struct kvtable ovr;
+    struct kvtable_list ovr_list;
+    _Atomic size_t novr;                    /* read without the lock: none, no lookup */
 };
 
 /* ---- one stripe: a kvtable and two LRU lists, under its lock ------------- */
@@ -193,6 +205,9 @@ struct memstore *memstore_create(size_t max_keys)
         s->cap = max_keys / m->nstripes;
         kvtable_init(&s->table, MEMSTORE_BUCKETS_MIN);
     }
+    if (pthread_mutex_init(&m->ovr_lock, NULL) != 0)
+        abort();
+    kvtable_init(&m->ovr, MEMSTORE_BUCKETS_MIN);
     return m;
 }
 
@@ -210,6 +225,13 @@ void memstore_destroy(struct memstore *m)
         pthread_mutex_destroy(&s->lock);
     }
     free(m->stripes);
+    while (m->ovr_list.oldest) {
+        struct kvtable_entry *e = m->ovr_list.oldest;
+        kvtable_list_unlink(&m->ovr_list, e);
+        free(e);
+    }
+    kvtable_fini(&m->ovr);
+    pthread_mutex_destroy(&m->ovr_lock);
     free(m);
 }
 
@@ -341,6 +363,17 @@ int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
         res->status = STORE_ERROR;
         return -1;
     }
+    struct store_limit ol[STORE_MAX_LIMITS];
+    struct limiter_params op[STORE_MAX_LIMITS];
+    if (atomic_load(&m->novr) > 0) {        /* run-time overrides go first */
+        for (int i = 0; i < n; i++) {
+            ol[i] = limits[i];
+            if (memstore_override_get(m, limits[i].key, limits[i].keylen, now_us, &op[i],
+                                      NULL) && op[i].algo == limits[i].params->algo)
+                ol[i].params = &op[i];
+        }
+        limits = ol;
+    }
     for (int i = 0; i < n; i++)
         hash[i] = kvtable_hash(&m->key, limits[i].key, limits[i].keylen);
     int k = memstore_stripes(m, hash, n, order);
@@ -357,4 +390,80 @@ int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
     res->status = STORE_OK;
     res->n = n;
     return 0;
+}
+
+/* ---- run-time overrides and resets (the admin API) ------------------------ */
+
+int memstore_override_set(struct memstore *m, const char *key, size_t len,
+                          const struct limiter_params *p, int64_t expire_us)
+{
+    uint64_t h = kvtable_hash(&m->key, key, len);
+    int rc = 0;
+    pthread_mutex_lock(&m->ovr_lock);
+    struct moverride *o = (struct moverride *)kvtable_find(&m->ovr, h, key, len);
+    if (o == NULL && m->ovr.count >= MEMSTORE_MAX_OVERRIDES) {
+        rc = -1;
+    } else {
+        if (o == NULL) {
+            o = kvtable_add(&m->ovr, sizeof(*o), h, key, len);
+            kvtable_list_push(&m->ovr_list, &o->kv);
+        }
+        o->params = *p;
+        o->expire_us = expire_us;
+        atomic_store(&m->novr, m->ovr.count);
+    }
+    pthread_mutex_unlock(&m->ovr_lock);
+    return rc;
+}
+
+static void override_remove(struct memstore *m, struct moverride *o)
+{
+    kvtable_remove(&m->ovr, &o->kv);
+    kvtable_list_unlink(&m->ovr_list, &o->kv);
+    free(o);
+    atomic_store(&m->novr, m->ovr.count);
+}
+
+int memstore_override_get(struct memstore *m, const char *key, size_t len, int64_t now_us,
+                          struct limiter_params *p, int64_t *expire_us)
+{
+    uint64_t h = kvtable_hash(&m->key, key, len);
+    int found = 0;
+    pthread_mutex_lock(&m->ovr_lock);
+    struct moverride *o = (struct moverride *)kvtable_find(&m->ovr, h, key, len);
+    if (o != NULL && o->expire_us != 0 && o->expire_us <= now_us) {
+        override_remove(m, o);
+        o = NULL;
+    }
+    if (o != NULL) {
+        *p = o->params;
+        if (expire_us)
+            *expire_us = o->expire_us;
+        found = 1;
+    }
+    pthread_mutex_unlock(&m->ovr_lock);
+    return found;
+}
+
+int memstore_override_del(struct memstore *m, const char *key, size_t len)
+{
+    uint64_t h = kvtable_hash(&m->key, key, len);
+    pthread_mutex_lock(&m->ovr_lock);
+    struct moverride *o = (struct moverride *)kvtable_find(&m->ovr, h, key, len);
+    if (o != NULL)
+        override_remove(m, o);
+    pthread_mutex_unlock(&m->ovr_lock);
+    return o != NULL;
+}
+
+int memstore_reset(struct memstore *m, const char *key, size_t len)
+{
+    uint64_t h = kvtable_hash(&m->key, key, len);
+    struct stripe *s = &m->stripes[stripe_of(m, h)];
+    pthread_mutex_lock(&s->lock);
+    struct mentry *e = (struct mentry *)kvtable_find(&s->table, h, key, len);
+    if (e != NULL)
+        stripe_remove(s, e);
+    pthread_mutex_unlock(&s->lock);
+    return e != NULL;
 }

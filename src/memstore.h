@@ -38,4 +38,20 @@ int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
 /* Keys held now (tests, metrics). */
 size_t memstore_count(struct memstore *m);
 
+/* Run-time overrides (the admin API): key (a limit's key, as for
+ * decisions) gets params instead of the caller's, for limits of the same
+ * algorithm, until expire_us (CLOCK_REALTIME-based us; 0: until deleted).
+ * Thread-safe. set: 0, or -1 when MEMSTORE_MAX_OVERRIDES are held. get: 1
+ * and *p (and *expire_us when not NULL) when one is set. del: 1 when one
+ * was. */
+#define MEMSTORE_MAX_OVERRIDES 100000
+int memstore_override_set(struct memstore *m, const char *key, size_t len,
+                          const struct limiter_params *p, int64_t expire_us);
+int memstore_override_get(struct memstore *m, const char *key, size_t len, int64_t now_us,
+                          struct limiter_params *p, int64_t *expire_us);
+int memstore_override_del(struct memstore *m, const char *key, size_t len);
+
+/* Forget key's counts (the admin API's reset): 1 when it was held. */
+int memstore_reset(struct memstore *m, const char *key, size_t len);
+
 #endif

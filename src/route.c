@@ -764,3 +764,44 @@ long route_key(const struct conf *c, const struct conf_route *r,
     out[o.len] = '\0';
     return (long)o.len;
 }
+
+/* The key route_key() writes for a request whose key sources give exactly
+ * parts[0..n) (decoded values: a query parameter or cookie as the upstream
+ * reads it): config overrides and the admin API name keys this way. */
+long route_key_parts(const struct conf *c, const struct conf_route *r,
+                     const struct conf_limit *l, const char *const *parts,
+                     const size_t *lens, int n, char *out)
+{
+    if (n != l->nkeys)
+        return -1;
+    struct route_out o = { .p = out };
+    struct route_part pt;
+    route_puts(&o, c->redis.prefix);
+    route_put(&o, "{", 1);
+    route_puts(&o, r->name);
+    route_put(&o, "|", 1);
+    route_puts(&o, l->name);
+    route_put(&o, "|", 1);
+    for (int i = 0; i < n; i++) {
+        memset(&pt, 0, sizeof pt);
+        pt.kind = ROUTE_PART_SPAN;
+        pt.p = parts[i];
+        pt.n = lens[i];
+        route_put_part(&o, &pt);
+    }
+    route_put(&o, "}", 1);
+    if (o.full)
+        return -1;
+    out[o.len] = '\0';
+    return (long)o.len;
+}
+
+/* The config override of l whose key is key, or NULL. */
+const struct conf_override *route_override(const struct conf_limit *l, const char *key,
+                                           size_t len)
+{
+    for (int i = 0; i < l->noverrides; i++)
+        if (l->overrides[i].keylen == len && memcmp(l->overrides[i].key, key, len) == 0)
+            return &l->overrides[i];
+    return NULL;
+}

@@ -94,4 +94,16 @@ long route_key(const struct conf *c, const struct conf_route *r,
                const struct conf_limit *l, const struct route_req *req,
                char *out);
 
+/* The key of limit l of route r for the key values parts[0..n), one per
+ * key source, as the client sends them: the key route_key() makes for such
+ * a request. Returns its length, or -1 (n is not l->nkeys, or too long). */
+long route_key_parts(const struct conf *c, const struct conf_route *r,
+                     const struct conf_limit *l, const char *const *parts,
+                     const size_t *lens, int n, char *out);
+
+/* The config override of l for the key (route_key's bytes), or NULL. A
+ * list walk: a limit has at most a thousand. */
+const struct conf_override *route_override(const struct conf_limit *l, const char *key,
+                                           size_t len);
+
 #endif

@@ -248,7 +248,7 @@ int store_same_conf(const struct conf_redis *a, const struct conf_redis *b)
            strveq(a->cluster, a->ncluster, b->cluster, b->ncluster) &&
            streq(a->sentinel_master, b->sentinel_master) &&
            strveq(a->sentinel_nodes, a->nsentinel_nodes, b->sentinel_nodes, b->nsentinel_nodes) &&
-           streq(a->sentinel_password, b->sentinel_password);
+           streq(a->sentinel_password, b->sentinel_password) && a->overrides == b->overrides;
 }
 
 /* ---- readiness ----------------------------------------------------------- */
@@ -1010,6 +1010,21 @@ static char *store_put_header(char *p, int argc)
     return store_put(p, "\r\n", 2);
 }
 
+/* A limit's run-time override key as one bulk: its counter key and
+ * STORE_OVERRIDE_SUFFIX (after the '}', so the hash tag is the same). */
+static char *store_put_override_key(char *p, const char *key, size_t len)
+{
+    size_t sl = sizeof(STORE_OVERRIDE_SUFFIX) - 1;
+    char num[24];
+    char *start = store_fmt_u64(num + sizeof(num), len + sl);
+    *p++ = '$';
+    p = store_put(p, start, (size_t)(num + sizeof(num) - start));
+    p = store_put(p, "\r\n", 2);
+    p = store_put(p, key, len);
+    p = store_put(p, STORE_OVERRIDE_SUFFIX, sl);
+    return store_put(p, "\r\n", 2);
+}
+
 /* The one EVALSHA encoder of both scripts: EVALSHA sha n key_1..key_n
  * [mode] args[0..nargs) n (algo limit window_ms interval_us cost last_i)*n
  * for the call's limits li[0..n), straight into q->cmd: RESP is what
@@ -1021,11 +1036,15 @@ static void store_encode_evalsha(struct store_req *q, const struct store_call *c
                                  const char *sha, const int *li, int n, const char *mode,
                                  const int64_t *args, int nargs, const int64_t *last)
 {
-    int argc = 3 + n + (mode != NULL) + nargs + 1 + 6 * n;
+    /* limit.lua (the one with a mode) also reads each limit's run-time
+     * override key (STORE_OVERRIDE_SUFFIX), after the counters' keys, when
+     * the admin API can write them (redis.overrides) */
+    int ovr = mode != NULL && q->s->rc.overrides;
+    int argc = 3 + n + (ovr ? n : 0) + (mode != NULL) + nargs + 1 + 6 * n;
     /* 24 bytes of bulk framing per argument bound every number's digits too */
     size_t need = 16 + (size_t)argc * (24 + 24) + 80;
     for (int i = 0; i < n; i++)
-        need += c->klen[li[i]];
+        need += c->klen[li[i]] * (ovr ? 2 : 1) + (ovr ? sizeof(STORE_OVERRIDE_SUFFIX) : 0);
     if (q->cmdcap < need) {
         free(q->cmd);
         q->cmd = mem_alloc(need);
@@ -1034,9 +1053,11 @@ static void store_encode_evalsha(struct store_req *q, const struct store_call *c
     char *p = store_put_header(q->cmd, argc);
     p = store_put_bulk(p, "EVALSHA", 7);
     p = store_put_bulk(p, sha, strlen(sha));
-    p = store_put_int(p, n);
+    p = store_put_int(p, ovr ? 2 * n : n);
     for (int i = 0; i < n; i++)
         p = store_put_bulk(p, c->keys + c->koff[li[i]], c->klen[li[i]]);
+    for (int i = 0; ovr && i < n; i++)
+        p = store_put_override_key(p, c->keys + c->koff[li[i]], c->klen[li[i]]);
     if (mode != NULL)
         p = store_put_bulk(p, mode, strlen(mode));
     for (int i = 0; i < nargs; i++)
@@ -1068,11 +1089,13 @@ static void store_encode(struct store_req *q, char mode)
 }
 
 /* The reply of limit.lua: { allowed, (allowed_i remaining_i reset_i
- * retry_i)*n }, and in mode "c" { time_s, time_us, mark_i*n } after it. */
+ * retry_i)*n }, and in mode "c" { time_s, time_us, mark_i*n } after it,
+ * then (override keys sent) limit_i*n: the quota each limit applied. */
 static int store_parse(struct store_req *q, const redisReply *reply, int with_marks)
 {
     struct store_call *c = q->call;
-    size_t want = 1 + 4 * (size_t)q->n + (with_marks ? 2 + (size_t)q->n : 0);
+    size_t nlim = q->s->rc.overrides ? (size_t)q->n : 0;
+    size_t want = 1 + 4 * (size_t)q->n + (with_marks ? 2 + (size_t)q->n : 0) + nlim;
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements != want)
         return -1;
     for (size_t i = 0; i < reply->elements; i++)
@@ -1094,6 +1117,11 @@ static int store_parse(struct store_req *q, const redisReply *reply, int with_ma
         q->time_us = e[1]->integer;
         for (int i = 0; i < q->n; i++)
             q->mark[i] = e[2 + i]->integer;
+    }
+    redisReply **lim = reply->element + want - nlim;
+    for (size_t i = 0; i < nlim; i++) {
+        c->res.r[q->idx[i]].limit = lim[i]->integer;
+        c->params[q->idx[i]].limit = lim[i]->integer;   /* a refund caps at it */
     }
     return 0;
 }
@@ -1747,4 +1775,285 @@ int64_t store_retry_ms(const struct store *s)
             left = n->retry_at_ms - now;
     }
     return left;
+}
+
+/* ---- the reset subscriber (issue 14): one SUBSCRIBE connection --------------
+ *
+ * Kept apart from the decision connections so that it ports with them: a
+ * hiredis async context on the caller's base, subscribed to one channel,
+ * reconnecting every STORE_SUB_RETRY_MS. cb runs for each message and once
+ * each time the subscription is (re)made: messages sent while it was down
+ * are lost, so the caller treats a new subscription as one. A cluster
+ * broadcasts PUBLISH to every node, so the first seed will do; Sentinel
+ * asks its master's address from nowhere here: a sentinel config gets no
+ * subscriber (logged). */
+
+#define STORE_SUB_RETRY_MS 200
+
+struct store_sub {
+    struct event_base *base;
+    struct conf_redis rc;           /* strings owned */
+    char *host;
+    int port;
+    char *channel;
+    store_sub_cb *cb;
+    void *arg;
+    redisAsyncContext *ac;
+    struct event *retry_ev;
+    int stopping;
+};
+
+static void sub_retry_later(struct store_sub *ss)
+{
+    struct timeval tv = clock_timeval(STORE_SUB_RETRY_MS);
+    if (!ss->stopping)
+        event_add(ss->retry_ev, &tv);
+}
+
+static void sub_message_cb(redisAsyncContext *ac, void *r, void *privdata)
+{
+    struct store_sub *ss = privdata;
+    redisReply *reply = r;
+    if (reply == NULL || ss->stopping || reply->type != REDIS_REPLY_ARRAY ||
+        reply->elements < 3 || reply->element[0]->type != REDIS_REPLY_STRING)
+        return;
+    /* "subscribe" (made, or made again) and "message" both tell */
+    ss->cb(ss->arg);
+}
+
+static void sub_connect_cb(const redisAsyncContext *cac, int status)
+{
+    struct store_sub *ss = cac->data;
+    if (ss == NULL || ss->stopping)
+        return;
+    if (status != REDIS_OK) {
+        ss->ac = NULL;          /* hiredis frees it */
+        sub_retry_later(ss);
+    }
+}
+
+static void sub_disconnect_cb(const redisAsyncContext *cac, int status)
+{
+    struct store_sub *ss = cac->data;
+    if (ss == NULL || ss->stopping)
+        return;
+    log_warn("store: reset subscriber lost '%s:%d': %s; retrying", ss->host, ss->port,
+             cac->c.errstr[0] ? cac->c.errstr : "connection closed");
+    ss->ac = NULL;
+    sub_retry_later(ss);
+}
+
+static void sub_connect(struct store_sub *ss)
+{
+    redisAsyncContext *ac = ss->rc.is_unix ? redisAsyncConnectUnix(ss->host)
+                                           : redisAsyncConnect(ss->host, ss->port);
+    if (ac == NULL || ac->err) {
+        if (ac != NULL)
+            redisAsyncFree(ac);
+        sub_retry_later(ss);
+        return;
+    }
+    ac->data = ss;
+    ss->ac = ac;
+    redisLibeventAttach(ac, ss->base);
+    redisAsyncSetConnectCallback(ac, sub_connect_cb);
+    redisAsyncSetDisconnectCallback(ac, sub_disconnect_cb);
+    if (ss->rc.password != NULL) {
+        if (ss->rc.user != NULL)
+            redisAsyncCommand(ac, NULL, NULL, "AUTH %s %s", ss->rc.user, ss->rc.password);
+        else
+            redisAsyncCommand(ac, NULL, NULL, "AUTH %s", ss->rc.password);
+    }
+    redisAsyncCommand(ac, sub_message_cb, ss, "SUBSCRIBE %s", ss->channel);
+}
+
+static void sub_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    sub_connect(arg);
+}
+
+struct store_sub *store_sub_create(struct event_base *base, const struct conf_redis *rc,
+                                   const char *channel, store_sub_cb *cb, void *arg)
+{
+    char host[256];
+    int port = rc->port;
+    if (rc->sentinel_master != NULL) {
+        log_warn("store: reset subscriber: not with redis.sentinel; a reset reaches other "
+                 "proxies' deny caches only at the denials' retry times");
+        return NULL;
+    }
+    snprintf(host, sizeof(host), "%s", rc->host ? rc->host : "");
+    if (rc->ncluster > 0 && addr_split(rc->cluster[0], host, sizeof(host), &port) < 0)
+        return NULL;
+    struct store_sub *ss = mem_calloc(1, sizeof(*ss));
+    ss->base = base;
+    ss->rc.is_unix = rc->ncluster > 0 ? 0 : rc->is_unix;
+    ss->rc.user = rc->user ? store_strdup(rc->user) : NULL;
+    ss->rc.password = rc->password ? store_strdup(rc->password) : NULL;
+    ss->host = store_strdup(host);
+    ss->port = port;
+    ss->channel = store_strdup(channel);
+    ss->cb = cb;
+    ss->arg = arg;
+    ss->retry_ev = evtimer_new(base, sub_retry_cb, ss);
+    if (ss->retry_ev == NULL)
+        abort();
+    sub_connect(ss);
+    return ss;
+}
+
+void store_sub_destroy(struct store_sub *ss)
+{
+    if (ss == NULL)
+        return;
+    ss->stopping = 1;
+    event_free(ss->retry_ev);
+    if (ss->ac != NULL) {
+        ss->ac->data = NULL;
+        redisAsyncFree(ss->ac);     /* its callbacks see stopping/NULL data */
+    }
+    free(ss->rc.user);
+    free(ss->rc.password);
+    free(ss->host);
+    free(ss->channel);
+    free(ss);
+}
+
+/* ---- the admin API's commands (issue 14): blocking, on the admin thread ------
+ *
+ * One short connection per admin request: connect (within redis.timeout,
+ * at least 1 s), AUTH and SELECT as the store does, the commands
+ * pipelined, close. A Redis Cluster answer MOVED sends them all again,
+ * once, to the named node. The admin thread is the only caller; a slow
+ * Redis delays the admin endpoint, never the proxy. */
+
+#define STORE_SYNC_MIN_MS 1000
+
+static redisContext *sync_connect(const struct conf_redis *rc, const char *host, int port,
+                                  int is_unix, char *err, size_t errlen)
+{
+    int64_t ms = rc->timeout_ms > STORE_SYNC_MIN_MS ? rc->timeout_ms : STORE_SYNC_MIN_MS;
+    struct timeval tv = clock_timeval(ms);
+    redisContext *ctx = is_unix ? redisConnectUnixWithTimeout(host, tv)
+                                : redisConnectWithTimeout(host, port, tv);
+    if (ctx == NULL || ctx->err) {
+        snprintf(err, errlen, "cannot connect to redis: %s", ctx ? ctx->errstr : "no memory");
+        goto fail;
+    }
+    redisSetTimeout(ctx, tv);
+    if (rc->password != NULL) {
+        redisReply *r = rc->user ? redisCommand(ctx, "AUTH %s %s", rc->user, rc->password)
+                                 : redisCommand(ctx, "AUTH %s", rc->password);
+        int bad = r == NULL || r->type == REDIS_REPLY_ERROR;
+        if (r)
+            freeReplyObject(r);
+        if (bad) {
+            snprintf(err, errlen, "redis refused AUTH");
+            goto fail;
+        }
+    }
+    if (rc->db != 0 && rc->ncluster == 0) {
+        redisReply *r = redisCommand(ctx, "SELECT %d", rc->db);
+        int bad = r == NULL || r->type == REDIS_REPLY_ERROR;
+        if (r)
+            freeReplyObject(r);
+        if (bad) {
+            snprintf(err, errlen, "redis refused SELECT");
+            goto fail;
+        }
+    }
+    return ctx;
+fail:
+    if (ctx)
+        redisFree(ctx);
+    return NULL;
+}
+
+static void sync_copy(const redisReply *r, struct store_sync_reply *out)
+{
+    memset(out, 0, sizeof(*out));
+    switch (r->type) {
+    case REDIS_REPLY_INTEGER:
+        out->type = STORE_SYNC_INT;
+        out->integer = r->integer;
+        break;
+    case REDIS_REPLY_STRING:
+    case REDIS_REPLY_STATUS:
+    case REDIS_REPLY_ERROR:
+        out->type = r->type == REDIS_REPLY_ERROR ? STORE_SYNC_ERROR : STORE_SYNC_STR;
+        out->len = r->len < sizeof(out->str) - 1 ? r->len : sizeof(out->str) - 1;
+        memcpy(out->str, r->str, out->len);
+        break;
+    case REDIS_REPLY_ARRAY:
+        out->type = STORE_SYNC_ARRAY;
+        for (size_t i = 0; i < r->elements && i < STORE_SYNC_MAX_INTS; i++)
+            out->ints[out->nints++] = r->element[i]->type == REDIS_REPLY_INTEGER
+                                      ? r->element[i]->integer : 0;
+        break;
+    default:
+        out->type = STORE_SYNC_NIL;
+    }
+}
+
+/* Pipelined: every command, then every reply. 0, or -1 (err set) when the
+ * connection failed; error replies are the caller's to read. */
+static int sync_run(redisContext *ctx, int ncmds, const struct store_sync_cmd *cmds,
+                    struct store_sync_reply *out, char *err, size_t errlen)
+{
+    for (int i = 0; i < ncmds; i++)
+        if (redisAppendCommandArgv(ctx, cmds[i].argc, cmds[i].argv, cmds[i].lens) != REDIS_OK)
+            goto fail;
+    for (int i = 0; i < ncmds; i++) {
+        void *r = NULL;
+        if (redisGetReply(ctx, &r) != REDIS_OK || r == NULL)
+            goto fail;
+        sync_copy(r, &out[i]);
+        freeReplyObject(r);
+    }
+    return 0;
+fail:
+    snprintf(err, errlen, "redis: %s", ctx->errstr[0] ? ctx->errstr : "no reply");
+    return -1;
+}
+
+int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_cmd *cmds,
+               struct store_sync_reply *out, char *err, size_t errlen)
+{
+    char host[256];
+    int port = rc->port, rv = -1;
+    if (rc->sentinel_master != NULL) {
+        snprintf(err, errlen, "the admin API's Redis commands need redis.url or redis.cluster");
+        return -1;
+    }
+    snprintf(host, sizeof(host), "%s", rc->host ? rc->host : "");
+    if (rc->ncluster > 0 && addr_split(rc->cluster[0], host, sizeof(host), &port) < 0) {
+        snprintf(err, errlen, "bad cluster seed");
+        return -1;
+    }
+    int is_unix = rc->ncluster > 0 ? 0 : rc->is_unix;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        redisContext *ctx = sync_connect(rc, host, port, is_unix, err, errlen);
+        if (ctx == NULL)
+            return -1;
+        rv = sync_run(ctx, ncmds, cmds, out, err, errlen);
+        redisFree(ctx);
+        if (rv != 0)
+            return rv;
+        /* "MOVED 3999 127.0.0.1:6381": the key's slot is on that node */
+        int moved = -1;
+        for (int i = 0; i < ncmds && moved < 0; i++)
+            if (out[i].type == STORE_SYNC_ERROR && !strncmp(out[i].str, "MOVED ", 6))
+                moved = i;
+        if (moved < 0 || rc->ncluster == 0)
+            return 0;
+        const char *sp = strchr(out[moved].str + 6, ' ');
+        if (sp == NULL || addr_split(sp + 1, host, sizeof(host), &port) < 0)
+            return 0;
+    }
+    return rv;
+}
+
+const char *store_limit_script(void)
+{
+    return limit_lua;
 }

@@ -44,6 +44,13 @@ struct store_limit {
 #define STORE_SHADOW     1u
 #define STORE_CHECK_ONLY 2u
 
+/* A limit's run-time override (the admin API's PUT .../override) lives in
+ * Redis at its counter key followed by this suffix (the same hash tag),
+ * holding "ALGO LIMIT INTERVAL_US" (enum limiter_algo; the limit or burst;
+ * microseconds per token, 0 for the window algorithms). limit.lua reads it
+ * in the call that decides, so every proxy applies it at once. */
+#define STORE_OVERRIDE_SUFFIX ":ovr"
+
 /* STORE_OOM: Redis refused the script with -OOM (maxmemory reached under
  * maxmemory-policy noeviction); any other error reply is STORE_ERROR. */
 enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT, STORE_OOM };
@@ -92,5 +99,41 @@ int store_slot(const char *key, size_t len);
  * the store pushed to sluice_redis_redirects_total{kind="ask|moved"}).
  * Thread-safe. */
 void store_redirects(uint64_t *ask, uint64_t *moved);
+
+/* ---- Issue 14: the reset channel and the admin API's commands --------- */
+
+/* A SUBSCRIBE to channel on the Redis rc names, on base, reconnecting by
+ * itself; cb(arg) runs on base for every message and each time the
+ * subscription is made (again). NULL with redis.sentinel (logged). */
+typedef void store_sub_cb(void *arg);
+struct store_sub;
+struct store_sub *store_sub_create(struct event_base *base, const struct conf_redis *rc,
+                                   const char *channel, store_sub_cb *cb, void *arg);
+void store_sub_destroy(struct store_sub *ss);
+
+/* Blocking commands for the admin thread: ncmds commands pipelined on a
+ * connection of their own (closed after), a Cluster MOVED followed once.
+ * Returns 0 with out[i] filled (error replies included), or -1 with err. */
+#define STORE_SYNC_MAX_INTS 64
+enum store_sync_type { STORE_SYNC_NIL, STORE_SYNC_INT, STORE_SYNC_STR, STORE_SYNC_ARRAY,
+                       STORE_SYNC_ERROR };
+struct store_sync_cmd {
+    int argc;
+    const char **argv;
+    const size_t *lens;
+};
+struct store_sync_reply {
+    enum store_sync_type type;
+    int64_t integer;
+    char str[256];              /* STR and ERROR, truncated */
+    size_t len;
+    int64_t ints[STORE_SYNC_MAX_INTS];  /* ARRAY of integers */
+    int nints;
+};
+int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_cmd *cmds,
+               struct store_sync_reply *out, char *err, size_t errlen);
+
+/* scripts/limit.lua's text (EVAL from the admin thread). */
+const char *store_limit_script(void);
 
 #endif

@@ -24,6 +24,13 @@
 --   ARGV[8+6*(i-1)]     flags: 1 shadow (its denial does not deny the request;
 --                       it consumes when it allows and the request passes),
 --                       2 check only (may deny; never consumes here)
+-- Run-time overrides (the admin API): the call may carry 2N keys instead
+--   of N; then KEYS[N+i] is limit i's override key (its counter key and
+--   ":ovr"), a STRING "ALGO LIMIT INTERVAL_US" set by an operator. When
+--   present and ALGO is limit i's algo, LIMIT replaces its limit (the burst
+--   for bucket and gcra) and, for bucket and gcra, INTERVAL_US (>= 1) its
+--   interval; the window stays. With 2N keys the reply ends with one more
+--   integer per limit: the limit (or burst) it applied.
 -- Reply:  { allowed, then per limit: allowed_i, remaining_i, reset_ms_i, retry_ms_i }
 --   mode "c" appends { time_s, time_us, then per limit: mark_i }: the TIME
 --   this script ran at, and per limit the window index (fixed_window,
@@ -58,11 +65,12 @@
 
 local floor, ceil, format, match = math.floor, math.ceil, string.format, string.match
 
-local mode, n, nargv = ARGV[1], tonumber(ARGV[2]), #ARGV
+local mode, n, nargv, nk = ARGV[1], tonumber(ARGV[2]), #ARGV, #KEYS
 if mode ~= 'd' and mode ~= 't' and mode ~= 'c' then
     return redis.error_reply('ERR sluice limit.lua: unknown mode')
 end
-if n == nil or n ~= #KEYS or n < 1 or nargv ~= 2 + 6 * n + (mode == 't' and 1 or 0) then
+if n == nil or (nk ~= n and nk ~= 2 * n) or n < 1
+        or nargv ~= 2 + 6 * n + (mode == 't' and 1 or 0) then
     return redis.error_reply('ERR sluice limit.lua: bad argument count')
 end
 
@@ -82,7 +90,8 @@ local now_ms = floor(now_us / 1000)
 -- failing. One limit (the common case), unless it is a sliding_log or mode
 -- "c", is decided, written and answered in place.
 local vals
-if n == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET', unpack(KEYS)) end
+if nk == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET', unpack(KEYS)) end
+local limits = nk == 2 * n and {} or nil   -- override keys sent: the limits applied
 -- Made once the in-place answer is ruled out:
 local out               -- allowed, then allowed_i remaining_i reset_i retry_i
 local w                 -- per limit i: w[3i-2..3i] = value, 'PXAT'/'PX'/'KEEPTTL'/'Z', expiry
@@ -100,6 +109,17 @@ for i = 1, n do
             or f % 1 ~= 0 or algo < 0 or L < 0 or W < 0 or I < 0 or c < 1 or f < 0
             or f > 3 then
         return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
+    end
+    if limits then
+        -- a run-time override of this key, for this algorithm, goes first
+        local ov = vals[n + i]
+        local oa, ol, oi
+        if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
+        if oa and tonumber(oa) == algo and (algo <= 2 or tonumber(oi) >= 1) then
+            L = tonumber(ol)
+            if algo > 2 then I = tonumber(oi) end
+        end
+        limits[i] = L
     end
     local s = vals[i]
     local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
@@ -277,15 +297,18 @@ for i = 1, n do
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
     end
     if n == 1 and opt ~= 'Z' and opt ~= 'ZS' and not marks then
+        local r
         if not ok then                                   -- allowed only when shadow
-            return { (f == 1 or f == 3) and 1 or 0, 0, rem, reset, retry }
-        end
-        if f < 2 then                                    -- not check only: consume
+            r = { (f == 1 or f == 3) and 1 or 0, 0, rem, reset, retry }
+        elseif f < 2 then                                -- not check only: consume
             if exp then redis.call('SET', KEYS[1], val, opt, exp)
             else redis.call('SET', KEYS[1], val, opt) end
-            return { 1, 1, rem, reset, 0 }
+            r = { 1, 1, rem, reset, 0 }
+        else
+            r = { 1, 1, rem0, reset0, 0 }
         end
-        return { 1, 1, rem0, reset0, 0 }
+        if limits then r[6] = L end
+        return r
     end
     if i == 1 then out, w, z = { 1 }, {}, {} end
     if not ok then
@@ -339,5 +362,8 @@ for i = 1, n do
 end
 if marks then
     for i = 1, n + 2 do out[#out + 1] = marks[i] end
+end
+if limits then
+    for i = 1, n do out[#out + 1] = limits[i] end
 end
 return out

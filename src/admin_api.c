@@ -1,0 +1,735 @@
+/* sluice - admin_api.c: read, override and reset one limit's key (admin_api.h).
+ *
+ *   path -> route, limit, op ─┬─ GET: check-only decision (limit.lua with
+ *   ?key=V... -> the key      │       flag 2, or the memstore) + override
+ *   (route_key_parts)         ├─ PUT/DELETE override: SET/DEL KEY:ovr
+ *                             └─ POST reset: DEL KEY
+ *   writes: token first; then PUBLISH PREFIX"reset" (every proxy's deny
+ *   caches forget) and this process's epoch (resetbus.h)
+ *
+ * Everything is checked before anything is written, so a 400 changes
+ * nothing. Precedence for a key: run-time override, config override, the
+ * limit's own parameters. */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <strings.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <event2/buffer.h>
+
+#include "admin_api.h"
+#include "clock.h"
+#include "conf.h"
+#include "esc.h"
+#include "memstore.h"
+#include "resetbus.h"
+#include "route.h"
+#include "store.h"
+
+#define API_MAX_TTL_MS (3650LL * 86400 * 1000)
+#define API_MAX_COUNT  1000000000LL
+#define API_MAX_PART   1024
+
+static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct conf *api_conf;           /* retained */
+static struct memstore *api_mem;
+
+void admin_api_set(struct conf *conf, struct memstore *mem)
+{
+    if (conf)
+        conf_retain(conf);
+    pthread_mutex_lock(&api_lock);
+    struct conf *old = api_conf;
+    api_conf = conf;
+    api_mem = mem;
+    pthread_mutex_unlock(&api_lock);
+    if (old)
+        conf_release(old);
+}
+
+/* One request's parsed target. */
+struct api_req {
+    const struct conf *conf;
+    const struct conf_route *route;
+    const struct conf_limit *limit;
+    enum { OP_STATE, OP_OVERRIDE, OP_RESET } op;
+    char *parts[CONF_MAX_LIMITS];       /* decoded key values (mem_alloc'd) */
+    size_t partlen[CONF_MAX_LIMITS];
+    int nparts;
+    char key[ROUTE_MAX_KEY];
+    size_t keylen;
+    const struct conf_override *cfg;    /* the key's config override, or NULL */
+};
+
+/* ---- JSON out ---- */
+
+static void put_str(struct evbuffer *out, const char *s, size_t n)
+{
+    char buf[ESC_MAX(256)];
+    evbuffer_add(out, "\"", 1);
+    while (n > 0) {
+        size_t k = n > 256 ? 256 : n;
+        char *end = esc_put(buf, s, k, ESC_JSON);
+        evbuffer_add(out, buf, (size_t)(end - buf));
+        s += k;
+        n -= k;
+    }
+    evbuffer_add(out, "\"", 1);
+}
+
+__attribute__((format(printf, 3, 4)))
+static int api_error(struct evbuffer *out, int status, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    evbuffer_add_printf(out, "{\"error\": ");
+    put_str(out, msg, strlen(msg));
+    evbuffer_add_printf(out, "}\n");
+    return status;
+}
+
+/* ---- the target: /api/limits/ROUTE/LIMIT[/override|/reset]?key=... ---- */
+
+static int hexval(int c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* s[0..n) decoded as a query value (%XX, '+' a space) into a new string;
+ * NULL for a bad escape. */
+static char *decode(const char *s, size_t n, size_t *outlen)
+{
+    char *o = malloc(n + 1);
+    size_t w = 0;
+    if (o == NULL)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '%') {
+            int hi = i + 2 < n ? hexval((unsigned char)s[i + 1]) : -1;
+            int lo = i + 2 < n ? hexval((unsigned char)s[i + 2]) : -1;
+            if (hi < 0 || lo < 0) {
+                free(o);
+                return NULL;
+            }
+            o[w++] = (char)(hi << 4 | lo);
+            i += 2;
+        } else if (s[i] == '+') {
+            o[w++] = ' ';               /* as a query is read: %2B for a '+' */
+        } else {
+            o[w++] = s[i];
+        }
+    }
+    o[w] = '\0';
+    *outlen = w;
+    return o;
+}
+
+static const struct conf_route *find_route(const struct conf *c, const char *s, size_t n)
+{
+    for (int i = 0; i < c->nroutes; i++)
+        if (strlen(c->routes[i].name) == n && !memcmp(c->routes[i].name, s, n))
+            return &c->routes[i];
+    return NULL;
+}
+
+static const struct conf_limit *find_limit(const struct conf_route *r, const char *s, size_t n)
+{
+    for (int i = 0; i < r->nlimits; i++)
+        if (strlen(r->limits[i].name) == n && !memcmp(r->limits[i].name, s, n))
+            return &r->limits[i];
+    return NULL;
+}
+
+static void req_free(struct api_req *q)
+{
+    for (int i = 0; i < q->nparts; i++)
+        free(q->parts[i]);
+    q->nparts = 0;
+}
+
+/* Route, limit, operation and key of the request; 0, or a status with the
+ * error in out. */
+static int parse_target(struct api_req *q, const char *data, const struct http1_head *h,
+                        const char *path, size_t plen, struct evbuffer *out)
+{
+    const char *p = path + strlen(ADMIN_API_PREFIX), *end = path + plen;
+    const char *seg[4];
+    size_t seglen[4];
+    int nseg = 0;
+    while (p < end && nseg < 4) {
+        if (*p != '/')
+            return api_error(out, 404, "not found");
+        p++;
+        const char *slash = memchr(p, '/', (size_t)(end - p));
+        seg[nseg] = p;
+        seglen[nseg] = (size_t)((slash ? slash : end) - p);
+        nseg++;
+        p = slash ? slash : end;
+    }
+    if (p < end || nseg < 2)
+        return api_error(out, 404, "not found: use %s/ROUTE/LIMIT[/override|/reset]?key=...",
+                         ADMIN_API_PREFIX);
+    q->route = find_route(q->conf, seg[0], seglen[0]);
+    if (q->route == NULL)
+        return api_error(out, 400, "unknown route '%.*s'", (int)(seglen[0] > 64 ? 64 : seglen[0]),
+                         seg[0]);
+    q->limit = find_limit(q->route, seg[1], seglen[1]);
+    if (q->limit == NULL)
+        return api_error(out, 400, "unknown limit '%.*s' in route '%s'",
+                         (int)(seglen[1] > 64 ? 64 : seglen[1]), seg[1], q->route->name);
+    q->op = OP_STATE;
+    if (nseg == 3 && seglen[2] == 8 && !memcmp(seg[2], "override", 8))
+        q->op = OP_OVERRIDE;
+    else if (nseg == 3 && seglen[2] == 5 && !memcmp(seg[2], "reset", 5))
+        q->op = OP_RESET;
+    else if (nseg != 2)
+        return api_error(out, 404, "not found: use %s/ROUTE/LIMIT[/override|/reset]?key=...",
+                         ADMIN_API_PREFIX);
+
+    /* ?key=V&key=V2: the key's parts, in order */
+    const char *t = data + h->target.off, *tend = t + h->target.len;
+    const char *qs = memchr(t, '?', h->target.len);
+    for (const char *a = qs ? qs + 1 : tend; a < tend;) {
+        const char *amp = memchr(a, '&', (size_t)(tend - a));
+        const char *pe = amp ? amp : tend;
+        const char *eq = memchr(a, '=', (size_t)(pe - a));
+        if (eq && eq - a == 3 && !memcmp(a, "key", 3)) {
+            if (q->nparts >= CONF_MAX_LIMITS || q->nparts >= q->limit->nkeys + 1)
+                break;
+            size_t n;
+            char *v = decode(eq + 1, (size_t)(pe - eq - 1), &n);
+            if (v == NULL)
+                return api_error(out, 400, "bad %%-escape in key %d", q->nparts + 1);
+            if (n > API_MAX_PART) {
+                free(v);
+                return api_error(out, 400, "key %d is longer than %d bytes", q->nparts + 1,
+                                 API_MAX_PART);
+            }
+            q->parts[q->nparts] = v;
+            q->partlen[q->nparts++] = n;
+        } else if (pe > a) {
+            return api_error(out, 400, "unknown query parameter (use key=VALUE, once per key "
+                             "source)");
+        }
+        a = amp ? amp + 1 : tend;
+    }
+    if (q->nparts != q->limit->nkeys)
+        return api_error(out, 400, "limit '%s' of route '%s' has a key of %d part%s; got %d%s",
+                         q->limit->name, q->route->name, q->limit->nkeys,
+                         q->limit->nkeys == 1 ? "" : "s", q->nparts,
+                         q->nparts > q->limit->nkeys ? " or more" : "");
+    long kl = route_key_parts(q->conf, q->route, q->limit, (const char *const *)q->parts,
+                              q->partlen, q->nparts, q->key);
+    if (kl <= 0)
+        return api_error(out, 400, "key too long");
+    q->keylen = (size_t)kl;
+    q->cfg = route_override(q->limit, q->key, q->keylen);
+    return 0;
+}
+
+/* ---- auth ---- */
+
+/* Constant time in the token's bytes: every byte of the longer is read. */
+static int token_equal(const char *a, size_t alen, const char *b, size_t blen)
+{
+    size_t n = alen > blen ? alen : blen;
+    unsigned diff = (unsigned)(alen ^ blen);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char x = i < alen ? (unsigned char)a[i] : 0;
+        unsigned char y = i < blen ? (unsigned char)b[i] : 0;
+        diff |= (unsigned)(x ^ y);
+    }
+    return diff == 0;
+}
+
+static int check_token(const struct conf *c, const char *data, const struct http1_head *h,
+                       struct evbuffer *out, struct evbuffer *hdr)
+{
+    if (c->admin_token == NULL)
+        return api_error(out, 403, "writes are refused: no admin.token is configured");
+    int i = http1_find(data, h, "authorization", 0);
+    const char *v = i >= 0 ? data + h->h[i].value.off : NULL;
+    size_t n = i >= 0 ? h->h[i].value.len : 0;
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    while (n > 0 && (*v == ' ' || *v == '\t'))
+        v++, n--;
+    int ok = i >= 0 && http1_find(data, h, "authorization", i + 1) < 0 && n > 7 &&
+             strncasecmp(v, "Bearer ", 7) == 0;
+    if (ok) {
+        v += 7, n -= 7;
+        while (n > 0 && *v == ' ')
+            v++, n--;
+    }
+    /* compared even when the form is wrong, so the time says nothing */
+    int match = token_equal(v ? v : "", ok ? n : 0, c->admin_token, strlen(c->admin_token));
+    if (ok && match)
+        return 0;
+    evbuffer_add_printf(hdr, "WWW-Authenticate: Bearer realm=\"sluice\"\r\n");
+    return api_error(out, 401, i < 0 ? "missing Authorization: Bearer TOKEN"
+                                     : "wrong token");
+}
+
+/* ---- the PUT body: {"limit": N} | {"rate": "100/s", "burst": N}, "ttl" ---- */
+
+struct api_body {
+    int has_limit, has_burst;
+    int64_t limit, burst;
+    char rate[64], ttl[64];
+    int has_rate, has_ttl;
+};
+
+static const char *skip_ws(const char *p, const char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+        p++;
+    return p;
+}
+
+/* A JSON string without escapes beyond \" and \\ (names and small values
+ * need no more) into out[cap]; returns past it, or NULL. */
+static const char *json_str(const char *p, const char *e, char *out, size_t cap)
+{
+    size_t w = 0;
+    if (p >= e || *p != '"')
+        return NULL;
+    for (p++; p < e && *p != '"'; p++) {
+        char ch = *p;
+        if ((unsigned char)ch < 0x20)
+            return NULL;
+        if (ch == '\\') {
+            if (++p >= e || (*p != '"' && *p != '\\' && *p != '/'))
+                return NULL;
+            ch = *p;
+        }
+        if (w + 1 >= cap)
+            return NULL;
+        out[w++] = ch;
+    }
+    if (p >= e)
+        return NULL;
+    out[w] = '\0';
+    return p + 1;
+}
+
+static const char *json_int(const char *p, const char *e, int64_t *v)
+{
+    int64_t n = 0;
+    const char *s = p;
+    while (p < e && isdigit((unsigned char)*p)) {
+        if (n > API_MAX_COUNT)
+            return NULL;
+        n = n * 10 + (*p++ - '0');
+    }
+    if (p == s || (p < e && (*p == '.' || *p == 'e' || *p == 'E')))
+        return NULL;
+    *v = n;
+    return p;
+}
+
+/* 0, or 400 with the error. */
+static int parse_body(const char *b, size_t len, struct api_body *o, struct evbuffer *out)
+{
+    const char *p = b, *e = b + len;
+    memset(o, 0, sizeof(*o));
+    p = skip_ws(p, e);
+    if (p >= e || *p != '{')
+        return api_error(out, 400, "body: expected a JSON object such as {\"limit\": 100}");
+    p = skip_ws(p + 1, e);
+    if (p < e && *p == '}')
+        return api_error(out, 400, "body: give limit, or rate and/or burst");
+    for (;;) {
+        char name[32];
+        p = json_str(skip_ws(p, e), e, name, sizeof(name));
+        if (p == NULL)
+            return api_error(out, 400, "body: expected a field name");
+        p = skip_ws(p, e);
+        if (p >= e || *p != ':')
+            return api_error(out, 400, "body: expected ':' after \"%s\"", name);
+        p = skip_ws(p + 1, e);
+        if (!strcmp(name, "limit") || !strcmp(name, "burst")) {
+            int64_t v;
+            p = json_int(p, e, &v);
+            if (p == NULL || v < 1 || v > API_MAX_COUNT)
+                return api_error(out, 400, "body: %s must be an integer 1..%lld", name,
+                                 (long long)API_MAX_COUNT);
+            if (name[0] == 'l')
+                o->has_limit = 1, o->limit = v;
+            else
+                o->has_burst = 1, o->burst = v;
+        } else if (!strcmp(name, "rate") || !strcmp(name, "ttl")) {
+            char *dst = name[0] == 'r' ? o->rate : o->ttl;
+            p = json_str(p, e, dst, sizeof(o->rate));
+            if (p == NULL)
+                return api_error(out, 400, "body: %s must be a short string (\"%s\")", name,
+                                 name[0] == 'r' ? "100/s" : "30d");
+            if (name[0] == 'r')
+                o->has_rate = 1;
+            else
+                o->has_ttl = 1;
+        } else {
+            return api_error(out, 400, "body: unknown field \"%s\" (use limit, rate, burst, "
+                             "ttl)", name);
+        }
+        p = skip_ws(p, e);
+        if (p < e && *p == ',') {
+            p++;
+            continue;
+        }
+        if (p < e && *p == '}' && skip_ws(p + 1, e) == e)
+            return 0;
+        return api_error(out, 400, "body: expected ',' or a final '}'");
+    }
+}
+
+/* The override's parameters from the body, on top of the key's current
+ * config (its config override, or the limit's own). 0, or 400. */
+static int body_params(const struct api_req *q, const struct api_body *b,
+                       struct limiter_params *p, int64_t *ttl_ms, struct evbuffer *out)
+{
+    *p = q->cfg ? q->cfg->params : q->limit->params;
+    int bucket = p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA;
+    const char *an = limiter_algo_name(p->algo);
+    *ttl_ms = 0;
+    if (b->has_ttl && (conf_parse_duration_ms(b->ttl, ttl_ms) < 0 || *ttl_ms < 1 ||
+                       *ttl_ms > API_MAX_TTL_MS))
+        return api_error(out, 400, "bad ttl \"%s\" (use e.g. 30s, 10m, 12h, 30d)", b->ttl);
+    if (!bucket) {
+        if (b->has_rate || b->has_burst)
+            return api_error(out, 400, "%s takes limit, not %s", an,
+                             b->has_rate ? "rate" : "burst");
+        if (!b->has_limit)
+            return api_error(out, 400, "%s needs limit", an);
+        p->limit = b->limit;
+        return 0;
+    }
+    if (b->has_limit)
+        return api_error(out, 400, "%s takes rate and/or burst, not limit", an);
+    if (!b->has_rate && !b->has_burst)
+        return api_error(out, 400, "%s needs rate and/or burst", an);
+    if (b->has_burst)
+        p->limit = b->burst;
+    if (b->has_rate) {
+        int64_t n, period_ms;
+        if (conf_parse_rate(b->rate, &n, &period_ms) < 0 || period_ms > API_MAX_TTL_MS)
+            return api_error(out, 400, "bad rate \"%s\" (use e.g. 10/s, 100/m, 5/h, 1000/d, "
+                             "100/10s)", b->rate);
+        p->interval_us = period_ms * 1000 / n;
+        if (p->interval_us < 1)
+            p->interval_us = 1;
+    }
+    int64_t win_us;
+    if (__builtin_mul_overflow(p->limit, p->interval_us, &win_us) ||
+        win_us / 1000 > API_MAX_TTL_MS)
+        return api_error(out, 400, "rate and burst give a refill time beyond 3650d");
+    p->window_ms = win_us / 1000 > 0 ? win_us / 1000 : 1;
+    return 0;
+}
+
+/* ---- Redis ---- */
+
+static void ovr_key(const struct api_req *q, char *out, size_t *len)
+{
+    memcpy(out, q->key, q->keylen);
+    memcpy(out + q->keylen, STORE_OVERRIDE_SUFFIX, sizeof(STORE_OVERRIDE_SUFFIX));
+    *len = q->keylen + sizeof(STORE_OVERRIDE_SUFFIX) - 1;
+}
+
+/* PUBLISH PREFIX"reset" KEY appended to a write's commands. */
+static void publish_cmd(const struct api_req *q, char *chan, const char **argv, size_t *lens,
+                        struct store_sync_cmd *cmd)
+{
+    snprintf(chan, 512, "%s" RESETBUS_CHANNEL, q->conf->redis.prefix);
+    argv[0] = "PUBLISH", lens[0] = 7;
+    argv[1] = chan, lens[1] = strlen(chan);
+    argv[2] = q->key, lens[2] = q->keylen;
+    *cmd = (struct store_sync_cmd){ 3, argv, lens };
+}
+
+static int redis_failed(const struct store_sync_reply *r, int n, const char *err,
+                        struct evbuffer *out)
+{
+    if (err != NULL)
+        return api_error(out, 503, "%s", err);
+    for (int i = 0; i < n; i++)
+        if (r[i].type == STORE_SYNC_ERROR)
+            return api_error(out, 503, "redis: %.*s", (int)r[i].len, r[i].str);
+    return 0;
+}
+
+static void put_params(struct evbuffer *out, const struct limiter_params *p)
+{
+    if (p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA)
+        evbuffer_add_printf(out, "{\"burst\": %lld, \"interval_us\": %lld}",
+                            (long long)p->limit, (long long)p->interval_us);
+    else
+        evbuffer_add_printf(out, "{\"limit\": %lld, \"window_ms\": %lld}",
+                            (long long)p->limit, (long long)p->window_ms);
+}
+
+/* "ALGO LIMIT INTERVAL_US" (STORE_OVERRIDE_SUFFIX's value) -> params. */
+static int parse_ovr(const char *s, size_t n, const struct limiter_params *base,
+                     struct limiter_params *p)
+{
+    char buf[128];
+    long long a, l, iv;
+    if (n >= sizeof(buf))
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    if (sscanf(buf, "%lld %lld %lld", &a, &l, &iv) != 3 || a != (long long)base->algo)
+        return -1;
+    *p = *base;
+    p->limit = l;
+    if (base->algo == LIMITER_TOKEN_BUCKET || base->algo == LIMITER_GCRA)
+        p->interval_us = iv;
+    return 0;
+}
+
+/* ---- the operations ---- */
+
+static void put_head(struct evbuffer *out, const struct api_req *q)
+{
+    evbuffer_add_printf(out, "{\"route\": ");
+    put_str(out, q->route->name, strlen(q->route->name));
+    evbuffer_add_printf(out, ", \"limit\": ");
+    put_str(out, q->limit->name, strlen(q->limit->name));
+    evbuffer_add_printf(out, ", \"key\": [");
+    for (int i = 0; i < q->nparts; i++) {
+        if (i)
+            evbuffer_add(out, ", ", 2);
+        put_str(out, q->parts[i], q->partlen[i]);
+    }
+    evbuffer_add_printf(out, "], \"algorithm\": \"%s\"", limiter_algo_name(q->limit->params.algo));
+}
+
+static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *out)
+{
+    const struct limiter_params *cp = q->cfg ? &q->cfg->params : &q->limit->params;
+    struct limiter_params eff = *cp;
+    struct limiter_result r = { 0 };
+    int runtime = 0;
+    int64_t ttl_ms = -1;
+    if (q->conf->backend == CONF_BACKEND_MEMORY) {
+        int64_t now = clock_wall_us(), exp_us = 0;
+        struct store_limit sl = { q->key, q->keylen, cp, 1, STORE_CHECK_ONLY };
+        struct store_result res;
+        if (memstore_override_get(mem, q->key, q->keylen, now, &eff, &exp_us) &&
+            eff.algo == cp->algo) {
+            runtime = 1;
+            ttl_ms = exp_us ? (exp_us - now) / 1000 : -1;
+        } else {
+            eff = *cp;
+        }
+        if (memstore_decide(mem, &sl, 1, now, &res) != 0)
+            return api_error(out, 500, "the memory limiter refused the check");
+        r = res.r[0];
+    } else {
+        char ok[ROUTE_MAX_KEY + 8], num[6][24];
+        size_t oklen;
+        ovr_key(q, ok, &oklen);
+        /* EVAL script 2 KEY KEY:ovr d 1 algo L W I cost=1 flags=check-only */
+        int64_t v[6] = { cp->algo, cp->limit, cp->window_ms, cp->interval_us, 1,
+                         STORE_CHECK_ONLY };
+        /* without admin.token decisions do not read overrides: nor does this */
+        int ro = q->conf->redis.overrides, nk = ro ? 2 : 1;
+        const char *argv[13] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key, ok };
+        size_t lens[13] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
+        argv[3 + nk] = "d", lens[3 + nk] = 1;
+        argv[4 + nk] = "1", lens[4 + nk] = 1;
+        for (int i = 0; i < 6; i++) {
+            snprintf(num[i], sizeof(num[i]), "%lld", (long long)v[i]);
+            argv[5 + nk + i] = num[i];
+            lens[5 + nk + i] = strlen(num[i]);
+        }
+        const char *get[2] = { "GET", ok }, *pttl[2] = { "PTTL", ok };
+        size_t getl[2] = { 3, oklen }, pttll[2] = { 4, oklen };
+        struct store_sync_cmd cmds[3] = { { 11 + nk, argv, lens }, { 2, get, getl },
+                                          { 2, pttl, pttll } };
+        struct store_sync_reply rep[3];
+        char err[256];
+        int rc = store_sync(&q->conf->redis, 3, cmds, rep, err, sizeof(err));
+        if ((rc = redis_failed(rep, rc == 0 ? 3 : 0, rc == 0 ? NULL : err, out)) != 0)
+            return rc;
+        if (rep[0].type != STORE_SYNC_ARRAY || rep[0].nints != 4 + nk)
+            return api_error(out, 503, "redis: unexpected reply from limit.lua");
+        r.allowed = rep[0].ints[1] != 0;
+        r.remaining = rep[0].ints[2];
+        r.reset_ms = rep[0].ints[3];
+        r.retry_ms = rep[0].ints[4];
+        if (ro && rep[1].type == STORE_SYNC_STR &&
+            parse_ovr(rep[1].str, rep[1].len, cp, &eff) == 0) {
+            runtime = 1;
+            ttl_ms = rep[2].type == STORE_SYNC_INT && rep[2].integer >= 0 ? rep[2].integer : -1;
+        }
+        if (ro)
+            eff.limit = rep[0].ints[5];
+    }
+    put_head(out, q);
+    evbuffer_add_printf(out, ", \"source\": \"%s\", \"params\": ",
+                        runtime ? "runtime" : q->cfg ? "config" : "limit");
+    put_params(out, &eff);
+    evbuffer_add_printf(out, ", \"config_params\": ");
+    put_params(out, cp);
+    if (runtime) {
+        if (ttl_ms >= 0)
+            evbuffer_add_printf(out, ", \"override_ttl_ms\": %lld", (long long)ttl_ms);
+        else
+            evbuffer_add_printf(out, ", \"override_ttl_ms\": null");
+    }
+    evbuffer_add_printf(out, ", \"allowed\": %s, \"remaining\": %lld, \"reset_ms\": %lld, "
+                        "\"retry_ms\": %s",
+                        r.allowed ? "true" : "false", (long long)r.remaining,
+                        (long long)r.reset_ms, "");
+    if (r.allowed)
+        evbuffer_add_printf(out, "null}\n");
+    else
+        evbuffer_add_printf(out, "%lld}\n", (long long)r.retry_ms);
+    return 200;
+}
+
+static int op_put(struct api_req *q, struct memstore *mem, const char *body, size_t len,
+                  struct evbuffer *out)
+{
+    struct api_body b;
+    struct limiter_params p;
+    int64_t ttl_ms;
+    int rc = parse_body(body, len, &b, out);
+    if (rc == 0)
+        rc = body_params(q, &b, &p, &ttl_ms, out);
+    if (rc != 0)
+        return rc;
+    if (q->conf->backend == CONF_BACKEND_MEMORY) {
+        int64_t exp = ttl_ms ? clock_wall_us() + ttl_ms * 1000 : 0;
+        if (memstore_override_set(mem, q->key, q->keylen, &p, exp) != 0)
+            return api_error(out, 400, "at most %d run-time overrides", MEMSTORE_MAX_OVERRIDES);
+    } else {
+        char ok[ROUTE_MAX_KEY + 8], val[96], ttl[24], chan[512];
+        size_t oklen;
+        ovr_key(q, ok, &oklen);
+        snprintf(val, sizeof(val), "%d %lld %lld", (int)p.algo, (long long)p.limit,
+                 (long long)(p.algo >= LIMITER_TOKEN_BUCKET ? p.interval_us : 0));
+        snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+        const char *set[5] = { "SET", ok, val, "PX", ttl };
+        size_t setl[5] = { 3, oklen, strlen(val), 2, strlen(ttl) };
+        const char *pub[3];
+        size_t publ[3];
+        struct store_sync_cmd cmds[2] = { { ttl_ms ? 5 : 3, set, setl } };
+        publish_cmd(q, chan, pub, publ, &cmds[1]);
+        struct store_sync_reply rep[2];
+        char err[256];
+        rc = store_sync(&q->conf->redis, 2, cmds, rep, err, sizeof(err));
+        if ((rc = redis_failed(rep, rc == 0 ? 2 : 0, rc == 0 ? NULL : err, out)) != 0)
+            return rc;
+    }
+    resetbus_bump();
+    put_head(out, q);
+    evbuffer_add_printf(out, ", \"source\": \"runtime\", \"params\": ");
+    put_params(out, &p);
+    if (ttl_ms)
+        evbuffer_add_printf(out, ", \"ttl_ms\": %lld}\n", (long long)ttl_ms);
+    else
+        evbuffer_add_printf(out, ", \"ttl_ms\": null}\n");
+    return 200;
+}
+
+/* DELETE .../override (del) or POST .../reset: one key deleted. */
+static int op_delete(struct api_req *q, struct memstore *mem, int reset, struct evbuffer *out)
+{
+    int existed;
+    if (q->conf->backend == CONF_BACKEND_MEMORY) {
+        existed = reset ? memstore_reset(mem, q->key, q->keylen)
+                        : memstore_override_del(mem, q->key, q->keylen);
+    } else {
+        char ok[ROUTE_MAX_KEY + 8], chan[512];
+        size_t oklen;
+        ovr_key(q, ok, &oklen);
+        const char *del[2] = { "DEL", reset ? q->key : ok };
+        size_t dell[2] = { 3, reset ? q->keylen : oklen };
+        const char *pub[3];
+        size_t publ[3];
+        struct store_sync_cmd cmds[2] = { { 2, del, dell } };
+        publish_cmd(q, chan, pub, publ, &cmds[1]);
+        struct store_sync_reply rep[2];
+        char err[256];
+        int rc = store_sync(&q->conf->redis, 2, cmds, rep, err, sizeof(err));
+        if ((rc = redis_failed(rep, rc == 0 ? 2 : 0, rc == 0 ? NULL : err, out)) != 0)
+            return rc;
+        existed = rep[0].type == STORE_SYNC_INT && rep[0].integer > 0;
+        if (reset)      /* on_error: local kept counts too */
+            memstore_reset(mem, q->key, q->keylen);
+    }
+    resetbus_bump();
+    put_head(out, q);
+    evbuffer_add_printf(out, ", \"%s\": true, \"existed\": %s}\n",
+                        reset ? "reset" : "deleted", existed ? "true" : "false");
+    return 200;
+}
+
+int admin_api_serve(const char *data, const struct http1_head *h, const char *path,
+                    size_t plen, const char *body, size_t len, struct evbuffer *out,
+                    struct evbuffer *hdr)
+{
+    struct api_req q;
+    memset(&q, 0, sizeof(q));
+    pthread_mutex_lock(&api_lock);
+    struct conf *c = api_conf;
+    struct memstore *mem = api_mem;
+    if (c)
+        conf_retain(c);
+    pthread_mutex_unlock(&api_lock);
+    if (c == NULL)
+        return api_error(out, 503, "no config loaded");
+    q.conf = c;
+    const char *m = data + h->method.off;
+    size_t ml = h->method.len;
+#define METHOD_IS(s) (ml == sizeof(s) - 1 && memcmp(m, s, ml) == 0)
+    int rc = parse_target(&q, data, h, path, plen, out);
+    if (rc != 0)
+        goto done;
+    if (q.op == OP_STATE) {
+        if (METHOD_IS("GET") || METHOD_IS("HEAD"))
+            rc = op_state(&q, mem, out);
+        else
+            rc = api_error(out, 405, "use GET"), evbuffer_add_printf(hdr, "Allow: GET\r\n");
+        goto done;
+    }
+    int put = METHOD_IS("PUT"), del = METHOD_IS("DELETE"), post = METHOD_IS("POST");
+    if (q.op == OP_OVERRIDE ? !put && !del : !post) {
+        evbuffer_add_printf(hdr, "Allow: %s\r\n", q.op == OP_OVERRIDE ? "PUT, DELETE" : "POST");
+        rc = api_error(out, 405, "use %s", q.op == OP_OVERRIDE ? "PUT or DELETE" : "POST");
+        goto done;
+    }
+    rc = check_token(c, data, h, out, hdr);
+    if (rc != 0)
+        goto done;
+    if (put)
+        rc = op_put(&q, mem, body, len, out);
+    else
+        rc = op_delete(&q, mem, post, out);
+done:
+#undef METHOD_IS
+    req_free(&q);
+    conf_release(c);
+    return rc;
+}
+
+const char *admin_api_reason(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 503: return "Service Unavailable";
+    default: return "Internal Server Error";
+    }
+}
