@@ -59,16 +59,23 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl));
 }
 
-static void listens_close(struct worker *w)
+/* Close the listening sockets; with all, free the rest too (the contexts
+ * wait until the worker's clients are gone: one may be in a handshake). */
+static void listens_close(struct worker *w, int all)
 {
     for (int i = 0; i < w->nlistens; i++) {
         listener_destroy(w->listens[i].l);
-        tls_server_release(w->listens[i].tls);
-        free(w->listens[i].addr);
+        w->listens[i].l = NULL;
+        if (all) {
+            tls_server_release(w->listens[i].tls);
+            free(w->listens[i].addr);
+        }
     }
-    free(w->listens);
-    w->listens = NULL;
-    w->nlistens = 0;
+    if (all) {
+        free(w->listens);
+        w->listens = NULL;
+        w->nlistens = 0;
+    }
 }
 
 static int listen_socket(const struct conf_addr *a)
@@ -127,7 +134,7 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
     w->env.stopping = 1;
-    listens_close(w);       /* closed, not paused: new clients are refused */
+    listens_close(w, 0);    /* closed, not paused: new clients are refused */
     client_drain(&w->env);
     if (w->env.nclients == 0) {
         event_base_loopexit(w->env.base, NULL);
@@ -280,7 +287,7 @@ void worker_destroy(struct worker *w)
         conf_release(w->pending);
 
     denycache_destroy(w->env.deny);
-    listens_close(w);
+    listens_close(w, 1);
     if (w->notify_ev)
         event_free(w->notify_ev);
     if (w->notify[0] > 0) {

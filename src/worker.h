@@ -26,7 +26,7 @@ struct worker {
                                      * local backend, access log, rng: lent to
                                      * its connections */
     pthread_t thread;
-    struct worker_listen *listens;  /* one per conf->listens[i]; NULL once stopping */
+    struct worker_listen *listens;  /* one per conf->listens[i]; sockets closed once stopping */
     int nlistens;
     int notify[2];                  /* pipe: other threads -> this one */
     struct event *notify_ev;

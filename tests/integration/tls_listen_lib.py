@@ -59,8 +59,11 @@ class CA:
              cwd=self.d)
         san = ",".join(["DNS:" + n for n in dns] + ["IP:" + i for i in ips])
         with open(os.path.join(self.d, name + ".ext"), "w") as f:
+            # A CRL distribution point, as a real CA's certificates have
+            # (nothing fetches it: a scanner only looks for one).
             f.write("subjectAltName=%s\nbasicConstraints=critical,CA:FALSE\n"
                     "keyUsage=critical,digitalSignature%s\nextendedKeyUsage=serverAuth\n"
+                    "crlDistributionPoints=URI:http://127.0.0.1/sluice-test.crl\n"
                     % (san, ",keyEncipherment" if kind == "rsa" else ""))
         _run("x509", "-req", "-in", name + ".csr", "-CA", "inter.pem", "-CAkey", "inter.key",
              "-CAcreateserial", "-out", name + ".crt", "-days", str(days), "-sha256",
@@ -88,7 +91,8 @@ def tls_listen_conf(routes, certs, tls_port, min_version=None, **kw):
     return listen + text[len(head):]
 
 
-def start_tls(sluice, routes, certs, admin=True, min_version=None, top="", client="", **kw):
+def start_tls(sluice, routes, certs, admin=True, min_version=None, top="", client="",
+              upstream_port=None, **kw):
     """A sluice with a plain and a TLS listener; .tls_port and .admin_port set.
     client: more lines for the client: section (each indented by 2)."""
     from conftest import wait_port
@@ -98,7 +102,7 @@ def start_tls(sluice, routes, certs, admin=True, min_version=None, top="", clien
                            admin_port=admin_port, top=top, **kw)
     assert "\nclient:\n" in text
     text = text.replace("\nclient:\n", "\nclient:\n" + client, 1)
-    s = sluice(text)
+    s = sluice(text, upstream_port=upstream_port)
     s.tls_port = tls_port
     s.admin_port = admin_port
     assert wait_port(tls_port, s.proc), s.stderr
