@@ -73,13 +73,13 @@ def app():
     t.join(5)
 
 
-def testssl_bin():
+def find_testssl():
     return shutil.which("testssl") or shutil.which("testssl.sh")
 
 
 @pytest.mark.slow
 def test_testssl_finds_nothing_at_medium_or_above(sluice, redis, app, tmp_path):
-    tool = testssl_bin()
+    tool = find_testssl()
     assert tool, "testssl.sh is not installed (the Makefile's DEBS has it)"
     ca = CA(tmp_path / "pki")
     cert = ca.leaf("scan", "ec", ["localhost"], days=90)
