@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "conn.h"
 #include "http1.h"
+#include "tls_server.h"
 #include "upstream.h"
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -119,7 +120,10 @@ void conn_flush(struct client *c)
 {
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
-        out_flush(c->bev);
+        if (c->tls)
+            tls_server_flush(c->bev);
+        else
+            out_flush(c->bev);
         if (c->up && c->up->connected)
             out_flush(c->up->bev);
         if (c->client_paused && c->up &&

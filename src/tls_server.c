@@ -13,8 +13,11 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
+#include <event2/bufferevent_struct.h>
+#include <event2/event.h>
 #include <openssl/core_names.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -34,6 +37,7 @@
 #define TLS_GROUPS     "X25519:P-256:P-384"
 #define TLS_SESSION_TIMEOUT_S 3600      /* a ticket's lifetime: one rotation */
 #define TLS_MAX_NAMES  256              /* names kept per certificate */
+#define TLS_SERVER_RECORD 16384         /* plaintext bytes per SSL_write: one record */
 
 struct tls_cert {
     SSL_CTX *ctx;
@@ -375,6 +379,40 @@ struct bufferevent *tls_server_bufferevent(struct tls_server *ts, struct event_b
      * plain connection (framing says whether a message was complete). */
     bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
     return bev;
+}
+
+/* libevent's TLS bufferevent writes in the next loop iteration: queued
+ * output arms its write event, and the write after epoll reports the socket
+ * writable disarms it, two epoll_ctl calls and a wakeup per response. Here
+ * the output goes out now, one record per chain piece; whatever OpenSSL
+ * cannot take at once (WANT_WRITE, an error) is left to the bufferevent,
+ * whose retry starts with the same bytes, at least as many (what OpenSSL
+ * asks of a retry; the bufferevent set SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER).
+ * Once all is written the armed event goes, as the bufferevent's own
+ * writer does it. */
+void tls_server_flush(struct bufferevent *bev)
+{
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    struct evbuffer *out = bufferevent_get_output(bev);
+    if (ssl == NULL || !SSL_is_init_finished(ssl) || evbuffer_get_length(out) == 0)
+        return;
+    evbuffer_unfreeze(out, 1);
+    for (int round = 0; round < 64 && evbuffer_get_length(out) > 0; round++) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(out, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
+            break;
+        int n = v.iov_len > TLS_SERVER_RECORD ? TLS_SERVER_RECORD : (int)v.iov_len;
+        ERR_clear_error();
+        int r = SSL_write(ssl, v.iov_base, n);
+        if (r <= 0) {
+            ERR_clear_error();      /* the bufferevent meets it again and reports it */
+            break;
+        }
+        evbuffer_drain(out, (size_t)r);
+    }
+    evbuffer_freeze(out, 1);
+    if (evbuffer_get_length(out) == 0)
+        event_del(&bev->ev_write);
 }
 
 const char *tls_server_version(struct bufferevent *bev)

@@ -34,6 +34,9 @@ void tls_server_release(struct tls_server *ts);
  * NULL on failure (fd is closed). */
 struct bufferevent *tls_server_bufferevent(struct tls_server *ts, struct event_base *base,
                                            int fd);
+/* Write bev's queued output now (conn_flush, once per outermost callback);
+ * what cannot go at once is left to the bufferevent. */
+void tls_server_flush(struct bufferevent *bev);
 /* "TLSv1.3", "TLSv1.2" (a static string) for an established connection. */
 const char *tls_server_version(struct bufferevent *bev);
 /* Why the handshake on bev ended with event flags `what`. */
