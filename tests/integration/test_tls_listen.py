@@ -221,6 +221,29 @@ def test_plaintext_and_silent_clients_close_that_connection_only(sluice, redis, 
     assert mval(ms, "sluice_tls_handshake_failures_total", reason="timeout") >= 2, ms
 
 
+def test_body_delimited_by_the_close_ends_with_close_notify(sluice, redis, pki):
+    """An HTTP/1.0 client reading to the end: sluice's close must be a TLS
+    close (close_notify), or a strict client sees a truncation."""
+    s = start(sluice, pki)
+    ctx = ssl.create_default_context(cafile=pki.root)
+    with socket.create_connection(("127.0.0.1", s.tls_port), timeout=5) as raw:
+        with ctx.wrap_socket(raw, server_hostname="api.test",
+                             suppress_ragged_eofs=False) as t:
+            t.sendall(b"GET /no-length HTTP/1.0\r\nHost: api.test\r\n\r\n")
+            data = b""
+            for _ in range(1000):
+                d = t.recv(65536)       # SSLEOFError without close_notify
+                if not d:
+                    break
+                data += d
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"200", head
+    assert len(body) == 3000, len(body)         # tests/upstream.py's /no-length
+    p = curl(["--http1.0", "--cacert", pki.root, "--resolve",
+              "api.test:%d:127.0.0.1" % s.tls_port, "https://api.test:%d/no-length" % s.tls_port])
+    assert p.returncode == 0, p.stderr
+
+
 def test_session_ticket_resumption(sluice, redis, pki):
     s = start(sluice, pki)
     for version in (ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3):
