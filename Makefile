@@ -4,6 +4,8 @@
 
 CC       ?= cc
 PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
+# TLS for clients (src/tls_server.c): OpenSSL 3 under libevent's bufferevents
+PKGS     += libevent_openssl openssl
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
             -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -36,6 +38,9 @@ DEBS     += prometheus
 DEBS     += python3-yaml
 # headless Chromium: test_dashboard loads the admin console's page in it
 DEBS     += chromium
+# TLS listeners: OpenSSL 3 (openssl CLI for the tests' certificates), and
+# testssl.sh for the scanner test (test_tls_scan.py, slow)
+DEBS     += libssl-dev openssl testssl.sh
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.

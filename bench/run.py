@@ -18,6 +18,7 @@ import selectors
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -39,11 +40,23 @@ ROWS = [
     ("nginx", "5 nginx proxy_pass", "nginx", "nginx-proxy.conf"),
     ("nginxflood", "6 nginx limit_req, flood (429)", "nginx", "nginx-limitreq.conf"),
     ("haproxy", "7 HAProxy stick-table", "haproxy", "haproxy.cfg"),
+    # Issue 12: each proxy terminating TLS (the same ECDSA P-256 certificate)
+    # in front of the same upstream; keep-alive, then a new TLS connection
+    # (a full handshake: wrk resumes no session) per request.
+    ("sluicetls", "8 sluice TLS, keep-alive", "sluice", "sluice-tls.yaml"),
+    ("nginxtls", "9 nginx TLS, keep-alive", "nginx", "nginx-tls.conf"),
+    ("sluicetlsnew", "10 sluice TLS, new conn/req", "sluice", "sluice-tls.yaml"),
+    ("nginxtlsnew", "11 nginx TLS, new conn/req", "nginx", "nginx-tls.conf"),
 ]
+# Rows wrk drives over https, and those with a new connection per request.
+TLS_ROWS = ("sluicetls", "nginxtls", "sluicetlsnew", "nginxtlsnew")
+NEWCONN_ROWS = ("sluicetlsnew", "nginxtlsnew")
 FLOOD_ROWS = ("sluiceflood", "nginxflood")
 PLOT_LABELS = {"direct": "1 direct", "sluice1": "2 sluice\\n1 limit", "sluice3": "3 sluice\\n3 limits",
                "sluiceflood": "4 sluice\\nflood (429)", "nginx": "5 nginx\\nproxy_pass",
-               "nginxflood": "6 nginx limit_req\\nflood (429)", "haproxy": "7 HAProxy\\nstick-table"}
+               "nginxflood": "6 nginx limit_req\\nflood (429)", "haproxy": "7 HAProxy\\nstick-table",
+               "sluicetls": "8 sluice\\nTLS k-a", "nginxtls": "9 nginx\\nTLS k-a",
+               "sluicetlsnew": "10 sluice\\nTLS new", "nginxtlsnew": "11 nginx\\nTLS new"}
 
 TARGETS_DOC = {
     "allowed_vs_nginx": "row 2 proxy CPU/request <= 0.8 x row 5",
@@ -56,6 +69,8 @@ TARGETS_DOC = {
     "flood_no_redis": "row 4: 0 Redis calls after the first denial",
     "latency_half_rate": "p99 at half of row 2's peak rate <= direct + 0.5 ms",
     "idle_rss": "10,000 idle client connections in <= 64 MiB RSS",
+    "tls_keepalive_vs_nginx": "row 8 proxy CPU/request <= 1.0 x row 9 (TLS, keep-alive)",
+    "tls_newconn_vs_nginx": "row 10 proxy CPU/request <= 1.1 x row 11 (TLS, new conn/req)",
 }
 
 
@@ -308,12 +323,14 @@ def parse_wrk(out):
     return r
 
 
-def run_wrk(procs, port, duration_s, conns, script=None, env=None):
+def run_wrk(procs, port, duration_s, conns, script=None, env=None, key=None):
     argv = ["wrk", "-t1", "-c%d" % conns, "-d%ds" % duration_s, "--latency",
             "--timeout", "5s"]
     if script:
         argv += ["-s", script]
-    argv.append("http://127.0.0.1:%d/" % port)
+    if key in NEWCONN_ROWS:
+        argv += ["-H", "Connection: close"]     # wrk reconnects after each response
+    argv.append("%s://127.0.0.1:%d/" % ("https" if key in TLS_ROWS else "http", port))
     p = procs.start("wrk", argv, env=env)
     try:
         p.wait(timeout=duration_s + 30)
@@ -328,8 +345,16 @@ def run_wrk(procs, port, duration_s, conns, script=None, env=None):
 
 # --------------------------------------------------------------------- rows
 
-def http_get(port, path="/", headers=None, conn=None):
-    c = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+def http_get(port, path="/", headers=None, conn=None, tls=False):
+    if conn is not None:
+        c = conn
+    elif tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE     # the bench's own self-signed certificate
+        c = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=ctx)
+    else:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     c.request("GET", path, headers=headers or {})
     resp = c.getresponse()
     resp.read()
@@ -353,6 +378,7 @@ def start_everything(procs, tmp, sluice_bin):
     wait_port(procs, p, ports["redis"], "redis-server")
     redis_pid = p.pid
 
+    tls_certificate(tmp)
     rows = {"direct": (ports["upstream"], None)}
     for key, label, kind, template in ROWS:
         if kind == "none":
@@ -376,22 +402,32 @@ def start_everything(procs, tmp, sluice_bin):
     return ports, redis_pid, rows
 
 
+def tls_certificate(tmp):
+    """tmp/tls.pem and tmp/tls.key: a self-signed ECDSA P-256 certificate,
+    the one every TLS row serves."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", os.path.join(tmp, "tls.key"),
+                    "-out", os.path.join(tmp, "tls.pem"), "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=30)
+
+
 def sanity(rows):
     """One request per row before measuring: a proxy that cannot proxy is
     reported, not benchmarked into a fast table of errors."""
     problems = []
     for key, label, _, _ in ROWS:
-        status = http_get(rows[key][0])
+        status = http_get(rows[key][0], tls=key in TLS_ROWS)
         ok = (200, 429) if key in FLOOD_ROWS else (200,)
         if status not in ok:
             problems.append("%s: first request got %d" % (label, status))
     return problems
 
 
-def measure(procs, redis, port, pid, duration_s, conns, script=None, env=None):
+def measure(procs, redis, port, pid, duration_s, conns, script=None, env=None, key=None):
     cpu0 = tree_cpu_s(pid) if pid else 0.0
     rcpu0, calls0 = redis.sample()
-    r = run_wrk(procs, port, duration_s, conns, script, env)
+    r = run_wrk(procs, port, duration_s, conns, script, env, key=key)
     rcpu1, calls1 = redis.sample()
     cpu1 = tree_cpu_s(pid) if pid else 0.0
     n = max(r["requests"], 1)
@@ -584,6 +620,8 @@ def judge(rows, half, mem, conns):
     r["redis_cpu_allowed"] = (med["sluice1"]["redis_cpu_per_10k"], 0.08)
     r["flood_vs_nginx"] = (ratio(cpu["sluiceflood"], cpu["nginxflood"]), 1.0)
     r["flood_no_redis"] = (med["sluiceflood"]["script_calls"], 0)
+    r["tls_keepalive_vs_nginx"] = (ratio(cpu["sluicetls"], cpu["nginxtls"]), 1.0)
+    r["tls_newconn_vs_nginx"] = (ratio(cpu["sluicetlsnew"], cpu["nginxtlsnew"]), 1.1)
     if half:
         r["latency_half_rate"] = (half["sluice1"]["p99_ms"] - half["direct"]["p99_ms"], 0.5)
     if mem and mem.get("connected"):
@@ -746,8 +784,8 @@ def main():
             for key, label, _, _ in ROWS:
                 port, pid = rows[key]
                 if args.warmup:
-                    run_wrk(procs, port, args.warmup, args.conns)
-                r = measure(procs, redis, port, pid, args.duration, args.conns)
+                    run_wrk(procs, port, args.warmup, args.conns, key=key)
+                r = measure(procs, redis, port, pid, args.duration, args.conns, key=key)
                 reps[key].append(r)
                 log("rep %d %-32s %8.0f req/s  p99 %7.3f ms  cpu %.3f s/10k  redis %.4f s/10k  "
                     "calls %.3f/req  non2xx %d" % (rep + 1, label, r["rps"], r["p99_ms"],

@@ -214,7 +214,8 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
         + accesslog_str_bound(e->route, route_len)
         + accesslog_str_bound(decision, decision_len)
         + accesslog_str_bound(e->limit, limit_len)
-        + accesslog_str_bound(e->request_id, e->request_id_len);
+        + accesslog_str_bound(e->request_id, e->request_id_len)
+        + accesslog_str_bound(e->tls ? e->tls : "", accesslog_cstr_len(e->tls));
     if (cap < bound)
         return bound;
 
@@ -250,6 +251,8 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
     p = accesslog_put_u64(p, e->bytes_out);
     p = ACCESSLOG_PUT_LIT(p, ",\"request_id\":");
     p = accesslog_put_str(p, e->request_id, e->request_id_len);
+    p = ACCESSLOG_PUT_LIT(p, ",\"tls\":");
+    p = accesslog_put_str(p, e->tls ? e->tls : "", accesslog_cstr_len(e->tls));
     p = ACCESSLOG_PUT_LIT(p, "}\n");
     if ((size_t)(p - buf) > bound)
         abort();        /* the bound above is wrong: never write past it */

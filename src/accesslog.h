@@ -39,6 +39,8 @@ struct accesslog_entry {
     uint64_t bytes_out;
     const char *request_id;
     size_t request_id_len;
+    const char *tls;            /* NUL-terminated TLS version ("TLSv1.3");
+                                 * NULL or "" on a plain connection: "" */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

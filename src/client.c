@@ -29,6 +29,7 @@
 #include "request.h"
 #include "runtime.h"
 #include "route.h"
+#include "tls_server.h"
 #include "upstream.h"
 
 /* Input kept from a client beyond the request being served (pipelining). */
@@ -185,16 +186,39 @@ static void client_write_cb(struct bufferevent *bev, void *arg)
 {
     struct client *c = arg;
     conn_enter(c);
-    conn_out_idle(bev);
+    conn_out_idle(bev);         /* a no-op on TLS (conn.c) */
     if (c->state != CS_CLOSING)
         client_process(c);
     conn_leave(c);        /* resumes the upstream, or ends a closing client */
 }
 
+/* The TLS handshake is done: from here the connection is as a plain one,
+ * waiting for its first head. */
+static void client_tls_done(struct client *c)
+{
+    c->handshaking = 0;
+    c->tls_version = tls_server_version(c->bev);
+    metrics_tls_handshake();
+    if (c->timer_mode == TM_HANDSHAKE)
+        conn_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
+}
+
 static void client_event_cb(struct bufferevent *bev, short what, void *arg)
 {
     struct client *c = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        client_tls_done(c);
+        return;
+    }
     conn_enter(c);
+    if (c->handshaking) {
+        /* Not TLS, a version or cipher refused, or gone: this one only. */
+        c->handshaking = 0;
+        metrics_tls_failure(tls_server_failure(bev, what));
+        conn_kill(c);
+        conn_leave(c);
+        return;
+    }
     if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
         /* Half-close: a client may send its request and shut its side
          * down; it still gets the answer to a request already read. */
@@ -216,7 +240,12 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct client *c = arg;
     conn_enter(c);
-    if (c->timer_mode == TM_HEADER && c->state == CS_HEAD) {
+    if (c->timer_mode == TM_HANDSHAKE) {
+        /* A handshake not done within header_timeout: close, no answer. */
+        c->handshaking = 0;
+        metrics_tls_failure(METRICS_TLS_TIMEOUT);
+        conn_kill(c);
+    } else if (c->timer_mode == TM_HEADER && c->state == CS_HEAD) {
         /* A head that does not arrive in time (slowloris): 408, close. */
         c->head_in_input = 0;
         c->route = NULL;
@@ -234,7 +263,8 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
     conn_leave(c);
 }
 
-void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen)
+void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen,
+                   struct tls_server *tls)
 {
     struct conf *conf = env->conf;
     /* max_connections is per process; each worker takes its share. */
@@ -243,13 +273,15 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
         evutil_closesocket(fd);
         return;
     }
-    struct bufferevent *bev = bufferevent_socket_new(env->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (bev == NULL) {
-        evutil_closesocket(fd);
-        return;
-    }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    struct bufferevent *bev = tls ? tls_server_bufferevent(tls, env->base, fd)
+                                  : bufferevent_socket_new(env->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (bev == NULL) {
+        if (!tls)
+            evutil_closesocket(fd);     /* tls_server_bufferevent closed it */
+        return;
+    }
 
     struct client *c = mem_calloc(1, sizeof(*c));
     c->ops = &client_ops;
@@ -264,6 +296,9 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     c->parser = http1_create(HTTP1_REQUEST);
     c->timer = evtimer_new(env->base, client_timer_cb, c);
     c->state = CS_HEAD;
+    c->tls = tls != NULL;
+    c->handshaking = c->tls;
+    c->tls_version = "";
     c->next = env->clients;
     if (env->clients)
         env->clients->prev = c;
@@ -278,8 +313,15 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     bufferevent_setwatermark(bev, EV_WRITE, CONN_HIGH_WATER / 2, 0);
     bufferevent_setcb(bev, client_read_cb, client_write_cb, client_event_cb, c);
     bufferevent_enable(bev, EV_READ);
-    bufferevent_disable(bev, EV_WRITE);     /* on by default; writes: conn_flush */
-    conn_timer(c, TM_IDLE, conf->client.idle_timeout_ms);
+    /* On by default. Plain: writes go out from conn_flush. TLS: the
+     * bufferevent writes through OpenSSL itself, with its write event on
+     * only while output waits (conn.c). */
+    if (!c->tls)
+        bufferevent_disable(bev, EV_WRITE);
+    if (c->tls)
+        conn_timer(c, TM_HANDSHAKE, conf->client.header_timeout_ms);
+    else
+        conn_timer(c, TM_IDLE, conf->client.idle_timeout_ms);
 }
 
 void client_drain(struct conn_env *env)

@@ -12,8 +12,12 @@
 #include <sys/socket.h>
 
 struct conn_env;
+struct tls_server;
 
-void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen);
+/* tls: the listener's contexts (NULL: plain HTTP); the handshake must be
+ * done within client.header_timeout. */
+void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen,
+                   struct tls_server *tls);
 /* Shutting down: close idle connections now, the others after the response
  * in progress; the worker's loop exits when none is left. */
 void client_drain(struct conn_env *env);

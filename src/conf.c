@@ -26,6 +26,7 @@
 #include "http1.h"
 #include "regex.h"
 #include "route.h"
+#include "tls_server.h"
 
 #define CONF_MAX_FILE_BYTES (4 << 20)
 #define CONF_MAX_DEPTH      32
@@ -1011,9 +1012,166 @@ static int is_token(const char *s)
     return 1;
 }
 
+/* ---- listen: an address, or a list of { address, tls } entries */
+
+#define CONF_MAX_LISTENS 16
+#define CONF_MAX_CERTS   64
+
+static int h_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s || strlen(s) > PATH_MAX)
+        return fail(x, v, "expected a file path");
+    ((struct conf_cert *)obj)->cert_file = xstrdup(s);
+    return 0;
+}
+
+static int h_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s || strlen(s) > PATH_MAX)
+        return fail(x, v, "expected a file path");
+    ((struct conf_cert *)obj)->key_file = xstrdup(s);
+    return 0;
+}
+
+static const struct key_def cert_keys[] = {
+    { "cert_file", h_cert_file, 1 },
+    { "key_file", h_key_file, 1 },
+    { NULL, NULL, 0 },
+};
+
+static int h_tls_certificates(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_tls *t = obj;
+    if (expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0 || v->nkids > CONF_MAX_CERTS)
+        return fail(x, v, "needs 1 to %d certificates", CONF_MAX_CERTS);
+    t->certs = xcalloc((size_t)v->nkids, sizeof *t->certs);
+    t->ncerts = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = path_push(x, "[%d]", i);
+        t->certs[i].line = v->kids[i]->line;
+        t->certs[i].col = v->kids[i]->col;
+        int rc = walk_map(x, v->kids[i], cert_keys, &t->certs[i]);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int h_tls_min_version(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "1.2", "1.3" };
+    int i = 0;
+    if (get_enum(x, v, names, 2, "\"1.2\" or \"1.3\"", &i) < 0)
+        return -1;
+    ((struct conf_tls *)obj)->min_version = i ? 13 : 12;
+    return 0;
+}
+
+static const struct key_def tls_keys[] = {
+    { "certificates", h_tls_certificates, 1 },
+    { "min_version", h_tls_min_version, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_listen_address(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_addr(x, v, &((struct conf_listen *)obj)->addr);
+}
+
+static int h_listen_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_listen *l = obj;
+    l->tls = xcalloc(1, sizeof *l->tls);
+    l->tls->min_version = 12;
+    return walk_map(x, v, tls_keys, l->tls);
+}
+
+static const struct key_def listen_keys[] = {
+    { "address", h_listen_address, 1 },
+    { "tls", h_listen_tls, 0 },
+    { NULL, NULL, 0 },
+};
+
 static int h_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    return get_addr(x, v, &((struct conf *)obj)->listen);
+    struct conf *c = obj;
+    if (v->kind != NODE_SEQ) {
+        c->listens = xcalloc(1, sizeof *c->listens);
+        c->nlistens = 1;
+        if (get_addr(x, v, &c->listens[0].addr) < 0)
+            return -1;
+    } else {
+        if (v->nkids == 0 || v->nkids > CONF_MAX_LISTENS)
+            return fail(x, v, "needs 1 to %d entries", CONF_MAX_LISTENS);
+        c->listens = xcalloc((size_t)v->nkids, sizeof *c->listens);
+        c->nlistens = v->nkids;
+        for (int i = 0; i < v->nkids; i++) {
+            size_t old = path_push(x, "[%d]", i);
+            struct conf_listen *l = &c->listens[i];
+            int rc = v->kids[i]->kind == NODE_MAP ? walk_map(x, v->kids[i], listen_keys, l)
+                                                  : get_addr(x, v->kids[i], &l->addr);
+            for (int j = 0; rc == 0 && j < i; j++)
+                if (c->listens[j].addr.sslen == l->addr.sslen &&
+                    !memcmp(&c->listens[j].addr.ss, &l->addr.ss, l->addr.sslen))
+                    rc = fail(x, v->kids[i], "address '%s' is listed twice", l->addr.text);
+            path_pop(x, old);
+            if (rc < 0)
+                return -1;
+        }
+    }
+    c->listen = c->listens[0].addr;
+    c->listen.text = xstrdup(c->listens[0].addr.text);
+    return 0;
+}
+
+/* Phase 3: load each listener's certificates (and check each key against
+ * its certificate), so that `-t` and a reload see a bad file. */
+static int check_tls(struct ctx *x)
+{
+    struct conf *c = x->c;
+    for (int i = 0; i < c->nlistens; i++) {
+        struct conf_listen *l = &c->listens[i];
+        int bad = 0;
+        char *why = NULL;
+        if (l->tls == NULL)
+            continue;
+        l->server = tls_server_create(l->tls, &bad, &why);
+        if (l->server)
+            continue;
+        size_t old = path_push(x, "listen[%d].tls.certificates[%d]", i, bad);
+        fail_mark(x, l->tls->certs[bad].line, l->tls->certs[bad].col, "%s: %s", x->path, why);
+        path_pop(x, old);
+        free(why);
+        return -1;
+    }
+    return 0;
+}
+
+static void listens_free(struct conf *c)
+{
+    for (int i = 0; i < c->nlistens; i++) {
+        struct conf_listen *l = &c->listens[i];
+        free(l->addr.text);
+        tls_server_release(l->server);
+        if (l->tls) {
+            for (int j = 0; j < l->tls->ncerts; j++) {
+                free(l->tls->certs[j].cert_file);
+                free(l->tls->certs[j].key_file);
+            }
+            free(l->tls->certs);
+            free(l->tls);
+        }
+    }
+    free(c->listens);
 }
 
 static int h_workers(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -2592,8 +2750,11 @@ static int check_admin(struct ctx *x, struct node *root)
     const struct conf *c = x->c;
     struct node *admin = map_get(root, "admin");
     size_t old;
-    if (!c->has_admin || c->admin_listen.sslen != c->listen.sslen ||
-        memcmp(&c->admin_listen.ss, &c->listen.ss, c->listen.sslen))
+    int same = 0;
+    for (int i = 0; c->has_admin && i < c->nlistens; i++)
+        same |= c->admin_listen.sslen == c->listens[i].addr.sslen &&
+                !memcmp(&c->admin_listen.ss, &c->listens[i].addr.ss, c->admin_listen.sslen);
+    if (!same)
         return 0;
     old = path_push(x, "admin.listen");
     fail(x, map_get(admin, "listen"), "same address as listen (the admin endpoint must "
@@ -2615,7 +2776,7 @@ static int conf_from_tree(struct ctx *x, struct node *root)
         return -1;
     overrides_keys(x->c);
     x->c->redis.overrides = x->c->admin_token != NULL;
-    return 0;
+    return check_tls(x);
 }
 
 /* ---- load, retain, release */
@@ -2650,6 +2811,7 @@ static void conf_free(struct conf *c)
 {
     free(c->file);
     free(c->listen.text);
+    listens_free(c);
     redis_free_target(&c->redis);
     free(c->redis.prefix);
     for (int i = 0; i < c->redis.ncluster; i++)

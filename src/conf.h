@@ -32,6 +32,29 @@ struct conf_addr {
     char *text;                 /* as written, for logs: "127.0.0.1:9000" */
 };
 
+/* A listener's TLS (listen: entries with tls:). line/col: the certificate
+ * entry's place in the file, for the errors of loading it. */
+struct conf_cert {
+    char *cert_file;            /* PEM: the certificate, then its chain */
+    char *key_file;
+    int line, col;
+};
+
+struct conf_tls {
+    struct conf_cert *certs;    /* the first is the default (no SNI match) */
+    int ncerts;
+    int min_version;            /* 12 (default) or 13: TLS 1.2 or 1.3 */
+};
+
+struct tls_server;
+
+/* One listening address; every worker binds each (SO_REUSEPORT). */
+struct conf_listen {
+    struct conf_addr addr;
+    struct conf_tls *tls;       /* NULL: plain HTTP */
+    struct tls_server *server;  /* built from tls at load time (tls_server.h) */
+};
+
 enum conf_keysrc_kind {
     CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
     CONF_KEY_METHOD, CONF_KEY_PATH, CONF_KEY_CAPTURE,
@@ -157,7 +180,9 @@ struct conf_paths {
 
 struct conf {
     char *file;
-    struct conf_addr listen;
+    struct conf_addr listen;    /* the first of listens (for logs and checks) */
+    struct conf_listen *listens;
+    int nlistens;               /* >= 1 */
     int workers;                /* >= 1; "auto" resolved at load time */
     int max_connections;        /* per process; 0 = unlimited (default 10000) */
     int64_t shutdown_timeout_ms; /* requests in flight may finish (default 10s) */

@@ -6,11 +6,13 @@
  * needs the layers above goes through c->ops. */
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
 #include "clock.h"
 #include "conn.h"
 #include "http1.h"
+#include "tls_server.h"
 #include "upstream.h"
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -70,6 +72,13 @@ void conn_close_after_write(struct client *c)
 
 /* ---- writing ----------------------------------------------------------- */
 
+/* A bufferevent over OpenSSL (tls_server.c, tls_upstream.c): its bytes
+ * are written by the bufferevent, never by evbuffer_write on its fd. */
+static int conn_is_tls(struct bufferevent *bev)
+{
+    return bufferevent_openssl_get_ssl(bev) != NULL;
+}
+
 /* Write a socket's queued output now, in this loop iteration, instead of
  * arming the write event and writing in the next one: a bufferevent adds
  * its write event when output is queued and deletes it once written, two
@@ -82,6 +91,10 @@ static void out_flush(struct bufferevent *bev)
     struct evbuffer *out = bufferevent_get_output(bev);
     if (evbuffer_get_length(out) == 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
         return;
+    if (conn_is_tls(bev)) {             /* never plaintext to its socket */
+        bufferevent_enable(bev, EV_WRITE);
+        return;
+    }
     /* A bufferevent keeps its output's start frozen against others
      * draining it; its own write callback thaws it the same way. */
     evbuffer_unfreeze(out, 1);
@@ -91,10 +104,13 @@ static void out_flush(struct bufferevent *bev)
         bufferevent_enable(bev, EV_WRITE);
 }
 
-/* The write event is needed again only when output waits. */
+/* The write event is needed again only when output waits. A TLS
+ * bufferevent keeps EV_WRITE enabled: OpenSSL writes from its own callbacks
+ * (a handshake, a ticket, output added), and its write event is pending
+ * only while output waits. */
 void conn_out_idle(struct bufferevent *bev)
 {
-    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && !conn_is_tls(bev))
         bufferevent_disable(bev, EV_WRITE);
 }
 
@@ -104,7 +120,10 @@ void conn_flush(struct client *c)
 {
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
-        out_flush(c->bev);
+        if (c->tls)
+            tls_server_flush(c->bev);
+        else
+            out_flush(c->bev);
         if (c->up && c->up->connected)
             out_flush(c->up->bev);
         if (c->client_paused && c->up &&

@@ -43,7 +43,7 @@ enum client_state {
     CS_CLOSING,     /* flushing the last response, then free */
 };
 
-enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY };
+enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY, TM_HANDSHAKE };
 
 /* What a worker lends its connections (embedded in struct worker, written
  * only on the worker's thread): its loop, its client set, the runtime new
@@ -91,6 +91,9 @@ struct client {
     int busy;                           /* callbacks on the stack */
     int dead;                           /* free when busy drops to 0 */
     int eof;                            /* client closed its sending side */
+    int tls;                            /* a TLS listener's (tls_server.h) */
+    int handshaking;                    /* TLS handshake not done yet */
+    const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
 
     /* The request in progress. */
     const char *hbuf;                   /* head bytes while still in input */

@@ -144,6 +144,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
         .trusted = peer_trusted(c),
         .upgrade = c->upgrade,
         .underscore = c->conf->client.underscore_headers,
+        .https = c->tls,
     };
     obuf_begin(&ob, dst, c->head.len + 512);
     h1write_request(&ob, c->hbuf, &c->head, &o);

@@ -234,7 +234,10 @@ void h1write_request(struct obuf *out, const char *buf, const struct http1_head 
             obuf_add(out, ", ", 2);
         }
     obuf_add(out, o->peer, o->peer_len);
-    OBUF_LIT(out, "\r\nX-Forwarded-Proto: http\r\n");
+    if (o->https)
+        OBUF_LIT(out, "\r\nX-Forwarded-Proto: https\r\n");
+    else
+        OBUF_LIT(out, "\r\nX-Forwarded-Proto: http\r\n");
     if (o->upgrade)
         OBUF_LIT(out, "Connection: upgrade\r\n");
     add_field(out, "X-Request-Id", o->rid, o->rid_len);

@@ -28,6 +28,7 @@ struct h1write_req {
                                  * X-Real-IP, X-Forwarded-Host/-Port kept */
     int upgrade;                /* tunnel: Upgrade and Connection: upgrade go up */
     enum conf_underscore underscore;
+    int https;                  /* a TLS listener's: X-Forwarded-Proto: https */
 };
 
 /* What the response head going to the client needs. rid_seen is set by

@@ -114,6 +114,19 @@ static void stop_signal_cb(evutil_socket_t sig, short what, void *arg)
     event_base_loopexit(ms->base, NULL);
 }
 
+/* The same listening sockets (address, TLS or not): a reload keeps the
+ * running ones, and takes only new certificates for them. */
+static int listens_same(const struct conf *a, const struct conf *b)
+{
+    if (a->nlistens != b->nlistens)
+        return 0;
+    for (int i = 0; i < a->nlistens; i++)
+        if (strcmp(a->listens[i].addr.text, b->listens[i].addr.text) != 0 ||
+            !a->listens[i].tls != !b->listens[i].tls)
+            return 0;
+    return 1;
+}
+
 /* SIGHUP: load the file again; a bad file is reported and changes nothing.
  * The listening sockets stay open across a reload, so listen and workers
  * keep their running values until a restart. */
@@ -130,7 +143,7 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
         metrics_count(METRICS_RELOADS_FAILED);
         return;
     }
-    if (strcmp(nc->listen.text, ms->conf->listen.text) != 0 || nc->workers != ms->conf->workers)
+    if (!listens_same(nc, ms->conf) || nc->workers != ms->conf->workers)
         log_warn("main: reload: listen and workers changes apply after a restart; "
                  "still %s with %d workers", ms->conf->listen.text, ms->conf->workers);
     fit_connections(nc, ms->n, ms->admin != NULL);

@@ -40,6 +40,8 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct metrics_route *routes;
 static _Atomic uint64_t counters[METRICS_NCOUNTERS];
 static _Atomic uint64_t redis_errors[METRICS_NREDIS_ERRORS];
+static _Atomic uint64_t tls_handshakes;
+static _Atomic uint64_t tls_failures[METRICS_NTLS_FAILURES];
 static _Atomic int64_t gauges[METRICS_NGAUGES];
 static struct metrics_histogram hists[METRICS_NHIST];
 #define METRICS_MAX_WORKERS 256
@@ -119,6 +121,16 @@ void metrics_redis_error(enum metrics_redis_error why)
 {
     atomic_fetch_add_explicit(&counters[METRICS_REDIS_ERRORS], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&redis_errors[why], 1, memory_order_relaxed);
+}
+
+void metrics_tls_handshake(void)
+{
+    atomic_fetch_add_explicit(&tls_handshakes, 1, memory_order_relaxed);
+}
+
+void metrics_tls_failure(enum metrics_tls_failure why)
+{
+    atomic_fetch_add_explicit(&tls_failures[why], 1, memory_order_relaxed);
 }
 
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta)
@@ -303,6 +315,22 @@ static void render_redis_errors(struct evbuffer *out)
                             (unsigned long long)load(&redis_errors[i]));
 }
 
+static void render_tls(struct evbuffer *out)
+{
+    static const char *const reasons[METRICS_NTLS_FAILURES] = {
+        "timeout", "closed", "not_tls", "version", "cipher", "other",
+    };
+    evbuffer_add_printf(out,
+        "# HELP sluice_tls_handshakes_total TLS handshakes with clients completed.\n"
+        "# TYPE sluice_tls_handshakes_total counter\nsluice_tls_handshakes_total %llu\n"
+        "# HELP sluice_tls_handshake_failures_total TLS handshakes with clients that failed, by reason.\n"
+        "# TYPE sluice_tls_handshake_failures_total counter\n",
+        (unsigned long long)load(&tls_handshakes));
+    for (int i = 0; i < METRICS_NTLS_FAILURES; i++)
+        evbuffer_add_printf(out, "sluice_tls_handshake_failures_total{reason=\"%s\"} %llu\n",
+                            reasons[i], (unsigned long long)load(&tls_failures[i]));
+}
+
 void metrics_render(struct evbuffer *out)
 {
     pthread_mutex_lock(&registry_lock);
@@ -355,6 +383,7 @@ void metrics_render(struct evbuffer *out)
         (unsigned long long)load(&counters[METRICS_RELOADS_OK]),
         (unsigned long long)load(&counters[METRICS_RELOADS_FAILED]));
     render_config(out);
+    render_tls(out);
 }
 
 void metrics_shutdown(void)

@@ -33,6 +33,17 @@ enum metrics_redis_error {
     METRICS_REDIS_ERR_OOM,          /* -OOM: Redis is at maxmemory with noeviction */
     METRICS_NREDIS_ERRORS
 };
+/* Why a TLS handshake with a client failed
+ * (sluice_tls_handshake_failures_total{reason}). */
+enum metrics_tls_failure {
+    METRICS_TLS_TIMEOUT,            /* not done within client.header_timeout */
+    METRICS_TLS_CLOSED,             /* the client closed or reset the connection */
+    METRICS_TLS_NOT_TLS,            /* plaintext HTTP, or other bytes that are not TLS */
+    METRICS_TLS_VERSION,            /* a protocol version below min_version */
+    METRICS_TLS_CIPHER,             /* no cipher suite or group in common */
+    METRICS_TLS_OTHER,
+    METRICS_NTLS_FAILURES
+};
 enum metrics_gauge {
     METRICS_CONN_CLIENT, METRICS_CONN_UPSTREAM, METRICS_REDIS_CONNECTED, METRICS_NGAUGES
 };
@@ -57,6 +68,9 @@ uint64_t metrics_counter_get(enum metrics_counter which);
 void metrics_redis_error(enum metrics_redis_error why);
 /* A request read by worker thread `worker` (shows that every worker serves). */
 void metrics_worker_request(int worker);
+/* TLS handshakes with clients: one completed, or one failed and why. */
+void metrics_tls_handshake(void);
+void metrics_tls_failure(enum metrics_tls_failure why);
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta);
 int64_t metrics_gauge_get(enum metrics_gauge which);
 void metrics_observe(enum metrics_hist which, int64_t usec);

@@ -159,6 +159,7 @@ void request_log_end(struct client *c)
         .total_us = clock_us() - rq->start_us,
         .bytes_in = rq->bytes_in, .bytes_out = rq->bytes_out,
         .request_id = c->rq->rid, .request_id_len = c->rq->rid_len,
+        .tls = c->tls_version,
     };
     accesslog_write(c->env->alog, &e);
 }

@@ -26,13 +26,57 @@
 #include "log.h"
 #include "mem.h"
 #include "runtime.h"
+#include "tls_server.h"
 #include "upstream.h"
 #include "worker.h"
 
 
+/* One listening socket of a worker. A reload cannot change the sockets
+ * (main.c says so), but it brings new certificates: a TLS listener takes
+ * the current config's contexts for its entry, or keeps the ones it
+ * started with when the new config has no TLS entry for its address. */
+struct worker_listen {
+    struct worker *w;
+    int index;                      /* in conf->listens */
+    char *addr;                     /* as written */
+    struct listener *l;
+    struct tls_server *tls;         /* retained, from the first config; NULL: plain */
+};
+
+static struct tls_server *listen_tls(const struct worker_listen *wl)
+{
+    const struct conf *c = wl->w->env.conf;
+    if (wl->tls == NULL)
+        return NULL;
+    if (wl->index < c->nlistens && c->listens[wl->index].server &&
+        strcmp(c->listens[wl->index].addr.text, wl->addr) == 0)
+        return c->listens[wl->index].server;
+    return wl->tls;
+}
+
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
-    client_accept(arg, fd, sa, salen);
+    struct worker_listen *wl = arg;
+    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl));
+}
+
+/* Close the listening sockets; with all, free the rest too (the contexts
+ * wait until the worker's clients are gone: one may be in a handshake). */
+static void listens_close(struct worker *w, int all)
+{
+    for (int i = 0; i < w->nlistens; i++) {
+        listener_destroy(w->listens[i].l);
+        w->listens[i].l = NULL;
+        if (all) {
+            tls_server_release(w->listens[i].tls);
+            free(w->listens[i].addr);
+        }
+    }
+    if (all) {
+        free(w->listens);
+        w->listens = NULL;
+        w->nlistens = 0;
+    }
 }
 
 static int listen_socket(const struct conf_addr *a)
@@ -91,10 +135,7 @@ static void stop_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct worker *w = arg;
     w->env.stopping = 1;
-    if (w->listener) {      /* closed, not paused: new clients are refused */
-        listener_destroy(w->listener);
-        w->listener = NULL;
-    }
+    listens_close(w, 0);    /* closed, not paused: new clients are refused */
     client_drain(&w->env);
     if (w->env.nclients == 0) {
         event_base_loopexit(w->env.base, NULL);
@@ -111,7 +152,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     struct worker *w = mem_calloc(1, sizeof(*w));
     w->mem = mem;
     w->env.alog = alog;
-    const char *step = "event base";
+    const char *step = "event base", *addr = conf->listen.text;
     w->env.id = id;
     if (getrandom(w->env.rng, sizeof(w->env.rng), 0) != (ssize_t)sizeof(w->env.rng) || (w->env.rng[0] | w->env.rng[1]) == 0) {
         w->env.rng[0] = 0x9e3779b97f4a7c15ULL ^ (uint64_t)(uintptr_t)w;
@@ -135,14 +176,26 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         goto fail;
 
     step = "listen";
-    int fd = listen_socket(&conf->listen);
-    if (fd < 0)
-        goto fail;
     char who[32];
     snprintf(who, sizeof(who), "worker %d", id);
-    w->listener = listener_create(w->env.base, fd, who, conf->listen.text, accept_cb, w);
-    if (w->listener == NULL)
-        goto fail;
+    w->listens = mem_calloc((size_t)conf->nlistens, sizeof(*w->listens));
+    for (; w->nlistens < conf->nlistens; w->nlistens++) {
+        const struct conf_listen *cl = &conf->listens[w->nlistens];
+        struct worker_listen *wl = &w->listens[w->nlistens];
+        wl->w = w;
+        wl->index = w->nlistens;
+        wl->addr = mem_strndup(cl->addr.text, strlen(cl->addr.text));
+        addr = cl->addr.text;
+        int fd = listen_socket(&cl->addr);
+        if (fd < 0)
+            goto fail;
+        wl->l = listener_create(w->env.base, fd, who, cl->addr.text, accept_cb, wl);
+        if (wl->l == NULL)
+            goto fail;
+        wl->tls = cl->server;
+        if (wl->tls)
+            tls_server_retain(wl->tls);
+    }
 
     w->notify_ev = event_new(w->env.base, w->notify[0], EV_READ | EV_PERSIST, notify_cb, w);
     event_add(w->notify_ev, NULL);
@@ -154,7 +207,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     return w;
 
 fail:
-    log_error("worker %d: %s failed on '%s': %s", id, step, conf->listen.text, strerror(errno));
+    log_error("worker %d: %s failed on '%s': %s", id, step, addr, strerror(errno));
     worker_destroy(w);
     return NULL;
 }
@@ -236,7 +289,7 @@ void worker_destroy(struct worker *w)
         conf_release(w->pending);
 
     denycache_destroy(w->env.deny);
-    listener_destroy(w->listener);
+    listens_close(w, 1);
     if (w->notify_ev)
         event_free(w->notify_ev);
     if (w->notify[0] > 0) {

@@ -16,6 +16,7 @@
 
 struct event;
 struct listener;
+struct worker_listen;
 struct upstream_pool;
 struct memstore;
 struct backend;
@@ -25,7 +26,8 @@ struct worker {
                                      * local backend, access log, rng: lent to
                                      * its connections */
     pthread_t thread;
-    struct listener *listener;      /* NULL once stopping */
+    struct worker_listen *listens;  /* one per conf->listens[i]; sockets closed once stopping */
+    int nlistens;
     int notify[2];                  /* pipe: other threads -> this one */
     struct event *notify_ev;
     pthread_mutex_t reload_lock;
@@ -35,7 +37,7 @@ struct worker {
     int64_t shutdown_timeout_ms;    /* written before the stop byte */
 };
 
-/* Create a worker listening on conf->listen (SO_REUSEPORT). Returns NULL and
+/* Create a worker listening on each of conf->listens (SO_REUSEPORT). Returns NULL and
  * logs when the socket cannot be bound. */
 struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
                              struct accesslog *alog);

@@ -36,7 +36,7 @@ static const char checker_py[] =
     "tail = lines.pop()\n"
     "if tail and mode != 'prefix': sys.exit('last line not terminated')\n"
     "keys = ['time','client','method','path','status','route','decision','limit','remaining',\n"
-    "        'upstream_time','total_time','bytes_in','bytes_out','request_id']\n"
+    "        'upstream_time','total_time','bytes_in','bytes_out','request_id','tls']\n"
     "decisions = ['allowed','limited','shadow_limited','error','none']\n"
     "last = {}\n"
     "seen = set()\n"
@@ -53,7 +53,7 @@ static const char checker_py[] =
     "      'route': None if i % 3 == 0 else 'api', 'decision': decisions[i % 5],\n"
     "      'limit': 'per-ip' if i % 2 else None, 'remaining': None if i % 4 == 0 else i,\n"
     "      'upstream_time': None if i % 5 == 0 else i * 7 / 1e6, 'total_time': i * 11 / 1e6,\n"
-    "      'bytes_in': i * 13, 'bytes_out': 2**64 - 1 - i, 'request_id': '%d-%d' % (t, i)}\n"
+    "      'bytes_in': i * 13, 'bytes_out': 2**64 - 1 - i, 'request_id': '%d-%d' % (t, i), 'tls': ''}\n"
     "    for k in keys:\n"
     "        if o[k] != want[k] and not (isinstance(want[k], float) and abs(o[k] - want[k]) < 1e-9):\n"
     "            sys.exit('line %r: %s is %r, want %r' % (raw, k, o[k], want[k]))\n"
@@ -188,14 +188,15 @@ static void test_format_exact(void **state)
         .status = 429, .route = "login", .decision = "limited", .limit = "per-ip",
         .remaining = 0, .upstream_us = -1, .total_us = 1234567,
         .bytes_in = 321, .bytes_out = 98,
-        .request_id = "abc", .request_id_len = 3,
+        .request_id = "abc", .request_id_len = 3, .tls = "TLSv1.3",
     };
     char buf[2048];
     size_t n = accesslog_format(&e, buf, sizeof(buf));
     const char *want = "{\"time\":\"2026-11-30T04:29:09.334Z\",\"client\":\"10.1.2.3\","
         "\"method\":\"POST\",\"path\":\"/api/login?x=1\",\"status\":429,\"route\":\"login\","
         "\"decision\":\"limited\",\"limit\":\"per-ip\",\"remaining\":0,\"upstream_time\":null,"
-        "\"total_time\":1.234567,\"bytes_in\":321,\"bytes_out\":98,\"request_id\":\"abc\"}\n";
+        "\"total_time\":1.234567,\"bytes_in\":321,\"bytes_out\":98,\"request_id\":\"abc\","
+        "\"tls\":\"TLSv1.3\"}\n";
     assert_int_equal(n, strlen(want));
     assert_memory_equal(buf, want, n);
 
@@ -206,7 +207,7 @@ static void test_format_exact(void **state)
     want = "{\"time\":\"1970-01-01T00:00:00.000Z\",\"client\":null,\"method\":null,"
         "\"path\":null,\"status\":400,\"route\":null,\"decision\":\"none\",\"limit\":null,"
         "\"remaining\":null,\"upstream_time\":0.000512,\"total_time\":0.000000,"
-        "\"bytes_in\":0,\"bytes_out\":0,\"request_id\":null}\n";
+        "\"bytes_in\":0,\"bytes_out\":0,\"request_id\":null,\"tls\":\"\"}\n";
     assert_int_equal(n, strlen(want));
     assert_memory_equal(buf, want, n);
 }
