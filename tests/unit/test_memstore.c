@@ -38,8 +38,27 @@ static int run_case_mem(struct memstore *m, int idx, const struct lcase *c, int6
     for (int k = 0; k < c->nsteps; k++) {
         const struct lcase_step *s = &c->step[k];
         struct store_result res;
-        for (int i = 0; i < c->nlimits; i++)
+        for (int i = 0; i < c->nlimits; i++) {
             l[i].cost = s->cost;
+            l[i].slot = s->slot;
+        }
+        if (s->kind != LCASE_DECIDE) {      /* release / renew every concurrency limit */
+            int held = 1;
+            for (int i = 0; i < c->nlimits; i++) {
+                if (c->p[i].algo != LIMITER_CONCURRENCY)
+                    continue;
+                if (s->kind == LCASE_RELEASE)
+                    memstore_release(m, &l[i], base_us + s->at_us);
+                else
+                    held &= memstore_renew(m, &l[i], base_us + s->at_us);
+            }
+            if (s->kind == LCASE_RENEW && held != s->allowed) {
+                print_error("%s:%d: %s: renew got %d, want %d\n", LCASES_FILE, s->line,
+                            c->name, held, s->allowed);
+                bad++;
+            }
+            continue;
+        }
         assert_int_equal(memstore_decide(m, l, c->nlimits, base_us + s->at_us, &res), 0);
         assert_int_equal(res.status, STORE_OK);
         assert_int_equal(res.n, c->nlimits);
