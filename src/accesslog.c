@@ -250,6 +250,10 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
     p = accesslog_put_u64(p, e->bytes_out);
     p = ACCESSLOG_PUT_LIT(p, ",\"request_id\":");
     p = accesslog_put_str(p, e->request_id, e->request_id_len);
+    if (e->delay_ms > 0) {
+        p = ACCESSLOG_PUT_LIT(p, ",\"delay_ms\":");
+        p = accesslog_put_i64(p, e->delay_ms);
+    }
     p = ACCESSLOG_PUT_LIT(p, "}\n");
     if ((size_t)(p - buf) > bound)
         abort();        /* the bound above is wrong: never write past it */

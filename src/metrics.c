@@ -176,7 +176,7 @@ static void render_regex_limits(struct evbuffer *out)
 static void render_routes(struct evbuffer *out)
 {
     static const char *const names[METRICS_NDECISIONS] = {
-        "allowed", "limited", "shadow_limited", "error",
+        "allowed", "limited", "shadow_limited", "error", "delayed",
     };
     evbuffer_add_printf(out, "# HELP sluice_requests_total Requests by route and decision.\n"
                              "# TYPE sluice_requests_total counter\n");
@@ -266,6 +266,9 @@ void metrics_render(struct evbuffer *out)
     render_hist(out, "sluice_upstream_duration_seconds",
                 "Time from forwarding a request to the end of its response.",
                 &hists[METRICS_UPSTREAM_SECONDS]);
+    render_hist(out, "sluice_delay_seconds",
+                "How long delayed requests (a limit's delay) were held before forwarding.",
+                &hists[METRICS_DELAY_SECONDS]);
     evbuffer_add_printf(out,
         "# HELP sluice_connections Open connections by side.\n# TYPE sluice_connections gauge\n"
         "sluice_connections{side=\"client\"} %lld\nsluice_connections{side=\"upstream\"} %lld\n",
