@@ -1,4 +1,4 @@
-/* sluice - limiter.c: the five rate-limit algorithms as pure C.
+/* sluice - limiter.c: the six algorithms (five rate limits, concurrency) as pure C.
  *
  * The same arithmetic as scripts/limit.lua, step for step: integer ms and us,
  * floor and ceil in the same places, token_bucket in doubles evaluated in the

@@ -1,8 +1,8 @@
 /* sluice - limiter.h: the rate-limit algorithms' parameters and outcome.
  *
- * The same five algorithms exist twice: as Lua in scripts/limit.lua (run in
- * Redis, the default backend) and as pure C here (limiter.c) for the in-process
- * backend. Both read struct limiter_params and produce struct limiter_result
+ * The same six algorithms (five rate limits and concurrency) exist twice: as
+ * Lua in scripts/limit.lua (run in Redis, the default backend) and as pure C
+ * here (limiter.c) for the in-process backend. Both read struct limiter_params and produce struct limiter_result
  * with the same meaning, so headers and Retry-After do not depend on where a
  * decision was made. All times are Redis/monotonic milliseconds. */
 #ifndef SLUICE_LIMITER_H
