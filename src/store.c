@@ -1215,7 +1215,8 @@ static void store_call_complete(struct store_call *c)
                 int li = g->idx[j];
                 struct limiter_result *r = &res->r[li];
                 if (r->allowed && !(c->flags[li] & STORE_CHECK_ONLY)) {
-                    r->remaining += c->cost[li];
+                    /* a concurrency limit took one slot, whatever the cost */
+                    r->remaining += c->params[li].algo == LIMITER_CONCURRENCY ? 1 : c->cost[li];
                     if (r->remaining > r->limit)
                         r->remaining = r->limit;
                 }

@@ -5,6 +5,7 @@
 # process). Real processes only: one redis-server, two sluice processes on
 # it, and the tests' upstream with its slow path (/slow/MS).
 
+import json
 import socket
 import struct
 import threading
@@ -26,11 +27,16 @@ ROUTES = """\
 KEY = [("X-Api-Key", "k1")]
 
 
-def conf(lease="30s", backend=None):
+def conf(lease="30s", backend=None, admin=None, access_log=None):
     text = make_conf(ROUTES.replace("@LEASE@", lease))
+    extra = ""
     if backend:
-        text = text.replace("workers: 1\n", "workers: 1\nbackend: %s\n" % backend)
-    return text
+        extra += "backend: %s\n" % backend
+    if admin:
+        extra += "admin: { listen: 127.0.0.1:%d }\n" % admin
+    if access_log:
+        extra += "access_log: %s\n" % access_log
+    return text.replace("workers: 1\n", "workers: 1\n" + extra)
 
 
 def parallel(jobs):
@@ -176,13 +182,27 @@ def test_upstream_failure_gives_the_slot_back(sluice, redis):
     assert wait_for(lambda: held(redis.port) == 0, 1.0) is not None
 
 
-def test_memory_backend_same_limits(sluice, redis):
-    s = sluice(conf(backend="memory"), wait_redis=False)
+def test_memory_backend_same_limits(sluice, redis, tmp_path):
+    admin, log = free_port(), tmp_path / "access.log"
+    s = sluice(conf(backend="memory", admin=admin, access_log=str(log)), wait_redis=False)
     out = parallel([lambda: timed_get(s.port, "/slow/1000") for _ in range(10)])
     assert not [o for o in out if isinstance(o, Exception)], out
     statuses = sorted(r.status for r, _ in out)
     print("memory backend, one process: %s" % statuses)
     assert statuses == [200] * 3 + [429] * 7
+    # metrics and the access log as for the other limits
+    body = http_get(admin, "/metrics").body.decode()
+    assert 'sluice_requests_total{route="exports",decision="allowed"} 3' in body
+    assert 'sluice_requests_total{route="exports",decision="limited"} 7' in body
+    lines = []
+    for _ in range(100):
+        lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] \
+            if log.exists() else []
+        if len(lines) >= 10:
+            break
+        time.sleep(0.02)
+    assert sorted((x["status"], x["decision"], x["limit"]) for x in lines) == \
+        [(200, "allowed", "exports")] * 3 + [(429, "limited", "exports")] * 7
     for r, t in out:
         if r.status == 429:
             assert t < 0.8 and r.header("Retry-After") == "1"
