@@ -253,6 +253,10 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
     p = accesslog_put_str(p, e->request_id, e->request_id_len);
     p = ACCESSLOG_PUT_LIT(p, ",\"tls\":");
     p = accesslog_put_str(p, e->tls ? e->tls : "", accesslog_cstr_len(e->tls));
+    if (e->delay_ms > 0) {
+        p = ACCESSLOG_PUT_LIT(p, ",\"delay_ms\":");
+        p = accesslog_put_i64(p, e->delay_ms);
+    }
     p = ACCESSLOG_PUT_LIT(p, "}\n");
     if ((size_t)(p - buf) > bound)
         abort();        /* the bound above is wrong: never write past it */

@@ -30,7 +30,7 @@ struct accesslog_entry {
     int status;                 /* status sent to the client */
     const char *route;          /* NUL-terminated; NULL when no route matched */
     const char *decision;       /* "allowed", "limited", "shadow_limited",
-                                   "error"; NULL is written as "none" */
+                                   "error", "delayed"; NULL is written as "none" */
     const char *limit;          /* NUL-terminated; NULL when none */
     int64_t remaining;          /* -1 when none */
     int64_t upstream_us;        /* -1 when not forwarded */
@@ -41,6 +41,7 @@ struct accesslog_entry {
     size_t request_id_len;
     const char *tls;            /* NUL-terminated TLS version ("TLSv1.3");
                                  * NULL or "" on a plain connection: "" */
+    int64_t delay_ms;           /* a delayed request's wait; written only when > 0 */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

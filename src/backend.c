@@ -143,6 +143,35 @@ void backend_cancel(struct backend *b, struct backend_call *call)
     call_unlink(call);
 }
 
+void backend_release(struct backend *b, const struct store_limit *l)
+{
+    if (b->kind == BACKEND_REDIS)
+        store_give_back(b->store, l);
+    else
+        memstore_release(b->mem, l, clock_wall_us());
+}
+
+static void renew_answered(void *arg, const struct store_result *res)
+{
+    /* nothing waits: a lost renewal is retried by the next one */
+}
+
+void backend_renew(struct backend *b, const struct store_limit *l)
+{
+    if (b->kind == BACKEND_REDIS)   /* limit.lua with the held slot id renews it */
+        store_decide(b->store, l, 1, renew_answered, NULL);
+    else
+        memstore_renew(b->mem, l, clock_wall_us());
+}
+
+void backend_refund(struct backend *b, const struct store_limit *l)
+{
+    if (b->kind == BACKEND_REDIS)
+        store_give_back(b->store, l);
+    else
+        memstore_refund(b->mem, l, clock_wall_us());
+}
+
 int backend_ready(const struct backend *b)
 {
     return b->kind == BACKEND_MEMORY || store_connected(b->store);

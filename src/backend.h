@@ -42,6 +42,16 @@ struct backend_call *backend_decide(struct backend *b, const struct store_limit 
 void backend_cancel(struct backend *b, struct backend_call *call);
 int backend_ready(const struct backend *b);
 
+/* Concurrency slots and delayed requests, fire and forget (nothing waits
+ * for Redis; no callback). l needs to live during the call only.
+ *   backend_release  a request ended: give its slot (l->slot) back
+ *   backend_renew    a request still runs: renew its slot's lease
+ *   backend_refund   a held (delayed) request's client went away: give back
+ *                    the cost its token_bucket or gcra reservation took */
+void backend_release(struct backend *b, const struct store_limit *l);
+void backend_renew(struct backend *b, const struct store_limit *l);
+void backend_refund(struct backend *b, const struct store_limit *l);
+
 /* While Redis is unreachable: ms until the next reconnect attempt (for
  * Retry-After); 0 otherwise, and always 0 for the memory backend. */
 int64_t backend_retry_ms(const struct backend *b);

@@ -72,6 +72,7 @@ static void client_free(struct client *c)
  * next one, or close. */
 static void client_request_done(struct client *c)
 {
+    decide_release(&c->rq->dec);    /* the response is sent: concurrency slots go back */
     request_log_end(c);
     request_drain_head(c);
     c->route = NULL;

@@ -1975,6 +1975,7 @@ struct limit_src {
     struct node *algorithm, *limit, *window, *rate, *burst;   /* values */
     struct node *overrides, *overrides_k;
     struct node *limit_k, *window_k, *rate_k, *burst_k;       /* their keys */
+    struct node *lease, *lease_k, *delay, *delay_k;           /* concurrency; delay */
 };
 
 static int h_limit_name(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -2173,6 +2174,20 @@ static int h_limit_overrides(struct ctx *x, struct node *k, struct node *v, void
     return expect(x, v, NODE_SEQ);
 }
 
+static int h_limit_lease(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->lease = v, ls->lease_k = k;
+    return scalar(x, v) ? 0 : -1;
+}
+
+static int h_limit_delay(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->delay = v, ls->delay_k = k;
+    return scalar(x, v) ? 0 : -1;
+}
+
 static const struct key_def limit_keys[] = {
     { "name", h_limit_name, 1 },
     { "algorithm", h_limit_algorithm, 1 },
@@ -2187,12 +2202,14 @@ static const struct key_def limit_keys[] = {
     { "status", h_limit_status, 0 },
     { "message", h_limit_message, 0 },
     { "overrides", h_limit_overrides, 0 },
+    { "lease", h_limit_lease, 0 },
+    { "delay", h_limit_delay, 0 },
     { NULL, NULL, 0 },
 };
 
 static int algo_from_name(const char *s, enum limiter_algo *out)
 {
-    for (int a = LIMITER_FIXED_WINDOW; a <= LIMITER_GCRA; a++) {
+    for (int a = LIMITER_FIXED_WINDOW; a <= LIMITER_CONCURRENCY; a++) {
         if (!strcmp(s, limiter_algo_name((enum limiter_algo)a))) {
             *out = (enum limiter_algo)a;
             return 0;
@@ -2441,6 +2458,64 @@ static void overrides_keys(struct conf *c)
         }
 }
 
+/* lease (concurrency) and delay (token_bucket, gcra) apply to their own
+ * algorithms only, and neither to a limit that does not consume when it
+ * decides (count_status) or never rejects (shadow: delay). */
+static int limit_shaping_keys(struct ctx *x, struct limit_src *ls, const char *an)
+{
+    enum limiter_algo a = ls->l->params.algo;
+    if (ls->lease_k && a != LIMITER_CONCURRENCY)
+        return fail_bare(x, ls->lease_k, "'lease' does not apply to %s in %s (only to "
+                         "concurrency)", an, where(x));
+    if (ls->delay_k && a != LIMITER_TOKEN_BUCKET && a != LIMITER_GCRA)
+        return fail_bare(x, ls->delay_k, "'delay' does not apply to %s in %s (only to "
+                         "token_bucket and gcra)", an, where(x));
+    if (ls->delay_k && ls->l->shadow)
+        return fail_bare(x, ls->delay_k, "'delay' does not apply to a shadow limit in %s",
+                         where(x));
+    if ((ls->delay_k || a == LIMITER_CONCURRENCY) && ls->l->has_count_status)
+        return fail_bare(x, ls->delay_k ? ls->delay_k : ls->algorithm,
+                         "%s does not combine with count_status in %s",
+                         ls->delay_k ? "'delay'" : "concurrency", where(x));
+    if (ls->delay) {
+        size_t old = path_push_key(x, "delay");
+        int rc = get_duration(x, ls->delay, &ls->l->params.delay_ms);
+        path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* concurrency: limit slots per key, each held at most lease without news
+ * (0 here: the route's upstream timeout + 10 s, set in phase 3). */
+static int limit_concurrency_params(struct ctx *x, struct node *m, struct limit_src *ls,
+                                    const char *an)
+{
+    struct limiter_params *lp = &ls->l->params;
+    struct node *extra = ls->window_k ? ls->window_k : ls->rate_k ? ls->rate_k : ls->burst_k;
+    size_t old;
+    int rc;
+    if (extra)
+        return fail_bare(x, extra, "'%s' does not apply to %s in %s (use limit and lease)",
+                         extra->str, an, where(x));
+    if (!ls->limit)
+        return fail_bare(x, m, "missing required key 'limit' in %s (%s needs limit)",
+                         where(x), an);
+    old = path_push_key(x, "limit");
+    rc = get_int(x, ls->limit, 1, CONF_MAX_COUNT, &lp->limit);
+    path_pop(x, old);
+    if (rc < 0)
+        return -1;
+    lp->window_ms = lp->interval_us = 0;
+    if (ls->lease) {
+        old = path_push_key(x, "lease");
+        rc = get_duration(x, ls->lease, &lp->window_ms);
+        path_pop(x, old);
+    }
+    return rc;
+}
+
 static int limit_load(struct ctx *x, struct node *m, struct conf_limit *l)
 {
     struct limit_src ls = { .l = l };
@@ -2454,12 +2529,16 @@ static int limit_load(struct ctx *x, struct node *m, struct conf_limit *l)
     if (algo_from_name(an, &l->params.algo) < 0) {
         old = path_push_key(x, "algorithm");
         fail(x, ls.algorithm, "unknown algorithm '%s' (use fixed_window, sliding_window, "
-             "sliding_log, token_bucket or gcra)", show(an, sb));
+             "sliding_log, token_bucket, gcra or concurrency)", show(an, sb));
         path_pop(x, old);
         return -1;
     }
+    if (limit_shaping_keys(x, &ls, an) < 0)
+        return -1;
     int rc;
-    if (l->params.algo == LIMITER_TOKEN_BUCKET || l->params.algo == LIMITER_GCRA)
+    if (l->params.algo == LIMITER_CONCURRENCY)
+        rc = limit_concurrency_params(x, m, &ls, an);
+    else if (l->params.algo == LIMITER_TOKEN_BUCKET || l->params.algo == LIMITER_GCRA)
         rc = limit_bucket_params(x, m, &ls, an);
     else
         rc = limit_window_params(x, m, &ls, an);
@@ -2656,6 +2735,10 @@ static int check_route(struct ctx *x, int i)
         rc = fail(x, up, "unknown upstream '%s'", show(up->str, sb));
         path_pop(x, o2);
     }
+    /* concurrency without a lease: the upstream's timeout + 10 s */
+    for (int a = 0; a < r->nlimits && rc == 0; a++)
+        if (r->limits[a].params.algo == LIMITER_CONCURRENCY && r->limits[a].params.window_ms == 0)
+            r->limits[a].params.window_ms = r->upstream->timeout_ms + 10000;
     for (int a = 0; a < r->nlimits && rc == 0; a++) {
         for (int b = 0; b < a && rc == 0; b++) {
             if (!strcmp(r->limits[a].name, r->limits[b].name)) {

@@ -10,10 +10,15 @@
  * count_status consumption after the response. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <unistd.h>
+#include <event2/event.h>
 
 #include "admin_console.h"
 #include "backend.h"
@@ -70,6 +75,11 @@ void decide_reset(struct decision *dec)
 
 void decide_free(struct decision *dec)
 {
+    if (dec->hold_ev)
+        event_free(dec->hold_ev);
+    if (dec->renew_ev)
+        event_free(dec->renew_ev);
+    dec->hold_ev = dec->renew_ev = NULL;
     free(dec->keybuf);
     dec->keybuf = NULL;
     dec->key_cap = 0;
@@ -93,6 +103,151 @@ static size_t decide_key_add(struct decision *dec, const char *key, size_t len)
     memcpy(dec->keybuf + off, key, len);
     dec->key_used += len;
     return off;
+}
+
+/* ---- concurrency slots and delay -------------------------------------- */
+
+/* Slot ids: unique within the process (an odd multiplier is a bijection
+ * mod 2^53), random across processes (a salt from getrandom), below 2^53 so
+ * the Lua's doubles hold them exactly, never 0. */
+#define DECIDE_SLOT_MASK (((uint64_t)1 << 53) - 1)
+static uint64_t slot_salt;
+static _Atomic uint64_t slot_next;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+
+static void slot_salt_init(void)
+{
+    if (getrandom(&slot_salt, sizeof(slot_salt), 0) != (ssize_t)sizeof(slot_salt))
+        slot_salt = (uint64_t)clock_wall_us() ^ ((uint64_t)getpid() << 32);
+}
+
+static int64_t decide_slot_id(void)
+{
+    pthread_once(&slot_once, slot_salt_init);
+    for (;;) {
+        uint64_t n = atomic_fetch_add_explicit(&slot_next, 1, memory_order_relaxed);
+        uint64_t id = (slot_salt + n * 0x9e3779b97f4a7c15ULL) & DECIDE_SLOT_MASK;
+        if (id != 0)
+            return (int64_t)id;
+    }
+}
+
+static int is_concurrency(const struct decision *dec, int i)
+{
+    return dec->rl.limit[i]->params.algo == LIMITER_CONCURRENCY;
+}
+
+static struct store_limit key_limit(const struct decision *dec, int i)
+{
+    return (struct store_limit){ dec->keybuf + dec->key[i].off, dec->key[i].len,
+                                 dec->key[i].params, dec->key[i].cost,
+                                 dec->key[i].flags, dec->key[i].slot };
+}
+
+/* Give back the slots in mask (and refund the reservations in refund) on b. */
+static void give_back(struct decision *dec, struct backend *b, unsigned mask, unsigned refund)
+{
+    for (int i = 0; i < dec->nkeys && b != NULL; i++) {
+        struct store_limit l = key_limit(dec, i);
+        if (mask & (1u << i))
+            backend_release(b, &l);
+        if (refund & (1u << i))
+            backend_refund(b, &l);
+    }
+}
+
+static unsigned concurrency_keys(const struct decision *dec)
+{
+    unsigned m = 0;
+    for (int i = 0; i < dec->nkeys; i++)
+        if (is_concurrency(dec, i))
+            m |= 1u << i;
+    return m;
+}
+
+void decide_release(struct decision *dec)
+{
+    if (dec->held == 0 && dec->delayed == 0)
+        return;
+    if (dec->renew_ev)
+        event_del(dec->renew_ev);
+    if (dec->hold_ev)
+        event_del(dec->hold_ev);
+    give_back(dec, dec->slot_b, dec->held, dec->delayed);
+    dec->held = dec->delayed = 0;
+}
+
+/* A third of the shortest lease held, at least 100 ms. */
+static void renew_arm(struct decision *dec)
+{
+    int64_t lease = INT64_MAX;
+    for (int i = 0; i < dec->nkeys; i++)
+        if ((dec->held & (1u << i)) && dec->rl.limit[i]->params.window_ms < lease)
+            lease = dec->rl.limit[i]->params.window_ms;
+    if (lease == INT64_MAX || dec->renew_ev == NULL)
+        return;
+    struct timeval tv = clock_timeval(lease / 3 > 100 ? lease / 3 : 100);
+    event_add(dec->renew_ev, &tv);
+}
+
+/* The request (or its tunnel) still runs: renew each slot's lease. */
+static void renew_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct decision *dec = arg;
+    for (int i = 0; i < dec->nkeys; i++)
+        if (dec->held & (1u << i)) {
+            struct store_limit l = key_limit(dec, i);
+            backend_renew(dec->slot_b, &l);
+        }
+    renew_arm(dec);
+}
+
+static void finish(struct decision *dec, int verdict);
+
+/* The delay is over: the reservation is used, the request goes on. */
+static void hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct decision *dec = arg;
+    dec->delayed = 0;
+    metrics_observe(METRICS_DELAY_SECONDS, clock_us() - dec->hold_start_us);
+    finish(dec, DECIDE_FORWARD);
+}
+
+/* An allowed request takes its slots and reservations: note them (the
+ * backend that decided gets them back), and hold a delayed request until
+ * its reserved time. Returns the verdict to give now. */
+static int take_shaping(struct decision *dec, const struct store_result *res, int verdict)
+{
+    if (verdict != DECIDE_FORWARD || !res->allowed)
+        return verdict;
+    dec->slot_b = dec->call_b;
+    for (int i = 0; i < res->n; i++) {
+        const struct limiter_result *r = &res->r[i];
+        if (!r->allowed || (dec->key[i].flags & STORE_CHECK_ONLY))
+            continue;
+        if (is_concurrency(dec, i))
+            dec->held |= 1u << i;
+        else if (dec->rl.limit[i]->params.delay_ms > 0 && r->retry_ms > 0) {
+            dec->delayed |= 1u << i;
+            if (r->retry_ms > dec->wait_ms)
+                dec->wait_ms = r->retry_ms;
+        }
+    }
+    if (dec->held && dec->base) {
+        if (dec->renew_ev == NULL)
+            dec->renew_ev = event_new(dec->base, -1, 0, renew_cb, dec);
+        renew_arm(dec);
+    }
+    if (dec->wait_ms <= 0 || dec->base == NULL) {
+        dec->delayed = 0;
+        return verdict;
+    }
+    if (dec->hold_ev == NULL)
+        dec->hold_ev = event_new(dec->base, -1, 0, hold_cb, dec);
+    dec->hold_start_us = clock_us();
+    struct timeval tv = clock_timeval(dec->wait_ms);
+    event_add(dec->hold_ev, &tv);
+    return DECIDE_PENDING;
 }
 
 /* The keys of the route's limits, into the request's buffer, with
@@ -122,7 +277,9 @@ static int build_keys(struct decision *dec, const struct conf *conf,
                                                       : NULL;
         size_t off = decide_key_add(dec, key, (size_t)klen);
         dec->key[n] = (struct decide_key){ off, (size_t)klen, cost, flags,
-                                           o ? &o->params : &l->params };
+                                           o ? &o->params : &l->params,
+                                           l->params.algo == LIMITER_CONCURRENCY ?
+                                           decide_slot_id() : 0 };
         dec->rl.limit[n] = l;
         if (flags & STORE_CHECK_ONLY)
             dec->counted |= 1u << n;
@@ -135,9 +292,7 @@ static int build_keys(struct decision *dec, const struct conf *conf,
 static int limits_of(const struct decision *dec, struct store_limit *sl)
 {
     for (int i = 0; i < dec->nkeys; i++)
-        sl[i] = (struct store_limit){ dec->keybuf + dec->key[i].off, dec->key[i].len,
-                                      dec->key[i].params, dec->key[i].cost,
-                                      dec->key[i].flags };
+        sl[i] = key_limit(dec, i);
     return dec->nkeys;
 }
 
@@ -172,8 +327,10 @@ static void remember_denials(struct decision *dec, const struct store_result *re
     if (res->n != dec->nkeys)
         return;
     int64_t now = clock_ms();
+    /* a concurrency denial lasts until a slot is given back, not a time */
     for (int i = 0; i < res->n; i++)
-        if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(dec->key[i].flags & STORE_SHADOW))
+        if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(dec->key[i].flags & STORE_SHADOW) &&
+            !is_concurrency(dec, i))
             denycache_put(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
                           now + res->r[i].retry_ms, dec->key[i].cost);
 }
@@ -195,10 +352,14 @@ static int apply_decision(struct decision *dec, const struct store_result *res, 
     reply_pick(&dec->rl, res->allowed);
     dec->have_limits = 1;
     if (res->allowed) {
-        int shadow_denied = 0;
-        for (int i = 0; i < res->n; i++)
+        int shadow_denied = 0, delayed = 0;
+        for (int i = 0; i < res->n; i++) {
             shadow_denied |= !res->r[i].allowed;    /* only shadow ones can */
-        count_decision(dec, shadow_denied ? METRICS_SHADOW_LIMITED : METRICS_ALLOWED);
+            delayed |= res->r[i].allowed && res->r[i].retry_ms > 0 &&
+                       dec->rl.limit[i]->params.delay_ms > 0;
+        }
+        count_decision(dec, delayed ? METRICS_DELAYED :
+                            shadow_denied ? METRICS_SHADOW_LIMITED : METRICS_ALLOWED);
         return DECIDE_FORWARD;
     }
     count_decision(dec, METRICS_LIMITED);
@@ -266,7 +427,7 @@ static void local_cb(void *arg, const struct store_result *res)
         finish(dec, DECIDE_FORWARD);
         return;
     }
-    finish(dec, apply_decision(dec, res, 0));
+    finish(dec, take_shaping(dec, res, apply_decision(dec, res, 0)));
 }
 
 static void backend_cb(void *arg, const struct store_result *res)
@@ -276,11 +437,13 @@ static void backend_cb(void *arg, const struct store_result *res)
     if (backend_store(dec->backend) != NULL)
         metrics_observe(METRICS_REDIS_SECONDS, clock_us() - dec->call_start_us);
     if (res->status != STORE_OK) {
+        /* a timed-out script may still have taken slots: give them back */
+        give_back(dec, dec->backend, concurrency_keys(dec), 0);
         count_backend_error(dec->backend, res);
         finish(dec, apply_on_error(dec));
         return;
     }
-    finish(dec, apply_decision(dec, res, 1));
+    finish(dec, take_shaping(dec, res, apply_decision(dec, res, 1)));
 }
 
 int decide_start(struct decision *dec, const struct decide_env *env, const struct conf *conf,
@@ -294,6 +457,7 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
     dec->done = done;
     dec->arg = arg;
     dec->decision = -1;
+    dec->base = env->base;
     dec->rl.route = route;
     if (decide_allowed(conf, route, req->ip)) {      /* allow lists bypass limiting */
         count_decision(dec, METRICS_ALLOWED);
@@ -370,8 +534,12 @@ void decide_cancel(struct decision *dec)
 {
     if (dec->call) {
         backend_cancel(dec->call_b, dec->call);
+        /* its answer is lost, not its effect: the slots it may have taken
+         * go back (after it, on the same connection) */
+        give_back(dec, dec->call_b, concurrency_keys(dec), 0);
         dec->call = NULL;
     }
+    decide_release(dec);
     if (dec->count_call) {
         backend_cancel(dec->backend, dec->count_call);
         dec->count_call = NULL;

@@ -17,6 +17,8 @@
 
 struct backend;
 struct backend_call;
+struct event;
+struct event_base;
 struct denycache;
 struct conf;
 struct conf_route;
@@ -28,6 +30,7 @@ struct decide_key {
     int64_t cost;
     unsigned flags;                     /* STORE_SHADOW, STORE_CHECK_ONLY */
     const struct limiter_params *params;    /* the limit's, or a config override's */
+    int64_t slot;                       /* concurrency: this request's slot id */
 };
 
 /* One request's decision: its keys and limit results, and the call in
@@ -36,6 +39,8 @@ struct decide_key {
 struct decision {
     char *keybuf;                       /* the keys, back to back */
     size_t key_cap;
+    struct event *hold_ev;              /* delay: forwards when due (made once) */
+    struct event *renew_ev;             /* concurrency: renews the leases */
 
     /* Zeroed per request from here (decide_reset). */
     size_t key_used;
@@ -53,6 +58,14 @@ struct decision {
     struct backend *local;              /* on_error: local */
     struct denycache *deny;
     int64_t call_start_us;
+    /* Concurrency and delay: what the request holds, on slot_b (the backend
+     * that decided). Given back exactly once: decide_release(). */
+    unsigned held;                      /* bit i: key i's slot is taken */
+    unsigned delayed;                   /* bit i: key i reserved, still held */
+    int64_t wait_ms;                    /* the delay it is (was) held for */
+    int64_t hold_start_us;
+    struct backend *slot_b;
+    struct event_base *base;
     void (*done)(void *arg, int verdict);
     void *arg;
 };
@@ -68,6 +81,7 @@ struct decide_env {
     struct backend *backend;
     struct backend *local;
     struct denycache *deny;
+    struct event_base *base;            /* the worker's: delay and renew timers */
 };
 
 enum decide_verdict {
@@ -96,7 +110,15 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
  * for it), 0 when nothing waits. */
 int decide_count_status(struct decision *dec, int status, decide_done *done, void *arg);
 
-/* The answers are no longer wanted: no callback runs after this. */
+/* The answers are no longer wanted: no callback runs after this. Gives back
+ * what the request holds (decide_release), including the slots a decision
+ * still in flight may take. */
 void decide_cancel(struct decision *dec);
+
+/* The request ended (its response was sent, the client went away, or the
+ * upstream failed): its concurrency slots go back, and a reservation still
+ * held for a delay is refunded. Fire and forget; once (later calls do
+ * nothing). */
+void decide_release(struct decision *dec);
 
 #endif

@@ -1,4 +1,4 @@
-/* sluice - limiter.c: the five rate-limit algorithms as pure C.
+/* sluice - limiter.c: the six algorithms (five rate limits, concurrency) as pure C.
  *
  * The same arithmetic as scripts/limit.lua, step for step: integer ms and us,
  * floor and ceil in the same places, token_bucket in doubles evaluated in the
@@ -20,6 +20,7 @@ const char *limiter_algo_name(enum limiter_algo algo)
     case LIMITER_SLIDING_LOG: return "sliding_log";
     case LIMITER_TOKEN_BUCKET: return "token_bucket";
     case LIMITER_GCRA: return "gcra";
+    case LIMITER_CONCURRENCY: return "concurrency";
     }
     return "unknown";
 }
@@ -81,6 +82,7 @@ int limiter_valid(const struct limiter_params *p, int64_t cost)
     case LIMITER_FIXED_WINDOW:
     case LIMITER_SLIDING_WINDOW:
     case LIMITER_SLIDING_LOG:
+    case LIMITER_CONCURRENCY:       /* window_ms: the lease */
         unit = p->window_ms;
         break;
     case LIMITER_TOKEN_BUCKET:
@@ -91,6 +93,9 @@ int limiter_valid(const struct limiter_params *p, int64_t cost)
         return -1;
     }
     if (unit < 1 || unit > LIMITER_EXACT_MAX || p->limit > LIMITER_EXACT_MAX / unit)
+        return -1;
+    if (p->delay_ms < 0 || p->delay_ms > LIMITER_EXACT_MAX / 1000 ||
+        (p->delay_ms > 0 && p->algo != LIMITER_TOKEN_BUCKET && p->algo != LIMITER_GCRA))
         return -1;
     return 0;
 }
@@ -322,20 +327,24 @@ static void decide_bucket(const struct limiter_state *s, int is_live,
     bucket_tokens(s, is_live, p, now_us, &b);
     double cd = (double)c;
     double after = b.tokens - cd;
-    d->ok = cd <= b.B && b.tokens >= cd;
-    d->rem0 = (int64_t)floor(b.tokens);
+    /* delay: tokens may go negative, down to -delay/interval; the wait is
+     * what the missing tokens take to refill (us) */
+    double dd = (double)(p->delay_ms * 1000);
+    double need = (cd - b.tokens) * b.I;
+    d->ok = cd <= b.B && (b.tokens >= cd || need <= dd);
+    d->rem0 = max64(0, (int64_t)floor(b.tokens));
     d->reset0 = (int64_t)bucket_refill_ms(&b, b.tokens);
     if (d->ok) {
-        d->rem = (int64_t)floor(after);
+        d->rem = max64(0, (int64_t)floor(after));
         d->reset = (int64_t)bucket_refill_ms(&b, after);
-        d->retry = 0;
+        d->retry = b.tokens >= cd ? 0 : (int64_t)atleast1d(ceil(need / 1000));
     } else {
         d->rem = 0;
         d->reset = d->reset0;
         if (cd > b.B)
             d->retry = (int64_t)atleast1d(ceil(b.B * b.I / 1000));
         else
-            d->retry = (int64_t)atleast1d(ceil((cd - b.tokens) * b.I / 1000));
+            d->retry = (int64_t)atleast1d(ceil((need - dd) / 1000));
     }
 }
 
@@ -357,16 +366,40 @@ static void decide_gcra(const struct limiter_state *s, int is_live,
         return;
     }
     int64_t new_tat = tat + c * I;
-    d->ok = new_tat - now_us <= B * I;
+    int64_t D = p->delay_ms * 1000;         /* delay: TAT may run this far ahead */
+    int64_t wait = new_tat - B * I - now_us;
+    d->ok = new_tat - now_us <= B * I + D;
     if (d->ok) {
-        d->rem = div_floor(B * I - (new_tat - now_us), I);
+        d->rem = max64(0, div_floor(B * I - (new_tat - now_us), I));
         d->reset = div_ceil(new_tat - now_us, 1000);
-        d->retry = 0;
+        d->retry = wait > 0 ? atleast1(div_ceil(wait, 1000)) : 0;
     } else {
         d->rem = 0;
         d->reset = d->reset0;
-        d->retry = atleast1(div_ceil(new_tat - B * I - now_us, 1000));
+        d->retry = atleast1(div_ceil(wait - D, 1000));
     }
+}
+
+/* concurrency: the live slots (lease expiry after now_ms). */
+static int64_t slots_live(const struct limiter_state *s, int is_live, int64_t now_ms)
+{
+    int64_t n = 0;
+    for (uint32_t i = 0; is_live && i < s->log_len; i++)
+        n += s->log[i].ms > now_ms;
+    return n;
+}
+
+/* One slot per request, whatever its cost; a denial retries after 1 s. */
+static void decide_concurrency(const struct limiter_state *s, int is_live,
+                               const struct limiter_params *p, int64_t now_us,
+                               struct decision *d)
+{
+    int64_t L = p->limit, count = slots_live(s, is_live, now_ms_of(now_us));
+    d->ok = count + 1 <= L;
+    d->rem0 = max64(0, L - count);
+    d->reset0 = d->reset = 0;
+    d->rem = d->ok ? L - count - 1 : 0;
+    d->retry = d->ok ? 0 : 1000;
 }
 
 static void decide(const struct limiter_state *s, const struct limiter_params *p,
@@ -379,6 +412,7 @@ static void decide(const struct limiter_state *s, const struct limiter_params *p
     case LIMITER_SLIDING_LOG: decide_log(s, is_live, p, c, now_us, d); return;
     case LIMITER_TOKEN_BUCKET: decide_bucket(s, is_live, p, c, now_us, d); return;
     case LIMITER_GCRA: decide_gcra(s, is_live, p, c, now_us, d); return;
+    case LIMITER_CONCURRENCY: decide_concurrency(s, is_live, p, now_us, d); return;
     }
     abort();
 }
@@ -459,6 +493,108 @@ void limiter_commit(struct limiter_state *s, const struct limiter_params *p,
         s->expire_ms = now_ms + atleast1(div_ceil(s->u.gcra.tat_us - now_us, 1000));
         return;
     }
+    case LIMITER_CONCURRENCY:   /* limiter_slot_take(): a slot needs its id */
+        break;
     }
     abort();
+}
+
+/* ---- concurrency slots (limit.lua's ZSET of slot ids scored by expiry) ---- */
+
+/* ZREMRANGEBYSCORE -inf now_ms: keep the slots whose lease runs on. */
+static void slots_prune(struct limiter_state *s, int64_t now_ms)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < s->log_len; i++)
+        if (s->log[i].ms > now_ms)
+            s->log[k++] = s->log[i];
+    s->log_len = k;
+}
+
+static struct limiter_log_entry *slot_find(struct limiter_state *s, int64_t slot)
+{
+    for (uint32_t i = 0; i < s->log_len; i++)
+        if (s->log[i].n == slot)
+            return &s->log[i];
+    return NULL;
+}
+
+void limiter_slot_take(struct limiter_state *s, const struct limiter_params *p,
+                       int64_t slot, int64_t now_us)
+{
+    int64_t now_ms = now_ms_of(now_us);
+    assert(p->algo == LIMITER_CONCURRENCY && limiter_valid(p, 1) == 0);
+    if (!live(s, p, now_us)) {      /* DEL of a stale key */
+        s->log_head = s->log_len = 0;
+        memset(&s->u, 0, sizeof(s->u));
+    }
+    slots_prune(s, now_ms);
+    struct limiter_log_entry *e = slot_find(s, slot);
+    if (e == NULL) {
+        assert(s->log_len < s->log_cap);    /* the caller grows the array first */
+        e = &s->log[s->log_len++];
+        e->n = slot;
+    }
+    e->ms = now_ms + p->window_ms;          /* ZADD now+lease, PEXPIRE lease */
+    s->used = 1;
+    s->algo = p->algo;
+    s->log_head = 0;
+    s->expire_ms = now_ms + p->window_ms;
+}
+
+int limiter_slot_renew(struct limiter_state *s, const struct limiter_params *p,
+                       int64_t slot, int64_t now_us)
+{
+    int64_t now_ms = now_ms_of(now_us);
+    int is_live = live(s, p, now_us);
+    struct limiter_log_entry *e = is_live ? slot_find(s, slot) : NULL;
+    if ((e == NULL || e->ms <= now_ms) && slots_live(s, is_live, now_ms) >= p->limit)
+        return 0;
+    limiter_slot_take(s, p, slot, now_us);
+    return 1;
+}
+
+int limiter_slot_give(struct limiter_state *s, int64_t slot)
+{
+    if (!s->used || s->algo != LIMITER_CONCURRENCY)
+        return 0;
+    struct limiter_log_entry *e = slot_find(s, slot);
+    if (e == NULL)
+        return 0;
+    *e = s->log[--s->log_len];
+    if (s->log_len == 0)
+        s->used = 0;                        /* an empty ZSET is no key */
+    return 1;
+}
+
+int limiter_refund(struct limiter_state *s, const struct limiter_params *p,
+                   int64_t cost, int64_t now_us)
+{
+    int64_t now_ms = now_ms_of(now_us);
+    if (!live(s, p, now_us))
+        return 0;                           /* absent: nothing to give back */
+    if (p->algo == LIMITER_TOKEN_BUCKET) {
+        struct bucket b;
+        bucket_tokens(s, 1, p, now_us, &b);
+        double after = b.tokens + (double)cost;
+        if (after >= b.B) {
+            s->used = 0;
+            return 1;
+        }
+        s->u.bucket.tokens = after;
+        s->u.bucket.last_us = now_us;
+        s->expire_ms = now_ms + (int64_t)atleast1d(bucket_refill_ms(&b, after));
+        return 1;
+    }
+    if (p->algo == LIMITER_GCRA) {
+        int64_t tat = s->u.gcra.tat_us - cost * p->interval_us;
+        if (tat <= now_us) {
+            s->used = 0;
+            return 1;
+        }
+        s->u.gcra.tat_us = tat;
+        s->expire_ms = now_ms + atleast1(div_ceil(tat - now_us, 1000));
+        return 1;
+    }
+    return 0;
 }

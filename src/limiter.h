@@ -1,8 +1,8 @@
 /* sluice - limiter.h: the rate-limit algorithms' parameters and outcome.
  *
- * The same five algorithms exist twice: as Lua in scripts/limit.lua (run in
- * Redis, the default backend) and as pure C here (limiter.c) for the in-process
- * backend. Both read struct limiter_params and produce struct limiter_result
+ * The same six algorithms (five rate limits and concurrency) exist twice: as
+ * Lua in scripts/limit.lua (run in Redis, the default backend) and as pure C
+ * here (limiter.c) for the in-process backend. Both read struct limiter_params and produce struct limiter_result
  * with the same meaning, so headers and Retry-After do not depend on where a
  * decision was made. All times are Redis/monotonic milliseconds. */
 #ifndef SLUICE_LIMITER_H
@@ -16,6 +16,7 @@ enum limiter_algo {
     LIMITER_SLIDING_LOG,
     LIMITER_TOKEN_BUCKET,
     LIMITER_GCRA,
+    LIMITER_CONCURRENCY,    /* requests in flight per key (slots with a lease) */
 };
 
 struct limiter_params {
@@ -29,6 +30,12 @@ struct limiter_params {
     /* token_bucket, gcra: one token every interval_us microseconds
      * (rate N/DURATION gives DURATION/N, at least 1). 0 for window algorithms. */
     int64_t interval_us;
+    /* token_bucket, gcra: a request that would pass within delay_ms is
+     * admitted now with its future slot reserved, and held that long
+     * (r->retry_ms of an allowing limit). 0: off. concurrency: window_ms is
+     * the lease (how long a slot stays taken without news), limit the
+     * slots; interval_us is unused. */
+    int64_t delay_ms;
 };
 
 struct limiter_result {
@@ -36,7 +43,8 @@ struct limiter_result {
     int64_t limit;          /* the quota shown in headers (limit or burst) */
     int64_t remaining;      /* quota left after this request (0 when denied) */
     int64_t reset_ms;       /* until the quota is fully restored */
-    int64_t retry_ms;       /* when denied: until a request would pass */
+    int64_t retry_ms;       /* when denied: until a request would pass;
+                             * when allowed with a delay: the wait (0: none) */
 };
 
 const char *limiter_algo_name(enum limiter_algo algo);
@@ -69,6 +77,9 @@ struct limiter_state {
         struct { double tokens; int64_t last_us; } bucket;  /* fractional tokens */
         struct { int64_t tat_us; } gcra;                    /* theoretical arrival */
     } u;
+    /* concurrency keeps its slots in the same caller-owned array, unsorted
+     * from index 0 (log_head stays 0): ms = the slot's lease expiry, n = its
+     * slot id. */
     /* sliding_log only: a ring of log_cap entries owned by the caller, sorted
      * by ms from log_head, log_len in use. Before limiter_commit() of a
      * sliding_log the caller makes sure log_len < log_cap (at most limit
@@ -101,5 +112,25 @@ int limiter_expired(const struct limiter_state *s, int64_t now_us);
 /* 0 when p is what the Lua accepts (limit >= 0; window >= 1 ms for window
  * algorithms, interval >= 1 us for the others) and cost >= 1, else -1. */
 int limiter_valid(const struct limiter_params *p, int64_t cost);
+
+/* ---- concurrency slots and delay refunds ---------------------------------
+ *
+ * A concurrency limit's check counts its live slots (limiter_check, as for
+ * the others; the slot being asked for is a new one). The slot is then taken
+ * with limiter_slot_take() instead of limiter_commit(); the caller makes sure
+ * log_len < log_cap first. A slot lives until its lease ends (expiry <= now
+ * in ms) unless renewed or given back. */
+void limiter_slot_take(struct limiter_state *s, const struct limiter_params *p,
+                       int64_t slot, int64_t now_us);
+/* Renew slot's lease; a slot that is gone is taken again when one is free
+ * (as limit.lua with the same slot id). Returns 1 when slot is held after. */
+int limiter_slot_renew(struct limiter_state *s, const struct limiter_params *p,
+                       int64_t slot, int64_t now_us);
+/* Give slot back; 1 when it was held. */
+int limiter_slot_give(struct limiter_state *s, int64_t slot);
+/* Give back cost units a token_bucket or gcra limit consumed (a held request
+ * whose client went away), as scripts/refund.lua does. Returns 1 when found. */
+int limiter_refund(struct limiter_state *s, const struct limiter_params *p,
+                   int64_t cost, int64_t now_us);
 
 #endif

@@ -342,9 +342,13 @@ static int memstore_apply(struct memstore *m, const struct store_limit *limits, 
             later = e[j] == e[i] && memstore_writes(limits, res, all_ok, j);
         if (later)
             continue;
-        if (limits[i].params->algo == LIMITER_SLIDING_LOG)
+        if (limits[i].params->algo == LIMITER_SLIDING_LOG ||
+            limits[i].params->algo == LIMITER_CONCURRENCY)
             entry_log_room(e[i]);
-        limiter_commit(&e[i]->st, limits[i].params, limits[i].cost, now_us);
+        if (limits[i].params->algo == LIMITER_CONCURRENCY)
+            limiter_slot_take(&e[i]->st, limits[i].params, limits[i].slot, now_us);
+        else
+            limiter_commit(&e[i]->st, limits[i].params, limits[i].cost, now_us);
         if (res->r[i].remaining == 0)
             entry_hold_if_spent(es[i], e[i], limits[i].params, now_us);
     }
@@ -466,4 +470,49 @@ int memstore_reset(struct memstore *m, const char *key, size_t len)
         stripe_remove(s, e);
     pthread_mutex_unlock(&s->lock);
     return e != NULL;
+}
+
+/* ---- concurrency slots and delay refunds ------------------------------------ */
+
+enum memstore_verb { MEMSTORE_RELEASE, MEMSTORE_RENEW, MEMSTORE_REFUND };
+
+/* One verb on one key, under its stripe's lock. A release or a refund of a
+ * key that is gone creates nothing. */
+static int memstore_verb(struct memstore *m, const struct store_limit *l, int64_t now_us,
+                         enum memstore_verb verb)
+{
+    int rc = 0;
+    if (l->params == NULL || limiter_valid(l->params, 1) != 0)
+        return 0;
+    uint64_t hash = kvtable_hash(&m->key, l->key, l->keylen);
+    struct stripe *s = &m->stripes[stripe_of(m, hash)];
+    pthread_mutex_lock(&s->lock);
+    struct mentry *e = (struct mentry *)kvtable_find(&s->table, hash, l->key, l->keylen);
+    if (verb == MEMSTORE_RENEW) {
+        s->decisions++;
+        e = stripe_get(s, l->key, l->keylen, hash, now_us);
+        entry_log_room(e);
+        rc = limiter_slot_renew(&e->st, l->params, l->slot, now_us);
+    } else if (e != NULL && verb == MEMSTORE_RELEASE) {
+        rc = limiter_slot_give(&e->st, l->slot);
+    } else if (e != NULL) {
+        rc = limiter_refund(&e->st, l->params, l->cost, now_us);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+void memstore_release(struct memstore *m, const struct store_limit *l, int64_t now_us)
+{
+    memstore_verb(m, l, now_us, MEMSTORE_RELEASE);
+}
+
+int memstore_renew(struct memstore *m, const struct store_limit *l, int64_t now_us)
+{
+    return memstore_verb(m, l, now_us, MEMSTORE_RENEW);
+}
+
+void memstore_refund(struct memstore *m, const struct store_limit *l, int64_t now_us)
+{
+    memstore_verb(m, l, now_us, MEMSTORE_REFUND);
 }

@@ -35,6 +35,17 @@ void memstore_destroy(struct memstore *m);  /* no decision may be running */
 int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
                     int64_t now_us, struct store_result *res);
 
+/* Concurrency and delay, for the backend's release/renew/refund verbs
+ * (backend.h), under the key's stripe lock:
+ *   memstore_release   gives slot back (a request ended)
+ *   memstore_renew     renews slot's lease (or takes it again if free);
+ *                      1 when held after
+ *   memstore_refund    gives back cost units a token_bucket or gcra
+ *                      reservation took (a held request's client went away) */
+void memstore_release(struct memstore *m, const struct store_limit *l, int64_t now_us);
+int memstore_renew(struct memstore *m, const struct store_limit *l, int64_t now_us);
+void memstore_refund(struct memstore *m, const struct store_limit *l, int64_t now_us);
+
 /* Keys held now (tests, metrics). */
 size_t memstore_count(struct memstore *m);
 

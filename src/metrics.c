@@ -186,7 +186,7 @@ static void render_regex_limits(struct evbuffer *out)
 }
 
 static const char *const names[METRICS_NDECISIONS] = {
-    "allowed", "limited", "shadow_limited", "error",
+    "allowed", "limited", "shadow_limited", "error", "delayed",
 };
 
 const char *metrics_decision_name(enum metrics_decision d)
@@ -355,6 +355,9 @@ void metrics_render(struct evbuffer *out)
     render_hist(out, "sluice_upstream_duration_seconds",
                 "Time from forwarding a request to the end of its response.",
                 &hists[METRICS_UPSTREAM_SECONDS]);
+    render_hist(out, "sluice_delay_seconds",
+                "How long delayed requests (a limit's delay) were held before forwarding.",
+                &hists[METRICS_DELAY_SECONDS]);
     evbuffer_add_printf(out,
         "# HELP sluice_connections Open connections by side.\n# TYPE sluice_connections gauge\n"
         "sluice_connections{side=\"client\"} %lld\nsluice_connections{side=\"upstream\"} %lld\n",

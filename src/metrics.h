@@ -15,9 +15,14 @@ struct evbuffer;
 
 enum metrics_decision {
     METRICS_ALLOWED, METRICS_LIMITED, METRICS_SHADOW_LIMITED, METRICS_ERROR,
+    METRICS_DELAYED,        /* admitted with a delay: held, then forwarded */
     METRICS_NDECISIONS
 };
-enum metrics_hist { METRICS_REDIS_SECONDS, METRICS_UPSTREAM_SECONDS, METRICS_NHIST };
+enum metrics_hist {
+    METRICS_REDIS_SECONDS, METRICS_UPSTREAM_SECONDS,
+    METRICS_DELAY_SECONDS,  /* how long delayed requests were held */
+    METRICS_NHIST
+};
 enum metrics_counter {
     METRICS_REDIS_REQUESTS, METRICS_REDIS_ERRORS, METRICS_DENY_CACHE_HITS,
     METRICS_RELOADS_OK, METRICS_RELOADS_FAILED,

@@ -63,6 +63,10 @@ static void add_policy(struct obuf *out, const struct conf_route *route,
         add_quoted(out, l->name);
         ADD_LIT(out, ";q=");
         add_int(out, l->params.limit);
+        if (l->params.algo == LIMITER_CONCURRENCY) {    /* draft-10's quota unit */
+            ADD_LIT(out, ";qu=\"concurrent-requests\"");
+            continue;
+        }
         ADD_LIT(out, ";w=");
         add_int(out, reply_seconds(l->params.window_ms));
     }
@@ -108,8 +112,10 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
         add_quoted(out, rl->limit[rl->shown]->name);
         ADD_LIT(out, ";r=");
         add_int(out, r->remaining);
-        ADD_LIT(out, ";t=");
-        add_int(out, reset);
+        if (rl->limit[rl->shown]->params.algo != LIMITER_CONCURRENCY) {   /* free slots: no time */
+            ADD_LIT(out, ";t=");
+            add_int(out, reset);
+        }
         if (up && up->ratelimit) {
             ADD_LIT(out, ", ");
             obuf_add(out, up->ratelimit, up->ratelimit_len);

@@ -138,7 +138,8 @@ void request_count_out(struct client *c, uint64_t n)
 /* One access-log line for the request in progress, once. */
 void request_log_end(struct client *c)
 {
-    static const char *const decisions[] = { "allowed", "limited", "shadow_limited", "error" };
+    static const char *const decisions[] = { "allowed", "limited", "shadow_limited", "error",
+                                             "delayed" };
     struct reqlog *rq = c->rq->log;
     if (rq == NULL || !rq->active)
         return;
@@ -160,6 +161,7 @@ void request_log_end(struct client *c)
         .bytes_in = rq->bytes_in, .bytes_out = rq->bytes_out,
         .request_id = c->rq->rid, .request_id_len = c->rq->rid_len,
         .tls = c->tls_version,
+        .delay_ms = c->rq->dec.wait_ms,
     };
     accesslog_write(c->env->alog, &e);
 }
@@ -296,6 +298,7 @@ void request_answer_named(struct client *c, int status, const char *name, int cl
  * that looks complete). */
 void request_fail(struct client *c, int status)
 {
+    decide_release(&c->rq->dec);    /* the upstream failed: its slots go back now */
     if (c->up) {
         upstream_close(c->up);
         c->up = NULL;
@@ -522,7 +525,8 @@ int request_consume_counted(struct client *c, int status)
 static void decide(struct client *c)
 {
     struct request *rq = c->rq;
-    struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny };
+    struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
+                              c->env->base };
     struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
                              c->route->regex ? &rq->caps : NULL };
     int v = decide_start(&rq->dec, &env, c->conf, c->route, &req, request_decided, c);

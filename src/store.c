@@ -121,6 +121,7 @@ struct store_call {
     struct limiter_params params[STORE_MAX_LIMITS];
     int64_t cost[STORE_MAX_LIMITS];
     unsigned flags[STORE_MAX_LIMITS];
+    int64_t slot[STORE_MAX_LIMITS];  /* concurrency: the request's slot id */
     char *keys;                     /* every key, back to back */
     size_t keycap;
     size_t koff[STORE_MAX_LIMITS], klen[STORE_MAX_LIMITS];
@@ -472,7 +473,7 @@ static int node_load_scripts(struct store_node *n)
     if (n->script_loads > 0)
         return 0;
     const char *scripts[2] = { limit_lua, refund_lua };
-    int nscripts = n->s->mode == STORE_CLUSTER ? 2 : 1;
+    int nscripts = 2;           /* refund.lua also gives slots back (store_give_back) */
     for (int i = 0; i < nscripts; i++) {
         const char *argv[3] = { "SCRIPT", "LOAD", scripts[i] };
         size_t len[3] = { 6, 4, strlen(scripts[i]) };
@@ -522,10 +523,10 @@ static int node_handshake(struct store_node *n)
     }
     const char *load[3] = { "SCRIPT", "LOAD", limit_lua };
     rc |= node_send_handshake(n, "SCRIPT LOAD", 3, load);
-    if (s->mode == STORE_CLUSTER) {
-        const char *refund[3] = { "SCRIPT", "LOAD", refund_lua };
-        rc |= node_send_handshake(n, "SCRIPT LOAD refund", 3, refund);
-    }
+    /* refund.lua: cluster refunds, and everywhere the release of concurrency
+     * slots and of delayed requests' reservations */
+    const char *refund[3] = { "SCRIPT", "LOAD", refund_lua };
+    rc |= node_send_handshake(n, "SCRIPT LOAD refund", 3, refund);
     return rc;
 }
 
@@ -1065,10 +1066,14 @@ static void store_encode_evalsha(struct store_req *q, const struct store_call *c
     p = store_put_int(p, n);
     for (int i = 0; i < n; i++) {
         const struct limiter_params *lp = &c->params[li[i]];
+        /* delay: the window's place carries it (flag 4); concurrency: the
+         * interval's carries the slot id */
+        int64_t window = lp->delay_ms > 0 ? lp->delay_ms : lp->window_ms;
+        int64_t interval = lp->algo == LIMITER_CONCURRENCY ? c->slot[li[i]] : lp->interval_us;
         p = store_put_int(p, (int64_t)lp->algo);
         p = store_put_int(p, lp->limit);
-        p = store_put_int(p, lp->window_ms);
-        p = store_put_int(p, lp->interval_us);
+        p = store_put_int(p, window);
+        p = store_put_int(p, interval);
         p = store_put_int(p, c->cost[li[i]]);
         p = store_put_int(p, last[i]);
     }
@@ -1084,7 +1089,8 @@ static void store_encode(struct store_req *q, char mode)
     int64_t flags[STORE_MAX_LIMITS];
     char m[2] = { mode, '\0' };
     for (int i = 0; i < q->n; i++)
-        flags[i] = (int64_t)c->flags[q->idx[i]];
+        flags[i] = (int64_t)c->flags[q->idx[i]] |
+                   (c->params[q->idx[i]].delay_ms > 0 ? 4 : 0);    /* limit.lua's delay flag */
     store_encode_evalsha(q, c, limit_lua_sha, q->idx, q->n, m, NULL, 0, flags);
 }
 
@@ -1183,6 +1189,39 @@ static void store_refund(struct store_call *c, const struct store_req *g)
     }
 }
 
+/* One limit's give-back (store.h): refund.lua with TIME 0 0 (only
+ * sliding_log reads it) and the slot id as the mark, sent like a refund. */
+void store_give_back(struct store *s, const struct store_limit *l)
+{
+    struct store_call tmp;
+    int li[1] = { 0 };
+    int64_t times[2] = { 0, 0 }, marks[1] = { l->slot };
+    if (l->params->algo == LIMITER_CONCURRENCY ? l->slot < 1 :
+        l->params->algo != LIMITER_TOKEN_BUCKET && l->params->algo != LIMITER_GCRA)
+        return;
+    memset(&tmp, 0, sizeof(tmp));
+    tmp.n = 1;
+    tmp.params[0] = *l->params;
+    tmp.params[0].delay_ms = 0;             /* refund.lua takes no delay */
+    tmp.cost[0] = l->cost;
+    tmp.slot[0] = l->slot;
+    tmp.keys = (char *)l->key;              /* read only, during the encoding */
+    tmp.klen[0] = l->keylen;
+    struct store_req *q = mem_calloc(1, sizeof(*q));
+    q->s = s;
+    q->slot = s->mode == STORE_CLUSTER ? store_slot(l->key, l->keylen) : -1;
+    q->deadline_ms = clock_ms() + STORE_REFUND_BUDGET_MS;
+    store_encode_evalsha(q, &tmp, refund_lua_sha, li, 1, NULL, times, 2, marks);
+    q->next = s->refunds;
+    if (s->refunds != NULL)
+        s->refunds->prev = q;
+    s->refunds = q;
+    if (req_dispatch(q) != 0) {
+        q->done = 1;
+        req_settle(q);
+    }
+}
+
 /* Every group has answered: allowed only when all allowed. When some group
  * denied, the groups that allowed consumed: refund them, and report their
  * state without this request (as limit.lua does for a denied request). */
@@ -1204,7 +1243,8 @@ static void store_call_complete(struct store_call *c)
                 int li = g->idx[j];
                 struct limiter_result *r = &res->r[li];
                 if (r->allowed && !(c->flags[li] & STORE_CHECK_ONLY)) {
-                    r->remaining += c->cost[li];
+                    /* a concurrency limit took one slot, whatever the cost */
+                    r->remaining += c->params[li].algo == LIMITER_CONCURRENCY ? 1 : c->cost[li];
                     if (r->remaining > r->limit)
                         r->remaining = r->limit;
                 }
@@ -1675,6 +1715,7 @@ static void store_call_copy(struct store_call *c, const struct store_limit *limi
         c->params[i] = *limits[i].params;
         c->cost[i] = limits[i].cost;
         c->flags[i] = limits[i].flags;
+        c->slot[i] = limits[i].slot;
         c->koff[i] = off;
         c->klen[i] = limits[i].keylen;
         memcpy(c->keys + off, limits[i].key, limits[i].keylen);

@@ -36,6 +36,8 @@ struct store_limit {
     const struct limiter_params *params;
     int64_t cost;               /* units this request consumes, >= 1 */
     unsigned flags;             /* STORE_SHADOW, STORE_CHECK_ONLY */
+    int64_t slot;               /* concurrency: this request's slot id (1..2^53-1),
+                                 * sent as the interval argument; 0 otherwise */
 };
 
 /* A shadow limit is decided and consumed like the others but its denial
@@ -79,6 +81,13 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
 void store_cancel(struct store_call *call);
 
 int store_connected(const struct store *s);
+
+/* Give back what one limit holds for a request, fire and forget (one
+ * refund.lua call, pipelined with the decisions; nothing waits for it): a
+ * concurrency limit's slot (l->slot) when the request ends, or the cost a
+ * held (delayed) token_bucket or gcra request reserved when its client went
+ * away. Dropped when the store is not connected: a slot's lease ends it. */
+void store_give_back(struct store *s, const struct store_limit *l);
 
 /* Whether s's readiness counts in the process-wide gauge behind /readyz and
  * sluice_redis_connected (on from store_create). A store a reload replaced

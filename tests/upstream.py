@@ -195,7 +195,8 @@ def answer(sock, conn_no, req, body_len, body_sha1, chunked):
     echo = {"method": method, "target": target, "version": version,
             "headers": [[n, v] for n, v in headers], "body_len": body_len,
             "body_sha1": body_sha1, "chunked": chunked, "conn": conn_no,
-            "seq": req_seq(sock), "server_port": SERVER_PORT[0]}
+            "seq": req_seq(sock), "server_port": SERVER_PORT[0],
+            "arrived": ARRIVED.t}    # wall time the head was read (smoothing tests)
     status = 200
     extra = []
     body = json.dumps(echo).encode()
@@ -246,6 +247,7 @@ def answer(sock, conn_no, req, body_len, body_sha1, chunked):
 
 
 _seq = threading.local()
+ARRIVED = threading.local()     # .t: when this thread read the current head
 
 
 def req_seq(sock):
@@ -278,6 +280,7 @@ def handle(sock, conn_no):
                 serve_stats(sock)
                 continue
             _seq.n += 1
+            ARRIVED.t = time.time()
             with STATS.lock:
                 STATS.heads += 1
                 STATS.targets.append(target)

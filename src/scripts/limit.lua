@@ -16,21 +16,29 @@
 --                       limits of a route decided in several slots)
 --   ARGV[2]             N, equal to #KEYS
 --   ARGV[3+6*(i-1)]     algo: 0 fixed_window, 1 sliding_window, 2 sliding_log,
---                             3 token_bucket, 4 gcra  (enum limiter_algo)
+--                             3 token_bucket, 4 gcra, 5 concurrency
+--                             (enum limiter_algo)
 --   ARGV[4+6*(i-1)]     limit: requests per window, or the burst (bucket, gcra)
 --   ARGV[5+6*(i-1)]     window_ms (window algorithms; ignored otherwise)
 --   ARGV[6+6*(i-1)]     interval_us: microseconds per token (bucket, gcra)
 --   ARGV[7+6*(i-1)]     cost: units this request consumes (>= 1)
 --   ARGV[8+6*(i-1)]     flags: 1 shadow (its denial does not deny the request;
 --                       it consumes when it allows and the request passes),
---                       2 check only (may deny; never consumes here)
+--                       2 check only (may deny; never consumes here),
+--                       4 delay (token_bucket, gcra: window_ms carries the
+--                       delay in ms; see "Delay" below)
+--   concurrency (algo 5): limit = slots, window_ms = the lease in ms,
+--                       interval_us = this request's slot id (an integer
+--                       below 2^53, unique per request); cost is ignored
+--                       (one slot per request). See "Concurrency" below.
 -- Run-time overrides (the admin API): the call may carry 2N keys instead
 --   of N; then KEYS[N+i] is limit i's override key (its counter key and
 --   ":ovr"), a STRING "ALGO LIMIT INTERVAL_US" set by an operator. When
 --   present and ALGO is limit i's algo, LIMIT replaces its limit (the burst
 --   for bucket and gcra) and, for bucket and gcra, INTERVAL_US (>= 1) its
 --   interval; the window stays. With 2N keys the reply ends with one more
---   integer per limit: the limit (or burst) it applied.
+--   integer per limit: the limit (or burst) it applied. A concurrency
+--   limit takes LIMIT only (its interval carries the slot id).
 -- Reply:  { allowed, then per limit: allowed_i, remaining_i, reset_ms_i, retry_ms_i }
 --   mode "c" appends { time_s, time_us, then per limit: mark_i }: the TIME
 --   this script ran at, and per limit the window index (fixed_window,
@@ -58,6 +66,20 @@
 -- is not a string, a value that does not match the algorithm's pattern is
 -- ignored, SET replaces a key of any type, and sliding_log reads with
 -- redis.pcall (a string there is deleted before its ZADD).
+--
+-- Delay (flag 4, token_bucket and gcra): a request that would pass within
+-- the delay is admitted now and its future slot reserved here: gcra's TAT
+-- runs up to delay past now + burst, the bucket's tokens go negative down to
+-- -delay/interval. Its retry_ms_i is then the wait (ms, >= 1), which the
+-- proxy holds it for; 0 when it passes at once. A denial's retry_ms_i is
+-- until it would pass with the delay.
+--
+-- Concurrency (algo 5): ZSET of slot ids scored by lease expiry (ms). Expired
+-- slots leave (ZREMRANGEBYSCORE -inf now_ms), then ZCARD counts the others;
+-- admitted: ZADD now+lease and PEXPIRE lease. A slot id already in the set
+-- (a renewal) stays admitted and gets its new lease. Denied: retry_ms 1000.
+-- The proxy gives a slot back with refund.lua (ZREM) when the request ends.
+-- Mode "c" reports the slot id as the mark.
 --
 -- The hot path makes no closures and no tables per limit: the decisions
 -- go straight into the reply, and the planned writes into one flat table.
@@ -107,7 +129,7 @@ for i = 1, n do
     if algo == nil or L == nil or W == nil or I == nil or c == nil or f == nil
             or algo % 1 ~= 0 or L % 1 ~= 0 or W % 1 ~= 0 or I % 1 ~= 0 or c % 1 ~= 0
             or f % 1 ~= 0 or algo < 0 or L < 0 or W < 0 or I < 0 or c < 1 or f < 0
-            or f > 3 then
+            or f > 7 then
         return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
     end
     if limits then
@@ -115,11 +137,19 @@ for i = 1, n do
         local ov = vals[n + i]
         local oa, ol, oi
         if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
-        if oa and tonumber(oa) == algo and (algo <= 2 or tonumber(oi) >= 1) then
+        if oa and tonumber(oa) == algo and (algo <= 2 or algo == 5 or tonumber(oi) >= 1) then
             L = tonumber(ol)
-            if algo > 2 then I = tonumber(oi) end
+            if algo == 3 or algo == 4 then I = tonumber(oi) end
         end
         limits[i] = L
+    end
+    -- delay (flag 4): window_ms is the delay, in ms (token_bucket, gcra)
+    local D = 0
+    if f >= 4 then
+        if algo ~= 3 and algo ~= 4 then
+            return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
+        end
+        D, f = W * 1000, f - 4
     end
     local s = vals[i]
     local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
@@ -255,17 +285,24 @@ for i = 1, n do
                     if tokens > B then tokens = B end
                 end
             end
-            ok = c <= B and tokens >= c
+            local need = (c - tokens) * I        -- delay: the missing tokens' refill, us
+            ok = c <= B and (tokens >= c or need <= D)
             rem0, reset0 = floor(tokens), ceil((B - tokens) * I / 1000)
+            if rem0 < 0 then rem0 = 0 end
             if ok then
                 local after = tokens - c
                 rem, reset, retry = floor(after), ceil((B - after) * I / 1000), 0
+                if rem < 0 then rem = 0 end
+                if tokens < c then
+                    retry = ceil(need / 1000)
+                    if retry < 1 then retry = 1 end
+                end
                 val, opt = format('B%d %.17g', now_us, after), 'PX'
                 exp = reset < 1 and '1' or format('%d', reset)
             else
                 rem, reset = 0, reset0
                 if c > B then retry = ceil(B * I / 1000)
-                else retry = ceil((c - tokens) * I / 1000) end
+                else retry = ceil((need - D) / 1000) end
                 if retry < 1 then retry = 1 end
             end
         else
@@ -277,33 +314,64 @@ for i = 1, n do
             end
             local new_tat = tat + c * I
             local BI = B * I
-            ok = c <= B and new_tat - now_us <= BI
+            local wait = new_tat - BI - now_us   -- delay: > 0 is the hold, us
+            ok = c <= B and new_tat - now_us <= BI + D
             rem0 = floor((BI - (tat - now_us)) / I)
             if rem0 < 0 then rem0 = 0 end
             reset0 = ceil((tat - now_us) / 1000)
             if ok then
                 rem = floor((BI - (new_tat - now_us)) / I)
+                if rem < 0 then rem = 0 end
                 reset, retry = ceil((new_tat - now_us) / 1000), 0
+                if wait > 0 then
+                    retry = ceil(wait / 1000)
+                    if retry < 1 then retry = 1 end
+                end
                 val, opt = format('%d', new_tat), 'PX'
                 exp = reset < 1 and '1' or format('%d', reset)
             else
                 rem, reset = 0, reset0
                 if c > B then retry = ceil(BI / 1000)
-                else retry = ceil((new_tat - BI - now_us) / 1000) end
+                else retry = ceil((wait - D) / 1000) end
                 if retry < 1 then retry = 1 end
             end
+        end
+    elseif algo == 5 then
+        -- concurrency: W is the lease (ms), I this request's slot id
+        if W < 1 then
+            return redis.error_reply('ERR sluice limit.lua: bad lease ' .. i)
+        end
+        local key, member = KEYS[i], format('%d', I)
+        local gone = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms))
+        local stale = type(gone) ~= 'number'     -- another type: reads as empty
+        local count, mine = 0, false
+        if not stale then
+            count = redis.call('ZCARD', key)
+            mine = redis.call('ZSCORE', key, member) ~= false
+        end
+        mark = I
+        rem0, reset0, reset = L - count, 0, 0
+        if rem0 < 0 then rem0 = 0 end
+        if mine then count = count - 1 end       -- a renewal: its own slot
+        ok = count + 1 <= L
+        if ok then
+            rem, retry = L - count - 1, 0
+            val, opt, exp = member, stale and 'CS' or 'C', W
+        else
+            rem, retry = 0, 1000
         end
     else
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
     end
-    if n == 1 and opt ~= 'Z' and opt ~= 'ZS' and not marks then
+    if n == 1 and opt ~= 'Z' and opt ~= 'ZS' and opt ~= 'C' and opt ~= 'CS'
+            and not marks then
         local r
         if not ok then                                   -- allowed only when shadow
             r = { (f == 1 or f == 3) and 1 or 0, 0, rem, reset, retry }
         elseif f < 2 then                                -- not check only: consume
             if exp then redis.call('SET', KEYS[1], val, opt, exp)
             else redis.call('SET', KEYS[1], val, opt) end
-            r = { 1, 1, rem, reset, 0 }
+            r = { 1, 1, rem, reset, retry }                 -- retry: a delay's wait
         else
             r = { 1, 1, rem0, reset0, 0 }
         end
@@ -330,11 +398,17 @@ for i = 1, n do
     if out[o - 2] == 1 then
         local v = all_ok and w[3 * i - 2]
         if not v then
-            out[o - 1], out[o] = z[2 * i - 1], z[2 * i]
+            out[o - 1], out[o], out[o + 1] = z[2 * i - 1], z[2 * i], 0   -- no delay's wait
         elseif w[3 * i - 1] == 'KEEPTTL' then
             redis.call('SET', KEYS[i], v, 'KEEPTTL')
         elseif w[3 * i - 1] == 'PXAT' or w[3 * i - 1] == 'PX' then
             redis.call('SET', KEYS[i], v, w[3 * i - 1], w[3 * i])
+        elseif w[3 * i - 1] == 'C' or w[3 * i - 1] == 'CS' then
+            -- concurrency: the slot, scored by its lease's end
+            local W = w[3 * i]
+            if w[3 * i - 1] == 'CS' then redis.call('DEL', KEYS[i]) end
+            redis.call('ZADD', KEYS[i], format('%d', now_ms + W), v)
+            redis.call('PEXPIRE', KEYS[i], format('%d', W))
         else
             local key, W, cost = KEYS[i], w[3 * i], tonumber(ARGV[6 * i + 1])
             if w[3 * i - 1] == 'ZS' then

@@ -22,6 +22,10 @@
 --   sliding_log     ZREM the members limit.lua added
 --   token_bucket    tokens += cost, capped at the burst (full = no key)
 --   gcra            TAT -= cost * interval, never below now (now = no key)
+--   concurrency     ZREM the slot id `mark` (algo 5): the proxy's release of
+--                   a request's slot when it ends, and a cross-slot refund
+-- token_bucket and gcra also give back a delayed request whose client went
+-- away before it was forwarded (time_s, time_us and mark 0).
 -- A key of another type or layout has nothing of this request: it is left
 -- alone (MGET answers nil for a key that is not a string).
 
@@ -105,6 +109,12 @@ local function refund_gcra(key, s, I, c)
     return 1
 end
 
+local function refund_slot(key, mark)
+    local r = redis.pcall('ZREM', key, format('%d', mark))
+    if type(r) == 'number' and r > 0 then return 1 end
+    return 0                             -- gone already, or not a zset
+end
+
 local function arg_int(i, lowest)
     local v = tonumber(ARGV[i])
     if v == nil or v ~= floor(v) or v < lowest then return nil end
@@ -135,6 +145,7 @@ for i = 1, n do
     elseif algo == 2 then given = given + refund_log(key, c, mark, base)
     elseif algo == 3 then given = given + refund_bucket(key, vals[i], L, I, c)
     elseif algo == 4 then given = given + refund_gcra(key, vals[i], I, c)
+    elseif algo == 5 then given = given + refund_slot(key, mark)
     else return redis.error_reply('ERR sluice refund.lua: bad algorithm ' .. i) end
 end
 return given

@@ -19,9 +19,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TABLE = os.path.join(ROOT, "tests", "unit", "data", "limiter_cases.txt")
 SCRIPT = os.path.join(ROOT, "src", "scripts", "limit.lua")
+REFUND = os.path.join(ROOT, "src", "scripts", "refund.lua")
 DAY_MS = 86400000
-ALGOS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra"]
-STEP = re.compile(r"^at (-?\d+) cost (\d+) -> ([01])((?: \| [01] -?\d+ -?\d+ -?\d+)+)\s*$")
+ALGOS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra",
+         "concurrency"]
+CONCURRENCY = 5
+STEP = re.compile(r"^at (-?\d+) cost (\d+)(?: slot ([1-9]\d*))? -> ([01])"
+                  r"((?: \| [01] -?\d+ -?\d+ -?\d+)+)\s*$")
+SLOT_STEP = re.compile(r"^(release|renew) (-?\d+) slot ([1-9]\d*)(?: -> ([01]))?\s*$")
 
 
 class Case:
@@ -29,7 +34,8 @@ class Case:
         self.name = name
         self.line = line
         self.limits = []    # dicts: algo, limit, window_ms, interval_us, flags, key
-        self.steps = []     # (line, at_us, cost, allowed, [(a, rem, reset, retry)...])
+        self.steps = []     # (line, at_us, cost, allowed, [(a, rem, reset, retry)...], slot)
+                            # or (line, "release"/"renew", at_us, slot, allowed)
 
 
 def parse_limit(case, rest, lineno):
@@ -37,7 +43,7 @@ def parse_limit(case, rest, lineno):
     if not words or words[0] not in ALGOS:
         raise ValueError("%s:%d: unknown algorithm" % (TABLE, lineno))
     lim = {"algo": ALGOS.index(words[0]), "limit": 0, "window_ms": 0, "interval_us": 0,
-           "flags": 0, "key": str(len(case.limits))}
+           "delay_ms": 0, "flags": 0, "key": str(len(case.limits))}
     for w in words[1:]:
         k, sep, v = w.partition("=")
         if not sep or k not in lim or k == "algo":
@@ -52,11 +58,20 @@ def parse_step(case, rest, lineno):
     m = STEP.match("at " + rest)
     if not m or not case.limits:
         raise ValueError("%s:%d: cannot read step" % (TABLE, lineno))
-    per = [tuple(int(x) for x in part.split()) for part in m.group(4).split("|")[1:]]
+    per = [tuple(int(x) for x in part.split()) for part in m.group(5).split("|")[1:]]
     if len(per) != len(case.limits):
         raise ValueError("%s:%d: %d results for %d limits" %
                          (TABLE, lineno, len(per), len(case.limits)))
-    case.steps.append((lineno, int(m.group(1)), int(m.group(2)), int(m.group(3)), per))
+    case.steps.append((lineno, int(m.group(1)), int(m.group(2)), int(m.group(4)), per,
+                       int(m.group(3) or 0)))
+
+
+def parse_slot_step(case, line, lineno):
+    m = SLOT_STEP.match(line)
+    if not m or not case.limits or (m.group(1) == "renew") != (m.group(4) is not None):
+        raise ValueError("%s:%d: cannot read step" % (TABLE, lineno))
+    case.steps.append((lineno, m.group(1), int(m.group(2)), int(m.group(3)),
+                       int(m.group(4) or 0)))
 
 
 def load_cases():
@@ -73,6 +88,8 @@ def load_cases():
                 parse_limit(cases[-1], rest, lineno)
             elif word == "at" and cases:
                 parse_step(cases[-1], rest, lineno)
+            elif word in ("release", "renew") and cases:
+                parse_slot_step(cases[-1], line, lineno)
             else:
                 raise ValueError("%s:%d: cannot read %r" % (TABLE, lineno, line))
     for c in cases:
@@ -92,20 +109,45 @@ def lua_redis(tmp_path_factory):
     try:
         with open(SCRIPT, "rb") as f:
             sha = redis_cmd(srv.port, "SCRIPT", "LOAD", f.read()).decode()
+        with open(REFUND, "rb") as f:
+            refund_sha = redis_cmd(srv.port, "SCRIPT", "LOAD", f.read()).decode()
         # Time is shifted by whole days, so every window stays aligned, and
         # into the future, so that SET PXAT (Redis' real clock) keeps the keys.
         base_ms = (int(time.time() * 1000) // DAY_MS + 2) * DAY_MS
-        yield srv.port, sha, base_ms * 1000
+        yield srv.port, (sha, refund_sha), base_ms * 1000
     finally:
         srv.stop()
 
 
-def evalsha_t(port, sha, keys, limits, cost, now_us):
+def limit_args(lim, cost, slot):
+    """One limit's six arguments: a delay goes as flag 4 with the delay in
+    the window's place; a concurrency limit's interval is the slot id."""
+    window, interval, flags = lim["window_ms"], lim["interval_us"], lim["flags"]
+    if lim["delay_ms"]:
+        window, flags = lim["delay_ms"], flags | 4
+    if lim["algo"] == CONCURRENCY:
+        interval = slot
+    return [lim["algo"], lim["limit"], window, interval, cost, flags]
+
+
+def evalsha_t(port, sha, keys, limits, cost, now_us, slot=0):
     args = ["EVALSHA", sha, len(keys)] + keys + ["t", len(limits)]
     for lim in limits:
-        args += [lim["algo"], lim["limit"], lim["window_ms"], lim["interval_us"], cost,
-                 lim["flags"]]
+        args += limit_args(lim, cost, slot)
     return redis_cmds(port, [args + [now_us]])[-1]
+
+
+def slot_step(port, shas, keys, limits, kind, at_us, slot):
+    """release: refund.lua (algo 5, mark = the slot) per concurrency key;
+    renew: limit.lua with the concurrency limits alone, same slot id."""
+    conc = [(k, lim) for k, lim in zip(keys, limits) if lim["algo"] == CONCURRENCY]
+    if kind == "release":
+        for k, lim in conc:
+            redis_cmds(port, [["EVALSHA", shas[1], 1, k, 0, 0, 1, CONCURRENCY, lim["limit"],
+                               lim["window_ms"], slot, 1, slot]])
+        return None
+    return evalsha_t(port, shas[0], [k for k, _ in conc], [l for _, l in conc], 1, at_us,
+                     slot)[0]
 
 
 def test_table_is_big_enough():
@@ -119,12 +161,19 @@ def test_table_is_big_enough():
 
 @pytest.mark.parametrize("idx", range(len(CASES)), ids=[c.name for c in CASES])
 def test_case(lua_redis, idx):
-    port, sha, base_us = lua_redis
+    port, shas, base_us = lua_redis
     case = CASES[idx]
     keys = ["ltable:{%d}:%s" % (idx, lim["key"]) for lim in case.limits]
     bad = []
-    for lineno, at_us, cost, allowed, want in case.steps:
-        reply = evalsha_t(port, sha, keys, case.limits, cost, base_us + at_us)
+    for step in case.steps:
+        if step[1] in ("release", "renew"):
+            lineno, kind, at_us, slot, allowed = step
+            got = slot_step(port, shas, keys, case.limits, kind, base_us + at_us, slot)
+            if kind == "renew" and got != allowed:
+                bad.append("%s:%d: renew got %d, want %d" % (TABLE, lineno, got, allowed))
+            continue
+        lineno, at_us, cost, allowed, want, slot = step
+        reply = evalsha_t(port, shas[0], keys, case.limits, cost, base_us + at_us, slot)
         got = [tuple(reply[1 + 4 * i: 5 + 4 * i]) for i in range(len(case.limits))]
         if reply[0] != allowed or got != want:
             bad.append("%s:%d: got %d %s, want %d %s" % (TABLE, lineno, reply[0], got,
@@ -136,7 +185,7 @@ def test_case(lua_redis, idx):
 
 
 def test_mode_t_refuses_a_bad_time(lua_redis):
-    port, sha, base_us = lua_redis
+    port, (sha, _), base_us = lua_redis
     lim = [0, 5, 1000, 0, 1, 0]
     for bad in ["soon", "1.5"]:
         with pytest.raises(RedisError):
@@ -150,7 +199,7 @@ def test_mode_t_refuses_a_bad_time(lua_redis):
 
 def test_mode_d_still_uses_redis_time(lua_redis):
     """The fake clock is only in "t": "d" on the same key follows TIME."""
-    port, sha, _ = lua_redis
+    port, (sha, _), _ = lua_redis
     lim = [0, 2, 86400000, 0, 1, 0]        # fixed_window 2 per day
     out = [redis_cmds(port, [["EVALSHA", sha, 1, "ltable:d", "d", 1] + lim])[-1]
            for _ in range(3)]

@@ -277,7 +277,7 @@ static void test_reference(void **state)
     assert_int_equal(c->upstreams[0].connect_timeout_ms, 2000);
     assert_int_equal(c->upstreams[0].timeout_ms, 30000);
     assert_int_equal(c->ntrusted, 1);
-    assert_int_equal(c->nroutes, 3);
+    assert_int_equal(c->nroutes, 4);
     assert_int_equal(c->backend, CONF_BACKEND_REDIS);
     assert_int_equal(c->memory_max_keys, 1000000);
     assert_int_equal(c->deny_cache_max_keys, 100000);
@@ -323,6 +323,16 @@ static void test_reference(void **state)
     assert_int_equal(r->limits[0].keys[0].capture, 1);
 
     r = &c->routes[2];
+    assert_string_equal(r->name, "exports");
+    assert_int_equal(r->nlimits, 2);
+    assert_int_equal(r->limits[0].params.algo, LIMITER_CONCURRENCY);
+    assert_int_equal(r->limits[0].params.limit, 3);
+    assert_int_equal(r->limits[0].params.window_ms, 40000);     /* lease: timeout + 10 s */
+    assert_int_equal(r->limits[1].params.algo, LIMITER_GCRA);
+    assert_int_equal(r->limits[1].params.interval_us, 500000);
+    assert_int_equal(r->limits[1].params.delay_ms, 2000);
+
+    r = &c->routes[3];
     assert_string_equal(r->name, "default");
     assert_string_equal(r->path, "/");
     assert_null(r->methods);
@@ -1009,7 +1019,7 @@ static void test_refcount(void **state)
     conf_release(c);
     conf_release(c);
     assert_int_equal(c->refs, 1);
-    assert_string_equal(c->routes[2].name, "default");        /* still alive */
+    assert_string_equal(c->routes[3].name, "default");        /* still alive */
     conf_release(c);                                           /* freed: valgrind/ASan check */
     conf_release(NULL);
 }

@@ -24,8 +24,14 @@
 /* 20000 days after the epoch (2024-10-04): a base with real-sized numbers */
 #define LCASE_EPOCH_US (20000LL * LCASE_DAY_MS * 1000)
 
+/* A step decides, or (concurrency) releases or renews a slot in every
+ * concurrency limit of the case. */
+enum lcase_kind { LCASE_DECIDE, LCASE_RELEASE, LCASE_RENEW };
+
 struct lcase_step {
     int line;
+    enum lcase_kind kind;
+    int64_t slot;                           /* concurrency: the slot id, 0: none */
     int64_t at_us, cost;
     int allowed;
     struct limiter_result r[STORE_MAX_LIMITS];
@@ -44,7 +50,7 @@ struct lcase {
 
 static int lcase_algo(const char *name, enum limiter_algo *algo)
 {
-    for (int a = LIMITER_FIXED_WINDOW; a <= LIMITER_GCRA; a++)
+    for (int a = LIMITER_FIXED_WINDOW; a <= LIMITER_CONCURRENCY; a++)
         if (strcmp(limiter_algo_name((enum limiter_algo)a), name) == 0) {
             *algo = (enum limiter_algo)a;
             return 0;
@@ -80,6 +86,7 @@ static int lcase_limit(struct lcase *c, char *rest)
         if (strcmp(key, "limit") == 0) p->limit = v;
         else if (strcmp(key, "window_ms") == 0) p->window_ms = v;
         else if (strcmp(key, "interval_us") == 0) p->interval_us = v;
+        else if (strcmp(key, "delay_ms") == 0) p->delay_ms = v;
         else if (strcmp(key, "flags") == 0 && v >= 0 && v <= 3) c->flags[n] = (unsigned)v;
         else return -1;
     }
@@ -93,18 +100,46 @@ static int lcase_limit(struct lcase *c, char *rest)
     return 0;
 }
 
-/* "at T cost C -> A | a rem reset retry | ..." */
+/* "release T slot S", "renew T slot S -> A" (concurrency limits only). */
+static int lcase_slot_step(struct lcase *c, enum lcase_kind kind, const char *rest, int line)
+{
+    struct lcase_step *s;
+    long long at, slot;
+    int allowed = 0, used = 0;
+    if (c->nlimits == 0 || c->nsteps >= LCASE_STEPS_MAX)
+        return -1;
+    s = &c->step[c->nsteps++];
+    s->line = line;
+    s->kind = kind;
+    if (sscanf(rest, "%lld slot %lld%n", &at, &slot, &used) != 2 || slot < 1)
+        return -1;
+    rest += used;
+    if (kind == LCASE_RENEW) {
+        if (sscanf(rest, " -> %d%n", &allowed, &used) != 1)
+            return -1;
+        rest += used;
+    }
+    s->at_us = at;
+    s->slot = slot;
+    s->allowed = allowed;
+    return rest[strspn(rest, " \t\r\n")] == '\0' ? 0 : -1;
+}
+
+/* "at T cost C [slot S] -> A | a rem reset retry | ..." */
 static int lcase_step(struct lcase *c, const char *rest, int line)
 {
     struct lcase_step *s;
-    long long at, cost;
+    long long at, cost, slot = 0;
     int allowed, used = 0;
     if (c->nlimits == 0 || c->nsteps >= LCASE_STEPS_MAX)
         return -1;
     s = &c->step[c->nsteps++];
     s->line = line;
-    if (sscanf(rest, "%lld cost %lld -> %d%n", &at, &cost, &allowed, &used) != 3)
+    if (sscanf(rest, "%lld cost %lld -> %d%n", &at, &cost, &allowed, &used) != 3 &&
+        (sscanf(rest, "%lld cost %lld slot %lld -> %d%n", &at, &cost, &slot, &allowed,
+                &used) != 4 || slot < 1))
         return -1;
+    s->slot = slot;
     s->at_us = at;
     s->cost = cost;
     s->allowed = allowed;
@@ -148,6 +183,10 @@ static int lcases_load(struct lcase **out)
             bad = lcase_limit(&cases[n - 1], p + 6) != 0;
         } else if (n > 0 && strncmp(p, "at ", 3) == 0) {
             bad = lcase_step(&cases[n - 1], p + 3, line) != 0;
+        } else if (n > 0 && strncmp(p, "release ", 8) == 0) {
+            bad = lcase_slot_step(&cases[n - 1], LCASE_RELEASE, p + 8, line) != 0;
+        } else if (n > 0 && strncmp(p, "renew ", 6) == 0) {
+            bad = lcase_slot_step(&cases[n - 1], LCASE_RENEW, p + 6, line) != 0;
         } else {
             bad = 1;
         }
@@ -225,8 +264,8 @@ static int lrun_writes(const struct lcase *c, const struct limiter_result *r, in
  * when every limit that is not shadow allows; then the allowing limits that
  * are not check-only are consumed (a shared key once) and the other allowing
  * ones report their state as it was. */
-static int lrun_decide(struct lrun *run, const struct lcase *c, int64_t cost, int64_t now_us,
-                       struct limiter_result *r)
+static int lrun_decide(struct lrun *run, const struct lcase *c, int64_t cost, int64_t slot,
+                       int64_t now_us, struct limiter_result *r)
 {
     int all = 1;
     for (int i = 0; i < c->nlimits; i++)
@@ -243,7 +282,28 @@ static int lrun_decide(struct lrun *run, const struct lcase *c, int64_t cost, in
         if (!lrun_writes(c, r, all, i) || later)
             continue;
         lrun_room(&run->st[c->slot[i]]);
-        limiter_commit(&run->st[c->slot[i]], &c->p[i], cost, now_us);
+        if (c->p[i].algo == LIMITER_CONCURRENCY)
+            limiter_slot_take(&run->st[c->slot[i]], &c->p[i], slot, now_us);
+        else
+            limiter_commit(&run->st[c->slot[i]], &c->p[i], cost, now_us);
+    }
+    return all;
+}
+
+/* release / renew: slot in every concurrency limit; renew answers 1 when
+ * every one holds it after. */
+static int lrun_slot(struct lrun *run, const struct lcase *c, const struct lcase_step *s,
+                     int64_t now_us)
+{
+    int all = 1;
+    for (int i = 0; i < c->nlimits; i++) {
+        if (c->p[i].algo != LIMITER_CONCURRENCY)
+            continue;
+        lrun_room(&run->st[c->slot[i]]);
+        if (s->kind == LCASE_RELEASE)
+            limiter_slot_give(&run->st[c->slot[i]], s->slot);
+        else
+            all &= limiter_slot_renew(&run->st[c->slot[i]], &c->p[i], s->slot, now_us);
     }
     return all;
 }
@@ -258,7 +318,16 @@ static int run_case(const struct lcase *c, int64_t base_us)
         struct limiter_result r[STORE_MAX_LIMITS];
         struct limiter_state before[STORE_MAX_LIMITS];
         memcpy(before, run.st, sizeof(before));
-        int allowed = lrun_decide(&run, c, s->cost, base_us + s->at_us, r);
+        if (s->kind != LCASE_DECIDE) {
+            int held = lrun_slot(&run, c, s, base_us + s->at_us);
+            if (s->kind == LCASE_RENEW && held != s->allowed) {
+                print_error("%s:%d: %s: renew got %d, want %d\n", LCASES_FILE, s->line,
+                            c->name, held, s->allowed);
+                bad++;
+            }
+            continue;
+        }
+        int allowed = lrun_decide(&run, c, s->cost, s->slot, base_us + s->at_us, r);
         bad += lcase_compare(c, s, base_us, allowed, r);
         if (!allowed)       /* a denied decision changes no state at all */
             bad += memcmp(before, run.st, (size_t)c->nlimits * sizeof(before[0])) != 0;
@@ -270,7 +339,7 @@ static int run_case(const struct lcase *c, int64_t base_us)
 static void test_table(void **state)
 {
     struct lcase *cases;
-    int n = lcases_load(&cases), bad = 0, per_algo[5] = { 0 };
+    int n = lcases_load(&cases), bad = 0, per_algo[6] = { 0 };
     assert_true(n >= 40);
     for (int i = 0; i < n; i++) {
         bad += run_case(&cases[i], 0);

@@ -38,8 +38,27 @@ static int run_case_mem(struct memstore *m, int idx, const struct lcase *c, int6
     for (int k = 0; k < c->nsteps; k++) {
         const struct lcase_step *s = &c->step[k];
         struct store_result res;
-        for (int i = 0; i < c->nlimits; i++)
+        for (int i = 0; i < c->nlimits; i++) {
             l[i].cost = s->cost;
+            l[i].slot = s->slot;
+        }
+        if (s->kind != LCASE_DECIDE) {      /* release / renew every concurrency limit */
+            int held = 1;
+            for (int i = 0; i < c->nlimits; i++) {
+                if (c->p[i].algo != LIMITER_CONCURRENCY)
+                    continue;
+                if (s->kind == LCASE_RELEASE)
+                    memstore_release(m, &l[i], base_us + s->at_us);
+                else
+                    held &= memstore_renew(m, &l[i], base_us + s->at_us);
+            }
+            if (s->kind == LCASE_RENEW && held != s->allowed) {
+                print_error("%s:%d: %s: renew got %d, want %d\n", LCASES_FILE, s->line,
+                            c->name, held, s->allowed);
+                bad++;
+            }
+            continue;
+        }
         assert_int_equal(memstore_decide(m, l, c->nlimits, base_us + s->at_us, &res), 0);
         assert_int_equal(res.status, STORE_OK);
         assert_int_equal(res.n, c->nlimits);
@@ -365,6 +384,74 @@ static void test_threads_exact(void **state)
     assert_int_equal(hammer(&small, &all[0]), 10000);
 }
 
+/* ---- delay refunds and slots (the verbs the table's Lua runner has no fake
+ * clock for: refund.lua reads Redis TIME) ---------------------------------------- */
+
+/* gcra 10/s burst 1 delay 1 s: 4 at once wait 0, 100, 200, 300 ms; two held
+ * ones give their reservation back, so the next waits 200 ms, not 400. A
+ * bucket's refund is capped at full (the key goes). */
+static void test_delay_refund(void **state)
+{
+    static const struct limiter_params gcra = { LIMITER_GCRA, 1, 100, 100000, 1000 };
+    static const struct limiter_params bucket = { LIMITER_TOKEN_BUCKET, 2, 200, 100000, 1000 };
+    struct memstore *m = memstore_create(1000);
+    struct store_result res;
+    struct store_limit l = { "g", 1, &gcra, 1, 0 };
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(memstore_decide(m, &l, 1, 0, &res), 0);
+        assert_true(res.allowed);
+        assert_int_equal(res.r[0].retry_ms, i * 100);
+    }
+    memstore_refund(m, &l, 0);
+    memstore_refund(m, &l, 0);
+    assert_int_equal(memstore_decide(m, &l, 1, 0, &res), 0);
+    assert_int_equal(res.r[0].retry_ms, 200);
+    for (int i = 0; i < 10; i++)            /* never below now: the key goes */
+        memstore_refund(m, &l, 0);
+    assert_int_equal(memstore_decide(m, &l, 1, 0, &res), 0);
+    assert_int_equal(res.r[0].retry_ms, 0);
+
+    struct store_limit b = { "b", 1, &bucket, 1, 0 };
+    for (int i = 0; i < 4; i++)             /* tokens 2 -> -2 */
+        assert_int_equal(memstore_decide(m, &b, 1, 0, &res), 0);
+    assert_int_equal(res.r[0].retry_ms, 200);
+    memstore_refund(m, &b, 0);              /* -1 */
+    assert_int_equal(memstore_decide(m, &b, 1, 0, &res), 0);
+    assert_true(res.allowed);
+    assert_int_equal(res.r[0].retry_ms, 200);
+    memstore_destroy(m);
+}
+
+/* Slots of two requests on one key: a release frees one at once; a renewal
+ * moves the lease; the lease frees the other. */
+static void test_slots_release_renew(void **state)
+{
+    static const struct limiter_params conc = { LIMITER_CONCURRENCY, 2, 1000, 0 };
+    struct memstore *m = memstore_create(1000);
+    struct store_result res;
+    struct store_limit l[3] = { { "c", 1, &conc, 1, 0, 11 }, { "c", 1, &conc, 1, 0, 12 },
+                                { "c", 1, &conc, 1, 0, 13 } };
+    assert_int_equal(memstore_decide(m, &l[0], 1, 0, &res), 0);
+    assert_int_equal(memstore_decide(m, &l[1], 1, 0, &res), 0);
+    assert_true(res.allowed);
+    assert_int_equal(memstore_decide(m, &l[2], 1, 1000, &res), 0);
+    assert_false(res.allowed);
+    assert_int_equal(res.r[0].retry_ms, 1000);
+    memstore_release(m, &l[0], 2000);
+    memstore_release(m, &l[0], 2000);       /* twice: nothing more */
+    assert_int_equal(memstore_decide(m, &l[2], 1, 3000, &res), 0);
+    assert_true(res.allowed);
+    assert_int_equal(res.r[0].remaining, 0);
+    assert_true(memstore_renew(m, &l[1], 900000));          /* slot 12: until 1.9 s */
+    assert_int_equal(memstore_decide(m, &l[0], 1, 1500000, &res), 0);
+    assert_true(res.allowed);               /* 13 lapsed at 1.003 s, 12 renewed */
+    assert_int_equal(memstore_decide(m, &l[2], 1, 1600000, &res), 0);
+    assert_false(res.allowed);
+    assert_int_equal(memstore_decide(m, &l[2], 1, 1900000, &res), 0);
+    assert_true(res.allowed);               /* 12's renewed lease ended */
+    memstore_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -378,6 +465,8 @@ int main(void)
         cmocka_unit_test(test_same_key_twice),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_threads_exact),
+        cmocka_unit_test(test_delay_refund),
+        cmocka_unit_test(test_slots_release_renew),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

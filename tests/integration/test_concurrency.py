@@ -1,0 +1,302 @@
+# sluice - tests/integration/test_concurrency.py: concurrency limits (issue 13).
+#
+# `algorithm: concurrency` holds at most `limit` requests per key in flight,
+# counted in Redis across every proxy (and in the memory backend within one
+# process). Real processes only: one redis-server, two sluice processes on
+# it, and the tests' upstream with its slow path (/slow/MS).
+
+import json
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from conftest import (Conn, build_request, free_port, http_get, make_conf, redis_cmd,
+                      redis_keys, stop_process)
+
+ROUTES = """\
+  - name: exports
+    match: { path: /slow }
+    upstream: api
+    limits:
+      - { name: exports, algorithm: concurrency, limit: 3, key: ["header:X-Api-Key"], lease: @LEASE@ }
+"""
+
+KEY = [("X-Api-Key", "k1")]
+
+
+def conf(lease="30s", backend=None, admin=None, access_log=None):
+    text = make_conf(ROUTES.replace("@LEASE@", lease))
+    extra = ""
+    if backend:
+        extra += "backend: %s\n" % backend
+    if admin:
+        extra += "admin: { listen: 127.0.0.1:%d }\n" % admin
+    if access_log:
+        extra += "access_log: %s\n" % access_log
+    return text.replace("workers: 1\n", "workers: 1\n" + extra)
+
+
+def parallel(jobs):
+    """Run the callables at once (one thread each); their results in order."""
+    out = [None] * len(jobs)
+    start = threading.Barrier(len(jobs))
+
+    def run(i):
+        start.wait(5)
+        try:
+            out[i] = jobs[i]()
+        except Exception as e:      # noqa: BLE001 - reported by the caller
+            out[i] = e
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def timed_get(port, target, headers=KEY, timeout_s=10.0):
+    t0 = time.monotonic()
+    r = http_get(port, target, headers=headers, timeout_s=timeout_s)
+    return r, time.monotonic() - t0
+
+
+def slot_keys(redis_port):
+    return [k for k in redis_keys(redis_port) if b"exports" in k]
+
+
+def held(redis_port):
+    """Slots held now in Redis, over every key of the limit (live members)."""
+    now_ms = int(time.time() * 1000)
+    n = 0
+    for k in slot_keys(redis_port):
+        n += int(redis_cmd(redis_port, "ZCOUNT", k, "(%d" % now_ms, "+inf"))
+    return n
+
+
+def wait_for(pred, timeout_s, step_s=0.01):
+    """Poll pred until true; returns the seconds it took, or None."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(step_s)
+    return None
+
+
+def open_slow(port, ms, headers=KEY):
+    """A request to /slow/MS left in flight on its own connection."""
+    c = Conn(port, timeout_s=10)
+    c.send(build_request("GET", "/slow/%d" % ms, headers))
+    return c
+
+
+def abort(c):
+    """The client goes away at once: RST (SO_LINGER 0), not a half-close."""
+    c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.close()
+
+
+def test_ten_at_once_over_two_proxies(sluice, redis):
+    a = sluice(conf())
+    b = sluice(conf())
+    jobs = [(lambda p=(a if i % 2 else b).port: timed_get(p, "/slow/1500")) for i in range(10)]
+    out = parallel(jobs)
+    assert not [o for o in out if isinstance(o, Exception)], out
+    ok = [(r, t) for r, t in out if r.status == 200]
+    limited = [(r, t) for r, t in out if r.status == 429]
+    print("concurrency over 2 proxies: %d x 200, %d x 429, slowest 429 %.3f s"
+          % (len(ok), len(limited), max(t for _, t in limited)))
+    assert len(ok) == 3 and len(limited) == 7
+    for r, t in limited:
+        assert t < 1.0, "a 429 must be immediate, took %.3f s" % t
+        assert r.header("Retry-After") == "1"
+        assert r.header("RateLimit-Policy") == '"exports";q=3;qu="concurrent-requests"'
+        assert r.header("RateLimit") == '"exports";r=0'
+        assert r.json()["limit"] == "exports"
+    for r, t in ok:
+        assert t >= 1.4
+        assert r.header("RateLimit-Policy") == '"exports";q=3;qu="concurrent-requests"'
+        assert r.header("RateLimit") in ('"exports";r=0', '"exports";r=1', '"exports";r=2')
+    # every slot went back when its response ended
+    took = wait_for(lambda: held(redis.port) == 0, 1.0)
+    assert took is not None, "slots still held after the responses"
+    r = http_get(a.port, "/slow/0", headers=KEY)
+    assert r.status == 200 and r.header("RateLimit") == '"exports";r=2'
+    # another key has its own slots; a request without the key is not counted
+    assert http_get(b.port, "/slow/0", headers=[("X-Api-Key", "k2")]).status == 200
+    assert http_get(b.port, "/slow/0").status == 200
+    for k in slot_keys(redis.port):         # the key never lives without a TTL
+        assert int(redis_cmd(redis.port, "PTTL", k)) != -1
+
+
+def test_slots_come_back_when_responses_end(sluice, redis):
+    s = sluice(conf())
+    held_conns = [open_slow(s.port, 600) for _ in range(3)]
+    try:
+        assert wait_for(lambda: held(redis.port) == 3, 2.0) is not None
+        assert http_get(s.port, "/slow/0", headers=KEY).status == 429
+        t0 = time.monotonic()
+        for c in held_conns:
+            assert c.read_response().status == 200
+        ended = time.monotonic()
+        took = wait_for(lambda: held(redis.port) == 0, 1.0, 0.002)
+        assert took is not None
+        print("release after the responses ended: %.1f ms (responses took %.3f s)"
+              % (took * 1000, ended - t0))
+        assert http_get(s.port, "/slow/0", headers=KEY).status == 200
+    finally:
+        for c in held_conns:
+            c.close()
+
+
+def test_slots_come_back_when_clients_go_away(sluice, redis):
+    a = sluice(conf())
+    b = sluice(conf())
+    conns = [open_slow(a.port, 8000) for _ in range(3)]
+    try:
+        assert wait_for(lambda: held(redis.port) == 3, 2.0) is not None
+        assert http_get(b.port, "/slow/0", headers=KEY).status == 429
+        t0 = time.monotonic()
+        for c in conns:
+            abort(c)
+        took = wait_for(lambda: http_get(b.port, "/slow/0", headers=KEY).status == 200, 1.0,
+                        0.02)
+        print("slot free on the other proxy %.1f ms after the clients went away"
+              % ((time.monotonic() - t0) * 1000))
+        assert took is not None, "slots not back within 1 s of the clients' reset"
+        assert wait_for(lambda: held(redis.port) == 0, 1.0) is not None
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_upstream_failure_gives_the_slot_back(sluice, redis):
+    routes = ROUTES.replace("@LEASE@", "30s").replace("upstream: api", "upstream: dead")
+    s = sluice(make_conf(routes))
+    for _ in range(5):          # 502 each time: no slot may stay taken
+        assert http_get(s.port, "/slow/0", headers=KEY).status == 502
+    assert wait_for(lambda: held(redis.port) == 0, 1.0) is not None
+
+
+def test_memory_backend_same_limits(sluice, redis, tmp_path):
+    admin, log = free_port(), tmp_path / "access.log"
+    s = sluice(conf(backend="memory", admin=admin, access_log=str(log)), wait_redis=False)
+    out = parallel([lambda: timed_get(s.port, "/slow/1000") for _ in range(10)])
+    assert not [o for o in out if isinstance(o, Exception)], out
+    statuses = sorted(r.status for r, _ in out)
+    print("memory backend, one process: %s" % statuses)
+    assert statuses == [200] * 3 + [429] * 7
+    # metrics and the access log as for the other limits
+    body = http_get(admin, "/metrics").body.decode()
+    assert 'sluice_requests_total{route="exports",decision="allowed"} 3' in body
+    assert 'sluice_requests_total{route="exports",decision="limited"} 7' in body
+    lines = []
+    for _ in range(100):
+        lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] \
+            if log.exists() else []
+        if len(lines) >= 10:
+            break
+        time.sleep(0.02)
+    assert sorted((x["status"], x["decision"], x["limit"]) for x in lines) == \
+        [(200, "allowed", "exports")] * 3 + [(429, "limited", "exports")] * 7
+    for r, t in out:
+        if r.status == 429:
+            assert t < 0.8 and r.header("Retry-After") == "1"
+    r = http_get(s.port, "/slow/0", headers=KEY)       # all three given back
+    assert r.status == 200 and r.header("RateLimit") == '"exports";r=2'
+    conns = [open_slow(s.port, 8000) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        assert http_get(s.port, "/slow/0", headers=KEY).status == 429
+        for c in conns:
+            abort(c)
+        took = wait_for(lambda: http_get(s.port, "/slow/0", headers=KEY).status == 200, 1.0,
+                        0.02)
+        assert took is not None
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_bad_config_is_refused(tmp_path):
+    from conftest import sluice_bin
+    import subprocess
+    bad = conf().replace("lease: 30s", "lease: 30s, delay: 1s")
+    p = tmp_path / "bad.yaml"
+    p.write_text(bad.replace("@LISTEN_PORT@", "1").replace("@REDIS_PORT@", "1")
+                 .replace("@UPSTREAM_PORT@", "1").replace("@DEAD_PORT@", "2"))
+    r = subprocess.run([sluice_bin(), "-t", "-c", str(p)], capture_output=True, timeout=10)
+    assert r.returncode == 1
+    assert b"'delay' does not apply to concurrency" in r.stderr
+
+
+@pytest.mark.slow
+def test_lease_renewed_while_running_and_lost_with_a_killed_proxy(sluice, redis):
+    """lease 2s: a request running 6 s keeps its slot past the lease (renewed
+    every ~0.67 s); SIGKILL of its proxy loses the slots after the lease."""
+    a = sluice(conf(lease="2s"))
+    b = sluice(conf(lease="2s"))
+    conns = [open_slow(a.port, 20000) for _ in range(3)]
+    try:
+        assert wait_for(lambda: held(redis.port) == 3, 2.0) is not None
+        time.sleep(3.0)             # past the lease: renewed, still held
+        assert held(redis.port) == 3
+        assert http_get(b.port, "/slow/0", headers=KEY).status == 429
+        a.proc.kill()
+        a.proc.wait(5)
+        t0 = time.monotonic()
+        assert http_get(b.port, "/slow/0", headers=KEY).status == 429   # not before the lease
+        took = wait_for(lambda: http_get(b.port, "/slow/0", headers=KEY).status == 200, 4.0,
+                        0.05)
+        print("slots of the killed proxy free again %.2f s after SIGKILL (lease 2 s)" %
+              (time.monotonic() - t0))
+        assert took is not None and took <= 2.5
+    finally:
+        for c in conns:
+            c.close()
+
+
+WS_ROUTES = """\
+  - name: ws
+    match: { path: /ws }
+    upstream: tiny
+    upgrade: true
+    limits:
+      - { name: exports, algorithm: concurrency, limit: 1, key: ["header:X-Api-Key"], lease: 1s }
+"""
+
+UPGRADE = [("Connection", "Upgrade"), ("Upgrade", "websocket"),
+           ("Sec-WebSocket-Version", "13"), ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")]
+
+
+def test_websocket_tunnel_holds_its_slot_while_open(sluice, redis):
+    """lease 1s: an open tunnel renews its slot (every ~0.33 s) and holds it
+    past the lease; closing it gives the slot back."""
+    from opslib import TinyUpstream, read_head, recv_exact, start_ops
+    tiny = TinyUpstream()
+    try:
+        s = start_ops(sluice, WS_ROUTES, extra_upstreams={"tiny": tiny.port})
+        c = Conn(s.port, timeout_s=5)
+        c.send(build_request("GET", "/ws", UPGRADE + KEY))
+        status, _ = read_head(c)
+        assert status == 101
+        assert recv_exact(c, 6) == b"hello\n"
+        time.sleep(1.6)                             # past the lease: renewed
+        assert held(redis.port) == 1
+        r = http_get(s.port, "/ws", headers=UPGRADE + KEY)
+        assert r.status == 429 and r.header("Retry-After") == "1"
+        c.send(b"ping")                             # the tunnel still works
+        assert recv_exact(c, 4) == b"ping"
+        c.close()
+        took = wait_for(lambda: held(redis.port) == 0, 1.0)
+        assert took is not None, "the tunnel's slot stayed taken after it closed"
+        c2 = Conn(s.port, timeout_s=5)
+        c2.send(build_request("GET", "/ws", UPGRADE + KEY))
+        assert read_head(c2)[0] == 101
+        c2.close()
+    finally:
+        tiny.stop()
