@@ -8,6 +8,8 @@ CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
             -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhiredis -lhttp_parser -lpthread -lm
+# TLS to upstreams: bufferevents over OpenSSL 3 (src/tls_upstream.c, upstream.c)
+LDLIBS   += -levent_openssl -lssl -lcrypto
 ifeq ($(SANITIZE),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS  += -fsanitize=address,undefined
@@ -33,6 +35,8 @@ DEBS     += apache2-utils
 DEBS     += prometheus
 # yaml: the tests read docs/prometheus/alerts.yml
 DEBS     += python3-yaml
+# TLS to upstreams; nginx with ssl is the TLS upstream of test_tls_upstream
+DEBS     += libssl-dev openssl nginx
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.

@@ -91,6 +91,16 @@ static void out_flush(struct bufferevent *bev)
         bufferevent_enable(bev, EV_WRITE);
 }
 
+/* A TLS bufferevent encrypts as it writes: let it write when the socket
+ * allows (in the next loop iteration), instead of writing its output to the
+ * socket as is. */
+static void out_flush_tls(struct bufferevent *bev)
+{
+    if (evbuffer_get_length(bufferevent_get_output(bev)) > 0 &&
+        !(bufferevent_get_enabled(bev) & EV_WRITE))
+        bufferevent_enable(bev, EV_WRITE);
+}
+
 /* The write event is needed again only when output waits. */
 void conn_out_idle(struct bufferevent *bev)
 {
@@ -106,7 +116,7 @@ void conn_flush(struct client *c)
         int progress = 0;
         out_flush(c->bev);
         if (c->up && c->up->connected)
-            out_flush(c->up->bev);
+            (c->up->tls ? out_flush_tls : out_flush)(c->up->bev);
         if (c->client_paused && c->up &&
             evbuffer_get_length(bufferevent_get_output(c->up->bev)) <= CONN_HIGH_WATER / 2) {
             c->client_paused = 0;

@@ -61,6 +61,14 @@ void metrics_gauge_add(enum metrics_gauge which, int64_t delta);
 int64_t metrics_gauge_get(enum metrics_gauge which);
 void metrics_observe(enum metrics_hist which, int64_t usec);
 
+/* A TLS handshake with a server of upstream `upstream` failed for reason
+ * (tls_upstream_reason_name): sluice_upstream_tls_failures_total. Rare, so
+ * it takes the registry lock. */
+void metrics_upstream_tls_failure(const char *upstream, const char *reason);
+/* A TLS handshake with an upstream server completed (resumed: a session
+ * was resumed): sluice_upstream_tls_handshakes_total. */
+void metrics_upstream_tls_handshake(int resumed);
+
 /* Append the whole exposition to out. */
 void metrics_render(struct evbuffer *out);
 
