@@ -11,6 +11,7 @@
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -21,6 +22,7 @@ import pytest
 from conftest import Conn, build_request, free_port, stop_process, wait_port, http_get
 
 NGINX = "/usr/sbin/nginx"
+BIG = bytes(range(256)) * (3 * 4096 + 7)     # about 3 MB, served by nginx as /big
 OPENSSL = "/usr/bin/openssl"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(NGINX), reason="nginx not installed")
@@ -106,6 +108,10 @@ http {
         ssl_session_tickets %(tickets)s;
         ssl_session_cache shared:up:1m;
         %(vc)s
+        client_max_body_size 8m;
+        location /big {
+            alias %(t)s/big.bin;
+        }
         location / {
             return 200 "tls upstream $ssl_protocol $ssl_client_s_dn\\n";
         }
@@ -113,6 +119,8 @@ http {
 }
 """ % {"t": tmp, "log": self.log, "port": self.port, "pki": pki, "cert": cert, "vc": vc,
        "tickets": "on" if tickets else "off", "protocols": protocols})
+        with open(os.path.join(tmp, "big.bin"), "wb") as f:
+            f.write(BIG)
         self.errf = open(os.path.join(tmp, "nginx.stderr"), "wb")
         self.proc = subprocess.Popen([NGINX, "-p", tmp, "-c", conf], stdout=subprocess.DEVNULL,
                                      stderr=self.errf)
@@ -322,6 +330,24 @@ def test_plain_upstream_still_works(sluice, nginx, pki):
             assert c.read_response().body.startswith(b"tls upstream")
 
 
+def test_large_bodies_both_ways(sluice, nginx, pki):
+    # megabytes each way through the TLS bufferevent and the watermarks
+    import hashlib
+    n = nginx()
+    s = start(sluice, "{ ca_file: %s/ca.pem, server_name: upstream.test }" % pki,
+              "127.0.0.1:%d" % n.port)
+    with Conn(s.port, timeout_s=10) as c:
+        for _ in range(2):
+            c.send(build_request("GET", "/big"))
+            r = c.read_response()
+            assert r.status == 200 and hashlib.sha1(r.body).digest() == hashlib.sha1(BIG).digest()
+        up = b"x" * (2 << 20)
+        c.send(build_request("POST", "/upload", body=up))
+        r = c.read_response()
+        assert r.status == 200 and r.body.startswith(b"tls upstream")
+    assert len({ln[0] for ln in n.lines("/", 3)}) == 1      # all on one TLS connection
+
+
 # ------------------------------------------------------------ mutual TLS ----
 
 def test_client_certificate(sluice, nginx, pki):
@@ -479,3 +505,136 @@ def test_refused_tls_upstream_is_plain_502(sluice, pki):
     assert get(s.port).status == 502
     assert "TLS handshake failed" not in s.stderr   # not TLS's doing: a refused connect
     assert "upstream 'secure'" not in s.stderr or True
+
+
+# ------------------------------------------------------ -t and reload ----
+
+def test_check_mode_reports_bad_tls_files(tmp_path, pki):
+    from conftest import sluice_bin
+    conf = tmp_path / "t.yaml"
+    conf.write_text("listen: 127.0.0.1:%d\nbackend: memory\nupstreams:\n  api:\n"
+                    "    servers: [127.0.0.1:9443]\n    tls:\n"
+                    "      cert_file: %s/client.pem\n      key_file: %s/other.key\n"
+                    "routes:\n  - { name: r, match: { path: / }, upstream: api }\n"
+                    % (free_port(), pki, pki))
+    p = subprocess.run([sluice_bin(), "-t", "-c", str(conf)], capture_output=True, timeout=10)
+    assert p.returncode == 1
+    assert ("%s:8:17: upstreams.api.tls.key_file: cannot use '%s/other.key': the key does "
+            "not match the certificate '%s/client.pem'" % (conf, pki, pki)) in p.stderr.decode()
+    conf.write_text(conf.read_text().replace("other.key", "client.key"))
+    p = subprocess.run([sluice_bin(), "-t", "-c", str(conf)], capture_output=True, timeout=10)
+    assert p.returncode == 0, p.stderr
+
+
+class SlowTLS:
+    """A Python ssl server: each request is answered after delay_s, with
+    Content-Length, keep-alive."""
+
+    def __init__(self, pki, delay_s):
+        import ssl
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(pki + "/server.pem", pki + "/server.key")
+        self.delay_s = delay_s
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.stop_flag = False
+        self.threads = []
+        self.conns = []
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def loop(self):
+        deadline = time.monotonic() + 30
+        while not self.stop_flag and time.monotonic() < deadline:
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            t = threading.Thread(target=self.serve, args=(c,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def serve(self, c):
+        c.settimeout(5)
+        try:
+            s = self.ctx.wrap_socket(c, server_side=True)
+            self.conns.append(s)
+            buf = b""
+            for _ in range(20):
+                while b"\r\n\r\n" not in buf:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                _, buf = buf.split(b"\r\n\r\n", 1)
+                time.sleep(self.delay_s)
+                s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nslow\n")
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+    def stop(self):
+        self.stop_flag = True
+        self.t.join(timeout=3)
+        for c in self.conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in self.threads:
+            t.join(timeout=6)
+        self.sock.close()
+
+
+def reloads_ok(s):
+    m = re.search(r'sluice_config_reloads_total\{result="ok"\} (\d+)', metrics(s))
+    return int(m.group(1))
+
+
+def reload(s, text):
+    before = reloads_ok(s)
+    failed = metrics(s).count('result="error"} 1')
+    s.conf_path.write_text(text)
+    os.kill(s.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        m = metrics(s)
+        if reloads_ok(s) > before or m.count('result="error"} 1') > failed:
+            return reloads_ok(s) > before
+        time.sleep(0.05)
+    raise AssertionError("no reload seen")
+
+
+def test_reload_builds_new_contexts_in_flight_keep_theirs(sluice, pki):
+    srv = SlowTLS(pki, 0.3)
+    try:
+        tls = "{ ca_file: %s/ca.pem, server_name: upstream.test }" % pki
+        s = start(sluice, tls, "127.0.0.1:%d" % srv.port)
+        text = s.conf_path.read_text()
+        assert get(s.port).status == 200
+        # a request in flight across a reload to a CA that does not sign the
+        # server: it finishes on its own connection and context ...
+        c = Conn(s.port)
+        c.send(build_request("GET", "/inflight"))
+        time.sleep(0.3)
+        assert reload(s, text.replace(pki + "/ca.pem", pki + "/rogue.pem"))
+        assert c.read_response().status == 200
+        c.close()
+        # ... and new requests get the new context: refused
+        assert get(s.port).status == 502
+        assert tls_failures(s, "verify") == 1
+        # a reload to a file that cannot be read is refused, the config stays
+        assert not reload(s, text.replace(pki + "/ca.pem", pki + "/missing.pem"))
+        assert "cannot read '%s/missing.pem'" % pki in s.stderr
+        assert get(s.port).status == 502
+        # back to the right CA
+        assert reload(s, text)
+        assert get(s.port).status == 200
+    finally:
+        srv.stop()
