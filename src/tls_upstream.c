@@ -199,10 +199,16 @@ struct tls_upstream *tls_upstream_create(const struct conf_upstream *cu, char *e
         const char *name = cu->tls->server_name;
         if (name == NULL && addr_split(cu->servers[i].text, host, sizeof(host), &port) > 0)
             name = host;
-        if (name) {
-            s->name = mem_strndup(name, strlen(name));
-            s->is_ip = is_ip(name);
+        if (name == NULL) {     /* never without a name to verify */
+            snprintf(err, n, "no host name in '%s'", cu->servers[i].text);
+            tls_upstream_destroy(tu);
+            return NULL;
         }
+        size_t len = strlen(name);
+        if (len > 1 && name[len - 1] == '.')
+            len--;              /* SNI has no trailing dot (RFC 6066) */
+        s->name = mem_strndup(name, len);
+        s->is_ip = is_ip(s->name);
     }
     return tu;
 }
@@ -248,10 +254,10 @@ struct ssl_st *tls_upstream_ssl(struct tls_upstream *tu, int server)
     if (ssl == NULL)
         goto fail;
     SSL_set_app_data(ssl, s);
-    if (s->name && s->is_ip) {
+    if (s->is_ip) {
         if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), s->name) != 1)
             goto fail;
-    } else if (s->name) {
+    } else {
         SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
         if (SSL_set_tlsext_host_name(ssl, s->name) != 1 || SSL_set1_host(ssl, s->name) != 1)
             goto fail;
