@@ -9,6 +9,7 @@
  * 1.2 session as long as it is kept. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,22 +76,98 @@ static const char *file_unreadable(const char *file, char *buf, size_t n)
     return NULL;
 }
 
+/* ---- trust stores, shared by the contexts that name the same file */
+
+/* Parsing a CA file takes tens of ms (the system's, 140 certificates:
+ * about 70), and every worker makes its contexts at every reload, on its
+ * own thread. So a store is parsed once and shared (an X509_STORE is
+ * reference counted and locked), keyed by the file's path and identity: a
+ * file changed since (device, inode, size or mtime) is parsed again. */
+#define TLS_UPSTREAM_STORES 16
+
+struct trust_store {
+    char *path;                 /* NULL: the system's default paths */
+    struct stat st;             /* of path, or of OpenSSL's default file */
+    X509_STORE *store;          /* the cache's reference */
+};
+
+static pthread_mutex_t stores_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct trust_store stores[TLS_UPSTREAM_STORES];     /* oldest first */
+static int nstores;
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+static X509_STORE *store_find(const char *ca_file, const struct stat *st)
+{
+    X509_STORE *found = NULL;
+    pthread_mutex_lock(&stores_lock);
+    for (int i = 0; i < nstores && found == NULL; i++) {
+        const struct trust_store *t = &stores[i];
+        if ((ca_file ? t->path && !strcmp(t->path, ca_file) : t->path == NULL) &&
+            same_file(&t->st, st) && X509_STORE_up_ref(t->store) == 1)
+            found = t->store;
+    }
+    pthread_mutex_unlock(&stores_lock);
+    return found;
+}
+
+static void store_keep(const char *ca_file, const struct stat *st, X509_STORE *store)
+{
+    if (X509_STORE_up_ref(store) != 1)
+        return;
+    pthread_mutex_lock(&stores_lock);
+    if (nstores == TLS_UPSTREAM_STORES) {       /* forget the oldest */
+        X509_STORE_free(stores[0].store);
+        free(stores[0].path);
+        memmove(stores, stores + 1, sizeof(stores[0]) * (TLS_UPSTREAM_STORES - 1));
+        nstores--;
+    }
+    stores[nstores].path = ca_file ? mem_strndup(ca_file, strlen(ca_file)) : NULL;
+    stores[nstores].st = *st;
+    stores[nstores].store = store;
+    nstores++;
+    pthread_mutex_unlock(&stores_lock);
+}
+
+/* The trust store of ca_file (NULL: the system's), with a reference for
+ * the caller; NULL with OpenSSL's error queued when it cannot be loaded. */
+static X509_STORE *store_get(const char *ca_file)
+{
+    struct stat st;
+    if (stat(ca_file ? ca_file : X509_get_default_cert_file(), &st) != 0)
+        memset(&st, 0, sizeof(st));
+    X509_STORE *store = store_find(ca_file, &st);
+    if (store)
+        return store;
+    store = X509_STORE_new();       /* parsed outside the lock */
+    if (store == NULL)
+        return NULL;
+    int ok = ca_file ? X509_STORE_load_file(store, ca_file) : X509_STORE_set_default_paths(store);
+    if (ok != 1) {
+        X509_STORE_free(store);
+        return NULL;
+    }
+    store_keep(ca_file, &st, store);
+    return store;
+}
+
 /* ctx's trust store, verification and client certificate from t. NULL, or
  * what failed (a message in buf) and *key the key it belongs to. */
 static const char *ctx_setup(SSL_CTX *ctx, const struct conf_tls_upstream *t, char *buf,
                              size_t n, const char **key)
 {
     ERR_clear_error();
-    if (t->ca_file) {
-        *key = "ca_file";
-        if (file_unreadable(t->ca_file, buf, n))
-            return buf;
-        if (SSL_CTX_load_verify_locations(ctx, t->ca_file, NULL) != 1)
-            goto fail;
-    } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
-        *key = "ca_file";
+    *key = "ca_file";
+    if (t->ca_file && file_unreadable(t->ca_file, buf, n))
+        return buf;
+    X509_STORE *store = store_get(t->ca_file);
+    if (store == NULL)
         goto fail;
-    }
+    SSL_CTX_set_cert_store(ctx, store);     /* takes our reference */
     SSL_CTX_set_verify(ctx, t->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
     if (t->cert_file) {
         *key = "cert_file";

@@ -638,3 +638,23 @@ def test_reload_builds_new_contexts_in_flight_keep_theirs(sluice, pki):
         assert get(s.port).status == 200
     finally:
         srv.stop()
+
+
+def test_reload_reads_a_changed_ca_file_again(sluice, nginx, pki, tmp_path):
+    # trust stores are parsed once and shared while the file stays the same:
+    # the same path with other contents is parsed again
+    import shutil
+    trust = str(tmp_path / "trust.pem")
+    shutil.copy(pki + "/ca.pem", trust)
+    n = nginx()
+    s = start(sluice, "{ ca_file: %s, server_name: upstream.test }" % trust,
+              "127.0.0.1:%d" % n.port)
+    text = s.conf_path.read_text()
+    assert get(s.port).status == 200
+    assert reload(s, text)
+    assert get(s.port, "/fresh/1").status == 200        # a new connection, same store
+    shutil.copy(pki + "/rogue.pem", trust + ".new")
+    os.replace(trust + ".new", trust)                   # another inode
+    assert reload(s, text)
+    assert get(s.port, "/fresh/2").status == 502
+    assert "certificate verify failed" in s.stderr
