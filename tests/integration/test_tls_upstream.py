@@ -71,7 +71,7 @@ def pki(tmp_path_factory):
 
 class Nginx:
     """nginx with ssl on a free port; access log: connection, requests on it,
-    $ssl_session_reused, protocol, client verification, uri."""
+    $ssl_session_reused, protocol, client verification, uri, SNI ("-": none)."""
 
     def __init__(self, tmp, pki, cert="server", verify_client=False, tickets=True,
                  protocols="TLSv1.2 TLSv1.3"):
@@ -91,7 +91,7 @@ pid %(t)s/nginx.pid;
 error_log %(t)s/error.log info;
 events { worker_connections 256; }
 http {
-    log_format tls '$connection $connection_requests $ssl_session_reused $ssl_protocol $ssl_client_verify $request_uri';
+    log_format tls '$connection $connection_requests $ssl_session_reused $ssl_protocol $ssl_client_verify $request_uri $ssl_server_name';
     access_log %(log)s tls;
     client_body_temp_path %(t)s/body;
     proxy_temp_path %(t)s/proxy;
@@ -133,13 +133,13 @@ http {
 
     def lines(self, prefix="/", count=1):
         """[(connection, requests_on_it, reused, protocol, client_verify,
-        uri)] of the requests whose uri starts with prefix, once there are
+        uri, sni)] of the requests whose uri starts with prefix, once there are
         count of them (nginx logs after it answered), or after 2 s."""
         deadline = time.monotonic() + 2
         while True:
             with open(self.log) as f:
                 out = [ln.split() for ln in f.read().splitlines() if ln.strip()]
-            out = [ln for ln in out if len(ln) == 6 and ln[5].startswith(prefix)]
+            out = [ln for ln in out if len(ln) == 7 and ln[5].startswith(prefix)]
             if len(out) >= count or time.monotonic() > deadline:
                 return out
             time.sleep(0.02)
@@ -230,7 +230,7 @@ def test_verified_with_ca_file(sluice, nginx, pki):
     r = get(s.port)
     assert r.status == 200, (r, s.stderr)
     assert r.body.startswith(b"tls upstream TLSv1.3")
-    assert n.lines("/x")[-1][5] == "/x"
+    assert n.lines("/x")[-1][6] == "upstream.test"      # the SNI sent
 
 
 def test_ip_server_verified_against_ip_san(sluice, nginx, pki):
@@ -239,12 +239,22 @@ def test_ip_server_verified_against_ip_san(sluice, nginx, pki):
     n = nginx()
     s = start(sluice, "{ ca_file: %s/ca.pem }" % pki, "127.0.0.1:%d" % n.port)
     assert get(s.port).status == 200, s.stderr
+    assert n.lines("/x")[-1][6] == "-"
+
+
+def test_ip_not_in_certificate_is_502(sluice, nginx, pki):
+    n = nginx()
+    s = start(sluice, "{ ca_file: %s/ca.pem, server_name: 127.0.0.2 }" % pki,
+              "127.0.0.1:%d" % n.port)
+    assert get(s.port).status == 502
+    assert "certificate verify failed: IP address mismatch" in s.stderr, s.stderr
 
 
 def test_host_name_of_server_is_default_name(sluice, nginx, pki):
     n = nginx()
     s = start(sluice, "{ ca_file: %s/ca.pem }" % pki, "localhost:%d" % n.port)
     assert get(s.port).status == 200, s.stderr
+    assert n.lines("/x")[-1][6] == "localhost"
 
 
 def test_untrusted_certificate_is_502_with_reason(sluice, nginx, pki):
