@@ -74,7 +74,7 @@ class Nginx:
     $ssl_session_reused, protocol, client verification, uri, SNI ("-": none)."""
 
     def __init__(self, tmp, pki, cert="server", verify_client=False, tickets=True,
-                 protocols="TLSv1.2 TLSv1.3"):
+                 protocols="TLSv1.2 TLSv1.3", keepalive_timeout="60s"):
         self.port = free_port()
         self.dir = tmp
         self.log = os.path.join(tmp, "access.log")
@@ -99,7 +99,7 @@ http {
     uwsgi_temp_path %(t)s/uwsgi;
     scgi_temp_path %(t)s/scgi;
     keepalive_requests 10000;
-    keepalive_timeout 60s;
+    keepalive_timeout %(kt)s;
     server {
         listen 127.0.0.1:%(port)d ssl;
         ssl_certificate %(pki)s/%(cert)s.pem;
@@ -118,7 +118,8 @@ http {
     }
 }
 """ % {"t": tmp, "log": self.log, "port": self.port, "pki": pki, "cert": cert, "vc": vc,
-       "tickets": "on" if tickets else "off", "protocols": protocols})
+       "tickets": "on" if tickets else "off", "protocols": protocols,
+       "kt": keepalive_timeout})
         with open(os.path.join(tmp, "big.bin"), "wb") as f:
             f.write(BIG)
         self.errf = open(os.path.join(tmp, "nginx.stderr"), "wb")
@@ -325,6 +326,24 @@ def test_keepalive_reuse_and_resumption(sluice, nginx, pki, protocols, tickets):
     full = int(re.search(r'sluice_upstream_tls_handshakes_total\{resumed="false"\} (\d+)', m).group(1))
     resumed = int(re.search(r'sluice_upstream_tls_handshakes_total\{resumed="true"\} (\d+)', m).group(1))
     assert (full, resumed) == (2, 3), m     # one full handshake per upstream's context
+
+
+def test_idle_connection_closed_by_server_is_replaced(sluice, nginx, pki):
+    # nginx closes an idle keep-alive connection after 300 ms (close_notify,
+    # then FIN): the pool drops it, and the next request gets a new one
+    n = nginx(keepalive_timeout="300ms")
+    s = start(sluice, "{ ca_file: %s/ca.pem, server_name: upstream.test }" % pki,
+              "127.0.0.1:%d" % n.port)
+    with Conn(s.port) as c:
+        c.send(build_request("GET", "/idle1"))
+        assert c.read_response().status == 200
+        time.sleep(0.6)
+        c.send(build_request("GET", "/idle2"))
+        assert c.read_response().status == 200
+    lines = n.lines("/idle", 2)
+    assert len(lines) == 2 and lines[0][0] != lines[1][0], lines
+    assert lines[1][2] == "r"                               # and it resumed
+    assert "exchange: upstream" not in s.stderr, s.stderr
 
 
 def test_plain_upstream_still_works(sluice, nginx, pki):
