@@ -41,6 +41,8 @@ DEBS     += chromium
 # TLS listeners: OpenSSL 3 (openssl CLI for the tests' certificates), and
 # testssl.sh for the scanner test (test_tls_scan.py, slow)
 DEBS     += libssl-dev openssl testssl.sh
+# TLS to upstreams; nginx with ssl is the TLS upstream of test_tls_upstream
+DEBS     += nginx
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.

@@ -27,6 +27,7 @@
 #include "regex.h"
 #include "route.h"
 #include "tls_server.h"
+#include "tls_upstream.h"
 
 #define CONF_MAX_FILE_BYTES (4 << 20)
 #define CONF_MAX_DEPTH      32
@@ -1471,11 +1472,106 @@ static int h_up_timeout(struct ctx *x, struct node *k, struct node *v, void *obj
     return get_duration(x, v, &((struct conf_upstream *)obj)->timeout_ms);
 }
 
+/* ---- upstreams.NAME.tls */
+
+/* A file path for OpenSSL: not empty, bounded, no control bytes. */
+static int get_tls_path(struct ctx *x, struct node *v, char **out)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s)
+        return fail(x, v, "empty path");
+    if (strlen(s) > PATH_MAX)
+        return fail(x, v, "path is longer than %d bytes", PATH_MAX);
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return fail(x, v, "path '%s' has a control byte", show(s, sb));
+    free(*out);
+    *out = xstrdup(s);
+    return 0;
+}
+
+static int h_tls_ca_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_tls_path(x, v, &((struct conf_tls_upstream *)obj)->ca_file);
+}
+
+static int h_tls_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_tls_path(x, v, &((struct conf_tls_upstream *)obj)->cert_file);
+}
+
+static int h_tls_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_tls_path(x, v, &((struct conf_tls_upstream *)obj)->key_file);
+}
+
+static int h_tls_verify(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_bool(x, v, &((struct conf_tls_upstream *)obj)->verify);
+}
+
+/* A DNS name (SNI and verified), or an IP address (verified, no SNI). */
+static int h_tls_server_name(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_tls_upstream *t = obj;
+    char sb[SHOW_BUF];
+    unsigned char probe[sizeof(struct in6_addr)];
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (!hostname_ok(s) && inet_pton(AF_INET, s, probe) != 1 &&
+        inet_pton(AF_INET6, s, probe) != 1)
+        return fail(x, v, "bad server name '%s' (use a host name or an IP address)",
+                    show(s, sb));
+    free(t->server_name);
+    t->server_name = xstrdup(s);
+    return 0;
+}
+
+static const struct key_def tls_upstream_keys[] = {
+    { "ca_file", h_tls_ca_file, 0 },
+    { "server_name", h_tls_server_name, 0 },
+    { "verify", h_tls_verify, 0 },
+    { "cert_file", h_tls_cert_file, 0 },
+    { "key_file", h_tls_key_file, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* tls: {} (or null) is TLS with every default. The files are read now, so
+ * that a bad one is this file's error (and sluice -t's), not a 502 later. */
+static int h_up_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_upstream *u = obj;
+    struct conf_tls_upstream *t = xcalloc(1, sizeof *t);
+    char buf[512];
+    const char *key;
+    u->tls = t;
+    t->verify = 1;
+    if (v->kind != NODE_NULL && walk_map(x, v, tls_upstream_keys, t) < 0)
+        return -1;
+    if ((t->cert_file != NULL) != (t->key_file != NULL))
+        return fail(x, k, "cert_file and key_file go together (the client certificate "
+                    "and its key)");
+    if (tls_upstream_check(t, buf, sizeof buf, &key) == NULL)
+        return 0;
+    struct node *at = key && v->kind == NODE_MAP ? map_get(v, key) : NULL;
+    if (at == NULL)
+        return fail(x, k, "%s", buf);
+    size_t old = path_push(x, ".%s", key);
+    fail(x, at, "%s", buf);
+    path_pop(x, old);
+    return -1;
+}
+
 static const struct key_def upstream_keys[] = {
     { "servers", h_up_servers, 1 },
     { "keepalive", h_up_keepalive, 0 },
     { "connect_timeout", h_up_connect_timeout, 0 },
     { "timeout", h_up_timeout, 0 },
+    { "tls", h_up_tls, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -2911,6 +3007,13 @@ static void conf_free(struct conf *c)
             free(u->servers[j].text);
         free(u->servers);
         free(u->name);
+        if (u->tls) {
+            free(u->tls->ca_file);
+            free(u->tls->server_name);
+            free(u->tls->cert_file);
+            free(u->tls->key_file);
+            free(u->tls);
+        }
     }
     free(c->upstreams);
     for (int i = 0; i < c->nroutes; i++) {

@@ -97,6 +97,15 @@ struct conf_limit {
     int noverrides;
 };
 
+/* upstreams.NAME.tls: present (even {}), the servers speak TLS. */
+struct conf_tls_upstream {
+    char *ca_file;              /* NULL: the system trust store */
+    char *server_name;          /* SNI and the name verified; NULL: each server's host */
+    int verify;                 /* chain and name checked (default 1) */
+    char *cert_file;            /* client certificate (mutual TLS), or NULL; */
+    char *key_file;             /* its key: both or neither */
+};
+
 struct conf_upstream {
     char *name;
     struct conf_addr *servers;
@@ -104,6 +113,7 @@ struct conf_upstream {
     int keepalive;              /* idle connections kept per worker */
     int64_t connect_timeout_ms;
     int64_t timeout_ms;         /* waiting for (each read of) the response */
+    struct conf_tls_upstream *tls;  /* NULL: plain TCP */
 };
 
 struct metrics_route;

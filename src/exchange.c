@@ -661,7 +661,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
     const struct conf_upstream *cu = upstream_conf(uc->pool);
     conn_enter(c);
     if (what & BEV_EVENT_CONNECTED) {
-        uc->connected = 1;
+        upstream_connected(uc);
         up_timeouts(c);
         goto out;
     }
@@ -703,7 +703,9 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         }
         goto out;
     }
-    if (what & BEV_EVENT_TIMEOUT)
+    if (upstream_tls_failed(uc, what))
+        ;                       /* logged and counted */
+    else if (what & BEV_EVENT_TIMEOUT)
         log_warn("exchange: upstream '%s' timed out", cu->servers[uc->server].text);
     else
         log_warn("exchange: upstream '%s' failed: %s", cu->servers[uc->server].text,

@@ -331,10 +331,65 @@ static void render_tls(struct evbuffer *out)
                             reasons[i], (unsigned long long)load(&tls_failures[i]));
 }
 
+/* ---- TLS to upstreams: failures by upstream and reason, handshakes */
+
+struct metrics_up_tls_failure {
+    struct metrics_up_tls_failure *next;
+    char *upstream;
+    const char *reason;         /* a static string */
+    uint64_t count;             /* under registry_lock */
+};
+
+static struct metrics_up_tls_failure *up_tls_failures;
+static _Atomic uint64_t up_tls_handshakes[2];     /* [resumed] */
+
+void metrics_upstream_tls_failure(const char *upstream, const char *reason)
+{
+    pthread_mutex_lock(&registry_lock);
+    struct metrics_up_tls_failure **pp = &up_tls_failures;
+    while (*pp && (strcmp((*pp)->upstream, upstream) || strcmp((*pp)->reason, reason)))
+        pp = &(*pp)->next;
+    if (*pp == NULL) {
+        *pp = mem_calloc(1, sizeof(**pp));
+        (*pp)->upstream = mem_strndup(upstream, strlen(upstream));
+        (*pp)->reason = reason;
+    }
+    (*pp)->count++;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+void metrics_upstream_tls_handshake(int resumed)
+{
+    atomic_fetch_add_explicit(&up_tls_handshakes[resumed != 0], 1, memory_order_relaxed);
+}
+
+/* Called with registry_lock held. */
+static void render_upstream_tls(struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "# HELP sluice_upstream_tls_failures_total TLS handshakes with "
+                             "upstream servers that failed, by upstream and reason.\n"
+                             "# TYPE sluice_upstream_tls_failures_total counter\n");
+    for (struct metrics_up_tls_failure *f = up_tls_failures; f; f = f->next) {
+        evbuffer_add_printf(out, "sluice_upstream_tls_failures_total{upstream=\"");
+        add_label(out, f->upstream);
+        evbuffer_add_printf(out, "\",reason=\"%s\"} %llu\n", f->reason,
+                            (unsigned long long)f->count);
+    }
+    evbuffer_add_printf(out,
+        "# HELP sluice_upstream_tls_handshakes_total TLS handshakes with upstream servers "
+        "that completed, by whether a session was resumed.\n"
+        "# TYPE sluice_upstream_tls_handshakes_total counter\n"
+        "sluice_upstream_tls_handshakes_total{resumed=\"false\"} %llu\n"
+        "sluice_upstream_tls_handshakes_total{resumed=\"true\"} %llu\n",
+        (unsigned long long)load(&up_tls_handshakes[0]),
+        (unsigned long long)load(&up_tls_handshakes[1]));
+}
+
 void metrics_render(struct evbuffer *out)
 {
     pthread_mutex_lock(&registry_lock);
     render_routes(out);
+    render_upstream_tls(out);
     pthread_mutex_unlock(&registry_lock);
     evbuffer_add_printf(out, "# HELP sluice_worker_requests_total Requests read by each worker thread.\n"
                              "# TYPE sluice_worker_requests_total counter\n");
@@ -398,6 +453,12 @@ void metrics_shutdown(void)
         routes = m->next;
         free(m->name);
         free(m);
+    }
+    while (up_tls_failures) {
+        struct metrics_up_tls_failure *f = up_tls_failures;
+        up_tls_failures = f->next;
+        free(f->upstream);
+        free(f);
     }
     pthread_mutex_unlock(&registry_lock);
 }

@@ -95,6 +95,13 @@ int metrics_hist_read(enum metrics_hist which, uint64_t *counts, const int64_t *
 /* A config was loaded at start or by a reload (ok), or a reload failed:
  * sluice_config_last_reload_success and the load timestamps. */
 void metrics_config_load(int ok, int64_t wall_us);
+/* A TLS handshake with a server of upstream `upstream` failed for reason
+ * (tls_upstream_reason_name): sluice_upstream_tls_failures_total. Rare, so
+ * it takes the registry lock. */
+void metrics_upstream_tls_failure(const char *upstream, const char *reason);
+/* A TLS handshake with an upstream server completed (resumed: a session
+ * was resumed): sluice_upstream_tls_handshakes_total. */
+void metrics_upstream_tls_handshake(int resumed);
 
 /* Append the whole exposition to out. */
 void metrics_render(struct evbuffer *out);

@@ -14,6 +14,7 @@
 #include "http1.h"
 
 struct event_base;
+struct event;
 struct bufferevent;
 struct upstream_pool;
 
@@ -26,6 +27,8 @@ struct upstream_conn {
     int connected;                  /* the connect completed */
     struct http1 *parser;           /* response framing */
     struct http1_head head;         /* the response being read */
+    int tls;                        /* bev is a TLS bufferevent (tls_upstream.h) */
+    struct event *hs_timer;         /* TLS: the handshake's deadline; NULL after */
 };
 
 struct upstream_pool *upstream_pool_create(struct event_base *base,
@@ -55,5 +58,15 @@ void upstream_release(struct upstream_conn *uc);
 void upstream_close(struct upstream_conn *uc);
 
 const struct conf_upstream *upstream_conf(const struct upstream_pool *p);
+
+/* The borrower's event callback saw BEV_EVENT_CONNECTED (after the TLS
+ * handshake on a TLS connection): the connection is up. */
+void upstream_connected(struct upstream_conn *uc);
+/* The borrower's event callback saw a failure (what): when TLS says why
+ * (the handshake failed; or, on a connection that was up, OpenSSL has an
+ * error), log it, count it and return 1; 0 when it was not TLS's doing (a
+ * plain connection, a refused connect, a close, a timeout). A handshake not
+ * done within connect_timeout comes as BEV_EVENT_TIMEOUT. */
+int upstream_tls_failed(struct upstream_conn *uc, short what);
 
 #endif

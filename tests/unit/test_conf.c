@@ -1070,6 +1070,45 @@ static void test_robust(void **state)
 
 /* paths: defaults (sensitive, keep), each value, and a route the check lets
  * through: upper case in an escape or a bracket expression. */
+/* upstreams.NAME.tls: absent is plain, {} is TLS with every default. */
+static void test_tls_upstream_keys(void **state)
+{
+    char *err;
+    struct conf *c = load_text("listen: 127.0.0.1:8080\n"
+                               "upstreams:\n"
+                               "  api: { servers: [127.0.0.1:9000] }\n"
+                               "  dflt: { servers: [127.0.0.1:9443], tls: {} }\n"
+                               "  full:\n"
+                               "    servers: [127.0.0.1:9443]\n"
+                               "    tls:\n"
+                               "      ca_file: data/conf/tls_client.pem\n"
+                               "      server_name: api.internal\n"
+                               "      verify: false\n"
+                               "      cert_file: data/conf/tls_client.pem\n"
+                               "      key_file: data/conf/tls_client.key\n"
+                               MINIMAL_ROUTES, &err);
+    if (!c) fail_msg("%s", err);
+    assert_null(c->upstreams[0].tls);
+    assert_non_null(c->upstreams[1].tls);
+    assert_int_equal(c->upstreams[1].tls->verify, 1);
+    assert_null(c->upstreams[1].tls->ca_file);
+    assert_null(c->upstreams[1].tls->server_name);
+    assert_null(c->upstreams[1].tls->cert_file);
+    const struct conf_tls_upstream *t = c->upstreams[2].tls;
+    assert_int_equal(t->verify, 0);
+    assert_string_equal(t->ca_file, "data/conf/tls_client.pem");
+    assert_string_equal(t->server_name, "api.internal");
+    assert_string_equal(t->cert_file, "data/conf/tls_client.pem");
+    assert_string_equal(t->key_file, "data/conf/tls_client.key");
+    conf_release(c);
+    c = load_text("listen: 127.0.0.1:8080\n"
+                  "upstreams: { api: { servers: [127.0.0.1:9443], tls: { server_name: 10.0.0.5 } } }\n"
+                  MINIMAL_ROUTES, &err);
+    assert_non_null(c);
+    assert_string_equal(c->upstreams[0].tls->server_name, "10.0.0.5");
+    conf_release(c);
+}
+
 static void test_paths_keys(void **state)
 {
     char *err;
@@ -1125,6 +1164,7 @@ int main(void)
         cmocka_unit_test(test_refcount),
         cmocka_unit_test(test_robust),
         cmocka_unit_test(test_paths_keys),
+        cmocka_unit_test(test_tls_upstream_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

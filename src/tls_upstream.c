@@ -1,0 +1,384 @@
+/* sluice - tls_upstream.c: client TLS contexts for upstreams (tls_upstream.h).
+ *
+ * TLS 1.2 and 1.3, ALPN http/1.1, no renegotiation. Sessions: the context's
+ * cache is in client mode without its internal store; the new-session
+ * callback keeps the newest few sessions of each server (TLS 1.3 tickets
+ * come after the handshake, two after a full one, one after a resumption),
+ * and a new connection to that server offers the newest. A TLS 1.3 ticket
+ * is offered once (RFC 8446 C.4; servers may refuse a second use), a TLS
+ * 1.2 session as long as it is kept. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "addr.h"
+#include "conf.h"
+#include "mem.h"
+#include "tls_upstream.h"
+
+/* Sessions kept per server: a TLS 1.3 ticket serves one connection, so
+ * new connections at once beyond this many make full handshakes (with 8,
+ * 32 connections at once made 40% of them full; with 64, 1%). */
+#define TLS_UPSTREAM_SESSIONS 64
+
+struct tls_upstream_server {
+    char *name;                 /* SNI and verified name, or an IP address */
+    int is_ip;                  /* name is an address: no SNI, IP SAN check */
+    SSL_SESSION *sess[TLS_UPSTREAM_SESSIONS];   /* oldest first; owned */
+    int nsess;
+};
+
+struct tls_upstream {
+    SSL_CTX *ctx;
+    const struct conf_upstream *cu;
+    struct tls_upstream_server *servers;    /* one per cu->servers[i] */
+};
+
+/* The reason of the newest OpenSSL error queued, for a message. */
+static const char *ssl_error_text(void)
+{
+    unsigned long e, last = 0;
+    while ((e = ERR_get_error()) != 0)
+        last = e;
+    const char *r = last ? ERR_reason_error_string(last) : NULL;
+    return r ? r : "unknown OpenSSL error";
+}
+
+/* Bigger than any CA bundle (Debian's is about 200 KiB). */
+#define TLS_UPSTREAM_FILE_MAX (16 << 20)
+
+/* A file OpenSSL is about to read opens, and is a regular file of a sane
+ * size (not a FIFO or /dev/zero it would read forever): OpenSSL's own
+ * errors for a missing file are less plain than strerror. NULL, or a
+ * message in buf. */
+static const char *file_unreadable(const char *file, char *buf, size_t n)
+{
+    struct stat st;
+    FILE *f = fopen(file, "r");
+    if (f == NULL) {
+        snprintf(buf, n, "cannot read '%s': %s", file, strerror(errno));
+        return buf;
+    }
+    int ok = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) &&
+             st.st_size <= TLS_UPSTREAM_FILE_MAX;
+    fclose(f);
+    if (!ok) {
+        snprintf(buf, n, "cannot read '%s': not a regular file of at most 16 MiB", file);
+        return buf;
+    }
+    return NULL;
+}
+
+/* ---- trust stores, shared by the contexts that name the same file */
+
+/* Parsing a CA file takes tens of ms (the system's, 140 certificates:
+ * about 70), and every worker makes its contexts at every reload, on its
+ * own thread. So a store is parsed once and shared (an X509_STORE is
+ * reference counted and locked), keyed by the file's path and identity: a
+ * file changed since (device, inode, size or mtime) is parsed again. */
+#define TLS_UPSTREAM_STORES 16
+
+struct trust_store {
+    char *path;                 /* NULL: the system's default paths */
+    struct stat st;             /* of path, or of OpenSSL's default file */
+    X509_STORE *store;          /* the cache's reference */
+};
+
+static pthread_mutex_t stores_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct trust_store stores[TLS_UPSTREAM_STORES];     /* oldest first */
+static int nstores;
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+static X509_STORE *store_find(const char *ca_file, const struct stat *st)
+{
+    X509_STORE *found = NULL;
+    pthread_mutex_lock(&stores_lock);
+    for (int i = 0; i < nstores && found == NULL; i++) {
+        const struct trust_store *t = &stores[i];
+        if ((ca_file ? t->path && !strcmp(t->path, ca_file) : t->path == NULL) &&
+            same_file(&t->st, st) && X509_STORE_up_ref(t->store) == 1)
+            found = t->store;
+    }
+    pthread_mutex_unlock(&stores_lock);
+    return found;
+}
+
+static void store_keep(const char *ca_file, const struct stat *st, X509_STORE *store)
+{
+    if (X509_STORE_up_ref(store) != 1)
+        return;
+    pthread_mutex_lock(&stores_lock);
+    if (nstores == TLS_UPSTREAM_STORES) {       /* forget the oldest */
+        X509_STORE_free(stores[0].store);
+        free(stores[0].path);
+        memmove(stores, stores + 1, sizeof(stores[0]) * (TLS_UPSTREAM_STORES - 1));
+        nstores--;
+    }
+    stores[nstores].path = ca_file ? mem_strndup(ca_file, strlen(ca_file)) : NULL;
+    stores[nstores].st = *st;
+    stores[nstores].store = store;
+    nstores++;
+    pthread_mutex_unlock(&stores_lock);
+}
+
+/* The trust store of ca_file (NULL: the system's), with a reference for
+ * the caller; NULL with OpenSSL's error queued when it cannot be loaded. */
+static X509_STORE *store_get(const char *ca_file)
+{
+    struct stat st;
+    if (stat(ca_file ? ca_file : X509_get_default_cert_file(), &st) != 0)
+        memset(&st, 0, sizeof(st));
+    X509_STORE *store = store_find(ca_file, &st);
+    if (store)
+        return store;
+    store = X509_STORE_new();       /* parsed outside the lock */
+    if (store == NULL)
+        return NULL;
+    int ok = ca_file ? X509_STORE_load_file(store, ca_file) : X509_STORE_set_default_paths(store);
+    if (ok != 1) {
+        X509_STORE_free(store);
+        return NULL;
+    }
+    store_keep(ca_file, &st, store);
+    return store;
+}
+
+/* ctx's trust store, verification and client certificate from t. NULL, or
+ * what failed (a message in buf) and *key the key it belongs to. */
+static const char *ctx_setup(SSL_CTX *ctx, const struct conf_tls_upstream *t, char *buf,
+                             size_t n, const char **key)
+{
+    ERR_clear_error();
+    *key = "ca_file";
+    if (t->ca_file && file_unreadable(t->ca_file, buf, n))
+        return buf;
+    X509_STORE *store = store_get(t->ca_file);
+    if (store == NULL)
+        goto fail;
+    SSL_CTX_set_cert_store(ctx, store);     /* takes our reference */
+    SSL_CTX_set_verify(ctx, t->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
+    if (t->cert_file) {
+        *key = "cert_file";
+        if (file_unreadable(t->cert_file, buf, n))
+            return buf;
+        if (SSL_CTX_use_certificate_chain_file(ctx, t->cert_file) != 1)
+            goto fail;
+        *key = "key_file";
+        if (file_unreadable(t->key_file, buf, n))
+            return buf;
+        if (SSL_CTX_use_PrivateKey_file(ctx, t->key_file, SSL_FILETYPE_PEM) != 1)
+            goto fail;
+        if (SSL_CTX_check_private_key(ctx) != 1) {
+            snprintf(buf, n, "cannot use '%s': the key does not match the certificate '%s'",
+                     t->key_file, t->cert_file);
+            ERR_clear_error();
+            return buf;
+        }
+    }
+    *key = NULL;
+    return NULL;
+fail: {
+        const char *file = !strcmp(*key, "ca_file") ? t->ca_file
+                         : !strcmp(*key, "cert_file") ? t->cert_file : t->key_file;
+        unsigned long e = ERR_peek_last_error();
+        const char *why = ssl_error_text();
+        if (ERR_GET_LIB(e) == ERR_LIB_X509 && ERR_GET_REASON(e) == X509_R_KEY_VALUES_MISMATCH)
+            snprintf(buf, n, "cannot use '%s': the key does not match the certificate '%s'",
+                     t->key_file, t->cert_file);
+        else if (file)
+            snprintf(buf, n, "cannot use '%s': %s", file, why);
+        else
+            snprintf(buf, n, "cannot load the system trust store: %s", why);
+        return buf;
+    }
+}
+
+static int session_new_cb(SSL *ssl, SSL_SESSION *sess)
+{
+    struct tls_upstream_server *s = SSL_get_app_data(ssl);
+    if (s == NULL)
+        return 0;
+    if (s->nsess == TLS_UPSTREAM_SESSIONS) {    /* drop the oldest */
+        SSL_SESSION_free(s->sess[0]);
+        memmove(s->sess, s->sess + 1, sizeof(s->sess[0]) * (TLS_UPSTREAM_SESSIONS - 1));
+        s->nsess--;
+    }
+    s->sess[s->nsess++] = sess;
+    return 1;                   /* we keep the reference */
+}
+
+static SSL_CTX *ctx_new(const struct conf_tls_upstream *t, char *buf, size_t n,
+                        const char **key)
+{
+    static const unsigned char alpn[] = "\x08http/1.1";
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (ctx == NULL) {
+        snprintf(buf, n, "cannot make a TLS context: %s", ssl_error_text());
+        *key = NULL;
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    /* A close without close_notify reads as an end of stream, as over
+     * plain TCP: framing (Content-Length, chunked) still catches a cut. */
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION |
+                             SSL_OP_IGNORE_UNEXPECTED_EOF);
+    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    SSL_CTX_sess_set_new_cb(ctx, session_new_cb);
+    if (ctx_setup(ctx, t, buf, n, key) != NULL) {
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+const char *tls_upstream_check(const struct conf_tls_upstream *t, char *buf, size_t n,
+                               const char **key)
+{
+    SSL_CTX *ctx = ctx_new(t, buf, n, key);
+    if (ctx == NULL)
+        return buf;
+    SSL_CTX_free(ctx);
+    return NULL;
+}
+
+static int is_ip(const char *s)
+{
+    unsigned char b[16];
+    return inet_pton(AF_INET, s, b) == 1 || inet_pton(AF_INET6, s, b) == 1;
+}
+
+struct tls_upstream *tls_upstream_create(const struct conf_upstream *cu, char *err, size_t n)
+{
+    const char *key;
+    SSL_CTX *ctx = ctx_new(cu->tls, err, n, &key);
+    if (ctx == NULL)
+        return NULL;
+    struct tls_upstream *tu = mem_calloc(1, sizeof(*tu));
+    tu->ctx = ctx;
+    tu->cu = cu;
+    tu->servers = mem_calloc((size_t)cu->nservers, sizeof(*tu->servers));
+    for (int i = 0; i < cu->nservers; i++) {
+        struct tls_upstream_server *s = &tu->servers[i];
+        char host[ADDR_IP_MAX + 256];
+        int port;
+        const char *name = cu->tls->server_name;
+        if (name == NULL && addr_split(cu->servers[i].text, host, sizeof(host), &port) > 0)
+            name = host;
+        if (name == NULL) {     /* never without a name to verify */
+            snprintf(err, n, "no host name in '%s'", cu->servers[i].text);
+            tls_upstream_destroy(tu);
+            return NULL;
+        }
+        size_t len = strlen(name);
+        if (len > 1 && name[len - 1] == '.')
+            len--;              /* SNI has no trailing dot (RFC 6066) */
+        s->name = mem_strndup(name, len);
+        s->is_ip = is_ip(s->name);
+    }
+    return tu;
+}
+
+void tls_upstream_destroy(struct tls_upstream *tu)
+{
+    if (tu == NULL)
+        return;
+    for (int i = 0; i < tu->cu->nservers; i++) {
+        for (int j = 0; j < tu->servers[i].nsess; j++)
+            SSL_SESSION_free(tu->servers[i].sess[j]);
+        free(tu->servers[i].name);
+    }
+    free(tu->servers);
+    SSL_CTX_free(tu->ctx);
+    free(tu);
+}
+
+/* Give ssl the newest session of s that can resume; a TLS 1.3 one leaves
+ * the list (used once), a TLS 1.2 one stays. */
+static void offer_session(struct tls_upstream_server *s, SSL *ssl)
+{
+    while (s->nsess > 0) {
+        SSL_SESSION *sess = s->sess[s->nsess - 1];
+        int ok = SSL_SESSION_is_resumable(sess);
+        if (ok && SSL_SESSION_get_protocol_version(sess) != TLS1_3_VERSION) {
+            SSL_set_session(ssl, sess);
+            return;
+        }
+        s->nsess--;
+        if (ok)
+            SSL_set_session(ssl, sess);     /* takes its own reference */
+        SSL_SESSION_free(sess);
+        if (ok)
+            return;
+    }
+}
+
+struct ssl_st *tls_upstream_ssl(struct tls_upstream *tu, int server)
+{
+    struct tls_upstream_server *s = &tu->servers[server];
+    SSL *ssl = SSL_new(tu->ctx);
+    if (ssl == NULL)
+        goto fail;
+    SSL_set_app_data(ssl, s);
+    if (s->is_ip) {
+        if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), s->name) != 1)
+            goto fail;
+    } else {
+        SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+        if (SSL_set_tlsext_host_name(ssl, s->name) != 1 || SSL_set1_host(ssl, s->name) != 1)
+            goto fail;
+    }
+    offer_session(s, ssl);
+    return ssl;
+fail:
+    ERR_clear_error();
+    SSL_free(ssl);
+    return NULL;
+}
+
+enum tls_upstream_reason tls_upstream_why(struct ssl_st *ssl, const unsigned long *errs,
+                                          int nerrs, char *buf, size_t n)
+{
+    long v = SSL_get_verify_result(ssl);
+    if ((SSL_get_verify_mode(ssl) & SSL_VERIFY_PEER) && v != X509_V_OK) {
+        snprintf(buf, n, "certificate verify failed: %s", X509_verify_cert_error_string(v));
+        return TLS_UPSTREAM_VERIFY;
+    }
+    BIO *w = SSL_get_wbio(ssl);
+    if (w == NULL || BIO_number_written(w) == 0)
+        return TLS_UPSTREAM_NONE;   /* no ClientHello went out: TCP failed */
+    /* libevent queues SSL_get_error's code (a small number, library 0)
+     * before OpenSSL's own: the newest real one says why. */
+    unsigned long e = 0;
+    for (int i = 0; i < nerrs; i++)
+        if (ERR_GET_LIB(errs[i]) != 0)
+            e = errs[i];
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    if (e == 0 || ERR_SYSTEM_ERROR(e) || ERR_GET_REASON(e) == SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+        snprintf(buf, n, "connection closed during the handshake%s%s",
+                 e && r ? ": " : "", e && r ? r : "");
+        return TLS_UPSTREAM_CLOSED;
+    }
+    snprintf(buf, n, "%s", r ? r : "TLS protocol error");
+    return TLS_UPSTREAM_HANDSHAKE;
+}
+
+const char *tls_upstream_reason_name(enum tls_upstream_reason r)
+{
+    static const char *const names[TLS_UPSTREAM_NREASONS] = {
+        "none", "verify", "handshake", "closed", "timeout", "error",
+    };
+    return r >= 0 && r < TLS_UPSTREAM_NREASONS ? names[r] : "none";
+}
