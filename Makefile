@@ -3,7 +3,7 @@
 # from Debian's archive first, so a fresh Debian 12 machine needs nothing else.
 
 CC       ?= cc
-PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
+PKGS     := libevent libevent_pthreads libevent_openssl openssl hiredis yaml-0.1 libpcre2-8
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
             -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -33,6 +33,9 @@ DEBS     += apache2-utils
 DEBS     += prometheus
 # yaml: the tests read docs/prometheus/alerts.yml
 DEBS     += python3-yaml
+# TLS to Redis (bufferevent_openssl over OpenSSL 3); the tests make their
+# certificates with the openssl CLI
+DEBS     += libssl-dev openssl
 
 .PHONY: all deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.

@@ -225,6 +225,7 @@ int main(int argc, char **argv)
     }
 
     char *err = NULL;
+    conf_check_names(test_only);
     struct conf *conf = conf_load(file, &err);
     if (conf == NULL) {
         fprintf(stderr, "%s\n", err);

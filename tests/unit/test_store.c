@@ -741,6 +741,10 @@ static void test_not_connected(void **state)
 {
     struct store *s = store_new(100, free_port());   /* nothing listens there */
     loop_until(NULL, 300);
+    /* in the backoff after a refused attempt (during one, decisions wait) */
+    for (int i = 0; i < 100 && store_retry_ms(s) < 20; i++)
+        loop_until(NULL, 10);
+    assert_true(store_retry_ms(s) >= 20);
     assert_false(store_connected(s));
     struct store_limit l = { "st:{x}", 6, &fixed_5s, 1 };
     struct got g = { 0 };
