@@ -61,8 +61,8 @@ def certs(tmp_path_factory):
 class TlsRedis:
     """A redis-server that speaks TLS only."""
 
-    def __init__(self, workdir, certs, auth_clients):
-        self.port = free_port()
+    def __init__(self, workdir, certs, auth_clients, port=None, extra=()):
+        self.port = port or free_port()
         self.certs = certs
         self.proc = subprocess.Popen(
             ["redis-server", "--port", "0", "--tls-port", str(self.port),
@@ -70,7 +70,7 @@ class TlsRedis:
              "--dir", str(workdir), "--daemonize", "no", "--loglevel", "warning",
              "--tls-cert-file", certs["server.crt"], "--tls-key-file", certs["server.key"],
              "--tls-ca-cert-file", certs["ca.crt"],
-             "--tls-auth-clients", "yes" if auth_clients else "no"],
+             "--tls-auth-clients", "yes" if auth_clients else "no"] + list(extra),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -101,8 +101,8 @@ class TlsRedis:
 def tls_redis(tmp_path, certs):
     made = []
 
-    def start(auth_clients=False):
-        made.append(TlsRedis(tmp_path, certs, auth_clients))
+    def start(auth_clients=False, port=None, extra=()):
+        made.append(TlsRedis(tmp_path, certs, auth_clients, port, extra))
         return made[-1]
     yield start
     for r in made:
@@ -227,6 +227,66 @@ def test_plain_url_to_tls_redis_fails(sluice, tls_redis, certs):
     time.sleep(0.5)
     r = http_get(s.port, "/x", headers=[("X-K", "plain")])
     assert r.status == 503, r
+
+
+def test_tls_cluster(sluice, tls_redis, certs, tmp_path):
+    """The same redis.tls serves cluster nodes: a one-node cluster that speaks
+    TLS only (bus included) owns every slot; sluice reads CLUSTER SLOTS over
+    TLS and decides there."""
+    from clusterlib import cluster_port
+    port = cluster_port()
+    red = tls_redis(port=port, extra=["--cluster-enabled", "yes", "--tls-cluster", "yes",
+                                      "--cluster-config-file", str(tmp_path / "nodes.conf")])
+    assert red.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383") == "OK"
+    deadline = time.monotonic() + 10
+    while b"cluster_state:ok" not in red.cmd("CLUSTER", "INFO"):
+        assert time.monotonic() < deadline, "the one-node cluster did not become ok"
+        time.sleep(0.05)
+    conf = make_conf(ROUTES, on_error="deny").replace(
+        "  url: redis://127.0.0.1:@REDIS_PORT@/0\n",
+        "  cluster: [127.0.0.1:%d]\n  tls:\n    ca_file: %s\n" % (port, certs["ca.crt"]))
+    s = sluice(conf, wait_redis=False)
+    assert "X-RateLimit-Limit" in rl_headers(wait_decided(s.port)), s.stderr
+    assert_limiting(s.port, "cluster")
+    assert "(cluster topology)" in s.stderr, s.stderr
+
+
+def test_tls_sentinel(sluice, tls_redis, certs, tmp_path):
+    """The same redis.tls serves the sentinels and the master they name: a
+    TLS-only master and a TLS-only sentinel (quorum 1) watching it."""
+    red = tls_redis()
+    sport = free_port()
+    conf_path = tmp_path / "sentinel.conf"
+    conf_path.write_text(
+        "port 0\ntls-port %d\nbind 127.0.0.1\ndir %s\n"
+        "tls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"
+        "tls-auth-clients no\ntls-replication yes\n"
+        "sentinel monitor tlsmaster 127.0.0.1 %d 1\n"
+        % (sport, tmp_path, certs["server.crt"], certs["server.key"], certs["ca.crt"], red.port))
+    sent = subprocess.Popen(["redis-server", str(conf_path), "--sentinel"], cwd=str(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        probe = TlsRedis.__new__(TlsRedis)
+        probe.port, probe.certs = sport, certs
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                if probe.cmd("SENTINEL", "get-master-addr-by-name", "tlsmaster"):
+                    break
+            except (OSError, ConnectionError, RedisError):
+                pass
+            assert time.monotonic() < deadline, "the TLS sentinel did not answer"
+            time.sleep(0.05)
+        conf = make_conf(ROUTES, on_error="deny").replace(
+            "  url: redis://127.0.0.1:@REDIS_PORT@/0\n",
+            "  sentinel:\n    master: tlsmaster\n    nodes: [127.0.0.1:%d]\n"
+            "  tls:\n    ca_file: %s\n" % (sport, certs["ca.crt"]))
+        s = sluice(conf, wait_redis=False)
+        assert "X-RateLimit-Limit" in rl_headers(wait_decided(s.port)), s.stderr
+        assert_limiting(s.port, "sentinel")
+        assert "(sentinel)" in s.stderr, s.stderr
+    finally:
+        stop_process(sent)
 
 
 @pytest.mark.parametrize("tls_yaml,want", [
