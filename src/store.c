@@ -319,8 +319,11 @@ static void node_log_down(struct store_node *n, const char *reason, int64_t retr
     if (n->down_logged)
         return;
     n->down_logged = 1;
-    log_warn("store: redis '%s' down: %s, retrying in %lld ms", n->name,
-             reason ? reason : "unknown error", (long long)retry_ms);
+    /* a TLS failure (a certificate that does not verify...) is a setup
+     * error more than an outage: an error, though retried the same way */
+    log_write(reason && strncmp(reason, "TLS", 3) == 0 ? LOG_ERROR : LOG_WARN,
+              "store: redis '%s' down: %s, retrying in %lld ms", n->name,
+              reason ? reason : "unknown error", (long long)retry_ms);
 }
 
 /* The connection is gone (or never came): tell the store, then wait and try

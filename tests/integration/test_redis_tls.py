@@ -193,8 +193,8 @@ def test_tls_untrusted_certificate(sluice, tls_redis, certs):
     for _ in range(3):
         r = http_get(s.port, "/x", headers=[("X-K", "untrusted")])
         assert r.status == 503, r
-    assert "TLS certificate verify failed: " in s.stderr, \
-        s.stderr
+    assert ("error store: redis '127.0.0.1:%d' down: TLS certificate verify failed: "
+            % red.port) in s.stderr, s.stderr
     assert red.cmd("KEYS", "itest:*") == []
     stats = red.cmd("INFO", "commandstats").decode()
     assert "cmdstat_evalsha" not in stats and "cmdstat_script" not in stats, stats
