@@ -280,6 +280,11 @@ void *rconn_data(const struct rconn *c)
     return c->data;
 }
 
+int rconn_resolving(const struct rconn *c)
+{
+    return c->dns_req != NULL;
+}
+
 /* ---- reading replies ------------------------------------------------------ */
 
 static void rconn_read_cb(struct bufferevent *bev, void *arg)

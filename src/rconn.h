@@ -56,6 +56,10 @@ struct rconn *rconn_connect(struct event_base *base, struct evdns_base *dns,
 void *rconn_data(const struct rconn *c);
 void rconn_free(struct rconn *c);
 
+/* 1 while a name lookup is in flight. Freeing c then cancels it, and evdns
+ * delivers the cancel from the loop later: dns must outlive that. */
+int rconn_resolving(const struct rconn *c);
+
 /* Queue one command (RESP bytes, copied; or argv) with its callback. Before
  * the connection is up the bytes wait for it. -1 when c is closing. */
 int rconn_send(struct rconn *c, const char *cmd, size_t len, rconn_reply_cb *cb,

@@ -45,6 +45,7 @@ extern const char refund_lua_sha[];
 #define STORE_REFUND_BUDGET_MS 2000   /* a refund is retried this long */
 #define STORE_REDIRECT_LOG_MS 1000    /* one info line per kind this often */
 #define STORE_OOM_LOG_MS 10000        /* one "out of memory" warning this often */
+#define STORE_DNS_LINGER_MS 1000      /* a resolver outlives its store's cancelled lookups */
 
 enum store_mode { STORE_SINGLE, STORE_CLUSTER, STORE_SENTINEL };
 /* A data node runs the scripts; the control node asks the topology
@@ -1661,6 +1662,22 @@ static void store_free_req_parts(struct store_req *q)
     free(q->cmd);
 }
 
+static void store_dns_free_cb(evutil_socket_t fd, short what, void *arg)
+{
+    evdns_base_free(arg, 0);
+}
+
+/* A lookup cancelled by store_destroy() is delivered from the loop later
+ * and still reads its evdns_base: then the base is freed a second later,
+ * once the loop has run that (a reload). A store destroyed at exit with a
+ * lookup in flight leaves its resolver to the process' end. */
+static void store_close_dns(struct event_base *base, struct evdns_base *dns, int resolving)
+{
+    struct timeval tv = clock_timeval(STORE_DNS_LINGER_MS);
+    if (!resolving || event_base_once(base, -1, EV_TIMEOUT, store_dns_free_cb, dns, &tv) != 0)
+        evdns_base_free(dns, 0);
+}
+
 /* Must not be called from inside a store callback. */
 void store_destroy(struct store *s)
 {
@@ -1675,9 +1692,11 @@ void store_destroy(struct store *s)
         all[nall++] = s->nodes[i];
     if (s->ctl != NULL)
         all[nall++] = s->ctl;
+    int resolving = 0;
     for (int i = 0; i < nall; i++) {
         if (all[i]->ac != NULL) {
             struct rconn *ac = all[i]->ac;
+            resolving |= rconn_resolving(ac);
             all[i]->ac = NULL;
             rconn_free(ac);         /* pending replies: NULL, ignored */
         }
@@ -1719,7 +1738,7 @@ void store_destroy(struct store *s)
     free(s->rc.tls_conf.key_file);
     free(s->rc.tls_conf.server_name);
     rconn_tls_destroy(s->tls);
-    evdns_base_free(s->dns, 0);
+    store_close_dns(s->base, s->dns, resolving);
     free(s);
 }
 
