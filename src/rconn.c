@@ -26,6 +26,8 @@
 #include "mem.h"
 #include "rconn.h"
 
+#define RCONN_MAX_REPLY_BYTES (16u << 20)   /* unparsed bytes of one reply */
+
 struct rconn_tls {
     SSL_CTX *ctx;
     char *server_name;
@@ -287,28 +289,15 @@ int rconn_resolving(const struct rconn *c)
 
 /* ---- reading replies ------------------------------------------------------ */
 
-static void rconn_read_cb(struct bufferevent *bev, void *arg)
+/* Every whole reply the reader holds, each to its callback. NULL, or why
+ * the connection must end. */
+static const char *rconn_deliver(struct rconn *c)
 {
-    struct rconn *c = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
-    const char *why = NULL;
-    size_t len;
-    while ((len = evbuffer_get_length(in)) > 0) {
-        struct evbuffer_iovec v;
-        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
-            break;
-        if (redisReaderFeed(c->reader, v.iov_base, v.iov_len) != REDIS_OK) {
-            why = "protocol error";
-            goto out;
-        }
-        evbuffer_drain(in, v.iov_len);
-    }
     for (;;) {
         void *r = NULL;
         if (redisReaderGetReply(c->reader, &r) != REDIS_OK) {
             snprintf(c->why, sizeof(c->why), "protocol error: %s", c->reader->errstr);
-            why = c->why;
-            goto out;
+            return c->why;
         }
         if (r == NULL)
             break;
@@ -319,8 +308,7 @@ static void rconn_read_cb(struct bufferevent *bev, void *arg)
             p = (struct rconn_pending){ c->push_cb, c->push_priv };
         } else {
             freeReplyObject(r);
-            why = "a reply nobody asked for";
-            goto out;
+            return "a reply nobody asked for";
         }
         c->in_cb++;
         if (p.cb != NULL)
@@ -328,9 +316,31 @@ static void rconn_read_cb(struct bufferevent *bev, void *arg)
         c->in_cb--;
         freeReplyObject(r);
         if (c->freeing)
-            goto out;
+            return NULL;
     }
-out:
+    /* sluice's replies are small: a server that sends more than this in one
+     * reply is not one to wait for */
+    if (c->reader->len - c->reader->pos > RCONN_MAX_REPLY_BYTES)
+        return "a reply larger than 16 MB";
+    return NULL;
+}
+
+static void rconn_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct rconn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    const char *why = NULL;
+    while (why == NULL && !c->freeing && evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        if (redisReaderFeed(c->reader, v.iov_base, v.iov_len) != REDIS_OK) {
+            why = "protocol error";
+            break;
+        }
+        evbuffer_drain(in, v.iov_len);
+        why = rconn_deliver(c);
+    }
     if (c->freeing) {
         rconn_fail_pending(c);
         rconn_release(c);

@@ -3,7 +3,8 @@
  * Replies in the order of the commands, even those sent before the
  * connection was up; a name resolved through evdns and /etc/hosts; a unix
  * socket; a refused connect reported from the loop; a connection freed from
- * inside its own callback; a server that closes with commands pending. Every
+ * inside its own callback; a server that closes with commands pending; a
+ * reply too large to wait for. Every
  * wait is bounded; the server is killed by its PID at the end. */
 #include <errno.h>
 #include <setjmp.h>
@@ -191,6 +192,48 @@ static void test_server_closes(void **state)
     assert_int_equal(s.closes, 1);
 }
 
+/* A server that answers with a 32 MB bulk string: the reply is refused at
+ * 16 MB of it, the pending callback gets NULL and on_close says why. */
+static void test_reply_too_large(void **state)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = { .sin_family = AF_INET };
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(sin);
+    assert_true(lfd >= 0);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&sin, &len), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = accept(lfd, NULL, NULL);
+        static char chunk[1 << 16];
+        memset(chunk, 'x', sizeof(chunk));
+        const char *head = "$33554432\r\n";
+        if (fd < 0 || write(fd, head, strlen(head)) < 0)
+            _exit(1);
+        for (int i = 0; i < 512; i++)
+            if (write(fd, chunk, sizeof(chunk)) < 0)
+                _exit(0);               /* the client closed: done */
+        _exit(0);
+    }
+    close(lfd);
+    struct seen s = { 0 };
+    struct rconn *c = rconn_connect(base, dns, NULL, "127.0.0.1", ntohs(sin.sin_port), 0,
+                                    on_connect, on_close, &s);
+    const char *get[2] = { "GET", "big" };
+    assert_int_equal(send_cmd(c, &s, 2, get), 0);
+    loop_until(&s.closes, 1, 5000);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(s.closes, 1);
+    assert_int_equal(s.replies, 0);
+    assert_int_equal(s.nulls, 1);
+    assert_string_equal(s.why, "a reply larger than 16 MB");
+}
+
 /* ---- setup ------------------------------------------------------------------------ */
 
 static int setup(void **state)
@@ -255,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_free_inside_callback),
         cmocka_unit_test(test_server_closes),
+        cmocka_unit_test(test_reply_too_large),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
