@@ -27,6 +27,7 @@
 #include "rconn.h"
 
 #define RCONN_MAX_REPLY_BYTES (16u << 20)   /* unparsed bytes of one reply */
+#define RCONN_READ_BYTES 65536              /* read at most this per readiness */
 
 struct rconn_tls {
     SSL_CTX *ctx;
@@ -443,6 +444,7 @@ static void rconn_start(struct rconn *c, const struct sockaddr *sa, int salen)
             goto fail;
     }
     bufferevent_setcb(c->bev, rconn_read_cb, NULL, rconn_event_cb, c);
+    bufferevent_set_max_single_read(c->bev, RCONN_READ_BYTES);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     if (bufferevent_socket_connect(c->bev, (struct sockaddr *)sa, salen) != 0) {
         /* an immediate failure: the next address, or the end, from the loop */

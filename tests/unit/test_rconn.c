@@ -35,6 +35,7 @@ static int redis_port;
 static char sock_path[64];
 static struct event_base *base;
 static struct evdns_base *dns;
+static struct event *tick;
 
 static int free_port(void)
 {
@@ -49,11 +50,17 @@ static int free_port(void)
     return ntohs(sin.sin_port);
 }
 
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+}
+
+/* The loop runs until *flag reaches want or max_ms pass; a 5 ms tick
+ * bounds each blocking iteration. */
 static void loop_until(const int *flag, int want, int64_t max_ms)
 {
     int64_t end = clock_ms() + max_ms;
     while ((flag == NULL || *flag < want) && clock_ms() < end)
-        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK), usleep(1000);
+        event_base_loop(base, EVLOOP_ONCE);
 }
 
 /* ---- what the callbacks saw ------------------------------------------------- */
@@ -256,7 +263,9 @@ static int setup(void **state)
     }
     base = event_base_new();
     dns = evdns_base_new(base, 0);
-    if (base == NULL || dns == NULL)
+    tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
+    struct timeval tv = { 0, 5000 };
+    if (base == NULL || dns == NULL || tick == NULL || event_add(tick, &tv) != 0)
         abort();
     evdns_base_resolv_conf_parse(dns, DNS_OPTIONS_ALL, "/etc/resolv.conf");
     /* up when a connection to it answers PING */
@@ -285,6 +294,7 @@ static int teardown(void **state)
         waitpid(redis_pid, NULL, 0);
     }
     unlink(sock_path);
+    event_free(tick);
     evdns_base_free(dns, 0);
     event_base_free(base);
     return 0;
