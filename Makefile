@@ -41,7 +41,7 @@ DEBS     += chromium
 # TLS listeners: OpenSSL 3 (openssl CLI for the tests' certificates), and
 # testssl.sh for the scanner test (test_tls_scan.py, slow)
 DEBS     += libssl-dev openssl testssl.sh
-# TLS to upstreams; nginx with ssl is the TLS upstream of test_tls_upstream
+# TLS to upstreams (nginx with ssl is the TLS upstream of test_tls_upstream) and to Redis
 DEBS     += nginx
 
 .PHONY: all deps run test test-unit test-integration test-slow clean

@@ -8,8 +8,8 @@
  * The contract, for every kind:
  *   backend_decide() either returns a call, whose callback then runs exactly
  *   once, later, from the event loop (never from inside backend_decide), or
- *   returns NULL: the backend cannot decide now (Redis not connected) and the
- *   caller applies on_error at once. The limits (keys, params) need only live
+ *   returns NULL: the backend cannot decide now (Redis neither connected nor
+ *   connecting) and the caller applies on_error at once. The limits (keys, params) need only live
  *   during backend_decide(): the backend copies what it keeps.
  *   backend_cancel(b, call) means the answer is no longer wanted; its callback
  *   will not run. b is the backend that made the call. It may be called from

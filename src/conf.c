@@ -930,12 +930,13 @@ static const char *parse_redis_url(const char *url, struct conf_redis *r)
         r->db = (int)db;
         return NULL;
     }
-    if (strncmp(url, "redis://", 8))
-        return "scheme must be redis:// or unix://";
-    p = url + 8;
+    r->tls = !strncmp(url, "rediss://", 9);
+    if (strncmp(url, "redis://", 8) && !r->tls)
+        return "scheme must be redis://, rediss:// or unix://";
+    p = url + 8 + r->tls;
     auth_end = p + strcspn(p, "/?#");
     if (*auth_end == '?' || *auth_end == '#')
-        return "query and fragment are not supported on redis://";
+        return "query and fragment are not supported on redis:// or rediss://";
     at = NULL;
     for (const char *q = p; q < auth_end; q++)
         if (*q == '@')
@@ -1271,6 +1272,115 @@ static int h_client(struct ctx *x, struct node *k, struct node *v, void *obj)
     return walk_map(x, v, client_keys, &((struct conf *)obj)->client);
 }
 
+/* The store resolves redis.url's host at every connect, off the loop
+ * (evdns); looking it up once here makes a name that does not resolve a
+ * config error naming its place, as upstream names are. */
+static int check_names;         /* conf_check_names() */
+
+void conf_check_names(int on)
+{
+    check_names = on;
+}
+
+static int redis_resolve_check(struct ctx *x, struct node *v, const char *host)
+{
+    char sb[SHOW_BUF];
+    unsigned char probe[sizeof(struct in6_addr)];
+    struct addrinfo hints, *res;
+    if (!check_names || inet_pton(AF_INET, host, probe) == 1 ||
+        inet_pton(AF_INET6, host, probe) == 1)
+        return 0;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0)
+        return fail(x, v, "cannot resolve redis host '%s': %s", show(host, sb),
+                    gai_strerror(rc == -1 ? EAI_FAIL : rc));
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* A file the TLS context loads when the store starts: readable now. */
+static int get_tls_file(struct ctx *x, struct node *v, char **out)
+{
+    char sb[SHOW_BUF];
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    FILE *f = fopen(s, "r");
+    if (f == NULL)
+        return fail(x, v, "cannot read '%s': %s", show(s, sb), strerror(errno));
+    fclose(f);
+    free(*out);
+    *out = xstrdup(s);
+    return 0;
+}
+
+static int h_redis_tls_ca_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_tls_file(x, v, &((struct conf_redis_tls *)obj)->ca_file);
+}
+
+static int h_redis_tls_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_tls_file(x, v, &((struct conf_redis_tls *)obj)->cert_file);
+}
+
+static int h_redis_tls_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_tls_file(x, v, &((struct conf_redis_tls *)obj)->key_file);
+}
+
+static int h_redis_tls_server_name(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis_tls *t = obj;
+    char sb[SHOW_BUF];
+    unsigned char probe[sizeof(struct in6_addr)];
+    const char *s = scalar(x, v);
+    if (!s)
+        return -1;
+    if (!hostname_ok(s) && inet_pton(AF_INET, s, probe) != 1 && inet_pton(AF_INET6, s, probe) != 1)
+        return fail(x, v, "bad server_name '%s' (a host name or an IP address)", show(s, sb));
+    free(t->server_name);
+    t->server_name = xstrdup(s);
+    return 0;
+}
+
+static int h_redis_tls_verify(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return get_bool(x, v, &((struct conf_redis_tls *)obj)->verify);
+}
+
+static const struct key_def redis_tls_keys[] = {
+    { "ca_file", h_redis_tls_ca_file, 0 },
+    { "cert_file", h_redis_tls_cert_file, 0 },
+    { "key_file", h_redis_tls_key_file, 0 },
+    { "server_name", h_redis_tls_server_name, 0 },
+    { "verify", h_redis_tls_verify, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* redis.tls: TLS to every node, whatever the url's scheme. */
+static int h_redis_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_redis *r = obj;
+    if (walk_map(x, v, redis_tls_keys, &r->tls_conf) < 0)
+        return -1;
+    if (r->tls_conf.key_file != NULL && r->tls_conf.cert_file == NULL)
+        return fail(x, k, "key_file needs cert_file");
+    r->tls = 1;
+    return 0;
+}
+
+static void redis_free_tls(struct conf_redis_tls *t)
+{
+    free(t->ca_file);
+    free(t->cert_file);
+    free(t->key_file);
+    free(t->server_name);
+    t->ca_file = t->cert_file = t->key_file = t->server_name = NULL;
+}
+
 static int h_redis_url(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_redis *r = obj, t = { 0 };
@@ -1283,6 +1393,10 @@ static int h_redis_url(struct ctx *x, struct node *k, struct node *v, void *obj)
         return fail(x, v, "bad redis url: %s (use redis://[user:password@]host[:port][/db] "
                     "or unix:///path.sock[?db=N])", why);
     }
+    if (!t.is_unix && redis_resolve_check(x, v, t.host) < 0) {
+        redis_free_target(&t);
+        return -1;
+    }
     /* The parsed target moves into r whole (r's old strings are freed). */
     redis_free_target(r);
     r->url = xstrdup(s);
@@ -1290,6 +1404,7 @@ static int h_redis_url(struct ctx *x, struct node *k, struct node *v, void *obj)
     r->user = t.user;
     r->password = t.password;
     r->is_unix = t.is_unix, r->port = t.port, r->db = t.db;
+    r->tls |= t.tls;
     return 0;
 }
 
@@ -1341,6 +1456,16 @@ static int node_addr_ok(const char *s)
     return inet_pton(AF_INET, host, probe) == 1 || hostname_ok(host);
 }
 
+static int node_resolve_check(struct ctx *x, struct node *v, const char *a)
+{
+    char host[CONF_MAX_HOSTNAME + 1];
+    const char *ps;
+    int family;
+    if (conf_split_addr(a, host, &ps, &family) < 0)
+        return 0;
+    return redis_resolve_check(x, v, host);
+}
+
 /* A non-empty sequence of node addresses into *out (owned by the conf). */
 static int get_nodes(struct ctx *x, struct node *v, char ***out, int *nout, const char *what)
 {
@@ -1361,6 +1486,8 @@ static int get_nodes(struct ctx *x, struct node *v, char ***out, int *nout, cons
         if (!node_addr_ok(a))
             return fail(x, v->kids[i], "bad %s address '%s' (use HOST:PORT or [IPV6]:PORT)",
                         what, show(a, sb));
+        if (node_resolve_check(x, v->kids[i], a) < 0)
+            return -1;
         (*out)[(*nout)++] = xstrdup(a);
     }
     return 0;
@@ -1426,6 +1553,7 @@ static const struct key_def redis_keys[] = {
     { "on_error", h_redis_on_error, 0 },
     { "cluster", h_redis_cluster, 0 },
     { "sentinel", h_redis_sentinel, 0 },
+    { "tls", h_redis_tls, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -2979,6 +3107,7 @@ static struct conf *conf_new(const char *file)
     c->redis.timeout_ms = 50;
     c->redis.prefix = xstrdup("sluice:");
     c->redis.on_error = CONF_ON_ERROR_ALLOW;
+    c->redis.tls_conf.verify = 1;
     c->backend = CONF_BACKEND_REDIS;
     c->memory_max_keys = 1000000;
     c->deny_cache_max_keys = 100000;
@@ -3001,6 +3130,7 @@ static void conf_free(struct conf *c)
     free(c->redis.sentinel_nodes);
     free(c->redis.sentinel_master);
     free(c->redis.sentinel_password);
+    redis_free_tls(&c->redis.tls_conf);
     for (int i = 0; i < c->nupstreams; i++) {
         struct conf_upstream *u = &c->upstreams[i];
         for (int j = 0; j < u->nservers; j++)

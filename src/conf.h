@@ -167,6 +167,17 @@ struct conf_redis {
     /* Decisions read each limit's run-time override key (store.h): on when
      * admin.token is set, since only then can the admin API write one. */
     int overrides;
+    /* TLS to every node, sentinels too: a rediss:// url or a redis.tls
+     * section. Strings NULL when absent: the system trust store, no client
+     * certificate, the host connected to. */
+    int tls;
+    struct conf_redis_tls {
+        char *ca_file;
+        char *cert_file;
+        char *key_file;         /* NULL: the key is in cert_file */
+        char *server_name;
+        int verify;             /* default 1 */
+    } tls_conf;
 };
 
 struct conf_client {
@@ -221,6 +232,12 @@ struct conf {
  * On failure returns NULL and sets *err to a malloc'd "FILE:LINE:COL: message"
  * (the caller frees it). */
 struct conf *conf_load(const char *file, char **err);
+/* With on (sluice -t), conf_load() also looks up the Redis host names
+ * (redis.url, cluster seeds, sentinels) once with getaddrinfo: one that does
+ * not resolve is an error naming its place. Off (the default, a running
+ * proxy): the store resolves them at each connect without blocking, as a
+ * Redis starting beside sluice may not have a name yet. */
+void conf_check_names(int on);
 
 void conf_retain(struct conf *c);
 void conf_release(struct conf *c);

@@ -252,6 +252,7 @@ int main(int argc, char **argv)
     }
 
     char *err = NULL;
+    conf_check_names(test_only);
     int64_t t0 = clock_us();
     struct conf *conf = conf_load(file, &err);
     admin_console_config_loaded(conf != NULL, err, clock_us() - t0);

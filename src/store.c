@@ -1,7 +1,8 @@
 /* sluice - store.c: rate-limit decisions in Redis, single, Cluster or Sentinel.
  *
- * The only file that includes hiredis. A store owns one or more nodes (async
- * connections: connect, handshake, backoff, stall detection), sends each
+ * With rconn.c, the only user of hiredis (as a reply parser). A store owns
+ * one or more nodes (rconn connections: handshake, backoff, stall detection,
+ * requests waiting for a connection being made), sends each
  * decision as EVALSHA of scripts/limit.lua, and turns replies, errors and
  * timeouts into exactly one callback per call. Redis Cluster (hiredis 0.14
  * has none) is built here: CRC16 slots, CLUSTER SLOTS on a control
@@ -16,15 +17,14 @@
 #include <time.h>
 
 #include <event2/event.h>
-#include <hiredis/hiredis.h>
-#include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
+#include <event2/dns.h>
 
 #include "addr.h"
 #include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
+#include "rconn.h"
 #include "store.h"
 
 /* Generated from scripts/NAME.lua by the Makefile (build/NAME_lua.c). */
@@ -45,6 +45,7 @@ extern const char refund_lua_sha[];
 #define STORE_REFUND_BUDGET_MS 2000   /* a refund is retried this long */
 #define STORE_REDIRECT_LOG_MS 1000    /* one info line per kind this often */
 #define STORE_OOM_LOG_MS 10000        /* one "out of memory" warning this often */
+#define STORE_DNS_LINGER_MS 1000      /* a resolver outlives its store's cancelled lookups */
 
 enum store_mode { STORE_SINGLE, STORE_CLUSTER, STORE_SENTINEL };
 /* A data node runs the scripts; the control node asks the topology
@@ -58,7 +59,7 @@ struct store_node {
     int port;
     int is_unix;
     char name[300];                 /* "host:port", for logs */
-    redisAsyncContext *ac;          /* NULL while disconnected */
+    struct rconn *ac;               /* NULL while disconnected */
     int active;                     /* wanted: (re)connects; 0 = retired */
     int ready;                      /* connected and handshake done */
     int hs_left;                    /* handshake replies still due */
@@ -69,7 +70,7 @@ struct store_node {
     struct event *retry_ev;         /* reconnect after backoff */
     int64_t retry_at_ms;            /* when retry_ev fires (clock_ms) */
     struct event *connect_ev;       /* connect + handshake deadline */
-    struct event *kill_ev;          /* drop the connection outside hiredis */
+    struct event *kill_ev;          /* drop the connection outside its callbacks */
     const char *kill_reason;
     int inflight;                   /* our commands awaiting replies */
     int64_t progress_ms;            /* last reply, or when inflight rose from 0 */
@@ -79,7 +80,7 @@ struct store_node {
 };
 
 /* One EVALSHA on one slot: a group of a call's limits, or a refund. A
- * request is in hiredis at most once at a time (it is resent only from its
+ * request is in a connection at most once at a time (it is resent only from its
  * own reply or from its wait timer), and is released only outside it. */
 struct store_req {
     struct store *s;
@@ -90,7 +91,7 @@ struct store_req {
     struct store_node *ask;         /* ASK: send ASKING and the command here */
     int asked;                      /* the last send went with ASKING */
     struct event *wait_ev;          /* resend after STORE_WAIT_MS */
-    int in_hiredis;
+    int in_hiredis;                 /* in a connection's reply FIFO (rconn) */
     int done;                       /* replied, or given up */
     int noscript_tried;
     int redirects;
@@ -106,8 +107,8 @@ struct store_req {
 
 /* A call's life: it leaves the free list in store_decide(), is answered at
  * most once (reply, error or timeout; or cancelled, which also counts), and
- * returns to the free list only when it is answered AND hiredis holds none
- * of its requests, so a late reply never touches a reused call. */
+ * returns to the free list only when it is answered AND no connection holds
+ * any of its requests, so a late reply never touches a reused call. */
 struct store_call {
     struct store *s;
     struct store_call *next;        /* free list */
@@ -162,6 +163,9 @@ struct store {
     uint64_t redirects[2];          /* ask, moved: this store's */
     int64_t redirect_logged_ms[2];
     int64_t oom_logged_ms;
+    struct evdns_base *dns;         /* names resolve here, never on getaddrinfo */
+    struct rconn_tls *tls;          /* NULL: plain connections */
+    int tls_failed;                 /* TLS wanted, the context did not load */
 };
 
 static void node_connect(struct store_node *n);
@@ -172,6 +176,7 @@ static void store_refresh_soon(struct store *s);
 static int req_dispatch(struct store_req *q);
 static void req_wait(struct store_req *q);
 static void req_settle(struct store_req *q);
+static void store_kick_waiting(struct store *s);
 
 static char *store_strdup(const char *p)
 {
@@ -249,7 +254,13 @@ int store_same_conf(const struct conf_redis *a, const struct conf_redis *b)
            strveq(a->cluster, a->ncluster, b->cluster, b->ncluster) &&
            streq(a->sentinel_master, b->sentinel_master) &&
            strveq(a->sentinel_nodes, a->nsentinel_nodes, b->sentinel_nodes, b->nsentinel_nodes) &&
-           streq(a->sentinel_password, b->sentinel_password) && a->overrides == b->overrides;
+           streq(a->sentinel_password, b->sentinel_password) && a->overrides == b->overrides &&
+           a->tls == b->tls &&
+           streq(a->tls_conf.ca_file, b->tls_conf.ca_file) &&
+           streq(a->tls_conf.cert_file, b->tls_conf.cert_file) &&
+           streq(a->tls_conf.key_file, b->tls_conf.key_file) &&
+           streq(a->tls_conf.server_name, b->tls_conf.server_name) &&
+           a->tls_conf.verify == b->tls_conf.verify;
 }
 
 /* ---- readiness ----------------------------------------------------------- */
@@ -311,8 +322,11 @@ static void node_log_down(struct store_node *n, const char *reason, int64_t retr
     if (n->down_logged)
         return;
     n->down_logged = 1;
-    log_warn("store: redis '%s' down: %s, retrying in %lld ms", n->name,
-             reason ? reason : "unknown error", (long long)retry_ms);
+    /* a TLS failure (a certificate that does not verify...) is a setup
+     * error more than an outage: an error, though retried the same way */
+    log_write(reason && strncmp(reason, "TLS", 3) == 0 ? LOG_ERROR : LOG_WARN,
+              "store: redis '%s' down: %s, retrying in %lld ms", n->name,
+              reason ? reason : "unknown error", (long long)retry_ms);
 }
 
 /* The connection is gone (or never came): tell the store, then wait and try
@@ -338,9 +352,11 @@ static void node_down(struct store_node *n, const char *reason)
     n->backoff_ms *= 2;
     if (n->backoff_ms > STORE_BACKOFF_MAX_MS)
         n->backoff_ms = STORE_BACKOFF_MAX_MS;
+    store_kick_waiting(s);          /* what waited for this attempt fails now */
 }
 
-/* From inside a hiredis callback the context must not be freed: ask the
+/* From inside a connection's callback it is not dropped (that would run
+ * every pending callback, the store's own among them, underneath): ask the
  * event loop to do it once the stack has unwound. */
 static void node_kill_later(struct store_node *n, const char *reason)
 {
@@ -356,15 +372,15 @@ static void node_kill_cb(evutil_socket_t fd, short what, void *arg)
         node_drop(n, n->kill_reason);
 }
 
-/* Free the context from outside hiredis' callbacks. Pending requests get
+/* Free the connection from outside its callbacks. Pending requests get
  * NULL replies (already answered ones are merely released). */
 static void node_drop(struct store_node *n, const char *reason)
 {
-    redisAsyncContext *ac = n->ac;
+    struct rconn *ac = n->ac;
     node_set_ready(n, 0);
     if (ac != NULL) {
         n->dropping = 1;
-        redisAsyncFree(ac);
+        rconn_free(ac);
         n->dropping = 0;
     }
     node_down(n, reason);
@@ -380,6 +396,7 @@ static void node_ready(struct store_node *n)
              n->role == NODE_CTL ? (n->s->mode == STORE_CLUSTER ?
                                     " (cluster topology)" : " (sentinel)") : "");
     store_node_up(n->s, n);
+    store_kick_waiting(n->s);       /* what waited for the connection goes now */
 }
 
 static void store_set_master(struct store *s, const char *host, int port);
@@ -405,10 +422,9 @@ static int node_is_master(const redisReply *reply)
            strcmp(reply->element[0]->str, "master") == 0;
 }
 
-static void node_handshake_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void node_handshake_cb(struct rconn *ac, redisReply *reply, void *privdata)
 {
-    struct store_node *n = ac->data;
-    redisReply *reply = r;
+    struct store_node *n = rconn_data(ac);
     const char *step = privdata;
     if (n == NULL || n->s->destroying)
         return;
@@ -444,8 +460,7 @@ static int node_send_handshake(struct store_node *n, const char *step,
     size_t len[4];
     for (int i = 0; i < argc; i++)
         len[i] = strlen(argv[i]);
-    if (redisAsyncCommandArgv(n->ac, node_handshake_cb, (void *)step,
-                              argc, argv, len) != REDIS_OK)
+    if (rconn_send_argv(n->ac, argc, argv, len, node_handshake_cb, (void *)step) != 0)
         return -1;
     node_expect_reply(n);
     n->hs_left++;
@@ -453,10 +468,9 @@ static int node_send_handshake(struct store_node *n, const char *step,
 }
 
 /* The script reload after NOSCRIPT; its reply only needs checking. */
-static void node_script_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void node_script_cb(struct rconn *ac, redisReply *reply, void *privdata)
 {
-    struct store_node *n = ac->data;
-    redisReply *reply = r;
+    struct store_node *n = rconn_data(ac);
     if (n == NULL || n->s->destroying)
         return;
     node_got_reply(n);
@@ -477,7 +491,7 @@ static int node_load_scripts(struct store_node *n)
     for (int i = 0; i < nscripts; i++) {
         const char *argv[3] = { "SCRIPT", "LOAD", scripts[i] };
         size_t len[3] = { 6, 4, strlen(scripts[i]) };
-        if (redisAsyncCommandArgv(n->ac, node_script_cb, NULL, 3, argv, len) != REDIS_OK)
+        if (rconn_send_argv(n->ac, 3, argv, len, node_script_cb, NULL) != 0)
             return -1;
         node_expect_reply(n);
         n->script_loads++;
@@ -530,29 +544,25 @@ static int node_handshake(struct store_node *n)
     return rc;
 }
 
-static void node_connect_cb(const redisAsyncContext *cac, int status)
+static void node_connect_cb(struct rconn *ac, int status, const char *why)
 {
-    redisAsyncContext *ac = (redisAsyncContext *)cac;
-    struct store_node *n = ac->data;
+    struct store_node *n = rconn_data(ac);
     if (n == NULL || n->s->destroying)
         return;
-    if (status != REDIS_OK) {
-        /* hiredis frees the context after this returns; ac->errstr is only
-         * copied from the inner context after this callback */
-        node_down(n, ac->c.errstr[0] ? ac->c.errstr : "connect failed");
+    if (status != 0) {
+        node_down(n, why);          /* ac is freed when this returns */
         return;
     }
     if (node_handshake(n) != 0)
         node_kill_later(n, "cannot queue the handshake");
 }
 
-static void node_disconnect_cb(const redisAsyncContext *cac, int status)
+static void node_disconnect_cb(struct rconn *ac, const char *why)
 {
-    struct store_node *n = cac->data;
+    struct store_node *n = rconn_data(ac);
     if (n == NULL || n->dropping || n->s->destroying)
         return;
-    /* hiredis frees the context after this returns */
-    node_down(n, cac->c.errstr[0] ? cac->c.errstr : "connection closed");
+    node_down(n, why);              /* ac is freed when this returns */
 }
 
 static void node_connect_timeout_cb(evutil_socket_t fd, short what, void *arg)
@@ -570,31 +580,17 @@ static void node_connect(struct store_node *n)
     struct store *s = n->s;
     if (!n->active || n->ac != NULL || s->destroying)
         return;
-    redisAsyncContext *ac;
-    if (n->is_unix)
-        ac = redisAsyncConnectUnix(n->host);
-    else
-        ac = redisAsyncConnect(n->host, n->port);
-    if (ac == NULL) {
-        node_down(n, "out of memory");
+    if (s->tls_failed) {
+        node_down(n, "no TLS context (see the error above)");
         return;
     }
-    if (ac->err) {
-        char reason[128];
-        snprintf(reason, sizeof(reason), "%s", ac->c.errstr);
-        redisAsyncFree(ac);     /* not attached, no callbacks: ours to free */
-        node_down(n, reason);
-        return;
-    }
-    ac->data = n;
-    n->ac = ac;
+    /* never calls back from inside: n->ac is set before anything happens */
+    n->ac = rconn_connect(s->base, s->dns, s->tls, n->host, n->port, n->is_unix,
+                          node_connect_cb, node_disconnect_cb, n);
     n->handshake_failed = 0;
     n->hs_left = 0;
     n->inflight = 0;
     n->script_loads = 0;
-    redisLibeventAttach(ac, s->base);
-    redisAsyncSetConnectCallback(ac, node_connect_cb);
-    redisAsyncSetDisconnectCallback(ac, node_disconnect_cb);
     int64_t budget_ms = 2 * s->rc.timeout_ms;
     if (budget_ms < STORE_CONNECT_MIN_MS)
         budget_ms = STORE_CONNECT_MIN_MS;
@@ -663,7 +659,7 @@ static void node_move(struct store_node *n, const char *host, int port)
         event_del(n->retry_ev);
         struct timeval tv = clock_timeval(0);
         n->retry_at_ms = clock_ms();
-        event_add(n->retry_ev, &tv);    /* not from inside a hiredis callback */
+        event_add(n->retry_ev, &tv);    /* not from inside a connection's callback */
     }
 }
 
@@ -753,11 +749,10 @@ static void store_apply_map(struct store *s, const int16_t *owner)
     store_update_ready(s);
 }
 
-static void store_slots_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void store_slots_cb(struct rconn *ac, redisReply *reply, void *privdata)
 {
-    struct store_node *n = ac->data;
+    struct store_node *n = rconn_data(ac);
     struct store *s = n->s;
-    redisReply *reply = r;
     if (s->destroying)
         return;
     node_got_reply(n);
@@ -782,7 +777,9 @@ static void store_refresh_cb(evutil_socket_t fd, short what, void *arg)
     struct store_node *n = s->ctl;
     if (!n->ready || n->ac == NULL || n->slots_inflight)
         return;                 /* asked again when it is ready, or replies */
-    if (redisAsyncCommand(n->ac, store_slots_cb, NULL, "CLUSTER SLOTS") != REDIS_OK)
+    const char *argv[2] = { "CLUSTER", "SLOTS" };
+    size_t len[2] = { 7, 5 };
+    if (rconn_send_argv(n->ac, 2, argv, len, store_slots_cb, NULL) != 0)
         return;
     node_expect_reply(n);
     n->slots_inflight = 1;
@@ -846,10 +843,9 @@ static void store_set_master(struct store *s, const char *host, int port)
 }
 
 /* "+switch-master" carries "NAME OLDIP OLDPORT NEWIP NEWPORT". */
-static void store_switch_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void store_switch_cb(struct rconn *ac, redisReply *reply, void *privdata)
 {
-    struct store_node *n = ac->data;
-    redisReply *reply = r;
+    struct store_node *n = rconn_data(ac);
     if (n == NULL || n->s->destroying || reply == NULL)
         return;
     if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 ||
@@ -878,8 +874,8 @@ static void store_node_up(struct store *s, struct store_node *n)
     if (s->mode == STORE_CLUSTER) {
         store_refresh_soon(s);
     } else if (s->mode == STORE_SENTINEL &&
-               redisAsyncCommand(n->ac, store_switch_cb, NULL,
-                                 "SUBSCRIBE +switch-master") != REDIS_OK) {
+               rconn_subscribe(n->ac, 2, (const char *[]){ "SUBSCRIBE", "+switch-master" },
+                               store_switch_cb, NULL) != 0) {
         node_kill_later(n, "cannot subscribe");
     }
 }
@@ -897,6 +893,63 @@ static void store_node_lost(struct store *s, struct store_node *n)
          * sentinels again (the subscribed connection cannot) */
         node_kill_later(s->ctl, "asking for the master again");
     }
+}
+
+/* ---- waiting for a connection ------------------------------------------------ */
+
+/* An attempt is in flight: resolving, connecting, TLS or the handshake. */
+static int node_connecting(const struct store_node *n)
+{
+    return n != NULL && n->active && n->ac != NULL && !n->ready;
+}
+
+/* Outside a cluster: the data node's connection is being made, or (sentinel)
+ * the sentinel that will name the master is. Not while waiting out a
+ * backoff: then the last attempt failed and decisions get on_error at once. */
+static int store_connecting(const struct store *s)
+{
+    if (s->mode == STORE_CLUSTER || s->nnodes == 0)
+        return 0;
+    if (node_connecting(s->nodes[0]))
+        return 1;
+    return s->mode == STORE_SENTINEL && !s->nodes[0]->active && node_connecting(s->ctl);
+}
+
+/* Whether a decision can be sent now or wait for a connection being made.
+ * Cluster: the map is known and some master is up or connecting, or the
+ * map is being asked for. */
+static int store_usable(const struct store *s)
+{
+    if (s->ready)
+        return 1;
+    if (s->mode != STORE_CLUSTER)
+        return store_connecting(s);
+    if (!s->map_known)
+        return s->ctl != NULL && (node_connecting(s->ctl) || s->ctl->ready);
+    for (int i = 0; i < s->nnodes; i++)
+        if (s->nodes[i]->ready || (s->nodes[i]->in_map && node_connecting(s->nodes[i])))
+            return 1;
+    return 0;
+}
+
+/* A connection came up or an attempt failed: the requests waiting for one
+ * look again now rather than at their next STORE_WAIT_MS tick. */
+static void store_kick_waiting(struct store *s)
+{
+    for (struct store_call *c = s->all_calls; c != NULL; c = c->all_next) {
+        if (c->answered)
+            continue;
+        for (int i = 0; i < c->nreq; i++)
+            if (c->req[i].wait_ev != NULL && evtimer_pending(c->req[i].wait_ev, NULL)) {
+                event_del(c->req[i].wait_ev);
+                event_active(c->req[i].wait_ev, EV_TIMEOUT, 0);
+            }
+    }
+    for (struct store_req *q = s->refunds; q != NULL; q = q->next)
+        if (q->wait_ev != NULL && evtimer_pending(q->wait_ev, NULL)) {
+            event_del(q->wait_ev);
+            event_active(q->wait_ev, EV_TIMEOUT, 0);
+        }
 }
 
 /* ---- calls and requests ---------------------------------------------------- */
@@ -921,7 +974,7 @@ static struct store_call *store_call_get(struct store *s)
     return c;
 }
 
-/* Back to the free list once answered and no request is held by hiredis. */
+/* Back to the free list once answered and no request is held by a connection. */
 static void store_call_settle(struct store_call *c)
 {
     if (!c->answered || c->pooled)
@@ -939,7 +992,7 @@ static void store_call_settle(struct store_call *c)
     c->s->free_calls = c;
 }
 
-/* Deliver the one answer of a call. The call stays alive while hiredis
+/* Deliver the one answer of a call. The call stays alive while a connection
  * still holds any of its requests. */
 static void store_call_answer(struct store_call *c, const struct store_result *res)
 {
@@ -1028,8 +1081,8 @@ static char *store_put_override_key(char *p, const char *key, size_t len)
 
 /* The one EVALSHA encoder of both scripts: EVALSHA sha n key_1..key_n
  * [mode] args[0..nargs) n (algo limit window_ms interval_us cost last_i)*n
- * for the call's limits li[0..n), straight into q->cmd: RESP is what
- * hiredis would build, and keeping it lets a retry resend it after the
+ * for the call's limits li[0..n), straight into q->cmd: RESP as
+ * redisFormatCommandArgv would build it, and keeping it lets a retry resend it after the
  * caller's keys are gone. limit.lua takes the mode and the flags as last,
  * refund.lua the TIME of its call as args and the marks as last. The buffer
  * grows to the largest request seen, then is reused. */
@@ -1261,7 +1314,7 @@ static int req_abandoned(const struct store_req *q)
     return q->call != NULL ? q->call->answered : q->done;
 }
 
-/* A request no longer in hiredis may be released: a refund when done, a
+/* A request no longer in a connection may be released: a refund when done, a
  * call when answered and idle. */
 static void req_settle(struct store_req *q)
 {
@@ -1316,14 +1369,14 @@ static struct store_node *req_target(const struct store_req *q)
     return i >= 0 ? s->nodes[i] : NULL;
 }
 
-static void req_asking_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void req_asking_cb(struct rconn *ac, redisReply *reply, void *privdata)
 {
-    struct store_node *n = ac->data;
+    struct store_node *n = rconn_data(ac);
     if (n != NULL && !n->s->destroying)
         node_got_reply(n);
 }
 
-static void req_reply_cb(redisAsyncContext *ac, void *r, void *privdata);
+static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata);
 
 /* Send the request to the node that should run it. Outside a cluster a
  * node that is not ready is a failure (-1); in a cluster the request waits
@@ -1333,6 +1386,10 @@ static int req_dispatch(struct store_req *q)
     struct store *s = q->s;
     struct store_node *n = req_target(q);
     if (n == NULL || !n->ready || n->ac == NULL) {
+        if (s->mode != STORE_CLUSTER && store_connecting(s)) {
+            req_wait(q);            /* sent when the connection is up */
+            return 0;
+        }
         if (s->mode != STORE_CLUSTER)
             return -1;
         /* a master that is down may have been replaced: ask (rate-limited) */
@@ -1345,11 +1402,11 @@ static int req_dispatch(struct store_req *q)
     q->asked = q->ask != NULL;
     if (q->asked) {
         q->ask = NULL;              /* ASK holds for this one command only */
-        if (redisAsyncCommand(n->ac, req_asking_cb, NULL, "ASKING") != REDIS_OK)
+        if (rconn_send(n->ac, "*1\r\n$6\r\nASKING\r\n", 16, req_asking_cb, NULL) != 0)
             goto fail;
         node_expect_reply(n);
     }
-    if (redisAsyncFormattedCommand(n->ac, req_reply_cb, q, q->cmd, q->cmdlen) != REDIS_OK)
+    if (rconn_send(n->ac, q->cmd, q->cmdlen, req_reply_cb, q) != 0)
         goto fail;
     q->in_hiredis = 1;
     q->node = n;
@@ -1470,12 +1527,11 @@ static enum store_status store_error_status(struct store *s, struct store_node *
     return STORE_OOM;
 }
 
-static void req_reply_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata)
 {
     struct store_req *q = privdata;
     struct store *s = q->s;
-    struct store_node *n = ac->data;
-    redisReply *reply = r;
+    struct store_node *n = rconn_data(ac);
     q->in_hiredis = 0;
     if (s->destroying)
         return;                 /* store_destroy() frees everything */
@@ -1569,6 +1625,10 @@ static void store_copy_conf(struct store *s, const struct conf_redis *rc)
     s->rc.sentinel_master = store_strdup(rc->sentinel_master);
     s->rc.sentinel_nodes = store_strvdup(rc->sentinel_nodes, rc->nsentinel_nodes);
     s->rc.sentinel_password = store_strdup(rc->sentinel_password);
+    s->rc.tls_conf.ca_file = store_strdup(rc->tls_conf.ca_file);
+    s->rc.tls_conf.cert_file = store_strdup(rc->tls_conf.cert_file);
+    s->rc.tls_conf.key_file = store_strdup(rc->tls_conf.key_file);
+    s->rc.tls_conf.server_name = store_strdup(rc->tls_conf.server_name);
     if (s->rc.timeout_ms < 1)
         s->rc.timeout_ms = 1;
 }
@@ -1591,12 +1651,41 @@ static void store_parse_seeds(struct store *s, char **addrs, int n)
     }
 }
 
+/* The resolver and the TLS context every node of the store connects with.
+ * evdns reads /etc/resolv.conf and /etc/hosts as getaddrinfo would. A TLS
+ * context that does not load is logged; the store then never connects
+ * (on_error), and never falls back to plain connections. */
+static void store_open_net(struct store *s)
+{
+    s->dns = evdns_base_new(s->base, 0);
+    if (s->dns == NULL) {
+        log_error("store: cannot create a resolver");
+        abort();
+    }
+    if (evdns_base_resolv_conf_parse(s->dns, DNS_OPTIONS_ALL, "/etc/resolv.conf") != 0)
+        log_warn("store: cannot read '/etc/resolv.conf': names resolve from /etc/hosts "
+                 "and 127.0.0.1");
+    if (!s->rc.tls)
+        return;
+    char why[300];
+    struct rconn_tls_conf tc = {
+        s->rc.tls_conf.ca_file, s->rc.tls_conf.cert_file, s->rc.tls_conf.key_file,
+        s->rc.tls_conf.server_name, s->rc.tls_conf.verify,
+    };
+    s->tls = rconn_tls_create(&tc, why, sizeof(why));
+    if (s->tls == NULL) {
+        log_error("store: TLS setup failed: %s; decisions get on_error", why);
+        s->tls_failed = 1;
+    }
+}
+
 struct store *store_create(struct event_base *base, const struct conf_redis *rc)
 {
     struct store *s = mem_calloc(1, sizeof(*s));
     s->base = base;
     s->counted = 1;
     store_copy_conf(s, rc);
+    store_open_net(s);
     for (int i = 0; i < STORE_SLOTS; i++)
         s->owner[i] = -1;
     s->refresh_ev = store_timer(s, store_refresh_cb, s);
@@ -1642,6 +1731,22 @@ static void store_free_req_parts(struct store_req *q)
     free(q->cmd);
 }
 
+static void store_dns_free_cb(evutil_socket_t fd, short what, void *arg)
+{
+    evdns_base_free(arg, 0);
+}
+
+/* A lookup cancelled by store_destroy() is delivered from the loop later
+ * and still reads its evdns_base: then the base is freed a second later,
+ * once the loop has run that (a reload). A store destroyed at exit with a
+ * lookup in flight leaves its resolver to the process' end. */
+static void store_close_dns(struct event_base *base, struct evdns_base *dns, int resolving)
+{
+    struct timeval tv = clock_timeval(STORE_DNS_LINGER_MS);
+    if (!resolving || event_base_once(base, -1, EV_TIMEOUT, store_dns_free_cb, dns, &tv) != 0)
+        evdns_base_free(dns, 0);
+}
+
 /* Must not be called from inside a store callback. */
 void store_destroy(struct store *s)
 {
@@ -1656,11 +1761,13 @@ void store_destroy(struct store *s)
         all[nall++] = s->nodes[i];
     if (s->ctl != NULL)
         all[nall++] = s->ctl;
+    int resolving = 0;
     for (int i = 0; i < nall; i++) {
         if (all[i]->ac != NULL) {
-            redisAsyncContext *ac = all[i]->ac;
+            struct rconn *ac = all[i]->ac;
+            resolving |= rconn_resolving(ac);
             all[i]->ac = NULL;
-            redisAsyncFree(ac);         /* pending replies: NULL, ignored */
+            rconn_free(ac);         /* pending replies: NULL, ignored */
         }
     }
     for (int i = 0; i < nall; i++)
@@ -1695,6 +1802,12 @@ void store_destroy(struct store *s)
     free(s->rc.sentinel_master);
     store_strvfree(s->rc.sentinel_nodes, s->rc.nsentinel_nodes);
     free(s->rc.sentinel_password);
+    free(s->rc.tls_conf.ca_file);
+    free(s->rc.tls_conf.cert_file);
+    free(s->rc.tls_conf.key_file);
+    free(s->rc.tls_conf.server_name);
+    rconn_tls_destroy(s->tls);
+    store_close_dns(s->base, s->dns, resolving);
     free(s);
 }
 
@@ -1751,21 +1864,13 @@ static void store_call_group(struct store_call *c)
     c->pending = c->nreq;
 }
 
-static int store_any_ready(const struct store *s)
-{
-    for (int i = 0; i < s->nnodes; i++)
-        if (s->nodes[i]->ready)
-            return 1;
-    return 0;
-}
-
 struct store_call *store_decide(struct store *s, const struct store_limit *limits,
                                 int n, store_cb *cb, void *arg)
 {
     assert(n >= 1 && n <= STORE_MAX_LIMITS && cb != NULL);
     if (n < 1 || n > STORE_MAX_LIMITS)
         return NULL;
-    if (s->mode == STORE_CLUSTER ? !s->map_known || !store_any_ready(s) : !s->ready)
+    if (!store_usable(s))
         return NULL;
     struct store_call *c = store_call_get(s);
     if (c->timer == NULL)
@@ -1839,7 +1944,9 @@ struct store_sub {
     char *channel;
     store_sub_cb *cb;
     void *arg;
-    redisAsyncContext *ac;
+    struct evdns_base *dns;
+    struct rconn_tls *tls;          /* NULL: plain */
+    struct rconn *conn;
     struct event *retry_ev;
     int stopping;
 };
@@ -1851,10 +1958,9 @@ static void sub_retry_later(struct store_sub *ss)
         event_add(ss->retry_ev, &tv);
 }
 
-static void sub_message_cb(redisAsyncContext *ac, void *r, void *privdata)
+static void sub_message_cb(struct rconn *c, redisReply *reply, void *privdata)
 {
     struct store_sub *ss = privdata;
-    redisReply *reply = r;
     if (reply == NULL || ss->stopping || reply->type != REDIS_REPLY_ARRAY ||
         reply->elements < 3 || reply->element[0]->type != REDIS_REPLY_STRING)
         return;
@@ -1862,50 +1968,43 @@ static void sub_message_cb(redisAsyncContext *ac, void *r, void *privdata)
     ss->cb(ss->arg);
 }
 
-static void sub_connect_cb(const redisAsyncContext *cac, int status)
+static void sub_connect_cb(struct rconn *c, int status, const char *why)
 {
-    struct store_sub *ss = cac->data;
-    if (ss == NULL || ss->stopping)
-        return;
-    if (status != REDIS_OK) {
-        ss->ac = NULL;          /* hiredis frees it */
+    struct store_sub *ss = rconn_data(c);
+    if (status != 0) {
+        ss->conn = NULL;        /* rconn frees it */
         sub_retry_later(ss);
     }
 }
 
-static void sub_disconnect_cb(const redisAsyncContext *cac, int status)
+static void sub_close_cb(struct rconn *c, const char *why)
 {
-    struct store_sub *ss = cac->data;
-    if (ss == NULL || ss->stopping)
-        return;
+    struct store_sub *ss = rconn_data(c);
     log_warn("store: reset subscriber lost '%s:%d': %s; retrying", ss->host, ss->port,
-             cac->c.errstr[0] ? cac->c.errstr : "connection closed");
-    ss->ac = NULL;
+             why && why[0] ? why : "connection closed");
+    ss->conn = NULL;
     sub_retry_later(ss);
 }
 
 static void sub_connect(struct store_sub *ss)
 {
-    redisAsyncContext *ac = ss->rc.is_unix ? redisAsyncConnectUnix(ss->host)
-                                           : redisAsyncConnect(ss->host, ss->port);
-    if (ac == NULL || ac->err) {
-        if (ac != NULL)
-            redisAsyncFree(ac);
+    if (ss->rc.tls && ss->tls == NULL)
+        return;                 /* a TLS context that did not load: logged at create */
+    struct rconn *c = rconn_connect(ss->base, ss->dns, ss->tls, ss->host, ss->port,
+                                    ss->rc.is_unix, sub_connect_cb, sub_close_cb, ss);
+    if (c == NULL) {
         sub_retry_later(ss);
         return;
     }
-    ac->data = ss;
-    ss->ac = ac;
-    redisLibeventAttach(ac, ss->base);
-    redisAsyncSetConnectCallback(ac, sub_connect_cb);
-    redisAsyncSetDisconnectCallback(ac, sub_disconnect_cb);
+    ss->conn = c;
     if (ss->rc.password != NULL) {
-        if (ss->rc.user != NULL)
-            redisAsyncCommand(ac, NULL, NULL, "AUTH %s %s", ss->rc.user, ss->rc.password);
-        else
-            redisAsyncCommand(ac, NULL, NULL, "AUTH %s", ss->rc.password);
+        const char *av[3] = { "AUTH", ss->rc.user ? ss->rc.user : ss->rc.password,
+                              ss->rc.password };
+        size_t al[3] = { 4, strlen(av[1]), strlen(av[2]) };
+        rconn_send_argv(c, ss->rc.user ? 3 : 2, av, al, NULL, NULL);
     }
-    redisAsyncCommand(ac, sub_message_cb, ss, "SUBSCRIBE %s", ss->channel);
+    const char *sv[2] = { "SUBSCRIBE", ss->channel };
+    rconn_subscribe(c, 2, sv, sub_message_cb, ss);
 }
 
 static void sub_retry_cb(evutil_socket_t fd, short what, void *arg)
@@ -1931,11 +2030,28 @@ struct store_sub *store_sub_create(struct event_base *base, const struct conf_re
     ss->rc.is_unix = rc->ncluster > 0 ? 0 : rc->is_unix;
     ss->rc.user = rc->user ? store_strdup(rc->user) : NULL;
     ss->rc.password = rc->password ? store_strdup(rc->password) : NULL;
+    ss->rc.tls = rc->tls;
     ss->host = store_strdup(host);
     ss->port = port;
     ss->channel = store_strdup(channel);
     ss->cb = cb;
     ss->arg = arg;
+    ss->dns = evdns_base_new(base, 0);
+    if (ss->dns == NULL)
+        abort();
+    if (evdns_base_resolv_conf_parse(ss->dns, DNS_OPTIONS_ALL, "/etc/resolv.conf") != 0)
+        log_warn("store: cannot read '/etc/resolv.conf': names resolve from /etc/hosts "
+                 "and 127.0.0.1");
+    if (rc->tls) {
+        char why[300];
+        struct rconn_tls_conf tc = {
+            rc->tls_conf.ca_file, rc->tls_conf.cert_file, rc->tls_conf.key_file,
+            rc->tls_conf.server_name, rc->tls_conf.verify,
+        };
+        ss->tls = rconn_tls_create(&tc, why, sizeof(why));
+        if (ss->tls == NULL)
+            log_error("store: reset subscriber: TLS setup failed: %s", why);
+    }
     ss->retry_ev = evtimer_new(base, sub_retry_cb, ss);
     if (ss->retry_ev == NULL)
         abort();
@@ -1949,10 +2065,16 @@ void store_sub_destroy(struct store_sub *ss)
         return;
     ss->stopping = 1;
     event_free(ss->retry_ev);
-    if (ss->ac != NULL) {
-        ss->ac->data = NULL;
-        redisAsyncFree(ss->ac);     /* its callbacks see stopping/NULL data */
+    int resolving = 0;
+    if (ss->conn != NULL) {
+        resolving = rconn_resolving(ss->conn);
+        rconn_free(ss->conn);   /* its callbacks are not called */
     }
+    /* a cancelled lookup is delivered later and reads the resolver: then
+     * it is left (a few hundred bytes, once per reload at most) */
+    if (!resolving)
+        evdns_base_free(ss->dns, 0);
+    rconn_tls_destroy(ss->tls);
     free(ss->rc.user);
     free(ss->rc.password);
     free(ss->host);
@@ -1973,6 +2095,10 @@ void store_sub_destroy(struct store_sub *ss)
 static redisContext *sync_connect(const struct conf_redis *rc, const char *host, int port,
                                   int is_unix, char *err, size_t errlen)
 {
+    if (rc->tls) {          /* hiredis 0.14 has no TLS: never plaintext to a TLS Redis */
+        snprintf(err, errlen, "the admin API's Redis commands do not speak TLS (redis.tls)");
+        return NULL;
+    }
     int64_t ms = rc->timeout_ms > STORE_SYNC_MIN_MS ? rc->timeout_ms : STORE_SYNC_MIN_MS;
     struct timeval tv = clock_timeval(ms);
     redisContext *ctx = is_unix ? redisConnectUnixWithTimeout(host, tv)

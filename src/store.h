@@ -1,7 +1,7 @@
-/* sluice - store.h: rate-limit decisions in Redis, the only user of hiredis.
+/* sluice - store.h: rate-limit decisions in Redis.
  *
- * One store is one asynchronous Redis connection on one event base (one per
- * worker). Every decision is one EVALSHA of scripts/limit.lua carrying all
+ * One store is one Redis connection (rconn.h) on one event base (one per
+ * worker), with its own resolver (evdns) and TLS context. Every decision is one EVALSHA of scripts/limit.lua carrying all
  * limits of a route: the script reads Redis TIME, decides every limit, and
  * consumes from all of them only when all allow. Calls from concurrent
  * requests are pipelined on the connection. The store reconnects by itself
@@ -72,8 +72,10 @@ typedef void store_cb(void *arg, const struct store_result *res);
 struct store *store_create(struct event_base *base, const struct conf_redis *rc);
 void store_destroy(struct store *s);   /* pending callbacks are not called */
 
-/* Decide limits[0..n) (1 <= n <= STORE_MAX_LIMITS). Returns NULL when the
- * store is not connected: the caller applies on_error at once. */
+/* Decide limits[0..n) (1 <= n <= STORE_MAX_LIMITS). While a connection is
+ * being made the call waits for it (within redis.timeout, then
+ * STORE_TIMEOUT). Returns NULL when the store is neither connected nor
+ * connecting (waiting out a backoff): the caller applies on_error at once. */
 struct store_call *store_decide(struct store *s, const struct store_limit *limits,
                                 int n, store_cb *cb, void *arg);
 

@@ -378,12 +378,17 @@ static void test_ready(void **state)
     backend_destroy(b);
 }
 
-/* A Redis backend that cannot reach its server is not ready and cannot
- * decide: NULL at once, and no callback ever. */
+/* A Redis backend that cannot reach its server is not ready and, while it
+ * waits out the backoff after a refused attempt, cannot decide: NULL at
+ * once, and no callback ever. (While an attempt is in flight a decision
+ * waits for it instead.) */
 static void test_redis_unreachable(void **state)
 {
     struct backend *b = backend_new_on(KIND_REDIS, free_port());   /* nothing listens */
     loop_until(NULL, 0, 300);
+    for (int i = 0; i < 100 && backend_retry_ms(b) < 20; i++)
+        loop_until(NULL, 0, 10);
+    assert_true(backend_retry_ms(b) >= 20);
     assert_false(backend_ready(b));
     char key[64];
     key_new(key, sizeof(key), "down");

@@ -1,0 +1,581 @@
+/* sluice - rconn.c: one Redis connection over a bufferevent, plain or TLS.
+ *
+ * Resolve (evdns, asynchronous; each address in turn), connect, TLS
+ * handshake and verification (bufferevent_openssl), then RESP out and
+ * replies in through hiredis' redisReader, matched to a FIFO of callbacks.
+ * The only OpenSSL user on the Redis side. See rconn.h for who frees what. */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <arpa/inet.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <event2/util.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "log.h"
+#include "mem.h"
+#include "rconn.h"
+
+#define RCONN_MAX_REPLY_BYTES (16u << 20)   /* unparsed bytes of one reply */
+#define RCONN_READ_BYTES 65536              /* read at most this per readiness */
+
+struct rconn_tls {
+    SSL_CTX *ctx;
+    char *server_name;
+    int verify;
+};
+
+struct rconn_pending {
+    rconn_reply_cb *cb;
+    void *privdata;
+};
+
+struct rconn {
+    struct event_base *base;
+    struct evdns_base *dns;
+    const struct rconn_tls *tls;
+    char *host;
+    int port, is_unix;
+    rconn_connect_cb *on_connect;
+    rconn_close_cb *on_close;
+    void *data;
+    struct evdns_getaddrinfo_request *dns_req;
+    struct evutil_addrinfo *ai, *ai_cur;
+    struct bufferevent *bev;
+    SSL *ssl;                       /* owned by bev once it exists */
+    struct evbuffer *early;         /* commands sent before the connection is up */
+    redisReader *reader;
+    struct rconn_pending *fifo;     /* ring of callbacks awaiting replies */
+    size_t head, count, cap;
+    rconn_reply_cb *push_cb;        /* subscribed: every reply goes here */
+    void *push_priv;
+    struct event *fail_ev;          /* reports a failure from the loop */
+    char why[256];
+    const char *alert;              /* a TLS alert the server sent, or NULL */
+    int connected;
+    int in_cb;                      /* depth of our callbacks on the stack */
+    int freeing;                    /* rconn_free() asked from inside one */
+    int dead;                       /* failed or closed: sends refused */
+};
+
+static void rconn_try_next(struct rconn *c);
+
+/* ---- TLS context ---------------------------------------------------------- */
+
+static const char *rconn_ssl_error(char *buf, size_t len)
+{
+    unsigned long e = ERR_get_error(), last = 0;
+    for (; e != 0; e = ERR_get_error())
+        last = e;
+    if (last == 0)
+        return "unknown OpenSSL error";
+    ERR_error_string_n(last, buf, len);
+    return buf;
+}
+
+struct rconn_tls *rconn_tls_create(const struct rconn_tls_conf *tc, char *whybuf,
+                                   size_t whylen)
+{
+    const char *step = "cannot create a TLS context";
+    struct rconn_tls *t = mem_calloc(1, sizeof(*t));
+    ERR_clear_error();
+    t->ctx = SSL_CTX_new(TLS_client_method());
+    if (t->ctx == NULL)
+        goto fail;
+    SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION);
+    t->verify = tc->verify;
+    SSL_CTX_set_verify(t->ctx, tc->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
+    step = "cannot load the CA file";
+    if (tc->ca_file != NULL ? SSL_CTX_load_verify_locations(t->ctx, tc->ca_file, NULL) != 1
+                            : SSL_CTX_set_default_verify_paths(t->ctx) != 1)
+        goto fail;
+    step = "cannot load the client certificate";
+    if (tc->cert_file != NULL && SSL_CTX_use_certificate_chain_file(t->ctx, tc->cert_file) != 1)
+        goto fail;
+    step = "cannot load the client key";
+    if (tc->cert_file != NULL &&
+        SSL_CTX_use_PrivateKey_file(t->ctx, tc->key_file ? tc->key_file : tc->cert_file,
+                                    SSL_FILETYPE_PEM) != 1)
+        goto fail;
+    step = "the client key does not match its certificate";
+    if (tc->cert_file != NULL && SSL_CTX_check_private_key(t->ctx) != 1)
+        goto fail;
+    if (tc->server_name != NULL)
+        t->server_name = mem_strndup(tc->server_name, strlen(tc->server_name));
+    return t;
+fail:;
+    char ebuf[200];
+    snprintf(whybuf, whylen, "%s: %s", step, rconn_ssl_error(ebuf, sizeof(ebuf)));
+    rconn_tls_destroy(t);
+    return NULL;
+}
+
+void rconn_tls_destroy(struct rconn_tls *t)
+{
+    if (t == NULL)
+        return;
+    if (t->ctx != NULL)
+        SSL_CTX_free(t->ctx);
+    free(t->server_name);
+    free(t);
+}
+
+/* Keeps the alert a server sends before it closes ("certificate
+ * required", "unknown ca"): the only reason a rejected client sees. */
+static void rconn_ssl_info_cb(const SSL *ssl, int where, int ret)
+{
+    struct rconn *c = SSL_get_app_data(ssl);
+    if (c != NULL && (where & SSL_CB_READ_ALERT) && (ret >> 8) == SSL3_AL_FATAL)
+        c->alert = SSL_alert_desc_string_long(ret);
+}
+
+/* SNI for a name, and the name or IP address the certificate must carry. */
+static SSL *rconn_ssl_new(struct rconn *c)
+{
+    const struct rconn_tls *t = c->tls;
+    const char *name = t->server_name ? t->server_name : c->host;
+    unsigned char probe[16];
+    int is_ip = inet_pton(AF_INET, name, probe) == 1 || inet_pton(AF_INET6, name, probe) == 1;
+    SSL *ssl = SSL_new(t->ctx);
+    if (ssl == NULL)
+        return NULL;
+    SSL_set_app_data(ssl, c);
+    SSL_set_info_callback(ssl, rconn_ssl_info_cb);
+    if (!is_ip)
+        SSL_set_tlsext_host_name(ssl, name);
+    if (t->verify) {
+        int ok = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name)
+                       : SSL_set1_host(ssl, name);
+        if (ok != 1) {
+            SSL_free(ssl);
+            return NULL;
+        }
+    }
+    return ssl;
+}
+
+/* ---- callbacks and teardown ----------------------------------------------- */
+
+static void rconn_fifo_push(struct rconn *c, rconn_reply_cb *cb, void *privdata)
+{
+    if (c->count == c->cap) {
+        size_t ncap = c->cap ? 2 * c->cap : 16;
+        struct rconn_pending *nf = mem_alloc(ncap * sizeof(*nf));
+        for (size_t i = 0; i < c->count; i++)
+            nf[i] = c->fifo[(c->head + i) % c->cap];
+        free(c->fifo);
+        c->fifo = nf;
+        c->head = 0;
+        c->cap = ncap;
+    }
+    c->fifo[(c->head + c->count) % c->cap] = (struct rconn_pending){ cb, privdata };
+    c->count++;
+}
+
+static struct rconn_pending rconn_fifo_pop(struct rconn *c)
+{
+    struct rconn_pending p = c->fifo[c->head];
+    c->head = (c->head + 1) % c->cap;
+    c->count--;
+    return p;
+}
+
+/* Every callback still waiting gets its NULL reply, oldest first. */
+static void rconn_fail_pending(struct rconn *c)
+{
+    c->dead = 1;
+    c->in_cb++;
+    while (c->count > 0) {
+        struct rconn_pending p = rconn_fifo_pop(c);
+        if (p.cb != NULL)
+            p.cb(c, NULL, p.privdata);
+    }
+    if (c->push_cb != NULL) {
+        rconn_reply_cb *cb = c->push_cb;
+        c->push_cb = NULL;
+        cb(c, NULL, c->push_priv);
+    }
+    c->in_cb--;
+}
+
+static void rconn_release(struct rconn *c)
+{
+    if (c->dns_req != NULL) {
+        struct evdns_getaddrinfo_request *r = c->dns_req;
+        c->dns_req = NULL;
+        evdns_getaddrinfo_cancel(r);    /* its callback sees the cancel, and returns */
+    }
+    if (c->bev != NULL)
+        bufferevent_free(c->bev);       /* frees the SSL too */
+    else if (c->ssl != NULL)
+        SSL_free(c->ssl);
+    if (c->ai != NULL)
+        evutil_freeaddrinfo(c->ai);
+    if (c->reader != NULL)
+        redisReaderFree(c->reader);
+    evbuffer_free(c->early);
+    event_free(c->fail_ev);
+    free(c->fifo);
+    free(c->host);
+    free(c);
+}
+
+/* The connection is over: stop its events, fail what waits, tell the
+ * owner (once), free. Called only from libevent callbacks. */
+static void rconn_end(struct rconn *c, const char *why)
+{
+    if (why != c->why)
+        snprintf(c->why, sizeof(c->why), "%s", why);
+    if (c->bev != NULL) {
+        bufferevent_free(c->bev);
+        c->bev = NULL;
+        c->ssl = NULL;
+    }
+    rconn_fail_pending(c);
+    if (!c->freeing) {
+        c->in_cb++;
+        if (c->connected)
+            c->on_close(c, c->why);
+        else
+            c->on_connect(c, -1, c->why);
+        c->in_cb--;
+    }
+    rconn_release(c);
+}
+
+static void rconn_fail_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct rconn *c = arg;
+    rconn_end(c, c->why);
+}
+
+/* A failure found outside a libevent callback is reported from the loop. */
+static void rconn_fail_later(struct rconn *c, const char *why)
+{
+    snprintf(c->why, sizeof(c->why), "%s", why);
+    c->dead = 1;
+    event_active(c->fail_ev, EV_TIMEOUT, 0);
+}
+
+void rconn_free(struct rconn *c)
+{
+    if (c == NULL)
+        return;
+    c->freeing = 1;
+    if (c->in_cb > 0)
+        return;                     /* the callback's caller frees it */
+    rconn_fail_pending(c);
+    rconn_release(c);
+}
+
+void *rconn_data(const struct rconn *c)
+{
+    return c->data;
+}
+
+int rconn_resolving(const struct rconn *c)
+{
+    return c->dns_req != NULL;
+}
+
+/* ---- reading replies ------------------------------------------------------ */
+
+/* Every whole reply the reader holds, each to its callback. NULL, or why
+ * the connection must end. */
+static const char *rconn_deliver(struct rconn *c)
+{
+    for (;;) {
+        void *r = NULL;
+        if (redisReaderGetReply(c->reader, &r) != REDIS_OK) {
+            snprintf(c->why, sizeof(c->why), "protocol error: %s", c->reader->errstr);
+            return c->why;
+        }
+        if (r == NULL)
+            break;
+        struct rconn_pending p;
+        if (c->count > 0) {
+            p = rconn_fifo_pop(c);
+        } else if (c->push_cb != NULL) {
+            p = (struct rconn_pending){ c->push_cb, c->push_priv };
+        } else {
+            freeReplyObject(r);
+            return "a reply nobody asked for";
+        }
+        c->in_cb++;
+        if (p.cb != NULL)
+            p.cb(c, r, p.privdata);
+        c->in_cb--;
+        freeReplyObject(r);
+        if (c->freeing)
+            return NULL;
+    }
+    /* sluice's replies are small: a server that sends more than this in one
+     * reply is not one to wait for */
+    if (c->reader->len - c->reader->pos > RCONN_MAX_REPLY_BYTES)
+        return "a reply larger than 16 MB";
+    return NULL;
+}
+
+static void rconn_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct rconn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    const char *why = NULL;
+    while (why == NULL && !c->freeing && evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        if (redisReaderFeed(c->reader, v.iov_base, v.iov_len) != REDIS_OK) {
+            why = "protocol error";
+            break;
+        }
+        evbuffer_drain(in, v.iov_len);
+        why = rconn_deliver(c);
+    }
+    if (c->freeing) {
+        rconn_fail_pending(c);
+        rconn_release(c);
+    } else if (why != NULL) {
+        rconn_end(c, why);
+    }
+}
+
+/* ---- connecting ----------------------------------------------------------- */
+
+/* Why a bufferevent failed: the certificate check, another TLS error, or
+ * the socket's errno. */
+static const char *rconn_bev_error(struct rconn *c, short what)
+{
+    unsigned long e, last = 0;
+    while ((e = bufferevent_get_openssl_error(c->bev)) != 0)
+        last = e;
+    long vr = c->ssl != NULL ? SSL_get_verify_result(c->ssl) : X509_V_OK;
+    int err = EVUTIL_SOCKET_ERROR();
+    if (vr != X509_V_OK) {
+        snprintf(c->why, sizeof(c->why), "TLS certificate verify failed: %s",
+                 X509_verify_cert_error_string(vr));
+    } else if (c->alert != NULL) {
+        snprintf(c->why, sizeof(c->why), "TLS alert from the server: %s", c->alert);
+    } else if (last != 0 && ERR_GET_LIB(last) == 0) {
+        /* libevent passes SSL_get_error() codes through: 5 is a close
+         * without a TLS shutdown, 1 a protocol failure */
+        snprintf(c->why, sizeof(c->why), "TLS: %s%s%s",
+                 last == SSL_ERROR_SYSCALL ? "the server closed the connection" :
+                 "the TLS session failed", err != 0 ? ": " : "",
+                 err != 0 ? evutil_socket_error_to_string(err) : "");
+    } else if (last != 0) {
+        char buf[200];
+        ERR_error_string_n(last, buf, sizeof(buf));
+        snprintf(c->why, sizeof(c->why), "TLS: %s", buf);
+    } else if ((what & BEV_EVENT_ERROR) && err != 0) {
+        snprintf(c->why, sizeof(c->why), "%s", evutil_socket_error_to_string(err));
+    } else {
+        snprintf(c->why, sizeof(c->why), "connection closed");
+    }
+    return c->why;
+}
+
+static void rconn_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct rconn *c = arg;
+    if (what & BEV_EVENT_CONNECTED) {
+        c->connected = 1;
+        if (c->ai != NULL) {
+            evutil_freeaddrinfo(c->ai);
+            c->ai = c->ai_cur = NULL;
+        }
+        if (evbuffer_get_length(c->early) > 0)
+            bufferevent_write_buffer(bev, c->early);
+        c->in_cb++;
+        c->on_connect(c, 0, NULL);
+        c->in_cb--;
+        if (c->freeing) {
+            rconn_fail_pending(c);
+            rconn_release(c);
+        }
+        return;
+    }
+    if (!(what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)))
+        return;
+    const char *why = rconn_bev_error(c, what);
+    int verify_failed = c->ssl != NULL && SSL_get_verify_result(c->ssl) != X509_V_OK;
+    if (!c->connected && !verify_failed && c->ai_cur != NULL && c->ai_cur->ai_next != NULL) {
+        log_debug("rconn: connect failed '%s': %s, trying its next address", c->host, why);
+        bufferevent_free(c->bev);
+        c->bev = NULL;
+        c->ssl = NULL;
+        c->ai_cur = c->ai_cur->ai_next;
+        rconn_try_next(c);
+        return;
+    }
+    rconn_end(c, why);
+}
+
+/* Connect the current address (c->ai_cur; a unix socket has its own). */
+static void rconn_start(struct rconn *c, const struct sockaddr *sa, int salen)
+{
+    const char *why = "cannot create a connection";
+    if (c->tls != NULL) {
+        c->ssl = rconn_ssl_new(c);
+        if (c->ssl == NULL) {
+            why = "cannot set up TLS for this server name";
+            goto fail;
+        }
+        c->bev = bufferevent_openssl_socket_new(c->base, -1, c->ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                BEV_OPT_CLOSE_ON_FREE);
+        if (c->bev == NULL) {
+            SSL_free(c->ssl);
+            c->ssl = NULL;
+            goto fail;
+        }
+    } else {
+        c->bev = bufferevent_socket_new(c->base, -1, BEV_OPT_CLOSE_ON_FREE);
+        if (c->bev == NULL)
+            goto fail;
+    }
+    bufferevent_setcb(c->bev, rconn_read_cb, NULL, rconn_event_cb, c);
+    bufferevent_set_max_single_read(c->bev, RCONN_READ_BYTES);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    if (bufferevent_socket_connect(c->bev, (struct sockaddr *)sa, salen) != 0) {
+        /* an immediate failure: the next address, or the end, from the loop */
+        snprintf(c->why, sizeof(c->why), "%s",
+                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+        bufferevent_free(c->bev);
+        c->bev = NULL;
+        c->ssl = NULL;
+        if (c->ai_cur != NULL && c->ai_cur->ai_next != NULL) {
+            c->ai_cur = c->ai_cur->ai_next;
+            rconn_try_next(c);
+            return;
+        }
+        why = c->why;
+        goto fail;
+    }
+    return;
+fail:
+    rconn_fail_later(c, why);
+}
+
+static void rconn_try_next(struct rconn *c)
+{
+    rconn_start(c, c->ai_cur->ai_addr, (int)c->ai_cur->ai_addrlen);
+}
+
+static void rconn_dns_cb(int result, struct evutil_addrinfo *res, void *arg)
+{
+    struct rconn *c = arg;
+    if (result == EVUTIL_EAI_CANCEL)
+        return;                     /* c is being freed */
+    c->dns_req = NULL;
+    if (result != 0) {
+        char why[200];
+        snprintf(why, sizeof(why), "cannot resolve: %s", evutil_gai_strerror(result));
+        rconn_fail_later(c, why);
+        return;
+    }
+    c->ai = c->ai_cur = res;
+    rconn_try_next(c);
+}
+
+struct rconn *rconn_connect(struct event_base *base, struct evdns_base *dns,
+                            const struct rconn_tls *tls, const char *host, int port,
+                            int is_unix, rconn_connect_cb *on_connect,
+                            rconn_close_cb *on_close, void *data)
+{
+    struct rconn *c = mem_calloc(1, sizeof(*c));
+    c->base = base;
+    c->dns = dns;
+    c->tls = tls;
+    c->host = mem_strndup(host, strlen(host));
+    c->port = port;
+    c->is_unix = is_unix;
+    c->on_connect = on_connect;
+    c->on_close = on_close;
+    c->data = data;
+    c->early = evbuffer_new();
+    c->reader = redisReaderCreate();
+    c->fail_ev = event_new(base, -1, 0, rconn_fail_cb, c);
+    if (c->early == NULL || c->reader == NULL || c->fail_ev == NULL) {
+        log_error("rconn: out of memory connecting '%s'", host);
+        abort();
+    }
+    if (is_unix) {
+        struct sockaddr_un sun;
+        memset(&sun, 0, sizeof(sun));
+        sun.sun_family = AF_UNIX;
+        if (strlen(host) >= sizeof(sun.sun_path)) {
+            rconn_fail_later(c, "socket path too long");
+            return c;
+        }
+        memcpy(sun.sun_path, host, strlen(host));
+        rconn_start(c, (struct sockaddr *)&sun, (int)sizeof(sun));
+        return c;
+    }
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%d", port);
+    struct evutil_addrinfo hints;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_protocol = IPPROTO_TCP;
+    /* a numeric host or one in /etc/hosts is answered before this returns */
+    c->dns_req = evdns_getaddrinfo(dns, host, ps, &hints, rconn_dns_cb, c);
+    return c;
+}
+
+/* ---- sending -------------------------------------------------------------- */
+
+static struct evbuffer *rconn_out(struct rconn *c)
+{
+    return c->connected && c->bev != NULL ? bufferevent_get_output(c->bev) : c->early;
+}
+
+int rconn_send(struct rconn *c, const char *cmd, size_t len, rconn_reply_cb *cb,
+               void *privdata)
+{
+    if (c->dead || c->freeing || c->push_cb != NULL)
+        return -1;
+    if (evbuffer_add(rconn_out(c), cmd, len) != 0)
+        return -1;
+    rconn_fifo_push(c, cb, privdata);
+    return 0;
+}
+
+int rconn_send_argv(struct rconn *c, int argc, const char **argv, const size_t *lens,
+                    rconn_reply_cb *cb, void *privdata)
+{
+    char *cmd = NULL;
+    long long len = redisFormatCommandArgv(&cmd, argc, argv, lens);
+    if (len < 0)
+        return -1;
+    int rc = rconn_send(c, cmd, (size_t)len, cb, privdata);
+    free(cmd);
+    return rc;
+}
+
+int rconn_subscribe(struct rconn *c, int argc, const char **argv, rconn_reply_cb *cb,
+                    void *privdata)
+{
+    size_t lens[8];
+    assert(argc <= 8);
+    for (int i = 0; i < argc; i++)
+        lens[i] = strlen(argv[i]);
+    if (rconn_send_argv(c, argc, argv, lens, NULL, NULL) != 0)
+        return -1;
+    /* no FIFO entry of its own: replies to earlier commands still come
+     * first, then the confirmation and every message go to cb */
+    c->count--;
+    c->push_cb = cb;
+    c->push_priv = privdata;
+    return 0;
+}
