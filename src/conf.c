@@ -1300,71 +1300,101 @@ static int redis_resolve_check(struct ctx *x, struct node *v, const char *host)
     return 0;
 }
 
-/* A file the TLS context loads when the store starts: readable now. */
-static int get_tls_file(struct ctx *x, struct node *v, char **out)
+/* ---- TLS as a client: upstreams.NAME.tls and redis.tls */
+
+/* A file path for OpenSSL: not empty, bounded, no control bytes. */
+static int get_tls_path(struct ctx *x, struct node *v, char **out)
 {
     char sb[SHOW_BUF];
     const char *s = scalar(x, v);
     if (!s)
         return -1;
-    FILE *f = fopen(s, "r");
-    if (f == NULL)
-        return fail(x, v, "cannot read '%s': %s", show(s, sb), strerror(errno));
-    fclose(f);
+    if (!*s)
+        return fail(x, v, "empty path");
+    if (strlen(s) > PATH_MAX)
+        return fail(x, v, "path is longer than %d bytes", PATH_MAX);
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return fail(x, v, "path '%s' has a control byte", show(s, sb));
     free(*out);
     *out = xstrdup(s);
     return 0;
 }
 
-static int h_redis_tls_ca_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+static int h_tls_ca_file(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    return get_tls_file(x, v, &((struct conf_redis_tls *)obj)->ca_file);
+    return get_tls_path(x, v, &((struct conf_tls_client *)obj)->ca_file);
 }
 
-static int h_redis_tls_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+static int h_tls_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    return get_tls_file(x, v, &((struct conf_redis_tls *)obj)->cert_file);
+    return get_tls_path(x, v, &((struct conf_tls_client *)obj)->cert_file);
 }
 
-static int h_redis_tls_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+static int h_tls_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    return get_tls_file(x, v, &((struct conf_redis_tls *)obj)->key_file);
+    return get_tls_path(x, v, &((struct conf_tls_client *)obj)->key_file);
 }
 
-static int h_redis_tls_server_name(struct ctx *x, struct node *k, struct node *v, void *obj)
+static int h_tls_verify(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
-    struct conf_redis_tls *t = obj;
+    return get_bool(x, v, &((struct conf_tls_client *)obj)->verify);
+}
+
+/* A DNS name (SNI and verified), or an IP address (verified, no SNI). */
+static int h_tls_server_name(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_tls_client *t = obj;
     char sb[SHOW_BUF];
     unsigned char probe[sizeof(struct in6_addr)];
     const char *s = scalar(x, v);
     if (!s)
         return -1;
-    if (!hostname_ok(s) && inet_pton(AF_INET, s, probe) != 1 && inet_pton(AF_INET6, s, probe) != 1)
-        return fail(x, v, "bad server_name '%s' (a host name or an IP address)", show(s, sb));
+    if (!hostname_ok(s) && inet_pton(AF_INET, s, probe) != 1 &&
+        inet_pton(AF_INET6, s, probe) != 1)
+        return fail(x, v, "bad server name '%s' (use a host name or an IP address)",
+                    show(s, sb));
     free(t->server_name);
     t->server_name = xstrdup(s);
     return 0;
 }
 
-static int h_redis_tls_verify(struct ctx *x, struct node *k, struct node *v, void *obj)
-{
-    return get_bool(x, v, &((struct conf_redis_tls *)obj)->verify);
-}
-
-static const struct key_def redis_tls_keys[] = {
-    { "ca_file", h_redis_tls_ca_file, 0 },
-    { "cert_file", h_redis_tls_cert_file, 0 },
-    { "key_file", h_redis_tls_key_file, 0 },
-    { "server_name", h_redis_tls_server_name, 0 },
-    { "verify", h_redis_tls_verify, 0 },
+static const struct key_def tls_client_keys[] = {
+    { "ca_file", h_tls_ca_file, 0 },
+    { "server_name", h_tls_server_name, 0 },
+    { "verify", h_tls_verify, 0 },
+    { "cert_file", h_tls_cert_file, 0 },
+    { "key_file", h_tls_key_file, 0 },
     { NULL, NULL, 0 },
 };
+
+/* A file the store's TLS context loads when it starts (redis.tls.KEY):
+ * readable now, or this file's error. */
+static int check_tls_file(struct ctx *x, struct node *tls, const char *key, const char *path)
+{
+    char sb[SHOW_BUF];
+    if (path == NULL)
+        return 0;
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        fclose(f);
+        return 0;
+    }
+    size_t old = path_push(x, ".%s", key);
+    fail(x, map_get(tls, key), "cannot read '%s': %s", show(path, sb), strerror(errno));
+    path_pop(x, old);
+    return -1;
+}
 
 /* redis.tls: TLS to every node, whatever the url's scheme. */
 static int h_redis_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_redis *r = obj;
-    if (walk_map(x, v, redis_tls_keys, &r->tls_conf) < 0)
+    struct conf_tls_client *t = &r->tls_conf;
+    if (walk_map(x, v, tls_client_keys, t) < 0 ||
+        check_tls_file(x, v, "ca_file", t->ca_file) < 0 ||
+        check_tls_file(x, v, "cert_file", t->cert_file) < 0 ||
+        check_tls_file(x, v, "key_file", t->key_file) < 0)
         return -1;
     if (r->tls_conf.key_file != NULL && r->tls_conf.cert_file == NULL)
         return fail(x, k, "key_file needs cert_file");
@@ -1372,7 +1402,7 @@ static int h_redis_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
     return 0;
 }
 
-static void redis_free_tls(struct conf_redis_tls *t)
+static void redis_free_tls(struct conf_tls_client *t)
 {
     free(t->ca_file);
     free(t->cert_file);
@@ -1600,85 +1630,17 @@ static int h_up_timeout(struct ctx *x, struct node *k, struct node *v, void *obj
     return get_duration(x, v, &((struct conf_upstream *)obj)->timeout_ms);
 }
 
-/* ---- upstreams.NAME.tls */
-
-/* A file path for OpenSSL: not empty, bounded, no control bytes. */
-static int get_tls_path(struct ctx *x, struct node *v, char **out)
-{
-    char sb[SHOW_BUF];
-    const char *s = scalar(x, v);
-    if (!s)
-        return -1;
-    if (!*s)
-        return fail(x, v, "empty path");
-    if (strlen(s) > PATH_MAX)
-        return fail(x, v, "path is longer than %d bytes", PATH_MAX);
-    for (const char *p = s; *p; p++)
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-            return fail(x, v, "path '%s' has a control byte", show(s, sb));
-    free(*out);
-    *out = xstrdup(s);
-    return 0;
-}
-
-static int h_tls_ca_file(struct ctx *x, struct node *k, struct node *v, void *obj)
-{
-    return get_tls_path(x, v, &((struct conf_tls_upstream *)obj)->ca_file);
-}
-
-static int h_tls_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
-{
-    return get_tls_path(x, v, &((struct conf_tls_upstream *)obj)->cert_file);
-}
-
-static int h_tls_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
-{
-    return get_tls_path(x, v, &((struct conf_tls_upstream *)obj)->key_file);
-}
-
-static int h_tls_verify(struct ctx *x, struct node *k, struct node *v, void *obj)
-{
-    return get_bool(x, v, &((struct conf_tls_upstream *)obj)->verify);
-}
-
-/* A DNS name (SNI and verified), or an IP address (verified, no SNI). */
-static int h_tls_server_name(struct ctx *x, struct node *k, struct node *v, void *obj)
-{
-    struct conf_tls_upstream *t = obj;
-    char sb[SHOW_BUF];
-    unsigned char probe[sizeof(struct in6_addr)];
-    const char *s = scalar(x, v);
-    if (!s)
-        return -1;
-    if (!hostname_ok(s) && inet_pton(AF_INET, s, probe) != 1 &&
-        inet_pton(AF_INET6, s, probe) != 1)
-        return fail(x, v, "bad server name '%s' (use a host name or an IP address)",
-                    show(s, sb));
-    free(t->server_name);
-    t->server_name = xstrdup(s);
-    return 0;
-}
-
-static const struct key_def tls_upstream_keys[] = {
-    { "ca_file", h_tls_ca_file, 0 },
-    { "server_name", h_tls_server_name, 0 },
-    { "verify", h_tls_verify, 0 },
-    { "cert_file", h_tls_cert_file, 0 },
-    { "key_file", h_tls_key_file, 0 },
-    { NULL, NULL, 0 },
-};
-
 /* tls: {} (or null) is TLS with every default. The files are read now, so
  * that a bad one is this file's error (and sluice -t's), not a 502 later. */
 static int h_up_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_upstream *u = obj;
-    struct conf_tls_upstream *t = xcalloc(1, sizeof *t);
+    struct conf_tls_client *t = xcalloc(1, sizeof *t);
     char buf[512];
     const char *key;
     u->tls = t;
     t->verify = 1;
-    if (v->kind != NODE_NULL && walk_map(x, v, tls_upstream_keys, t) < 0)
+    if (v->kind != NODE_NULL && walk_map(x, v, tls_client_keys, t) < 0)
         return -1;
     if ((t->cert_file != NULL) != (t->key_file != NULL))
         return fail(x, k, "cert_file and key_file go together (the client certificate "

@@ -98,12 +98,14 @@ struct conf_limit {
 };
 
 /* upstreams.NAME.tls: present (even {}), the servers speak TLS. */
-struct conf_tls_upstream {
+/* TLS where sluice is the client: to an upstream's servers, and to Redis. */
+struct conf_tls_client {
     char *ca_file;              /* NULL: the system trust store */
     char *server_name;          /* SNI and the name verified; NULL: each server's host */
     int verify;                 /* chain and name checked (default 1) */
-    char *cert_file;            /* client certificate (mutual TLS), or NULL; */
-    char *key_file;             /* its key: both or neither */
+    char *cert_file;            /* client certificate (mutual TLS), or NULL */
+    char *key_file;             /* its key (upstreams: both or neither; Redis: NULL
+                                 * when the key is in cert_file) */
 };
 
 struct conf_upstream {
@@ -113,7 +115,7 @@ struct conf_upstream {
     int keepalive;              /* idle connections kept per worker */
     int64_t connect_timeout_ms;
     int64_t timeout_ms;         /* waiting for (each read of) the response */
-    struct conf_tls_upstream *tls;  /* NULL: plain TCP */
+    struct conf_tls_client *tls;  /* NULL: plain TCP */
 };
 
 struct metrics_route;
@@ -171,13 +173,7 @@ struct conf_redis {
      * section. Strings NULL when absent: the system trust store, no client
      * certificate, the host connected to. */
     int tls;
-    struct conf_redis_tls {
-        char *ca_file;
-        char *cert_file;
-        char *key_file;         /* NULL: the key is in cert_file */
-        char *server_name;
-        int verify;             /* default 1 */
-    } tls_conf;
+    struct conf_tls_client tls_conf;
 };
 
 struct conf_client {

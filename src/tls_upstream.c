@@ -157,7 +157,7 @@ static X509_STORE *store_get(const char *ca_file)
 
 /* ctx's trust store, verification and client certificate from t. NULL, or
  * what failed (a message in buf) and *key the key it belongs to. */
-static const char *ctx_setup(SSL_CTX *ctx, const struct conf_tls_upstream *t, char *buf,
+static const char *ctx_setup(SSL_CTX *ctx, const struct conf_tls_client *t, char *buf,
                              size_t n, const char **key)
 {
     ERR_clear_error();
@@ -219,7 +219,7 @@ static int session_new_cb(SSL *ssl, SSL_SESSION *sess)
     return 1;                   /* we keep the reference */
 }
 
-static SSL_CTX *ctx_new(const struct conf_tls_upstream *t, char *buf, size_t n,
+static SSL_CTX *ctx_new(const struct conf_tls_client *t, char *buf, size_t n,
                         const char **key)
 {
     static const unsigned char alpn[] = "\x08http/1.1";
@@ -244,7 +244,7 @@ static SSL_CTX *ctx_new(const struct conf_tls_upstream *t, char *buf, size_t n,
     return ctx;
 }
 
-const char *tls_upstream_check(const struct conf_tls_upstream *t, char *buf, size_t n,
+const char *tls_upstream_check(const struct conf_tls_client *t, char *buf, size_t n,
                                const char **key)
 {
     SSL_CTX *ctx = ctx_new(t, buf, n, key);

@@ -14,7 +14,7 @@
 
 struct ssl_st;
 struct conf_upstream;
-struct conf_tls_upstream;
+struct conf_tls_client;
 struct tls_upstream;
 
 /* Why a handshake failed (the reason label of
@@ -32,7 +32,7 @@ enum tls_upstream_reason {
 /* For conf.c: can t's files be used (readable, PEM, the key matching the
  * certificate)? NULL when they can; otherwise a message in buf[n] and *key
  * the key at fault ("ca_file", "cert_file" or "key_file"). */
-const char *tls_upstream_check(const struct conf_tls_upstream *t, char *buf, size_t n,
+const char *tls_upstream_check(const struct conf_tls_client *t, char *buf, size_t n,
                                const char **key);
 
 /* The context for cu (cu->tls set), or NULL with a message in err[n]. cu

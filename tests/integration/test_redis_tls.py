@@ -293,7 +293,7 @@ def test_tls_sentinel(sluice, tls_redis, certs, tmp_path):
     ("    ca_file: /nonexistent/ca.pem\n", "redis.tls.ca_file: cannot read '/nonexistent/ca.pem'"),
     ("    key_file: @KEY@\n", "redis.tls: key_file needs cert_file"),
     ("    verify: yes\n", "redis.tls.verify: expected true or false"),
-    ("    server_name: 'bad name'\n", "redis.tls.server_name: bad server_name"),
+    ("    server_name: 'bad name'\n", "redis.tls.server_name: bad server name"),
     ("    ciphers: x\n", "unknown key 'ciphers'"),
 ])
 def test_tls_config_errors(tmp_path, certs, tls_yaml, want):

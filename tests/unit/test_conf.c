@@ -1096,7 +1096,7 @@ static void test_tls_upstream_keys(void **state)
     assert_null(c->upstreams[1].tls->ca_file);
     assert_null(c->upstreams[1].tls->server_name);
     assert_null(c->upstreams[1].tls->cert_file);
-    const struct conf_tls_upstream *t = c->upstreams[2].tls;
+    const struct conf_tls_client *t = c->upstreams[2].tls;
     assert_int_equal(t->verify, 0);
     assert_string_equal(t->ca_file, "data/conf/tls_client.pem");
     assert_string_equal(t->server_name, "api.internal");
