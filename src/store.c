@@ -2084,57 +2084,13 @@ void store_sub_destroy(struct store_sub *ss)
 
 /* ---- the admin API's commands (issue 14): blocking, on the admin thread ------
  *
- * One short connection per admin request: connect (within redis.timeout,
- * at least 1 s), AUTH and SELECT as the store does, the commands
- * pipelined, close. A Redis Cluster answer MOVED sends them all again,
+ * One short connection per admin request, over rconn (names by evdns, TLS
+ * as redis.tls says): connect, AUTH and SELECT as the store does, the
+ * commands pipelined, close, all within redis.timeout (at least 1 s). A Redis Cluster answer MOVED sends them all again,
  * once, to the named node. The admin thread is the only caller; a slow
  * Redis delays the admin endpoint, never the proxy. */
 
 #define STORE_SYNC_MIN_MS 1000
-
-static redisContext *sync_connect(const struct conf_redis *rc, const char *host, int port,
-                                  int is_unix, char *err, size_t errlen)
-{
-    if (rc->tls) {          /* hiredis 0.14 has no TLS: never plaintext to a TLS Redis */
-        snprintf(err, errlen, "the admin API's Redis commands do not speak TLS (redis.tls)");
-        return NULL;
-    }
-    int64_t ms = rc->timeout_ms > STORE_SYNC_MIN_MS ? rc->timeout_ms : STORE_SYNC_MIN_MS;
-    struct timeval tv = clock_timeval(ms);
-    redisContext *ctx = is_unix ? redisConnectUnixWithTimeout(host, tv)
-                                : redisConnectWithTimeout(host, port, tv);
-    if (ctx == NULL || ctx->err) {
-        snprintf(err, errlen, "cannot connect to redis: %s", ctx ? ctx->errstr : "no memory");
-        goto fail;
-    }
-    redisSetTimeout(ctx, tv);
-    if (rc->password != NULL) {
-        redisReply *r = rc->user ? redisCommand(ctx, "AUTH %s %s", rc->user, rc->password)
-                                 : redisCommand(ctx, "AUTH %s", rc->password);
-        int bad = r == NULL || r->type == REDIS_REPLY_ERROR;
-        if (r)
-            freeReplyObject(r);
-        if (bad) {
-            snprintf(err, errlen, "redis refused AUTH");
-            goto fail;
-        }
-    }
-    if (rc->db != 0 && rc->ncluster == 0) {
-        redisReply *r = redisCommand(ctx, "SELECT %d", rc->db);
-        int bad = r == NULL || r->type == REDIS_REPLY_ERROR;
-        if (r)
-            freeReplyObject(r);
-        if (bad) {
-            snprintf(err, errlen, "redis refused SELECT");
-            goto fail;
-        }
-    }
-    return ctx;
-fail:
-    if (ctx)
-        redisFree(ctx);
-    return NULL;
-}
 
 static void sync_copy(const redisReply *r, struct store_sync_reply *out)
 {
@@ -2162,25 +2118,127 @@ static void sync_copy(const redisReply *r, struct store_sync_reply *out)
     }
 }
 
-/* Pipelined: every command, then every reply. 0, or -1 (err set) when the
- * connection failed; error replies are the caller's to read. */
-static int sync_run(redisContext *ctx, int ncmds, const struct store_sync_cmd *cmds,
-                    struct store_sync_reply *out, char *err, size_t errlen)
+/* One round of admin commands on a connection of its own (rconn: the same
+ * names, TLS and handshake as the store's), run to its end on a private
+ * event base: the admin thread waits for it. */
+struct sync_round {
+    struct event_base *base;
+    struct rconn *conn;         /* NULL once rconn freed it */
+    struct store_sync_reply *out;
+    int ncmds, got;
+    const char *why;            /* set: the round failed */
+    char whybuf[200];
+};
+
+static void sync_fail(struct sync_round *sr, const char *why)
 {
-    for (int i = 0; i < ncmds; i++)
-        if (redisAppendCommandArgv(ctx, cmds[i].argc, cmds[i].argv, cmds[i].lens) != REDIS_OK)
-            goto fail;
-    for (int i = 0; i < ncmds; i++) {
-        void *r = NULL;
-        if (redisGetReply(ctx, &r) != REDIS_OK || r == NULL)
-            goto fail;
-        sync_copy(r, &out[i]);
-        freeReplyObject(r);
+    if (sr->why == NULL) {
+        snprintf(sr->whybuf, sizeof(sr->whybuf), "%s", why);
+        sr->why = sr->whybuf;
     }
-    return 0;
-fail:
-    snprintf(err, errlen, "redis: %s", ctx->errstr[0] ? ctx->errstr : "no reply");
-    return -1;
+    event_base_loopbreak(sr->base);
+}
+
+static void sync_connect_cb(struct rconn *c, int status, const char *why)
+{
+    struct sync_round *sr = rconn_data(c);
+    if (status != 0) {
+        sr->conn = NULL;        /* freed when this returns */
+        sync_fail(sr, why ? why : "cannot connect");
+    }
+}
+
+static void sync_close_cb(struct rconn *c, const char *why)
+{
+    struct sync_round *sr = rconn_data(c);
+    sr->conn = NULL;
+    sync_fail(sr, why ? why : "connection closed");
+}
+
+static void sync_hello_cb(struct rconn *c, redisReply *r, void *privdata)
+{
+    if (r == NULL || r->type == REDIS_REPLY_ERROR)
+        sync_fail(rconn_data(c), privdata);     /* "redis refused AUTH"... */
+}
+
+static void sync_reply_cb(struct rconn *c, redisReply *r, void *privdata)
+{
+    struct sync_round *sr = rconn_data(c);
+    if (r == NULL) {
+        sync_fail(sr, "no reply");
+        return;
+    }
+    sync_copy(r, &sr->out[sr->got]);
+    if (++sr->got == sr->ncmds)
+        event_base_loopbreak(sr->base);
+}
+
+static int sync_round(const struct conf_redis *rc, const char *host, int port, int is_unix,
+                      int ncmds, const struct store_sync_cmd *cmds,
+                      struct store_sync_reply *out, char *err, size_t errlen)
+{
+    struct sync_round sr = { .out = out, .ncmds = ncmds };
+    struct evdns_base *dns = NULL;
+    struct rconn_tls *tls = NULL;
+    char db[16];
+    sr.base = event_base_new();
+    if (sr.base == NULL || (dns = evdns_base_new(sr.base, 0)) == NULL) {
+        snprintf(err, errlen, "no memory");
+        goto done;
+    }
+    evdns_base_resolv_conf_parse(dns, DNS_OPTIONS_ALL, "/etc/resolv.conf");
+    if (rc->tls) {
+        struct rconn_tls_conf tc = {
+            rc->tls_conf.ca_file, rc->tls_conf.cert_file, rc->tls_conf.key_file,
+            rc->tls_conf.server_name, rc->tls_conf.verify,
+        };
+        tls = rconn_tls_create(&tc, sr.whybuf, sizeof(sr.whybuf));
+        if (tls == NULL) {
+            snprintf(err, errlen, "redis TLS setup failed: %s", sr.whybuf);
+            goto done;
+        }
+    }
+    sr.conn = rconn_connect(sr.base, dns, tls, host, port, is_unix, sync_connect_cb,
+                            sync_close_cb, &sr);
+    if (sr.conn == NULL) {
+        snprintf(err, errlen, "cannot connect to redis");
+        goto done;
+    }
+    if (rc->password != NULL) {
+        const char *av[3] = { "AUTH", rc->user ? rc->user : rc->password, rc->password };
+        size_t al[3] = { 4, strlen(av[1]), strlen(av[2]) };
+        rconn_send_argv(sr.conn, rc->user ? 3 : 2, av, al, sync_hello_cb,
+                        (void *)"redis refused AUTH");
+    }
+    if (rc->db != 0 && rc->ncluster == 0) {
+        snprintf(db, sizeof(db), "%d", rc->db);
+        const char *av[2] = { "SELECT", db };
+        size_t al[2] = { 6, strlen(db) };
+        rconn_send_argv(sr.conn, 2, av, al, sync_hello_cb, (void *)"redis refused SELECT");
+    }
+    for (int i = 0; i < ncmds; i++)
+        rconn_send_argv(sr.conn, cmds[i].argc, cmds[i].argv, cmds[i].lens, sync_reply_cb, NULL);
+    struct timeval tv = clock_timeval(rc->timeout_ms > STORE_SYNC_MIN_MS ? rc->timeout_ms
+                                                                         : STORE_SYNC_MIN_MS);
+    event_base_loopexit(sr.base, &tv);
+    event_base_dispatch(sr.base);
+    if (sr.why == NULL && sr.got < ncmds)
+        sync_fail(&sr, "timed out");
+    if (sr.why != NULL)
+        snprintf(err, errlen, "redis: %s", sr.why);
+done:
+    if (sr.conn != NULL) {
+        rconn_free(sr.conn);    /* its callbacks are not called */
+        sr.conn = NULL;
+    }
+    if (sr.base != NULL)        /* a cancelled lookup is delivered from the loop */
+        event_base_loop(sr.base, EVLOOP_NONBLOCK);
+    if (dns != NULL)
+        evdns_base_free(dns, 0);
+    rconn_tls_destroy(tls);
+    if (sr.base != NULL)
+        event_base_free(sr.base);
+    return sr.why == NULL && sr.got == ncmds ? 0 : -1;
 }
 
 int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_cmd *cmds,
@@ -2199,11 +2257,7 @@ int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_c
     }
     int is_unix = rc->ncluster > 0 ? 0 : rc->is_unix;
     for (int attempt = 0; attempt < 2; attempt++) {
-        redisContext *ctx = sync_connect(rc, host, port, is_unix, err, errlen);
-        if (ctx == NULL)
-            return -1;
-        rv = sync_run(ctx, ncmds, cmds, out, err, errlen);
-        redisFree(ctx);
+        rv = sync_round(rc, host, port, is_unix, ncmds, cmds, out, err, errlen);
         if (rv != 0)
             return rv;
         /* "MOVED 3999 127.0.0.1:6381": the key's slot is on that node */
