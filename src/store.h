@@ -1,10 +1,12 @@
 /* sluice - store.h: rate-limit decisions in Redis.
  *
  * One store is one Redis connection (rconn.h) on one event base (one per
- * worker), with its own resolver (evdns) and TLS context. Every decision is one EVALSHA of scripts/limit.lua carrying all
- * limits of a route: the script reads Redis TIME, decides every limit, and
- * consumes from all of them only when all allow. Calls from concurrent
- * requests are pipelined on the connection. The store reconnects by itself
+ * worker), with its own resolver (evdns) and TLS context. A decision
+ * carries all limits of a route: scripts/limit.lua reads Redis TIME,
+ * decides every limit, and consumes from all of them only when all allow.
+ * The decisions made in one event-loop iteration travel to a node in one
+ * EVALSHA (a batch, per slot on a cluster, at most 64), sent once the
+ * iteration's callbacks have run. The store reconnects by itself
  * with backoff, reloads the script on NOSCRIPT, and times each call out after
  * redis.timeout.
  *
