@@ -175,6 +175,56 @@ def test_a_bad_argument_anywhere_writes_nothing(srv):
     assert redis_cmd(port, "EXISTS", "bbad:{a}") == 0
 
 
+def test_concurrency_slots_in_one_call_share_one_parameter_set(srv):
+    """Concurrency (algo 5) in a batch: the slot id goes per request, so two
+    requests of one key (2 slots) send one parameter set; of three in one
+    call two are admitted, the third denied; a renewal (same slot id) in
+    the next call stays admitted; the key has a TTL (the lease)."""
+    port, sha = srv
+    key = "bconc:{a}"
+    lims = [[5, 2, 60000, slot, 1, 0] for slot in (11, 12, 13)]
+    reqs = [([key], [lim], False) for lim in lims]
+    args = batch_args(sha, reqs)
+    assert args[2:6] == [1, key, "d", 1], args         # K = 1, P = 1
+    r = split_reply(redis_cmds(port, [args])[-1], reqs)
+    assert [x[0] for x in r] == [1, 1, 0], r
+    assert r[2][4] == 1000, r                          # denied: retry 1 s
+    assert redis_cmd(port, "ZCARD", key) == 2
+    assert 0 < redis_cmd(port, "PTTL", key) <= 60000
+    renew = ([key], [[5, 2, 60000, 12, 1, 0]], False)
+    assert call(port, sha, [renew])[0][0] == 1
+    assert redis_cmd(port, "ZCARD", key) == 2
+
+
+def test_delay_in_one_call_reports_each_wait(srv):
+    """gcra burst 1, one per 100 ms, delay 250 ms (flag 4, the delay in the
+    window's place): in one call the first passes at once, the next two are
+    admitted with growing waits, the fourth is denied."""
+    port, sha = srv
+    key = "bdelay:{a}"
+    lim = [4, 1, 250, 100000, 1, 4]
+    r = call(port, sha, [([key], [lim], False)] * 4)
+    assert [x[0] for x in r] == [1, 1, 1, 0], r
+    waits = [x[4] for x in r[:3]]
+    assert waits[0] == 0 and 90 <= waits[1] <= 100 and 190 <= waits[2] <= 200, waits
+    assert r[3][4] >= 1, r
+
+
+def test_overrides_in_one_call(srv):
+    """Override keys are keys of the batch, named per limit (flag 8): key A
+    has an override to 1 (its limit says 5), key B none; both in one call,
+    twice each: A admits one, B two, and the reply names the limit applied."""
+    port, sha = srv
+    ka, kb = "bovr:{a}", "bovr:{b}"
+    redis_cmd(port, "SET", ka + ":ovr", "0 1 0")
+    lim = [0, 5, HOUR, 0, 1, 0]
+    reqs = [([ka], [lim], False, [ka + ":ovr"]), ([kb], [lim], False, [kb + ":ovr"])] * 2
+    r = call(port, sha, reqs)
+    assert [x[0] for x in r] == [1, 1, 0, 1], r
+    assert [x[-1] for x in r] == [1, 5, 1, 5], r
+    assert redis_cmd(port, "GET", kb + ":ovr") is None       # never written
+
+
 def test_one_time_and_one_mget_per_call(srv):
     """64 requests of three limits each on 192 keys: one TIME, one MGET, one
     SET per key (and nothing per request but the decision)."""

@@ -537,7 +537,8 @@ static void test_wrong_type_key(void **state)
 }
 
 /* The script refuses what it does not understand (the batch protocol of
- * limit.lua: mode P (algo limit window_ms interval_us)*P R (m (ref cost)*m)*R),
+ * limit.lua: mode P (algo limit window_ms interval_us)*P R (m (ref cost [slot]
+ * [ovr])*m)*R, ref = (key * P + param) * 16 + flags),
  * and takes the same call when it is well formed. */
 static void test_script_rejects_bad_arguments(void **state)
 {
@@ -552,7 +553,12 @@ static void test_script_rejects_bad_arguments(void **state)
         { "d", "1", "3", "5", "0", "0", "1", "1", "0", "1", NULL },      /* interval 0 */
         { "d", "1", "0", "5", "1000", "0", "1", "1", "0", "0", NULL },   /* cost 0 */
         { "d", "1", "0", "5", "1e3x", "0", "1", "1", "0", "1", NULL },   /* not a number */
-        { "d", "1", "0", "5", "1000", "0", "1", "1", "4", "1", NULL },   /* key 2 of 1 */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "16", "1", NULL },  /* key 2 of 1 */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "4", "1", NULL },   /* delay on a window */
+        { "d", "1", "5", "5", "1000", "0", "1", "1", "0", "1", NULL },   /* concurrency, no slot */
+        { "d", "1", "5", "5", "1000", "0", "1", "1", "4", "1", "7", NULL },  /* concurrency delay */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "8", "1", NULL },   /* override, no index */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "8", "1", "2", NULL },  /* override key 2 of 1 */
         { "d", "1", "0", "5", "1000", "0", "2", "1", "0", "1", NULL },   /* R = 2, one request */
         { "d", "1", "0", "5", "1000", "0", "1", "0", "0", "1", NULL },   /* a request of 0 limits */
         { "d", "1", "0", "5", "1000", "0", "1", "1", "0", "1", "7", NULL },  /* one too many */
