@@ -39,7 +39,8 @@ struct store_limit {
     int64_t cost;               /* units this request consumes, >= 1 */
     unsigned flags;             /* STORE_SHADOW, STORE_CHECK_ONLY */
     int64_t slot;               /* concurrency: this request's slot id (1..2^53-1),
-                                 * sent as the interval argument; 0 otherwise */
+                                 * sent per request in the batch, out of the
+                                 * shared parameter set; 0 otherwise */
 };
 
 /* A shadow limit is decided and consumed like the others but its denial
