@@ -31,3 +31,16 @@ BENCH_REDIS_ARGS ?=
 
 bench-redis:
 	/usr/bin/python3 bench/redis_cost.py $(BENCH_REDIS_ARGS)
+
+# `make bench-rows` (issue 11): bench rows 2 and 3 reduced to their Redis
+# cost through sluice (Redis CPU per 10k requests, evalsha usec per
+# decision, the batch sizes sluice formed), bench/redis_rows.py; needs wrk,
+# nginx and redis-server. BENCH_ROWS_ARGS passes options (e.g.
+# BENCH_ROWS_ARGS="--before /tmp/base/build/sluice --reps 3").
+BENCH_ROWS_ARGS ?=
+
+.PHONY: bench-rows
+
+bench-rows: bench-deps
+	$(MAKE) all
+	/usr/bin/python3 bench/redis_rows.py --sluice $(BENCH_SLUICE) $(BENCH_ROWS_ARGS)

@@ -4,17 +4,24 @@
 #
 # Starts its own redis-server on a free 127.0.0.1 port, loads
 # src/scripts/limit.lua (and, with --before FILE, an older limit.lua beside
-# it) and two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same
-# for three keys, TIME read once), then drives each with redis-benchmark
-# (-c 64 -P 16, EVALSHA with the keys and arguments sluice's store.c sends,
-# one key per client out of 10,000), interleaved: A B C ... A B C ... Before
-# each scenario it flushes the data and resets INFO commandstats; after it,
-# it reads cmdstat_evalsha's usec and calls: usec per decision. A run is
-# --rounds such rounds; it reports each scenario's median (the machine may
-# be shared: medians of short interleaved rounds are what stays stable). Every reply
-# is checked first (one call by hand: an allowing decision, no error), and
-# INFO errorstats must stay empty. The redis-server is stopped by PID at the
-# end, also on error, SIGINT and SIGTERM. Standard library only.
+# it: the per-request protocol of before issue 11, one request per call) and
+# two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same for
+# three keys, TIME read once), then drives each with redis-benchmark (-c 64
+# -P 16, EVALSHA with the keys and arguments sluice's store.c sends, one key
+# per client out of 10,000), interleaved: A B C ... A B C ... limit.lua
+# takes the decisions of one event-loop turn in one call (store.c's
+# batches); --batch gives the batch sizes measured (default 1,16,64; the
+# sizes sluice forms under wrk -c64 are what bench/redis_rows.py shows:
+# see docs/performance.md), each request of a batch on its own random key
+# (redis-benchmark draws every __rand_int__ apart), so no batch gains from
+# two requests sharing a key. Before each scenario it flushes the data and
+# resets INFO commandstats; after it, it reads cmdstat_evalsha's usec and
+# calls: usec per decision = usec / (calls x batch size). A run is --rounds
+# such rounds; it reports each scenario's median (the machine may be shared:
+# medians of short interleaved rounds are what stays stable). Every reply is
+# checked first (one call by hand: allowing decisions, no error), and INFO
+# errorstats must stay empty. The redis-server is stopped by PID at the end,
+# also on error, SIGINT and SIGTERM. Standard library only.
 #
 # Prints, per run, usec per decision and the ratios the issue asks for:
 #   one limit:    sluice (fixed_window) / minimal          target <= 1.0
@@ -158,32 +165,55 @@ def stop(proc):
         proc.wait(timeout=5)
 
 
-def sluice_args(sha, limits):
+def sluice_args(sha, limits, batch=None):
+    """batch None: the per-request protocol of the --before script; else
+    limit.lua's batch protocol with `batch` requests of every limit, each
+    limit of each request on a key of its own."""
     n = len(limits)
-    args = ["EVALSHA", sha, n] + [KEY % ("l%d" % i) for i in range(n)] + ["d", n]
+    if batch is None:
+        args = ["EVALSHA", sha, n] + [KEY % ("l%d" % i) for i in range(n)] + ["d", n]
+        for lim in limits:
+            args += lim
+        return [str(a) for a in args]
+    keys = [KEY % ("l%d" % i) for _ in range(batch) for i in range(n)]
+    args = ["EVALSHA", sha, len(keys)] + keys + ["d", n]
     for lim in limits:
-        args += lim
+        args += lim[:4]
+    args.append(batch)
+    for r in range(batch):
+        args.append(n)
+        for i, lim in enumerate(limits):
+            args += [((r * n + i) * n + i) * 16 + lim[5], lim[4]]
     return [str(a) for a in args]
 
 
-def scenarios(shas):
-    sc = [("minimal", ["EVALSHA", shas["minimal"], "1", KEY % "l0", "1", str(HOUR_MS)]),
+def scenarios(shas, batches):
+    sc = [("minimal", ["EVALSHA", shas["minimal"], "1", KEY % "l0", "1", str(HOUR_MS)], 1),
           ("minimal_x3", ["EVALSHA", shas["minimal3"], "3"] + [KEY % ("l%d" % i) for i in range(3)]
-           + ["1", str(HOUR_MS)])]
-    for tag in ("after", "before"):
-        if tag in shas:
-            sc.append(("sluice_1_" + tag, sluice_args(shas[tag], [FIXED])))
-            sc.append(("sluice_3_" + tag, sluice_args(shas[tag], [BUCKET, GCRA, FIXED])))
+           + ["1", str(HOUR_MS)], 1)]
+    if "before" in shas:
+        sc.append(("sluice_1_before", sluice_args(shas["before"], [FIXED]), 1))
+        sc.append(("sluice_3_before", sluice_args(shas["before"], [BUCKET, GCRA, FIXED]), 1))
+    for b in batches:
+        sc.append(("sluice_1_after_b%d" % b, sluice_args(shas["after"], [FIXED], b), b))
+        sc.append(("sluice_3_after_b%d" % b,
+                   sluice_args(shas["after"], [BUCKET, GCRA, FIXED], b), b))
     return sc
 
 
 def check_reply(conn, name, args):
-    """One call by hand, on a key of its own: it must allow, without error."""
+    """One call by hand, on keys of its own: it must allow, without error."""
     probe = [a.replace("__rand_int__", "999999999999") for a in args]
     r = conn.call(*probe)
-    ok = r[0] == 1 if isinstance(r, list) else isinstance(r, int) and r >= 1
     if name.startswith("minimal_x3"):
         ok = isinstance(r, list) and all(x >= 1 for x in r)
+    elif name.endswith("_before"):
+        ok = isinstance(r, list) and r[0] == 1
+    elif name.startswith("sluice_"):
+        # { time_s, time_us, (remaining or -retry, reset) per limit }
+        ok = isinstance(r, list) and all(x >= 0 for x in r[2::2])
+    else:
+        ok = isinstance(r, int) and r >= 1
     if not ok:
         raise RuntimeError("%s: unexpected reply %r" % (name, r))
 
@@ -196,7 +226,7 @@ def commandstat(conn, cmd):
     return int(m.group(1)), int(m.group(2))
 
 
-def run_one(conn, port, args, requests, clients, pipeline, keyspace):
+def run_one(conn, port, args, requests, clients, pipeline, keyspace, batch=1):
     conn.call("FLUSHALL")
     conn.call("CONFIG", "RESETSTAT")
     cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),
@@ -209,7 +239,7 @@ def run_one(conn, port, args, requests, clients, pipeline, keyspace):
     calls, usec = commandstat(conn, "evalsha")
     if calls < requests:
         raise RuntimeError("only %d of %d calls counted" % (calls, requests))
-    return usec / calls
+    return usec / (calls * batch)
 
 
 def main():
@@ -223,7 +253,15 @@ def main():
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--pipeline", type=int, default=16)
     ap.add_argument("--keyspace", type=int, default=10000)
+    ap.add_argument("--batch", default="1,16,64",
+                    help="batch sizes (requests per call) of limit.lua to measure, 1..64")
     opt = ap.parse_args()
+    try:
+        opt.batches = [int(x) for x in opt.batch.split(",")]
+    except ValueError:
+        ap.error("--batch: comma-separated numbers")
+    if not opt.batches or any(not 1 <= b <= 64 for b in opt.batches):
+        ap.error("--batch: sizes 1..64")
     if not 1 <= opt.runs <= 20 or not 1 <= opt.rounds <= 50 or \
             not 1000 <= opt.requests <= 10000000:
         ap.error("runs 1..20, rounds 1..50, requests 1000..10000000")
@@ -245,26 +283,29 @@ def main():
             if opt.before:
                 with open(opt.before, "rb") as f:
                     shas["before"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
-            sc = scenarios(shas)
-            for name, args in sc:
+            sc = scenarios(shas, opt.batches)
+            for name, args, _ in sc:
                 check_reply(conn, name, args)
             print("redis-server %s on 127.0.0.1:%d; redis-benchmark -c %d -P %d -n %d -r %d;"
                   " %d interleaved rounds per run, medians"
                   % (version.group(1) if version else "?", port, opt.clients, opt.pipeline,
                      opt.requests, opt.keyspace, opt.rounds))
             print("script: %s%s" % (opt.script, "; before: " + opt.before if opt.before else ""))
-            table = {name: [] for name, _ in sc}
+            table = {name: [] for name, _, _ in sc}
             for run in range(opt.runs):
-                rounds = {name: [] for name, _ in sc}
+                rounds = {name: [] for name, _, _ in sc}
                 for _ in range(opt.rounds):
-                    for name, args in sc:
-                        rounds[name].append(run_one(conn, port, args, opt.requests, opt.clients,
-                                                    opt.pipeline, opt.keyspace))
+                    for name, args, b in sc:
+                        # calls of b decisions: as many decisions as the others
+                        n = max(100, opt.requests // b)
+                        rounds[name].append(run_one(conn, port, args, n, opt.clients,
+                                                    opt.pipeline, opt.keyspace, b))
                 for name in rounds:
                     table[name].append(statistics.median(rounds[name]))
-                print_run(run + 1, {k: v[-1] for k, v in table.items()})
+                print_run(run + 1, {k: v[-1] for k, v in table.items()}, opt.batches)
             if opt.runs > 1:
-                print_run("median", {k: statistics.median(v) for k, v in table.items()})
+                print_run("median", {k: statistics.median(v) for k, v in table.items()},
+                          opt.batches)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -272,15 +313,14 @@ def main():
     return 0
 
 
-def print_run(label, us):
+def print_run(label, us, batches):
     m = us["minimal"]
     parts = ["run %s: usec/decision minimal %.2f, minimal_x3 %.2f" % (label, m, us["minimal_x3"])]
-    for tag in ("before", "after"):
-        if "sluice_1_" + tag in us:
-            s1, s3 = us["sluice_1_" + tag], us["sluice_3_" + tag]
-            parts.append("  %-6s 1 limit %.2f (%.2fx minimal)  3 limits %.2f (%.2fx minimal,"
-                         " %.2fx minimal_x3)" % (tag, s1, s1 / m, s3, s3 / m,
-                                                 s3 / us["minimal_x3"]))
+    tags = (["before"] if "sluice_1_before" in us else []) + ["after_b%d" % b for b in batches]
+    for tag in tags:
+        s1, s3 = us["sluice_1_" + tag], us["sluice_3_" + tag]
+        parts.append("  %-9s 1 limit %.2f (%.2fx minimal)  3 limits %.2f (%.2fx minimal,"
+                     " %.2fx minimal_x3)" % (tag, s1, s1 / m, s3, s3 / m, s3 / us["minimal_x3"]))
     print("\n".join(parts), flush=True)
 
 

@@ -531,45 +531,55 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
             return api_error(out, 500, "the memory limiter refused the check");
         r = res.r[0];
     } else {
-        char ok[ROUTE_MAX_KEY + 8], num[6][24];
+        char ok[ROUTE_MAX_KEY + 8], num[10][24];
         size_t oklen;
         ovr_key(q, ok, &oklen);
-        /* EVAL script 2 KEY KEY:ovr d 1 algo L W I cost=1 flags=check-only */
-        int64_t v[6] = { cp->algo, cp->limit, cp->window_ms, cp->interval_us, 1,
-                         STORE_CHECK_ONLY };
-        /* without admin.token decisions do not read overrides: nor does this */
+        /* limit.lua's batch protocol, one request of one limit, check only:
+         * EVAL script K KEY [KEY:ovr] d 1 algo L W I 1 1 ref cost=1 [slot] [ovr]
+         * (see limit.lua); without admin.token decisions do not read
+         * overrides: nor does this */
         int ro = q->conf->redis.overrides, nk = ro ? 2 : 1;
-        const char *argv[13] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key, ok };
-        size_t lens[13] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
+        int conc = cp->algo == LIMITER_CONCURRENCY;
+        int64_t v[9] = { cp->algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
+                         STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
+        int nv = 8;
+        if (conc)
+            v[nv++] = 9007199254740991LL;       /* a slot id no request has: 2^53 - 1 */
+        if (ro)
+            v[nv++] = 2;                        /* KEYS[2] is the override key */
+        const char *argv[16] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key, ok };
+        size_t lens[16] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
         argv[3 + nk] = "d", lens[3 + nk] = 1;
         argv[4 + nk] = "1", lens[4 + nk] = 1;
-        for (int i = 0; i < 6; i++) {
+        for (int i = 0; i < nv; i++) {
             snprintf(num[i], sizeof(num[i]), "%lld", (long long)v[i]);
             argv[5 + nk + i] = num[i];
             lens[5 + nk + i] = strlen(num[i]);
         }
         const char *get[2] = { "GET", ok }, *pttl[2] = { "PTTL", ok };
         size_t getl[2] = { 3, oklen }, pttll[2] = { 4, oklen };
-        struct store_sync_cmd cmds[3] = { { 11 + nk, argv, lens }, { 2, get, getl },
+        struct store_sync_cmd cmds[3] = { { 5 + nk + nv, argv, lens }, { 2, get, getl },
                                           { 2, pttl, pttll } };
         struct store_sync_reply rep[3];
         char err[256];
         int rc = store_sync(&q->conf->redis, 3, cmds, rep, err, sizeof(err));
         if ((rc = redis_failed(rep, rc == 0 ? 3 : 0, rc == 0 ? NULL : err, out)) != 0)
             return rc;
-        if (rep[0].type != STORE_SYNC_ARRAY || rep[0].nints != 4 + nk)
+        /* { time_s, time_us, v, reset_ms [, limit] }: v = remaining, or -retry_ms */
+        if (rep[0].type != STORE_SYNC_ARRAY || rep[0].nints != 4 + (ro ? 1 : 0))
             return api_error(out, 503, "redis: unexpected reply from limit.lua");
-        r.allowed = rep[0].ints[1] != 0;
-        r.remaining = rep[0].ints[2];
+        int64_t got = rep[0].ints[2];
+        r.allowed = got >= 0;
+        r.remaining = got >= 0 ? got : 0;
         r.reset_ms = rep[0].ints[3];
-        r.retry_ms = rep[0].ints[4];
+        r.retry_ms = got >= 0 ? 0 : -got;
         if (ro && rep[1].type == STORE_SYNC_STR &&
             parse_ovr(rep[1].str, rep[1].len, cp, &eff) == 0) {
             runtime = 1;
             ttl_ms = rep[2].type == STORE_SYNC_INT && rep[2].integer >= 0 ? rep[2].integer : -1;
         }
         if (ro)
-            eff.limit = rep[0].ints[5];
+            eff.limit = rep[0].ints[4];
     }
     put_head(out, q);
     evbuffer_add_printf(out, ", \"source\": \"%s\", \"params\": ",

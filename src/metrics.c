@@ -154,6 +154,24 @@ void metrics_observe(enum metrics_hist which, int64_t usec)
     atomic_fetch_add_explicit(&h->sum_us, (uint64_t)(usec > 0 ? usec : 0), memory_order_relaxed);
 }
 
+/* Decisions per script call (store.c's batches): upper bounds, the last
+ * bucket is +Inf. */
+static const int batch_bounds[] = { 1, 2, 4, 8, 16, 32, 64 };
+#define METRICS_NBATCH (sizeof(batch_bounds) / sizeof(batch_bounds[0]) + 1)
+static _Atomic uint64_t batch_buckets[METRICS_NBATCH];
+static _Atomic uint64_t batch_count, batch_sum;
+
+void metrics_batch(int requests)
+{
+    size_t b = 0;
+    while (b < METRICS_NBATCH - 1 && requests > batch_bounds[b])
+        b++;
+    atomic_fetch_add_explicit(&batch_buckets[b], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&batch_count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&batch_sum, (uint64_t)(requests > 0 ? requests : 0),
+                              memory_order_relaxed);
+}
+
 static uint64_t load(_Atomic uint64_t *v)
 {
     return atomic_load_explicit(v, memory_order_relaxed);
@@ -293,6 +311,26 @@ static void render_hist(struct evbuffer *out, const char *name, const char *help
                         (unsigned long long)load(&h->count));
 }
 
+static void render_batch(struct evbuffer *out)
+{
+    static const char name[] = "sluice_redis_batch_size";
+    evbuffer_add_printf(out, "# HELP %s Decisions carried by one Redis script call.\n"
+                             "# TYPE %s histogram\n", name, name);
+    uint64_t cum = 0;
+    for (size_t b = 0; b < METRICS_NBATCH; b++) {
+        cum += load(&batch_buckets[b]);
+        if (b < METRICS_NBATCH - 1)
+            evbuffer_add_printf(out, "%s_bucket{le=\"%d\"} %llu\n", name, batch_bounds[b],
+                                (unsigned long long)cum);
+        else
+            evbuffer_add_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n", name,
+                                (unsigned long long)cum);
+    }
+    evbuffer_add_printf(out, "%s_sum %llu\n%s_count %llu\n", name,
+                        (unsigned long long)load(&batch_sum), name,
+                        (unsigned long long)load(&batch_count));
+}
+
 static void render_counter(struct evbuffer *out, const char *name, const char *help,
                            enum metrics_counter which)
 {
@@ -407,6 +445,7 @@ void metrics_render(struct evbuffer *out)
                    METRICS_DENY_CACHE_HITS);
     render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
                 &hists[METRICS_REDIS_SECONDS]);
+    render_batch(out);
     render_hist(out, "sluice_upstream_duration_seconds",
                 "Time from forwarding a request to the end of its response.",
                 &hists[METRICS_UPSTREAM_SECONDS]);

@@ -79,6 +79,8 @@ void metrics_tls_failure(enum metrics_tls_failure why);
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta);
 int64_t metrics_gauge_get(enum metrics_gauge which);
 void metrics_observe(enum metrics_hist which, int64_t usec);
+/* One script call carrying `requests` decisions (sluice_redis_batch_size). */
+void metrics_batch(int requests);
 
 /* The name of decision d in sluice_requests_total{decision} ("allowed"...). */
 const char *metrics_decision_name(enum metrics_decision d);

@@ -2,8 +2,9 @@
  *
  * With rconn.c, the only user of hiredis (as a reply parser). A store owns
  * one or more nodes (rconn connections: handshake, backoff, stall detection,
- * requests waiting for a connection being made), sends each
- * decision as EVALSHA of scripts/limit.lua, and turns replies, errors and
+ * requests waiting for a connection being made), sends the decisions of
+ * each loop iteration as one EVALSHA of scripts/limit.lua per node (and
+ * slot), splits the reply back per call, and turns replies, errors and
  * timeouts into exactly one callback per call. Redis Cluster (hiredis 0.14
  * has none) is built here: CRC16 slots, CLUSTER SLOTS on a control
  * connection, MOVED/ASK/TRYAGAIN, and per-slot groups with refund.lua when a
@@ -46,6 +47,11 @@ extern const char refund_lua_sha[];
 #define STORE_REDIRECT_LOG_MS 1000    /* one info line per kind this often */
 #define STORE_OOM_LOG_MS 10000        /* one "out of memory" warning this often */
 #define STORE_DNS_LINGER_MS 1000      /* a resolver outlives its store's cancelled lookups */
+#define STORE_BATCH_MAX 64            /* requests (a call's limits of one slot) per EVALSHA */
+#define STORE_BATCH_KEY_BYTES 65536   /* and their keys' bytes: a fuller batch is closed */
+#define STORE_BATCH_ENTRIES (STORE_BATCH_MAX * STORE_MAX_LIMITS)
+#define STORE_BATCH_KEYS (2 * STORE_BATCH_ENTRIES)  /* counters and override keys */
+#define STORE_BATCH_HASH (2 * STORE_BATCH_KEYS)     /* open addressing, a power of 2 */
 
 enum store_mode { STORE_SINGLE, STORE_CLUSTER, STORE_SENTINEL };
 /* A data node runs the scripts; the control node asks the topology
@@ -101,7 +107,7 @@ struct store_req {
     int n;
     int idx[STORE_MAX_LIMITS];      /* which limits of the call */
     int allowed;
-    int64_t time_s, time_us;        /* mode "c": TIME the script ran at */
+    int64_t time_s, time_us;        /* with marks (m < 0): TIME the script ran at */
     int64_t mark[STORE_MAX_LIMITS];
 };
 
@@ -126,10 +132,43 @@ struct store_call {
     char *keys;                     /* every key, back to back */
     size_t keycap;
     size_t koff[STORE_MAX_LIMITS], klen[STORE_MAX_LIMITS];
+    size_t ooff[STORE_MAX_LIMITS];  /* redis.overrides: each override key, in keys,
+                                     * klen + the suffix's length long */
     int nreq;
     int pending;                    /* requests not replied yet */
     struct store_req req[STORE_MAX_LIMITS];
     struct store_result res;
+};
+
+/* The decisions a worker makes in one loop iteration for one node (and,
+ * in a cluster, one slot: a script's keys must share it) travel in one
+ * EVALSHA: requests are appended while the loop runs and the batch is sent
+ * by flush_ev, once the iteration's other callbacks have run. A batch
+ * holds its requests (in_hiredis) from store_batch_add() until its reply,
+ * or its failure, is handed to each of them. */
+struct store_batch {
+    struct store *s;
+    struct store_batch *next;       /* the open list, or the free list */
+    struct store_batch *all_next;   /* every batch ever made, for destroy */
+    struct store_node *node;
+    int slot;                       /* -1 outside a cluster */
+    int asked;                      /* ASK: sent alone, after ASKING */
+    int n;
+    size_t key_bytes;
+    struct store_req *req[STORE_BATCH_MAX];
+    int marks[STORE_BATCH_MAX];     /* request i's reply carries refund marks */
+};
+
+/* Scratch of the batch encoder: the distinct keys and parameter sets of
+ * one batch (limit.lua takes each once) and each entry's indexes. */
+struct store_batch_enc {
+    int16_t khash[STORE_BATCH_HASH], phash[STORE_BATCH_HASH];   /* index + 1, 0 = empty */
+    const char *kp[STORE_BATCH_KEYS];
+    size_t kl[STORE_BATCH_KEYS];
+    int64_t pv[STORE_BATCH_ENTRIES][4];     /* algo limit window_ms interval_us, as sent */
+    int ki[STORE_BATCH_ENTRIES], pi[STORE_BATCH_ENTRIES], oi[STORE_BATCH_ENTRIES];
+    int16_t kslot[STORE_BATCH_KEYS], pslot[STORE_BATCH_ENTRIES];   /* to clear the tables */
+    int nk, np;
 };
 
 struct store_addr {
@@ -166,6 +205,14 @@ struct store {
     struct evdns_base *dns;         /* names resolve here, never on getaddrinfo */
     struct rconn_tls *tls;          /* NULL: plain connections */
     int tls_failed;                 /* TLS wanted, the context did not load */
+    struct event *flush_ev;         /* sends the open batches, once per iteration */
+    struct store_batch *open, *open_tail;   /* batches still taking requests, in order */
+    struct store_batch *single_open;        /* outside a cluster: the one open batch */
+    struct store_batch **slot_open;         /* cluster: slot -> its open batch */
+    struct store_batch *free_batches, *all_batches;
+    struct store_batch_enc *enc;
+    char *bcmd;                     /* the batch being encoded (rconn copies it) */
+    size_t bcmdcap;
 };
 
 static void node_connect(struct store_node *n);
@@ -177,6 +224,7 @@ static int req_dispatch(struct store_req *q);
 static void req_wait(struct store_req *q);
 static void req_settle(struct store_req *q);
 static void store_kick_waiting(struct store *s);
+static void store_batch_add(struct store_node *n, struct store_req *q);
 
 static char *store_strdup(const char *p)
 {
@@ -1064,41 +1112,22 @@ static char *store_put_header(char *p, int argc)
     return store_put(p, "\r\n", 2);
 }
 
-/* A limit's run-time override key as one bulk: its counter key and
- * STORE_OVERRIDE_SUFFIX (after the '}', so the hash tag is the same). */
-static char *store_put_override_key(char *p, const char *key, size_t len)
-{
-    size_t sl = sizeof(STORE_OVERRIDE_SUFFIX) - 1;
-    char num[24];
-    char *start = store_fmt_u64(num + sizeof(num), len + sl);
-    *p++ = '$';
-    p = store_put(p, start, (size_t)(num + sizeof(num) - start));
-    p = store_put(p, "\r\n", 2);
-    p = store_put(p, key, len);
-    p = store_put(p, STORE_OVERRIDE_SUFFIX, sl);
-    return store_put(p, "\r\n", 2);
-}
-
-/* The one EVALSHA encoder of both scripts: EVALSHA sha n key_1..key_n
- * [mode] args[0..nargs) n (algo limit window_ms interval_us cost last_i)*n
- * for the call's limits li[0..n), straight into q->cmd: RESP as
- * redisFormatCommandArgv would build it, and keeping it lets a retry resend it after the
- * caller's keys are gone. limit.lua takes the mode and the flags as last,
- * refund.lua the TIME of its call as args and the marks as last. The buffer
- * grows to the largest request seen, then is reused. */
+/* refund.lua's call: EVALSHA sha n key_1..key_n args[0..nargs) n
+ * (algo limit window_ms interval_us cost last_i)*n for the call's limits
+ * li[0..n), straight into q->cmd: RESP as redisFormatCommandArgv would build
+ * it, and keeping it lets a retry resend it after the caller's keys are
+ * gone. args is the TIME of the decision, last the marks. The buffer grows
+ * to the largest request seen, then is reused. (limit.lua's batches:
+ * store_batch_encode.) */
 static void store_encode_evalsha(struct store_req *q, const struct store_call *c,
-                                 const char *sha, const int *li, int n, const char *mode,
+                                 const char *sha, const int *li, int n,
                                  const int64_t *args, int nargs, const int64_t *last)
 {
-    /* limit.lua (the one with a mode) also reads each limit's run-time
-     * override key (STORE_OVERRIDE_SUFFIX), after the counters' keys, when
-     * the admin API can write them (redis.overrides) */
-    int ovr = mode != NULL && q->s->rc.overrides;
-    int argc = 3 + n + (ovr ? n : 0) + (mode != NULL) + nargs + 1 + 6 * n;
+    int argc = 3 + n + nargs + 1 + 6 * n;
     /* 24 bytes of bulk framing per argument bound every number's digits too */
     size_t need = 16 + (size_t)argc * (24 + 24) + 80;
     for (int i = 0; i < n; i++)
-        need += c->klen[li[i]] * (ovr ? 2 : 1) + (ovr ? sizeof(STORE_OVERRIDE_SUFFIX) : 0);
+        need += c->klen[li[i]];
     if (q->cmdcap < need) {
         free(q->cmd);
         q->cmd = mem_alloc(need);
@@ -1107,13 +1136,9 @@ static void store_encode_evalsha(struct store_req *q, const struct store_call *c
     char *p = store_put_header(q->cmd, argc);
     p = store_put_bulk(p, "EVALSHA", 7);
     p = store_put_bulk(p, sha, strlen(sha));
-    p = store_put_int(p, ovr ? 2 * n : n);
+    p = store_put_int(p, n);
     for (int i = 0; i < n; i++)
         p = store_put_bulk(p, c->keys + c->koff[li[i]], c->klen[li[i]]);
-    for (int i = 0; ovr && i < n; i++)
-        p = store_put_override_key(p, c->keys + c->koff[li[i]], c->klen[li[i]]);
-    if (mode != NULL)
-        p = store_put_bulk(p, mode, strlen(mode));
     for (int i = 0; i < nargs; i++)
         p = store_put_int(p, args[i]);
     p = store_put_int(p, n);
@@ -1132,57 +1157,6 @@ static void store_encode_evalsha(struct store_req *q, const struct store_call *c
     }
     q->cmdlen = (size_t)(p - q->cmd);
     assert(q->cmdlen <= q->cmdcap);
-}
-
-/* limit.lua for the request's group: mode "d" decides, "c" also returns the
- * TIME and marks a refund needs. */
-static void store_encode(struct store_req *q, char mode)
-{
-    const struct store_call *c = q->call;
-    int64_t flags[STORE_MAX_LIMITS];
-    char m[2] = { mode, '\0' };
-    for (int i = 0; i < q->n; i++)
-        flags[i] = (int64_t)c->flags[q->idx[i]] |
-                   (c->params[q->idx[i]].delay_ms > 0 ? 4 : 0);    /* limit.lua's delay flag */
-    store_encode_evalsha(q, c, limit_lua_sha, q->idx, q->n, m, NULL, 0, flags);
-}
-
-/* The reply of limit.lua: { allowed, (allowed_i remaining_i reset_i
- * retry_i)*n }, and in mode "c" { time_s, time_us, mark_i*n } after it,
- * then (override keys sent) limit_i*n: the quota each limit applied. */
-static int store_parse(struct store_req *q, const redisReply *reply, int with_marks)
-{
-    struct store_call *c = q->call;
-    size_t nlim = q->s->rc.overrides ? (size_t)q->n : 0;
-    size_t want = 1 + 4 * (size_t)q->n + (with_marks ? 2 + (size_t)q->n : 0) + nlim;
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != want)
-        return -1;
-    for (size_t i = 0; i < reply->elements; i++)
-        if (reply->element[i]->type != REDIS_REPLY_INTEGER)
-            return -1;
-    q->allowed = reply->element[0]->integer != 0;
-    for (int i = 0; i < q->n; i++) {
-        redisReply **e = reply->element + 1 + 4 * i;
-        struct limiter_result *r = &c->res.r[q->idx[i]];
-        r->allowed = e[0]->integer != 0;
-        r->limit = c->params[q->idx[i]].limit;
-        r->remaining = e[1]->integer;
-        r->reset_ms = e[2]->integer;
-        r->retry_ms = e[3]->integer;
-    }
-    if (with_marks) {
-        redisReply **e = reply->element + 1 + 4 * q->n;
-        q->time_s = e[0]->integer;
-        q->time_us = e[1]->integer;
-        for (int i = 0; i < q->n; i++)
-            q->mark[i] = e[2 + i]->integer;
-    }
-    redisReply **lim = reply->element + want - nlim;
-    for (size_t i = 0; i < nlim; i++) {
-        c->res.r[q->idx[i]].limit = lim[i]->integer;
-        c->params[q->idx[i]].limit = lim[i]->integer;   /* a refund caps at it */
-    }
-    return 0;
 }
 
 /* ---- refunds ---------------------------------------------------------------- */
@@ -1231,7 +1205,7 @@ static void store_refund(struct store_call *c, const struct store_req *g)
         li[i] = g->idx[k[i]];
         marks[i] = g->mark[k[i]];
     }
-    store_encode_evalsha(q, c, refund_lua_sha, li, n, NULL, times, 2, marks);
+    store_encode_evalsha(q, c, refund_lua_sha, li, n, times, 2, marks);
     q->next = s->refunds;
     if (s->refunds != NULL)
         s->refunds->prev = q;
@@ -1264,7 +1238,7 @@ void store_give_back(struct store *s, const struct store_limit *l)
     q->s = s;
     q->slot = s->mode == STORE_CLUSTER ? store_slot(l->key, l->keylen) : -1;
     q->deadline_ms = clock_ms() + STORE_REFUND_BUDGET_MS;
-    store_encode_evalsha(q, &tmp, refund_lua_sha, li, 1, NULL, times, 2, marks);
+    store_encode_evalsha(q, &tmp, refund_lua_sha, li, 1, times, 2, marks);
     q->next = s->refunds;
     if (s->refunds != NULL)
         s->refunds->prev = q;
@@ -1400,6 +1374,12 @@ static int req_dispatch(struct store_req *q)
         return 0;
     }
     q->asked = q->ask != NULL;
+    if (q->call != NULL) {
+        /* a decision: sent in the node's batch at the end of this iteration */
+        q->ask = NULL;              /* ASK holds for this one command only */
+        store_batch_add(n, q);
+        return 0;
+    }
     if (q->asked) {
         q->ask = NULL;              /* ASK holds for this one command only */
         if (rconn_send(n->ac, "*1\r\n$6\r\nASKING\r\n", 16, req_asking_cb, NULL) != 0)
@@ -1527,17 +1507,17 @@ static enum store_status store_error_status(struct store *s, struct store_node *
     return STORE_OOM;
 }
 
-static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata)
+static void store_parse_batch(struct store_req *q, const redisReply *reply, size_t at,
+                              int marks);
+
+/* One request's share of a reply, its own (a refund) or its batch's (a
+ * decision, whose fields start at `at`; readable: the batch reply has the
+ * shape limit.lua gives): a lost connection, an error reply, or its
+ * decisions. */
+static void req_take(struct store_req *q, struct store_node *n, const redisReply *reply,
+                     int readable, size_t at, int marks)
 {
-    struct store_req *q = privdata;
     struct store *s = q->s;
-    struct store_node *n = rconn_data(ac);
-    q->in_hiredis = 0;
-    if (s->destroying)
-        return;                 /* store_destroy() frees everything */
-    node_got_reply(n);
-    if (reply == NULL)
-        node_set_ready(n, 0);   /* the connection is going away */
     if (req_abandoned(q)) {
         req_settle(q);
         return;
@@ -1558,15 +1538,31 @@ static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata)
         }
     } else if (q->call == NULL) {
         q->done = 1;            /* a refund: its count needs no check */
-    } else if (store_parse(q, reply, q->call->nreq > 1) != 0) {
+    } else if (!readable) {
         log_debug("store: unexpected reply from '%s'", n->name);
         req_finish(q, STORE_ERROR);
     } else {
+        store_parse_batch(q, reply, at, marks);
         q->done = 1;
         if (--q->call->pending == 0)
             store_call_complete(q->call);
     }
     req_settle(q);
+}
+
+/* A refund's reply (decisions come back in batches: store_batch_cb). */
+static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata)
+{
+    struct store_req *q = privdata;
+    struct store *s = q->s;
+    struct store_node *n = rconn_data(ac);
+    q->in_hiredis = 0;
+    if (s->destroying)
+        return;                 /* store_destroy() frees everything */
+    node_got_reply(n);
+    if (reply == NULL)
+        node_set_ready(n, 0);   /* the connection is going away */
+    req_take(q, n, reply, 1, 0, 0);
 }
 
 /* A timed-out call is answered now; late replies only release it. When
@@ -1592,6 +1588,373 @@ static void store_timeout_cb(evutil_socket_t fd, short what, void *arg)
     for (int i = 0; i < nstalled; i++)
         if (stalled[i]->ac != NULL)
             node_drop(stalled[i], "no reply within twice the timeout");
+}
+
+/* ---- batches: one EVALSHA per node (and slot) per loop iteration ------------ */
+
+static struct store_batch *store_batch_new(struct store *s, struct store_node *n, int slot,
+                                           int asked)
+{
+    struct store_batch *b = s->free_batches;
+    if (b != NULL) {
+        s->free_batches = b->next;
+    } else {
+        b = mem_calloc(1, sizeof(*b));
+        b->s = s;
+        b->all_next = s->all_batches;
+        s->all_batches = b;
+    }
+    b->node = n;
+    b->slot = slot;
+    b->asked = asked;
+    b->n = 0;
+    b->key_bytes = 0;
+    b->next = NULL;
+    if (s->open_tail != NULL)
+        s->open_tail->next = b;
+    else
+        s->open = b;
+    s->open_tail = b;
+    return b;
+}
+
+static void store_batch_free(struct store_batch *b)
+{
+    struct store *s = b->s;
+    b->n = 0;
+    b->next = s->free_batches;
+    s->free_batches = b;
+}
+
+/* Append q (a call's limits of one slot) to the open batch of its node and
+ * slot; a full batch is closed and another opened. ASK'd requests go alone
+ * (ASKING holds for one command). Sent by store_flush_cb. */
+static void store_batch_add(struct store_node *n, struct store_req *q)
+{
+    struct store *s = q->s;
+    const struct store_call *c = q->call;
+    struct store_batch **open = q->asked ? NULL :
+                                s->mode == STORE_CLUSTER ? &s->slot_open[q->slot] : &s->single_open;
+    size_t bytes = 0, sl = s->rc.overrides ? sizeof(STORE_OVERRIDE_SUFFIX) - 1 : 0;
+    for (int i = 0; i < q->n; i++)
+        bytes += c->klen[q->idx[i]] * (sl ? 2 : 1) + sl;
+    struct store_batch *b = open != NULL ? *open : NULL;
+    if (b != NULL && (b->node != n || b->n == STORE_BATCH_MAX ||
+                      b->key_bytes + bytes > STORE_BATCH_KEY_BYTES))
+        b = NULL;
+    if (b == NULL) {
+        b = store_batch_new(s, n, q->slot, q->asked);
+        if (open != NULL)
+            *open = b;
+    }
+    b->req[b->n] = q;
+    b->marks[b->n] = c->nreq > 1;
+    b->n++;
+    b->key_bytes += bytes;
+    q->in_hiredis = 1;          /* held by the batch, then by the connection */
+    q->node = n;
+    event_active(s->flush_ev, EV_TIMEOUT, 0);
+}
+
+/* FNV-1a, for the encoder's two small tables. */
+static uint32_t store_hash(const void *p, size_t len, uint32_t h)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ b[i]) * 16777619u;
+    return h;
+}
+
+/* The index of key k among the batch's distinct keys (added when new). */
+static int enc_key(struct store_batch_enc *e, const char *k, size_t len, int16_t *slots)
+{
+    uint32_t i = store_hash(k, len, 2166136261u) & (STORE_BATCH_HASH - 1);
+    for (;; i = (i + 1) & (STORE_BATCH_HASH - 1)) {
+        int x = e->khash[i];
+        if (x == 0) {
+            e->kp[e->nk] = k;
+            e->kl[e->nk] = len;
+            slots[e->nk] = (int16_t)i;
+            e->khash[i] = (int16_t)++e->nk;
+            return e->nk - 1;
+        }
+        if (e->kl[x - 1] == len && memcmp(e->kp[x - 1], k, len) == 0)
+            return x - 1;
+    }
+}
+
+/* A limit's parameter set as limit.lua takes it: a delay (flag 4) goes in
+ * the window's place; a concurrency limit's interval is not sent (its slot
+ * id travels per request: the set stays shared). */
+static void enc_values(const struct limiter_params *lp, int64_t *f)
+{
+    f[0] = (int64_t)lp->algo;
+    f[1] = lp->limit;
+    f[2] = lp->delay_ms > 0 ? lp->delay_ms : lp->window_ms;
+    f[3] = lp->algo == LIMITER_CONCURRENCY ? 0 : lp->interval_us;
+}
+
+/* The index of lp among the batch's distinct parameter sets. */
+static int enc_param(struct store_batch_enc *e, const struct limiter_params *lp, int16_t *slots)
+{
+    int64_t f[4];
+    enc_values(lp, f);
+    uint32_t i = store_hash(f, sizeof(f), 2166136261u) & (STORE_BATCH_HASH - 1);
+    for (;; i = (i + 1) & (STORE_BATCH_HASH - 1)) {
+        int x = e->phash[i];
+        if (x == 0) {
+            memcpy(e->pv[e->np], f, sizeof(f));
+            slots[e->np] = (int16_t)i;
+            e->phash[i] = (int16_t)++e->np;
+            return e->np - 1;
+        }
+        if (memcmp(e->pv[x - 1], f, sizeof(f)) == 0)
+            return x - 1;
+    }
+}
+
+/* The flags limit.lua takes for limit li of c: shadow and check only,
+ * 4 delay, 8 override (an override key index follows). */
+static int64_t enc_flags(const struct store *s, const struct store_call *c, int li)
+{
+    return (int64_t)c->flags[li] | (c->params[li].delay_ms > 0 ? 4 : 0) |
+           (s->rc.overrides ? 8 : 0);
+}
+
+/* limit.lua's batch call into s->bcmd, returning its length:
+ *   EVALSHA sha K key_1..key_K d P (algo limit window_ms interval_us)*P
+ *           R (m (ref cost [slot] [ovr])*|m|)*R
+ * with ref = (key * P + param) * 16 + flags (0-based indexes), slot the
+ * concurrency slot id, ovr the 1-based index of the override key (flag 8,
+ * redis.overrides), and m < 0 for a request whose reply must carry refund
+ * marks. See limit.lua. */
+static size_t store_batch_encode(struct store_batch *b)
+{
+    struct store *s = b->s;
+    struct store_batch_enc *e = s->enc;
+    int16_t *kslots = e->kslot, *pslots = e->pslot;
+    int ne = 0, extra = 0;
+    size_t sl = sizeof(STORE_OVERRIDE_SUFFIX) - 1;
+    e->nk = e->np = 0;
+    for (int i = 0; i < b->n; i++) {
+        const struct store_req *q = b->req[i];
+        const struct store_call *c = q->call;
+        for (int j = 0; j < q->n; j++, ne++) {
+            int li = q->idx[j];
+            e->ki[ne] = enc_key(e, c->keys + c->koff[li], c->klen[li], kslots);
+            e->pi[ne] = enc_param(e, &c->params[li], pslots);
+            e->oi[ne] = -1;
+            if (s->rc.overrides) {
+                e->oi[ne] = enc_key(e, c->keys + c->ooff[li], c->klen[li] + sl, kslots);
+                extra++;
+            }
+            if (c->params[li].algo == LIMITER_CONCURRENCY)
+                extra++;
+        }
+    }
+    size_t key_bytes = 0;
+    for (int k = 0; k < e->nk; k++)
+        key_bytes += e->kl[k];
+    int argc = 3 + e->nk + 2 + 4 * e->np + 1 + b->n + 2 * ne + extra;
+    /* 24 bytes of bulk framing per argument bound every number's digits too */
+    size_t need = 16 + (size_t)argc * (24 + 24) + key_bytes + 80;
+    if (s->bcmdcap < need) {
+        free(s->bcmd);
+        s->bcmd = mem_alloc(need);
+        s->bcmdcap = need;
+    }
+    char *p = store_put_header(s->bcmd, argc);
+    p = store_put_bulk(p, "EVALSHA", 7);
+    p = store_put_bulk(p, limit_lua_sha, strlen(limit_lua_sha));
+    p = store_put_int(p, e->nk);
+    for (int k = 0; k < e->nk; k++)
+        p = store_put_bulk(p, e->kp[k], e->kl[k]);
+    p = store_put_bulk(p, "d", 1);
+    p = store_put_int(p, e->np);
+    for (int k = 0; k < e->np; k++)
+        for (int f = 0; f < 4; f++)
+            p = store_put_int(p, e->pv[k][f]);
+    p = store_put_int(p, b->n);
+    ne = 0;
+    for (int i = 0; i < b->n; i++) {
+        const struct store_req *q = b->req[i];
+        const struct store_call *c = q->call;
+        p = store_put_int(p, b->marks[i] ? -q->n : q->n);
+        for (int j = 0; j < q->n; j++, ne++) {
+            int li = q->idx[j];
+            int64_t ref = ((int64_t)e->ki[ne] * e->np + e->pi[ne]) * 16 + enc_flags(s, c, li);
+            p = store_put_int(p, ref);
+            p = store_put_int(p, c->cost[li]);
+            if (c->params[li].algo == LIMITER_CONCURRENCY)
+                p = store_put_int(p, c->slot[li]);
+            if (e->oi[ne] >= 0)
+                p = store_put_int(p, e->oi[ne] + 1);
+        }
+    }
+    for (int k = 0; k < e->nk; k++)
+        e->khash[kslots[k]] = 0;
+    for (int k = 0; k < e->np; k++)
+        e->phash[pslots[k]] = 0;
+    size_t len = (size_t)(p - s->bcmd);
+    assert(len <= s->bcmdcap);
+    return len;
+}
+
+/* How many integers limit.lua answers for limit li of c: v, reset_ms
+ * [, mark] [, wait_ms (delay)] [, limit (overrides)]. */
+static size_t store_reply_width(const struct store *s, const struct store_call *c, int li,
+                                int marks)
+{
+    return 2 + (marks ? 1 : 0) + (c->params[li].delay_ms > 0 ? 1 : 0) +
+           (s->rc.overrides ? 1 : 0);
+}
+
+static size_t store_req_width(const struct store_req *q, int marks)
+{
+    size_t w = 0;
+    for (int i = 0; i < q->n; i++)
+        w += store_reply_width(q->s, q->call, q->idx[i], marks);
+    return w;
+}
+
+/* The reply is { time_s, time_us, then per request and limit: v, reset_ms
+ * [, mark] [, wait_ms] [, limit] }, all integers. */
+static int store_batch_readable(const struct store_batch *b, const redisReply *reply)
+{
+    size_t want = 2;
+    for (int i = 0; i < b->n; i++)
+        want += store_req_width(b->req[i], b->marks[i]);
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != want)
+        return 0;
+    for (size_t i = 0; i < reply->elements; i++)
+        if (reply->element[i]->type != REDIS_REPLY_INTEGER)
+            return 0;
+    return 1;
+}
+
+/* Request q's fields of a readable batch reply, from `at`: v = remaining
+ * when the limit allows, -retry_ms when it denies; an admitted delayed
+ * request's retry_ms is its wait. The limit an override applied is kept in
+ * c->params too: a refund caps at it. */
+static void store_parse_batch(struct store_req *q, const redisReply *reply, size_t at,
+                              int marks)
+{
+    struct store_call *c = q->call;
+    q->allowed = 1;
+    for (int i = 0; i < q->n; i++) {
+        redisReply **e = reply->element + at;
+        int li = q->idx[i];
+        struct limiter_result *r = &c->res.r[li];
+        long long v = e[0]->integer;
+        size_t x = 2;
+        at += store_reply_width(q->s, c, li, marks);
+        r->allowed = v >= 0;
+        r->remaining = v >= 0 ? v : 0;
+        r->reset_ms = e[1]->integer;
+        r->retry_ms = v >= 0 ? 0 : v < -INT64_MAX ? INT64_MAX : -v;
+        if (!r->allowed && !(c->flags[li] & STORE_SHADOW))
+            q->allowed = 0;
+        if (marks)
+            q->mark[i] = e[x++]->integer;
+        if (c->params[li].delay_ms > 0 && v >= 0)
+            r->retry_ms = e[x]->integer;
+        if (c->params[li].delay_ms > 0)
+            x++;
+        if (q->s->rc.overrides)
+            c->params[li].limit = e[x]->integer;
+        r->limit = c->params[li].limit;
+    }
+    if (marks) {
+        q->time_s = reply->element[0]->integer;
+        q->time_us = reply->element[1]->integer;
+    }
+}
+
+static void store_batch_cb(struct rconn *ac, redisReply *reply, void *privdata)
+{
+    struct store_batch *b = privdata;
+    struct store *s = b->s;
+    struct store_node *n = rconn_data(ac);
+    if (s->destroying)
+        return;                 /* store_destroy() frees every batch */
+    node_got_reply(n);
+    if (reply == NULL)
+        node_set_ready(n, 0);   /* the connection is going away */
+    int readable = reply != NULL && reply->type != REDIS_REPLY_ERROR &&
+                   store_batch_readable(b, reply);
+    size_t at = 2;
+    for (int i = 0; i < b->n; i++) {
+        struct store_req *q = b->req[i];
+        size_t mine = at;
+        /* q's call may be reused by a callback once q is released */
+        at += store_req_width(q, b->marks[i]);
+        q->in_hiredis = 0;
+        req_take(q, n, reply, readable, mine, b->marks[i]);
+    }
+    store_batch_free(b);
+}
+
+/* A batch that could not be sent: its requests wait for the map (cluster)
+ * or for the connection being made, or fail, as a request that finds its
+ * node down does. */
+static void store_batch_unsent(struct store_batch *b)
+{
+    struct store *s = b->s;
+    for (int i = 0; i < b->n; i++) {
+        struct store_req *q = b->req[i];
+        q->in_hiredis = 0;
+        if (!req_abandoned(q)) {
+            if (s->mode == STORE_CLUSTER) {
+                store_refresh_soon(s);
+                req_wait(q);
+            } else if (store_connecting(s)) {
+                req_wait(q);        /* sent when the connection is up */
+            } else {
+                req_finish(q, STORE_ERROR);
+            }
+        }
+        req_settle(q);
+    }
+    store_batch_free(b);
+}
+
+static void store_batch_send(struct store_batch *b)
+{
+    struct store_node *n = b->node;
+    if (!n->ready || n->ac == NULL)
+        goto fail;
+    size_t len = store_batch_encode(b);
+    if (b->asked) {
+        if (rconn_send(n->ac, "*1\r\n$6\r\nASKING\r\n", 16, req_asking_cb, NULL) != 0)
+            goto fail;
+        node_expect_reply(n);
+    }
+    if (rconn_send(n->ac, b->s->bcmd, len, store_batch_cb, b) != 0)
+        goto fail;
+    node_expect_reply(n);
+    metrics_batch(b->n);
+    return;
+fail:
+    log_debug("store: batch of %d not sent to '%s': not connected", b->n, n->name);
+    store_batch_unsent(b);
+}
+
+/* Every batch opened since the last flush goes out, in order. Callbacks of
+ * unsent ones may open new batches: those wait for the next flush. */
+static void store_flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct store *s = arg;
+    struct store_batch *b = s->open;
+    s->open = s->open_tail = NULL;
+    s->single_open = NULL;
+    for (struct store_batch *x = b; x != NULL; x = x->next)
+        if (s->slot_open != NULL && x->slot >= 0 && s->slot_open[x->slot] == x)
+            s->slot_open[x->slot] = NULL;
+    while (b != NULL) {
+        struct store_batch *next = b->next;
+        store_batch_send(b);
+        b = next;
+    }
 }
 
 /* ---- interface -------------------------------------------------------------- */
@@ -1690,8 +2053,12 @@ struct store *store_create(struct event_base *base, const struct conf_redis *rc)
         s->owner[i] = -1;
     s->refresh_ev = store_timer(s, store_refresh_cb, s);
     s->periodic_ev = event_new(base, -1, EV_PERSIST, store_periodic_cb, s);
-    if (s->periodic_ev == NULL)
+    s->flush_ev = event_new(base, -1, 0, store_flush_cb, s);
+    if (s->periodic_ev == NULL || s->flush_ev == NULL)
         abort();
+    s->enc = mem_calloc(1, sizeof(*s->enc));
+    if (rc->ncluster > 0)
+        s->slot_open = mem_calloc(STORE_SLOTS, sizeof(*s->slot_open));
     if (rc->ncluster > 0) {
         s->mode = STORE_CLUSTER;
         store_parse_seeds(s, s->rc.cluster, s->rc.ncluster);
@@ -1787,6 +2154,15 @@ void store_destroy(struct store *s)
         free(c->keys);
         free(c);
     }
+    while (s->all_batches != NULL) {
+        struct store_batch *x = s->all_batches;
+        s->all_batches = x->all_next;
+        free(x);
+    }
+    event_free(s->flush_ev);
+    free(s->slot_open);
+    free(s->enc);
+    free(s->bcmd);
     event_free(s->refresh_ev);
     event_free(s->periodic_ev);
     for (int i = 0; i < s->nseeds; i++)
@@ -1815,9 +2191,11 @@ void store_destroy(struct store *s)
  * store_decide() returns. */
 static void store_call_copy(struct store_call *c, const struct store_limit *limits, int n)
 {
-    size_t total = 0;
+    /* with redis.overrides each key is followed by its override key */
+    size_t sl = sizeof(STORE_OVERRIDE_SUFFIX) - 1, total = 0;
+    int ovr = c->s->rc.overrides;
     for (int i = 0; i < n; i++)
-        total += limits[i].keylen;
+        total += limits[i].keylen * (ovr ? 2 : 1) + (ovr ? sl : 0);
     if (c->keycap < total || c->keys == NULL) {
         free(c->keys);
         c->keycap = total > 64 ? total : 64;
@@ -1833,6 +2211,12 @@ static void store_call_copy(struct store_call *c, const struct store_limit *limi
         c->klen[i] = limits[i].keylen;
         memcpy(c->keys + off, limits[i].key, limits[i].keylen);
         off += limits[i].keylen;
+        c->ooff[i] = off;
+        if (ovr) {
+            memcpy(c->keys + off, limits[i].key, limits[i].keylen);
+            memcpy(c->keys + off + limits[i].keylen, STORE_OVERRIDE_SUFFIX, sl);
+            off += limits[i].keylen + sl;
+        }
     }
     c->n = n;
 }
@@ -1881,7 +2265,6 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
     store_call_copy(c, limits, n);
     store_call_group(c);
     for (int g = 0; g < c->nreq; g++) {
-        store_encode(&c->req[g], c->nreq > 1 ? 'c' : 'd');
         if (req_dispatch(&c->req[g]) != 0) {
             /* outside a cluster: the only request; nothing was sent */
             assert(c->nreq == 1);

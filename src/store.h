@@ -1,10 +1,12 @@
 /* sluice - store.h: rate-limit decisions in Redis.
  *
  * One store is one Redis connection (rconn.h) on one event base (one per
- * worker), with its own resolver (evdns) and TLS context. Every decision is one EVALSHA of scripts/limit.lua carrying all
- * limits of a route: the script reads Redis TIME, decides every limit, and
- * consumes from all of them only when all allow. Calls from concurrent
- * requests are pipelined on the connection. The store reconnects by itself
+ * worker), with its own resolver (evdns) and TLS context. A decision
+ * carries all limits of a route: scripts/limit.lua reads Redis TIME,
+ * decides every limit, and consumes from all of them only when all allow.
+ * The decisions made in one event-loop iteration travel to a node in one
+ * EVALSHA (a batch, per slot on a cluster, at most 64), sent once the
+ * iteration's callbacks have run. The store reconnects by itself
  * with backoff, reloads the script on NOSCRIPT, and times each call out after
  * redis.timeout.
  *
@@ -37,7 +39,8 @@ struct store_limit {
     int64_t cost;               /* units this request consumes, >= 1 */
     unsigned flags;             /* STORE_SHADOW, STORE_CHECK_ONLY */
     int64_t slot;               /* concurrency: this request's slot id (1..2^53-1),
-                                 * sent as the interval argument; 0 otherwise */
+                                 * sent per request in the batch, out of the
+                                 * shared parameter set; 0 otherwise */
 };
 
 /* A shadow limit is decided and consumed like the others but its denial

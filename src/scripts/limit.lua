@@ -1,53 +1,67 @@
--- sluice - limit.lua: every limit of one request, decided atomically in Redis.
+-- sluice - limit.lua: the limits of a batch of requests, decided atomically in Redis.
 --
--- One EVALSHA carries all limits of a route. Phase 1 reads every limit's key
--- (one MGET) and decides each without writing; phase 2 consumes from every
--- limit only when all of them allow, so a denied request costs nothing
--- anywhere. Time is Redis TIME, read once, so several proxies agree. Every
--- key written gets its expiry here, in the same SET: none can live without
--- a TTL.
+-- One EVALSHA carries every request a worker decided on one node in one
+-- loop iteration (store.c's batches), each with all the limits of its route
+-- that live there. Requests are decided in order; each is all or nothing:
+-- phase 1 decides each of its limits without writing, phase 2 consumes from
+-- every one only when all allow, so a denied request costs nothing
+-- anywhere. A later request of the batch sees what the earlier ones
+-- consumed (the STRING values are kept in a table, the writes are made at
+-- the end, one SET per key written). Time is Redis TIME, read once per call,
+-- so several proxies agree. Every key written gets its expiry in this
+-- script: none can live without a TTL.
 --
--- Call:   EVALSHA sha N key1..keyN  mode N  (algo limit window_ms interval_us cost flags) x N
---   ARGV[1]             mode: "d" = decide and consume; "t" = the same on a
---                       fake clock, for tests only (the proxy never sends
---                       it): one more ARGV, last, is now_us; "c" = as "d",
---                       and the reply also carries what refund.lua needs
---                       to give the consumption back (Redis Cluster: the
---                       limits of a route decided in several slots)
---   ARGV[2]             N, equal to #KEYS
---   ARGV[3+6*(i-1)]     algo: 0 fixed_window, 1 sliding_window, 2 sliding_log,
---                             3 token_bucket, 4 gcra, 5 concurrency
---                             (enum limiter_algo)
---   ARGV[4+6*(i-1)]     limit: requests per window, or the burst (bucket, gcra)
---   ARGV[5+6*(i-1)]     window_ms (window algorithms; ignored otherwise)
---   ARGV[6+6*(i-1)]     interval_us: microseconds per token (bucket, gcra)
---   ARGV[7+6*(i-1)]     cost: units this request consumes (>= 1)
---   ARGV[8+6*(i-1)]     flags: 1 shadow (its denial does not deny the request;
---                       it consumes when it allows and the request passes),
---                       2 check only (may deny; never consumes here),
---                       4 delay (token_bucket, gcra: window_ms carries the
---                       delay in ms; see "Delay" below)
---   concurrency (algo 5): limit = slots, window_ms = the lease in ms,
---                       interval_us = this request's slot id (an integer
---                       below 2^53, unique per request); cost is ignored
---                       (one slot per request). See "Concurrency" below.
--- Run-time overrides (the admin API): the call may carry 2N keys instead
---   of N; then KEYS[N+i] is limit i's override key (its counter key and
---   ":ovr"), a STRING "ALGO LIMIT INTERVAL_US" set by an operator. When
---   present and ALGO is limit i's algo, LIMIT replaces its limit (the burst
---   for bucket and gcra) and, for bucket and gcra, INTERVAL_US (>= 1) its
---   interval; the window stays. With 2N keys the reply ends with one more
---   integer per limit: the limit (or burst) it applied. A concurrency
---   limit takes LIMIT only (its interval carries the slot id).
--- Reply:  { allowed, then per limit: allowed_i, remaining_i, reset_ms_i, retry_ms_i }
---   mode "c" appends { time_s, time_us, then per limit: mark_i }: the TIME
---   this script ran at, and per limit the window index (fixed_window,
---   sliding_window), the count before this request (sliding_log: its
---   members are "time_s.time_us-(mark+j)", j = 1..cost), or 0 (bucket, gcra)
---   all integers; retry_ms_i is 0 for an allowing limit and >= 1 otherwise;
---   allowed is 1 when every limit that is not shadow allows; then each
---   allowing limit that is not check-only is consumed. Limits that are not
---   consumed report their unconsumed state.
+-- Call:   EVALSHA sha K key_1..key_K  mode P (algo limit window_ms interval_us) x P
+--                 R (m (ref cost) x |m|) x R  [now_us]
+--   K keys          the batch's distinct keys (the caller deduplicates them:
+--                   two requests of one key name it once)
+--   mode            "d" = decide and consume; "t" = the same on a fake
+--                   clock, for tests only (the proxy never sends it): one
+--                   more ARGV, last, is now_us
+--   P               distinct limit parameter sets in the batch, each sent once:
+--     algo          0 fixed_window, 1 sliding_window, 2 sliding_log,
+--                   3 token_bucket, 4 gcra, 5 concurrency (enum limiter_algo)
+--     limit         requests per window, the burst (bucket, gcra), or the
+--                   slots (concurrency)
+--     window_ms     window algorithms; the delay in ms for a limit sent with
+--                   flag 4 (bucket, gcra); the lease in ms (concurrency)
+--     interval_us   microseconds per token (bucket, gcra); ignored otherwise
+--   R               requests in the batch (>= 1), then per request:
+--     m             its limits (1..16); negative (-m): also reply the marks
+--                   refund.lua needs (Redis Cluster: a route decided in
+--                   several slots)
+--     per limit:    ref cost [slot] [ovr]
+--     ref           ((key index - 1) * P + (param index - 1)) * 16 + flags,
+--                   indexes 1-based into KEYS and the P sets; flags: 1 shadow
+--                   (its denial does not deny the request; it consumes when
+--                   it allows and the request passes), 2 check only (may
+--                   deny; never consumes here), 4 delay (see "Delay"),
+--                   8 override (an ovr index follows; see below)
+--     cost          units this request consumes from the limit (>= 1;
+--                   concurrency: ignored, one slot per request)
+--     slot          concurrency only: this request's slot id (an integer
+--                   below 2^53, unique per request), kept out of the shared
+--                   parameter set
+--     ovr           flag 8 only: the index in KEYS of the limit's run-time
+--                   override key (its counter key and ":ovr"), a STRING
+--                   "ALGO LIMIT INTERVAL_US" set by an operator (the admin
+--                   API). When present and ALGO is the limit's algo, LIMIT
+--                   replaces its limit (the burst for bucket and gcra; the
+--                   slots for concurrency) and, for bucket and gcra,
+--                   INTERVAL_US (>= 1) its interval; the window stays.
+-- Reply:  { time_s, time_us, then per request, per limit:
+--           v, reset_ms [, mark] [, wait_ms] [, limit] }
+--   v = remaining (>= 0) when the limit allows, -retry_ms (<= -1) when it
+--   denies; a request is allowed when every limit that is not shadow allows
+--   (the caller knows the flags), and then each allowing limit that is not
+--   check-only is consumed. Limits that are not consumed report their
+--   unconsumed state. mark (only when m < 0): the window index
+--   (fixed_window, sliding_window), the count before this request
+--   (sliding_log: its members are "time_s.time_us-(mark+j)", j = 1..cost),
+--   the slot id (concurrency) or 0 (bucket, gcra); wait_ms (flag 4 only):
+--   how long the proxy holds an admitted request (0: it passes at once);
+--   limit (flag 8 only): the limit (or burst) applied; time_s, time_us: the
+--   TIME this script ran at. All integers.
 --
 -- Key layouts (one key per limit, so each lives under its one hash tag).
 -- Every algorithm but sliding_log keeps one STRING, so one MGET reads all
@@ -59,7 +73,10 @@
 --   token_bucket    STRING "B<last refill, us> <tokens>" (tokens as %.17g:
 --                   the double round-trips exactly, as the C limiter keeps it)
 --   gcra            STRING "<theoretical arrival time, us>"
---   sliding_log     ZSET, one member per admitted unit, score = ms admitted
+--   sliding_log     ZSET, one member per admitted unit, score = ms admitted;
+--                   written at once, in the request's phase 2
+--   concurrency     ZSET of slot ids scored by lease expiry (ms); written at
+--                   once, in the request's phase 2
 -- A key of another type or layout (an algorithm changed by a reload, or a
 -- key of an older sluice) reads as absent and is replaced on the next
 -- write instead of failing every request: MGET answers nil for a key that
@@ -70,29 +87,104 @@
 -- Delay (flag 4, token_bucket and gcra): a request that would pass within
 -- the delay is admitted now and its future slot reserved here: gcra's TAT
 -- runs up to delay past now + burst, the bucket's tokens go negative down to
--- -delay/interval. Its retry_ms_i is then the wait (ms, >= 1), which the
--- proxy holds it for; 0 when it passes at once. A denial's retry_ms_i is
--- until it would pass with the delay.
+-- -delay/interval. Its wait_ms is then the wait (>= 1), which the proxy
+-- holds it for; 0 when it passes at once. A denial's retry is until it
+-- would pass with the delay.
 --
--- Concurrency (algo 5): ZSET of slot ids scored by lease expiry (ms). Expired
--- slots leave (ZREMRANGEBYSCORE -inf now_ms), then ZCARD counts the others;
--- admitted: ZADD now+lease and PEXPIRE lease. A slot id already in the set
--- (a renewal) stays admitted and gets its new lease. Denied: retry_ms 1000.
--- The proxy gives a slot back with refund.lua (ZREM) when the request ends.
--- Mode "c" reports the slot id as the mark.
+-- Concurrency (algo 5): expired slots leave (ZREMRANGEBYSCORE -inf now_ms),
+-- then ZCARD counts the others; admitted: ZADD now+lease and PEXPIRE lease.
+-- A slot id already in the set (a renewal) stays admitted and gets its new
+-- lease. Denied: retry 1000 ms. The proxy gives a slot back with
+-- refund.lua (ZREM) when the request ends.
 --
--- The hot path makes no closures and no tables per limit: the decisions
--- go straight into the reply, and the planned writes into one flat table.
--- Redis 6.2 or later (SET PXAT); scripts replicate by their effects there.
+-- Every argument is checked before anything is written. The hot path makes
+-- no closures, no pcall (but sliding_log's ZCOUNT) and no tables per limit:
+-- one flat loop over every limit of every request, scratch tables reused
+-- per request. Redis 6.2 or later (SET PXAT); scripts replicate by their
+-- effects there.
 
 local floor, ceil, format, match = math.floor, math.ceil, string.format, string.match
+local tonumber = tonumber
 
-local mode, n, nargv, nk = ARGV[1], tonumber(ARGV[2]), #ARGV, #KEYS
-if mode ~= 'd' and mode ~= 't' and mode ~= 'c' then
+local mode, np, nargv = ARGV[1], tonumber(ARGV[2]), #ARGV
+if mode == 't' then
+    nargv = nargv - 1
+elseif mode ~= 'd' then
     return redis.error_reply('ERR sluice limit.lua: unknown mode')
 end
-if n == nil or (nk ~= n and nk ~= 2 * n) or n < 1
-        or nargv ~= 2 + 6 * n + (mode == 't' and 1 or 0) then
+local nk = #KEYS
+if np == nil or np < 1 or np % 1 ~= 0 or nk < 1 or nargv < 3 + 4 * np then
+    return redis.error_reply('ERR sluice limit.lua: bad argument count')
+end
+
+-- The parameter sets, checked once each.
+local pa, pl, pw, pi = {}, {}, {}, {}
+for p = 1, np do
+    local a = 4 * p - 1
+    local algo, L, W, I = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+                          tonumber(ARGV[a + 3])
+    if algo == nil or L == nil or W == nil or I == nil or algo % 1 ~= 0 or L % 1 ~= 0
+            or W % 1 ~= 0 or I % 1 ~= 0 or algo < 0 or L < 0 or W < 0 or I < 0 then
+        return redis.error_reply('ERR sluice limit.lua: bad limit ' .. p)
+    end
+    if algo > 5 then
+        return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. p)
+    end
+    if (algo <= 2 or algo == 5) and W < 1 then
+        return redis.error_reply('ERR sluice limit.lua: bad window ' .. p)
+    end
+    if (algo == 3 or algo == 4) and I < 1 then
+        return redis.error_reply('ERR sluice limit.lua: bad interval ' .. p)
+    end
+    pa[p], pl[p], pw[p], pi[p] = algo, L, W, I
+end
+
+-- The requests: counts and references, checked before any write.
+local a0 = 3 + 4 * np
+local nr = tonumber(ARGV[a0])
+if nr == nil or nr < 1 or nr % 1 ~= 0 then
+    return redis.error_reply('ERR sluice limit.lua: bad request count')
+end
+local refmax, ne, a = 16 * nk * np, 0, a0 + 1
+for r = 1, nr do
+    local m = tonumber(ARGV[a])
+    if m == nil or m % 1 ~= 0 or m == 0 or m > 16 or m < -16 then
+        return redis.error_reply('ERR sluice limit.lua: bad limit count ' .. r)
+    end
+    if m < 0 then m = -m end
+    a = a + 1
+    for j = 1, m do
+        local ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+        if ref == nil or c == nil or ref % 1 ~= 0 or c % 1 ~= 0 or ref < 0 or ref >= refmax
+                or c < 1 then
+            return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
+        end
+        local f = ref % 16
+        local p = ((ref - f) / 16) % np + 1
+        a = a + 2
+        if pa[p] == 5 then                   -- the slot id
+            local x = tonumber(ARGV[a])
+            if f % 8 >= 4 or x == nil or x % 1 ~= 0 or x < 1 then
+                return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
+            end
+            a = a + 1
+        elseif f % 8 >= 4 and pa[p] ~= 3 and pa[p] ~= 4 then
+            return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
+        end
+        if f >= 8 then                       -- the override key's index
+            local x = tonumber(ARGV[a])
+            if x == nil or x % 1 ~= 0 or x < 1 or x > nk then
+                return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
+            end
+            a = a + 1
+        end
+        if a > nargv + 1 then
+            return redis.error_reply('ERR sluice limit.lua: bad argument count')
+        end
+    end
+    ne = ne + m
+end
+if a ~= nargv + 1 then
     return redis.error_reply('ERR sluice limit.lua: bad argument count')
 end
 
@@ -101,7 +193,7 @@ local now_us = t[1] * 1000000 + t[2]
 -- Mode "t" (test_limiter_table.py runs the shared table of cases through
 -- this script): only the time differs from "d".
 if mode == 't' then
-    now_us = tonumber(ARGV[nargv])
+    now_us = tonumber(ARGV[#ARGV])
     if now_us == nil or now_us % 1 ~= 0 then
         return redis.error_reply('ERR sluice limit.lua: bad time')
     end
@@ -109,49 +201,55 @@ end
 local now_ms = floor(now_us / 1000)
 
 -- MGET, not GET: it answers nil for a key of another type instead of
--- failing. One limit (the common case), unless it is a sliding_log or mode
--- "c", is decided, written and answered in place.
+-- failing. vals[k] is then key k's value as the requests decided so far
+-- left it; wo[k], we[k] its write still due (option, expiry).
 local vals
 if nk == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET', unpack(KEYS)) end
-local limits = nk == 2 * n and {} or nil   -- override keys sent: the limits applied
--- Made once the in-place answer is ruled out:
-local out               -- allowed, then allowed_i remaining_i reset_i retry_i
-local w                 -- per limit i: w[3i-2..3i] = value, 'PXAT'/'PX'/'KEEPTTL'/'Z', expiry
-local z                 -- per limit i: z[2i-1], z[2i] = remaining, reset unconsumed
-local marks = mode == 'c' and { tonumber(t[1]), tonumber(t[2]) } or nil
-local all_ok = true
+local wo, we = {}, {}
+local out, o = { tonumber(t[1]), tonumber(t[2]) }, 2
+-- Per limit i of the current request (reused by every request; made by
+-- the first request that needs them):
+local dk, df, dok, drem, dreset, dretry, drem0, dreset0, dval, dopt, dexp, dmark, dc
+local dd, dl
+local m, mk, left, i, all_ok = 0, false, 0, 0, true
 
--- Phase 1: decide every limit, write nothing.
-for i = 1, n do
-    local a = 6 * i - 3
-    local algo, L, W = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    local I, c, f = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-    if algo == nil or L == nil or W == nil or I == nil or c == nil or f == nil
-            or algo % 1 ~= 0 or L % 1 ~= 0 or W % 1 ~= 0 or I % 1 ~= 0 or c % 1 ~= 0
-            or f % 1 ~= 0 or algo < 0 or L < 0 or W < 0 or I < 0 or c < 1 or f < 0
-            or f > 7 then
-        return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
+a = a0 + 1
+for e = 1, ne do
+    if left == 0 then                        -- a request begins
+        m = tonumber(ARGV[a])
+        mk = m < 0
+        if mk then m = -m end
+        a, left, i, all_ok = a + 1, m, 0, true
     end
-    if limits then
+    i, left = i + 1, left - 1
+    local ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    a = a + 2
+    local f = ref % 16
+    ref = (ref - f) / 16
+    local p = ref % np
+    local k = (ref - p) / np + 1
+    p = p + 1
+    local algo, L, W, I = pa[p], pl[p], pw[p], pi[p]
+    if algo == 5 then                        -- concurrency: I is the slot id
+        I = tonumber(ARGV[a])
+        a = a + 1
+    end
+    local ovr = f >= 8
+    if ovr then
         -- a run-time override of this key, for this algorithm, goes first
-        local ov = vals[n + i]
+        local ov = vals[tonumber(ARGV[a])]
+        a, f = a + 1, f - 8
         local oa, ol, oi
         if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
         if oa and tonumber(oa) == algo and (algo <= 2 or algo == 5 or tonumber(oi) >= 1) then
             L = tonumber(ol)
             if algo == 3 or algo == 4 then I = tonumber(oi) end
         end
-        limits[i] = L
     end
     -- delay (flag 4): window_ms is the delay, in ms (token_bucket, gcra)
-    local D = 0
-    if f >= 4 then
-        if algo ~= 3 and algo ~= 4 then
-            return redis.error_reply('ERR sluice limit.lua: bad limit ' .. i)
-        end
-        D, f = W * 1000, f - 4
-    end
-    local s = vals[i]
+    local D, dly = 0, f >= 4
+    if dly then D, f = W * 1000, f - 4 end
+    local s = vals[k]
     local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
     if algo <= 2 then
         if W < 1 then
@@ -233,7 +331,7 @@ for i = 1, n do
         else
             -- sliding_log: entries exactly W old are out, the live range
             -- is (now_ms - W, +inf). A key of another type reads as empty.
-            local key = KEYS[i]
+            local key = KEYS[k]
             local lo = format('(%d', now_ms - W)
             local count = redis.pcall('ZCOUNT', key, lo, '+inf')
             local stale = type(count) ~= 'number'
@@ -338,10 +436,7 @@ for i = 1, n do
         end
     elseif algo == 5 then
         -- concurrency: W is the lease (ms), I this request's slot id
-        if W < 1 then
-            return redis.error_reply('ERR sluice limit.lua: bad lease ' .. i)
-        end
-        local key, member = KEYS[i], format('%d', I)
+        local key, member = KEYS[k], format('%d', I)
         local gone = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms))
         local stale = type(gone) ~= 'number'     -- another type: reads as empty
         local count, mine = 0, false
@@ -363,81 +458,121 @@ for i = 1, n do
     else
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
     end
-    if n == 1 and opt ~= 'Z' and opt ~= 'ZS' and opt ~= 'C' and opt ~= 'CS'
-            and not marks then
-        local r
-        if not ok then                                   -- allowed only when shadow
-            r = { (f == 1 or f == 3) and 1 or 0, 0, rem, reset, retry }
-        elseif f < 2 then                                -- not check only: consume
-            if exp then redis.call('SET', KEYS[1], val, opt, exp)
-            else redis.call('SET', KEYS[1], val, opt) end
-            r = { 1, 1, rem, reset, retry }                 -- retry: a delay's wait
+    local zset = opt == 'Z' or opt == 'ZS' or opt == 'C' or opt == 'CS'
+    if m == 1 and not zset then
+        -- A request of one STRING limit (the common case) is answered in
+        -- place: its own decision is the request's.
+        local v, r, wt = rem, reset, 0
+        if not ok then
+            v = -retry
+        elseif f >= 2 then                              -- check only: not consumed
+            v, r = rem0, reset0
         else
-            r = { 1, 1, rem0, reset0, 0 }
+            wt = retry                                  -- a delay's wait
+            vals[k] = val
+            if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
         end
-        if limits then r[6] = L end
-        return r
+        out[o + 1], out[o + 2] = v, r
+        o = o + 2
+        if mk then
+            out[o + 1] = mark
+            o = o + 1
+        end
+        if dly then
+            out[o + 1] = wt
+            o = o + 1
+        end
+        if ovr then
+            out[o + 1] = L
+            o = o + 1
+        end
+    else
+        if dk == nil then
+            dk, df, dok, drem, dreset, dretry, drem0, dreset0, dval, dopt, dexp, dmark, dc =
+                {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+            dd, dl = {}, {}
+        end
+        dk[i], df[i], dok[i], drem[i], dreset[i], dretry[i] = k, f, ok, rem, reset, retry
+        drem0[i], dreset0[i], dval[i], dopt[i], dexp[i], dmark[i], dc[i] =
+            rem0, reset0, val, opt, exp, mark, c
+        dd[i], dl[i] = dly, ovr and L or false
+        if not ok and f ~= 1 and f ~= 3 then all_ok = false end   -- not shadow
     end
-    if i == 1 then out, w, z = { 1 }, {}, {} end
-    if not ok then
-        if f ~= 1 and f ~= 3 then all_ok = false end    -- not shadow
-    elseif f < 2 then                                    -- check only never consumes
-        w[3 * i - 2], w[3 * i - 1], w[3 * i] = val, opt, exp
+
+    -- Phase 2, once the request's last limit is decided: consume everywhere
+    -- or nowhere. A limit that allows but is not consumed reports its state
+    -- without this request.
+    if left == 0 and (m > 1 or zset) then
+        for j = 1, m do
+            local v, r, wt = drem[j], dreset[j], 0
+            if not dok[j] then
+                v = -dretry[j]
+            elseif not all_ok or df[j] >= 2 or dval[j] == nil then
+                v, r = drem0[j], dreset0[j]
+            elseif dopt[j] == 'C' or dopt[j] == 'CS' then
+                -- concurrency: the slot, scored by its lease's end
+                local key, W = KEYS[dk[j]], dexp[j]
+                if dopt[j] == 'CS' then redis.call('DEL', key) end
+                redis.call('ZADD', key, format('%d', now_ms + W), dval[j])
+                redis.call('PEXPIRE', key, format('%d', W))
+            elseif dopt[j] == 'Z' or dopt[j] == 'ZS' then
+                -- sliding_log: written now, so the next request sees it
+                local key, W, cost = KEYS[dk[j]], dexp[j], dc[j]
+                if dopt[j] == 'ZS' then
+                    redis.call('DEL', key)
+                else
+                    redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms - W))
+                end
+                local score = format('%d', now_ms)
+                local base = t[1] .. '.' .. t[2] .. '-'
+                local q = 1
+                while q <= cost do               -- ZADD in chunks: unpack has a limit
+                    local args = {}
+                    local last = cost
+                    if last > q + 99 then last = q + 99 end
+                    for x = q, last do
+                        args[#args + 1] = score
+                        args[#args + 1] = base .. format('%d', dval[j] + x)
+                    end
+                    redis.call('ZADD', key, unpack(args))
+                    q = last + 1
+                end
+                redis.call('PEXPIRE', key, format('%d', W))
+            else
+                -- a STRING: the next request reads the new value; written
+                -- once, at the end. A KEEPTTL after a PXAT of this call (the
+                -- window began in this batch) keeps the PXAT.
+                local kk = dk[j]
+                vals[kk] = dval[j]
+                if dopt[j] ~= 'KEEPTTL' or wo[kk] == nil then
+                    wo[kk], we[kk] = dopt[j], dexp[j]
+                end
+                wt = dretry[j]                  -- a delay's wait
+            end
+            out[o + 1], out[o + 2] = v, r
+            o = o + 2
+            if mk then
+                out[o + 1] = dmark[j]
+                o = o + 1
+            end
+            if dd[j] then
+                out[o + 1] = wt
+                o = o + 1
+            end
+            if dl[j] then
+                out[o + 1] = dl[j]
+                o = o + 1
+            end
+        end
     end
-    local o = 4 * i
-    out[o - 2], out[o - 1], out[o], out[o + 1] = ok and 1 or 0, rem, reset, retry
-    z[2 * i - 1], z[2 * i] = rem0, reset0
-    if marks then marks[i + 2] = mark end
 end
 
--- Phase 2: consume everywhere or nowhere. A limit that allows but is not
--- consumed reports its state without this request.
-if not all_ok then out[1] = 0 end
-for i = 1, n do
-    local o = 4 * i
-    if out[o - 2] == 1 then
-        local v = all_ok and w[3 * i - 2]
-        if not v then
-            out[o - 1], out[o], out[o + 1] = z[2 * i - 1], z[2 * i], 0   -- no delay's wait
-        elseif w[3 * i - 1] == 'KEEPTTL' then
-            redis.call('SET', KEYS[i], v, 'KEEPTTL')
-        elseif w[3 * i - 1] == 'PXAT' or w[3 * i - 1] == 'PX' then
-            redis.call('SET', KEYS[i], v, w[3 * i - 1], w[3 * i])
-        elseif w[3 * i - 1] == 'C' or w[3 * i - 1] == 'CS' then
-            -- concurrency: the slot, scored by its lease's end
-            local W = w[3 * i]
-            if w[3 * i - 1] == 'CS' then redis.call('DEL', KEYS[i]) end
-            redis.call('ZADD', KEYS[i], format('%d', now_ms + W), v)
-            redis.call('PEXPIRE', KEYS[i], format('%d', W))
-        else
-            local key, W, cost = KEYS[i], w[3 * i], tonumber(ARGV[6 * i + 1])
-            if w[3 * i - 1] == 'ZS' then
-                redis.call('DEL', key)
-            else
-                redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms - W))
-            end
-            local score = format('%d', now_ms)
-            local base = t[1] .. '.' .. t[2] .. '-'
-            local j = 1
-            while j <= cost do               -- ZADD in chunks: unpack has a limit
-                local args = {}
-                local last = cost
-                if last > j + 99 then last = j + 99 end
-                for m = j, last do
-                    args[#args + 1] = score
-                    args[#args + 1] = base .. format('%d', v + m)
-                end
-                redis.call('ZADD', key, unpack(args))
-                j = last + 1
-            end
-            redis.call('PEXPIRE', key, format('%d', W))
-        end
+for k = 1, nk do
+    local opt = wo[k]
+    if opt == 'KEEPTTL' then
+        redis.call('SET', KEYS[k], vals[k], 'KEEPTTL')
+    elseif opt then
+        redis.call('SET', KEYS[k], vals[k], opt, we[k])
     end
-end
-if marks then
-    for i = 1, n + 2 do out[#out + 1] = marks[i] end
-end
-if limits then
-    for i = 1, n do out[#out + 1] = limits[i] end
 end
 return out

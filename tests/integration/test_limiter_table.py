@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from batchlib import decide_args, decide_reply
 from conftest import RedisError, RedisServer, redis_cmd, redis_cmds, redis_keys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -131,10 +132,11 @@ def limit_args(lim, cost, slot):
 
 
 def evalsha_t(port, sha, keys, limits, cost, now_us, slot=0):
-    args = ["EVALSHA", sha, len(keys)] + keys + ["t", len(limits)]
-    for lim in limits:
-        args += limit_args(lim, cost, slot)
-    return redis_cmds(port, [args + [now_us]])[-1]
+    """One request in the batch protocol; the reply in the per-limit shape
+    [allowed, (allowed_i remaining_i reset_i retry_i)*n] (batchlib.py)."""
+    lims = [limit_args(lim, cost, slot) for lim in limits]
+    reply = redis_cmds(port, [decide_args(sha, keys, lims, "t", now_us)])[-1]
+    return decide_reply(reply, keys, lims)
 
 
 def slot_step(port, shas, keys, limits, kind, at_us, slot):
@@ -186,14 +188,16 @@ def test_case(lua_redis, idx):
 
 def test_mode_t_refuses_a_bad_time(lua_redis):
     port, (sha, _), base_us = lua_redis
-    lim = [0, 5, 1000, 0, 1, 0]
+    # one parameter set (fixed_window 5 per 1 s), one request of one limit
+    # (key 1, parameter set 1, no flags: ref 0), cost 1
+    lim = [1, 0, 5, 1000, 0, 1, 1, 0, 1]
     for bad in ["soon", "1.5"]:
         with pytest.raises(RedisError):
-            redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "t", 1] + lim + [bad]])
+            redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "t"] + lim + [bad]])
     with pytest.raises(RedisError):         # "t" without its time
-        redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "t", 1] + lim])
+        redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "t"] + lim])
     with pytest.raises(RedisError):         # "d" takes no time
-        redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "d", 1] + lim + [base_us]])
+        redis_cmds(port, [["EVALSHA", sha, 1, "ltable:bad", "d"] + lim + [base_us]])
     assert "ltable:bad" not in [k.decode() for k in redis_keys(port)]
 
 
@@ -201,8 +205,8 @@ def test_mode_d_still_uses_redis_time(lua_redis):
     """The fake clock is only in "t": "d" on the same key follows TIME."""
     port, (sha, _), _ = lua_redis
     lim = [0, 2, 86400000, 0, 1, 0]        # fixed_window 2 per day
-    out = [redis_cmds(port, [["EVALSHA", sha, 1, "ltable:d", "d", 1] + lim])[-1]
-           for _ in range(3)]
+    out = [decide_reply(redis_cmds(port, [decide_args(sha, ["ltable:d"], [lim])])[-1],
+                        ["ltable:d"], [lim]) for _ in range(3)]
     assert [o[0] for o in out] == [1, 1, 0]
     sec, usec = redis_cmd(port, "TIME")
     now_ms = int(sec) * 1000 + int(usec) // 1000

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from batchlib import decide_args, decide_reply
 from conftest import RedisServer, redis_cmd, redis_cmds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,10 +47,10 @@ def srv(tmp_path_factory):
 
 
 def decide(port, sha, keys, limits, mode="d"):
-    args = ["EVALSHA", sha, len(keys)] + keys + [mode, len(limits)]
-    for lim in limits:
-        args += lim
-    return redis_cmds(port, [args])[-1]
+    """One request in the batch protocol, the reply in the per-limit shape
+    (batchlib.py); mode "c" asks for the refund marks."""
+    reply = redis_cmds(port, [decide_args(sha, keys, limits, mode)])[-1]
+    return decide_reply(reply, keys, limits, mode)
 
 
 def commands(port):

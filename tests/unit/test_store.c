@@ -536,29 +536,45 @@ static void test_wrong_type_key(void **state)
     freeReplyObject(t);
 }
 
-/* The script refuses what it does not understand. */
+/* The script refuses what it does not understand (the batch protocol of
+ * limit.lua: mode P (algo limit window_ms interval_us)*P R (m (ref cost [slot]
+ * [ovr])*m)*R, ref = (key * P + param) * 16 + flags),
+ * and takes the same call when it is well formed. */
 static void test_script_rejects_bad_arguments(void **state)
 {
     extern const char limit_lua[];
-    static const char *bad[][9] = {
-        { "x", "1", "0", "5", "1000", "0", "1", "0", NULL },   /* unknown mode */
-        { "d", "2", "0", "5", "1000", "0", "1", "0", NULL },   /* n != #KEYS */
-        { "d", "1", "0", "5", "1000", "0", "1", NULL },        /* missing flags */
-        { "d", "1", "9", "5", "1000", "0", "1", "0", NULL },   /* unknown algo */
-        { "d", "1", "0", "5", "0", "0", "1", "0", NULL },      /* window 0 */
-        { "d", "1", "3", "5", "0", "0", "1", "0", NULL },      /* interval 0 */
-        { "d", "1", "0", "5", "1000", "0", "0", "0", NULL },   /* cost 0 */
-        { "d", "1", "0", "5", "1e3x", "0", "1", "0", NULL },   /* not a number */
-        { "d", "1", "0", "5", "1000", "0", "1", "4", NULL },   /* unknown flag */
+    static const char *bad[][13] = {
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "0", "1", NULL },   /* well formed */
+        { "x", "1", "0", "5", "1000", "0", "1", "1", "0", "1", NULL },   /* unknown mode */
+        { "d", "2", "0", "5", "1000", "0", "1", "1", "0", "1", NULL },   /* P = 2, one set */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "0", NULL },        /* missing cost */
+        { "d", "1", "9", "5", "1000", "0", "1", "1", "0", "1", NULL },   /* unknown algo */
+        { "d", "1", "0", "5", "0", "0", "1", "1", "0", "1", NULL },      /* window 0 */
+        { "d", "1", "3", "5", "0", "0", "1", "1", "0", "1", NULL },      /* interval 0 */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "0", "0", NULL },   /* cost 0 */
+        { "d", "1", "0", "5", "1e3x", "0", "1", "1", "0", "1", NULL },   /* not a number */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "16", "1", NULL },  /* key 2 of 1 */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "4", "1", NULL },   /* delay on a window */
+        { "d", "1", "5", "5", "1000", "0", "1", "1", "0", "1", NULL },   /* concurrency, no slot */
+        { "d", "1", "5", "5", "1000", "0", "1", "1", "4", "1", "7", NULL },  /* concurrency delay */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "8", "1", NULL },   /* override, no index */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "8", "1", "2", NULL },  /* override key 2 of 1 */
+        { "d", "1", "0", "5", "1000", "0", "2", "1", "0", "1", NULL },   /* R = 2, one request */
+        { "d", "1", "0", "5", "1000", "0", "1", "0", "0", "1", NULL },   /* a request of 0 limits */
+        { "d", "1", "0", "5", "1000", "0", "1", "1", "0", "1", "7", NULL },  /* one too many */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        const char *argv[12] = { "EVAL", limit_lua, "1", "st:{test|bad}" };
+        const char *argv[20] = { "EVAL", limit_lua, "1", i == 0 ? "st:{test|good}" :
+                                                                 "st:{test|bad}" };
         int argc = 4;
         for (int j = 0; bad[i][j] != NULL; j++)
             argv[argc++] = bad[i][j];
         redisReply *r = redisCommandArgv(rc, argc, argv, NULL);
         assert_non_null(r);
-        if (r->type != REDIS_REPLY_ERROR)
+        if (i == 0 && r->type != REDIS_REPLY_ARRAY)
+            fail_msg("the well formed call was refused: %s", r->type == REDIS_REPLY_ERROR ?
+                     r->str : "not an array");
+        if (i > 0 && r->type != REDIS_REPLY_ERROR)
             fail_msg("bad argument set %zu was accepted", i);
         freeReplyObject(r);
     }
