@@ -262,7 +262,10 @@ class SentinelSet:
             for p in self.sentinel_ports:
                 _wait(lambda p=p: self._sentinel_cmd(p, "PING") == "PONG", 5.0,
                       "sentinel on %d" % p)
-            _wait(self._sentinels_see_replica, 15.0, "the sentinels to know the replica")
+            # A sentinel learns the replicas from the master's INFO, which it
+            # polls every 10 s: 15 s left one poll of slack, and a slow
+            # replication start (seen once in test-slow) missed it.
+            _wait(self._sentinels_see_replica, 35.0, "the sentinels to know the replica")
         except Exception:
             self.stop()
             raise
