@@ -308,10 +308,11 @@ static int denied_by_cache(struct decision *dec)
     int64_t now = clock_ms(), denied = 0;
     denycache_sync(dec->deny, resetbus_epoch());    /* a reset or override since */
     for (int i = 0; i < dec->nkeys; i++) {
+        int64_t lim = 0;
         int64_t left = denycache_get(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
-                                     now, dec->key[i].cost);
+                                     now, dec->key[i].cost, &lim);
         struct limiter_result *r = &dec->rl.r[i];
-        r->limit = dec->key[i].params->limit;
+        r->limit = left && lim > 0 ? lim : dec->key[i].params->limit;
         r->allowed = left == 0;
         r->remaining = left ? 0 : r->limit;
         r->reset_ms = r->retry_ms = left;
@@ -332,7 +333,7 @@ static void remember_denials(struct decision *dec, const struct store_result *re
         if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(dec->key[i].flags & STORE_SHADOW) &&
             !is_concurrency(dec, i))
             denycache_put(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
-                          now + res->r[i].retry_ms, dec->key[i].cost);
+                          now + res->r[i].retry_ms, dec->key[i].cost, res->r[i].limit);
 }
 
 /* The console's heavy hitters: each key that denied this request. */

@@ -15,6 +15,7 @@ struct dc_entry {
     struct kvtable_entry kv;            /* first: the table's part */
     int64_t until_ms;
     int64_t cost;                       /* denied at this cost or more */
+    int64_t limit;                      /* the limit that denied (headers) */
 };
 
 struct denycache {
@@ -65,7 +66,7 @@ static void dc_remove(struct denycache *dc, struct kvtable_entry *e)
 }
 
 void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t until_ms,
-                   int64_t cost)
+                   int64_t cost, int64_t limit)
 {
     if (dc->max_keys == 0)
         return;
@@ -80,6 +81,7 @@ void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t un
         } else if (cost == e->cost && until_ms > e->until_ms) {
             e->until_ms = until_ms;
         }
+        e->limit = limit;           /* the newest denial's */
         dc_touch(dc, e);
         return;
     }
@@ -88,11 +90,12 @@ void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t un
     e = kvtable_add(&dc->table, sizeof(*e), h, key, len);
     e->until_ms = until_ms;
     e->cost = cost;
+    e->limit = limit;
     kvtable_list_push(&dc->lru, &e->kv);
 }
 
 int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms,
-                      int64_t cost)
+                      int64_t cost, int64_t *limit)
 {
     if (dc->table.count == 0)
         return 0;
@@ -107,6 +110,8 @@ int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t
     if (cost < e->cost)
         return 0;
     dc_touch(dc, e);
+    if (limit != NULL)
+        *limit = e->limit;
     return e->until_ms - now_ms;
 }
 

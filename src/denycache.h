@@ -18,15 +18,17 @@ struct denycache *denycache_create(size_t max_keys);
 void denycache_destroy(struct denycache *dc);
 
 /* Remember that a request costing `cost` on key is denied until until_ms
- * (a monotonic clock). */
+ * (a monotonic clock), by a limit of `limit` (the one the backend applied:
+ * a run-time override's, shown again in the cached answers' headers). */
 void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t until_ms,
-                   int64_t cost);
+                   int64_t cost, int64_t limit);
 
 /* How long a request costing `cost` on key stays denied after now_ms, or 0
  * when the cache does not know (expired entries are dropped on the way). A
- * cheaper request than the one denied may still fit, so it is not denied. */
+ * cheaper request than the one denied may still fit, so it is not denied.
+ * When denied and limit is not NULL, *limit is the limit put with it. */
 int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms,
-                      int64_t cost);
+                      int64_t cost, int64_t *limit);
 
 size_t denycache_size(const struct denycache *dc);
 

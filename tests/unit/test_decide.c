@@ -174,7 +174,7 @@ static void test_allowed_then_denied_fills_deny_cache(void **state)
     assert_int_equal(fx->dec.decision, METRICS_LIMITED);
     assert_int_equal(fx->dec.nkeys, 1);
     assert_true(denycache_get(fx->deny, fx->dec.keybuf + fx->dec.key[0].off, fx->dec.key[0].len,
-                              0, 1) > 0);
+                              0, 1, NULL) > 0);
     assert_int_equal(denycache_size(fx->deny), 1);
     /* the next one stops at the deny cache, at once */
     assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_LIMITED);

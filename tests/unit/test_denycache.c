@@ -12,14 +12,16 @@
 static void test_put_get_expire(void **state)
 {
     struct denycache *dc = denycache_create(10);
-    assert_int_equal(denycache_get(dc, "a", 1, 0, 1), 0);
-    denycache_put(dc, "a", 1, 1000, 1);
-    assert_int_equal(denycache_get(dc, "a", 1, 400, 1), 600);
-    assert_int_equal(denycache_get(dc, "b", 1, 400, 1), 0);
+    assert_int_equal(denycache_get(dc, "a", 1, 0, 1, NULL), 0);
+    denycache_put(dc, "a", 1, 1000, 1, 7);
+    int64_t lim = 0;
+    assert_int_equal(denycache_get(dc, "a", 1, 400, 1, &lim), 600);
+    assert_int_equal(lim, 7);           /* the limit that denied, for the headers */
+    assert_int_equal(denycache_get(dc, "b", 1, 400, 1, NULL), 0);
     /* A prefix of a key is another key. */
-    denycache_put(dc, "ab", 2, 5000, 1);
-    assert_int_equal(denycache_get(dc, "a", 1, 400, 1), 600);
-    assert_int_equal(denycache_get(dc, "a", 1, 1000, 1), 0);     /* expired, dropped */
+    denycache_put(dc, "ab", 2, 5000, 1, 0);
+    assert_int_equal(denycache_get(dc, "a", 1, 400, 1, NULL), 600);
+    assert_int_equal(denycache_get(dc, "a", 1, 1000, 1, NULL), 0);     /* expired, dropped */
     assert_int_equal(denycache_size(dc), 1);
     denycache_destroy(dc);
 }
@@ -27,11 +29,11 @@ static void test_put_get_expire(void **state)
 static void test_later_deadline_wins(void **state)
 {
     struct denycache *dc = denycache_create(10);
-    denycache_put(dc, "k", 1, 1000, 1);
-    denycache_put(dc, "k", 1, 500, 1);     /* never shortens */
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 1000);
-    denycache_put(dc, "k", 1, 2000, 1);
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 2000);
+    denycache_put(dc, "k", 1, 1000, 1, 0);
+    denycache_put(dc, "k", 1, 500, 1, 0);     /* never shortens */
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1, NULL), 1000);
+    denycache_put(dc, "k", 1, 2000, 1, 0);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1, NULL), 2000);
     assert_int_equal(denycache_size(dc), 1);
     denycache_destroy(dc);
 }
@@ -42,15 +44,15 @@ static void test_lru_bound(void **state)
     char key[32];
     for (int i = 0; i < 1000; i++) {
         int n = snprintf(key, sizeof(key), "key-%d", i);
-        denycache_put(dc, key, (size_t)n, 10000, 1);
+        denycache_put(dc, key, (size_t)n, 10000, 1, 0);
         if (i == 50)    /* touch key-0 so it stays recent */
-            assert_true(denycache_get(dc, "key-0", 5, 0, 1) > 0);
+            assert_true(denycache_get(dc, "key-0", 5, 0, 1, NULL) > 0);
     }
     assert_int_equal(denycache_size(dc), 100);
-    assert_int_equal(denycache_get(dc, "key-999", 7, 0, 1), 10000);
-    assert_int_equal(denycache_get(dc, "key-1", 5, 0, 1), 0);    /* evicted */
-    assert_int_equal(denycache_get(dc, "key-899", 7, 0, 1), 0);  /* evicted */
-    assert_int_equal(denycache_get(dc, "key-900", 7, 0, 1), 10000);
+    assert_int_equal(denycache_get(dc, "key-999", 7, 0, 1, NULL), 10000);
+    assert_int_equal(denycache_get(dc, "key-1", 5, 0, 1, NULL), 0);    /* evicted */
+    assert_int_equal(denycache_get(dc, "key-899", 7, 0, 1, NULL), 0);  /* evicted */
+    assert_int_equal(denycache_get(dc, "key-900", 7, 0, 1, NULL), 10000);
     denycache_destroy(dc);
 }
 
@@ -58,21 +60,21 @@ static void test_lru_bound(void **state)
 static void test_cheaper_request_not_denied(void **state)
 {
     struct denycache *dc = denycache_create(10);
-    denycache_put(dc, "k", 1, 1000, 6);
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 4), 0);
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 6), 1000);
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 9), 1000);
-    denycache_put(dc, "k", 1, 500, 2);     /* a cheaper denial: now 2+ */
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 3), 500);
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 0);
+    denycache_put(dc, "k", 1, 1000, 6, 0);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 4, NULL), 0);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 6, NULL), 1000);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 9, NULL), 1000);
+    denycache_put(dc, "k", 1, 500, 2, 0);     /* a cheaper denial: now 2+ */
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 3, NULL), 500);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1, NULL), 0);
     denycache_destroy(dc);
 }
 
 static void test_disabled(void **state)
 {
     struct denycache *dc = denycache_create(0);
-    denycache_put(dc, "k", 1, 1000, 1);
-    assert_int_equal(denycache_get(dc, "k", 1, 0, 1), 0);
+    denycache_put(dc, "k", 1, 1000, 1, 0);
+    assert_int_equal(denycache_get(dc, "k", 1, 0, 1, NULL), 0);
     denycache_destroy(dc);
 }
 
