@@ -420,15 +420,10 @@ static int body_params(const struct api_req *q, const struct api_body *b,
         if (conf_parse_rate(b->rate, &n, &period_ms) < 0 || period_ms > API_MAX_TTL_MS)
             return api_error(out, 400, "bad rate \"%s\" (use e.g. 10/s, 100/m, 5/h, 1000/d, "
                              "100/10s)", b->rate);
-        p->interval_us = period_ms * 1000 / n;
-        if (p->interval_us < 1)
-            p->interval_us = 1;
+        p->interval_us = conf_rate_interval_us(n, period_ms);
     }
-    int64_t win_us;
-    if (__builtin_mul_overflow(p->limit, p->interval_us, &win_us) ||
-        win_us / 1000 > API_MAX_TTL_MS)
+    if (conf_bucket_window(p) < 0)
         return api_error(out, 400, "rate and burst give a refill time beyond 3650d");
-    p->window_ms = win_us / 1000 > 0 ? win_us / 1000 : 1;
     return 0;
 }
 

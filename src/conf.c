@@ -743,6 +743,22 @@ int conf_parse_duration_ms(const char *s, int64_t *out_ms)
     return 0;
 }
 
+int64_t conf_rate_interval_us(int64_t count, int64_t period_ms)
+{
+    int64_t us = period_ms * 1000 / count;
+    return us < 1 ? 1 : us;
+}
+
+int conf_bucket_window(struct limiter_params *p)
+{
+    int64_t win_us;
+    if (__builtin_mul_overflow(p->limit, p->interval_us, &win_us) ||
+        win_us / 1000 > CONF_MAX_DURATION_MS)
+        return -1;
+    p->window_ms = win_us / 1000 > 0 ? win_us / 1000 : 1;
+    return 0;
+}
+
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms)
 {
     int64_t n, ms;
@@ -2436,7 +2452,7 @@ static int limit_bucket_params(struct ctx *x, struct node *m, struct limit_src *
 {
     struct limiter_params *lp = &ls->l->params;
     char sb[SHOW_BUF];
-    int64_t n = 0, period_ms = 0, burst = 0, win_us = 0;
+    int64_t n = 0, period_ms = 0, burst = 0;
     size_t old;
     int rc;
     if (ls->limit_k || ls->window_k)
@@ -2464,13 +2480,9 @@ static int limit_bucket_params(struct ctx *x, struct node *m, struct limit_src *
     if (rc < 0)
         return -1;
     lp->limit = burst;
-    lp->interval_us = period_ms * 1000 / n;
-    if (lp->interval_us < 1)
-        lp->interval_us = 1;
-    if (__builtin_mul_overflow(burst, lp->interval_us, &win_us) ||
-        win_us / 1000 > CONF_MAX_DURATION_MS)
+    lp->interval_us = conf_rate_interval_us(n, period_ms);
+    if (conf_bucket_window(lp) < 0)
         return fail(x, m, "rate and burst give a refill time beyond 3650d");
-    lp->window_ms = win_us / 1000 > 0 ? win_us / 1000 : 1;
     return 0;
 }
 
@@ -2580,15 +2592,10 @@ static int override_params(struct ctx *x, struct node *m, struct override_src *o
         path_pop(x, old);
         if (rc < 0)
             return -1;
-        p->interval_us = period_ms * 1000 / n;
-        if (p->interval_us < 1)
-            p->interval_us = 1;
+        p->interval_us = conf_rate_interval_us(n, period_ms);
     }
-    int64_t win_us;
-    if (__builtin_mul_overflow(p->limit, p->interval_us, &win_us) ||
-        win_us / 1000 > CONF_MAX_DURATION_MS)
+    if (conf_bucket_window(p) < 0)
         return fail(x, m, "rate and burst give a refill time beyond 3650d");
-    p->window_ms = win_us / 1000 > 0 ? win_us / 1000 : 1;
     return 0;
 }
 

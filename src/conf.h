@@ -241,6 +241,12 @@ void conf_release(struct conf *c);
 /* Parsers shared with tests: return 0 and set *out, or -1. */
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);
+/* A bucket's (token_bucket, gcra) time per token for a rate of count per
+ * period_ms, at least 1 us. */
+int64_t conf_rate_interval_us(int64_t count, int64_t period_ms);
+/* p->window_ms: the time a bucket of p->limit tokens takes to refill at
+ * p->interval_us (at least 1 ms); -1 when that is beyond 3650d. */
+int conf_bucket_window(struct limiter_params *p);
 
 /* 1 when addr (AF_INET/AF_INET6 sockaddr) is inside any of cidrs: kept
  * for its callers, the match is addr.c's (addr_cidr_match). */

@@ -727,6 +727,28 @@ static enum route_seen route_locate(const struct conf_keysrc *ks, const struct r
     abort();                            /* conf.c only makes the kinds above */
 }
 
+/* Every key is PREFIX{route|limit|parts...}: route_key and route_key_parts
+ * write its frame here, its parts in between. */
+static void route_key_open(struct route_out *o, const struct conf *c,
+                           const struct conf_route *r, const struct conf_limit *l)
+{
+    route_puts(o, c->redis.prefix);
+    route_put(o, "{", 1);
+    route_puts(o, r->name);
+    route_put(o, "|", 1);
+    route_puts(o, l->name);
+    route_put(o, "|", 1);
+}
+
+static long route_key_close(struct route_out *o, char *out)
+{
+    route_put(o, "}", 1);
+    if (o->full)
+        return -1;
+    out[o->len] = '\0';
+    return (long)o->len;
+}
+
 /* Client bytes may hold '{' or '}': Redis Cluster then hashes a shorter
  * tag, but it is still the same for every key derived from this one, and the
  * length prefixes keep the key itself unambiguous. Every source is located
@@ -748,21 +770,12 @@ long route_key(const struct conf *c, const struct conf_route *r,
     if (absent)
         return 0;
     struct route_out o = { .p = out };
-    route_puts(&o, c->redis.prefix);
-    route_put(&o, "{", 1);
-    route_puts(&o, r->name);
-    route_put(&o, "|", 1);
-    route_puts(&o, l->name);
-    route_put(&o, "|", 1);
+    route_key_open(&o, c, r, l);
     for (int i = 0; i < l->nkeys; i++) {
         route_locate(&l->keys[i], req, &pt);
         route_put_part(&o, &pt);
     }
-    route_put(&o, "}", 1);
-    if (o.full)
-        return -1;
-    out[o.len] = '\0';
-    return (long)o.len;
+    return route_key_close(&o, out);
 }
 
 /* The key route_key() writes for a request whose key sources give exactly
@@ -776,12 +789,7 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
         return -1;
     struct route_out o = { .p = out };
     struct route_part pt;
-    route_puts(&o, c->redis.prefix);
-    route_put(&o, "{", 1);
-    route_puts(&o, r->name);
-    route_put(&o, "|", 1);
-    route_puts(&o, l->name);
-    route_put(&o, "|", 1);
+    route_key_open(&o, c, r, l);
     for (int i = 0; i < n; i++) {
         memset(&pt, 0, sizeof pt);
         pt.kind = ROUTE_PART_SPAN;
@@ -789,11 +797,7 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
         pt.n = lens[i];
         route_put_part(&o, &pt);
     }
-    route_put(&o, "}", 1);
-    if (o.full)
-        return -1;
-    out[o.len] = '\0';
-    return (long)o.len;
+    return route_key_close(&o, out);
 }
 
 /* The config override of l whose key is key, or NULL. */

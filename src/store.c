@@ -1103,6 +1103,16 @@ static char *store_put_int(char *p, int64_t v)
     return store_put_bulk(p, start, (size_t)(end - start));
 }
 
+/* A command buffer of at least need bytes (its old contents dropped). */
+static void store_cmd_room(char **buf, size_t *cap, size_t need)
+{
+    if (*cap >= need)
+        return;
+    free(*buf);
+    *buf = mem_alloc(need);
+    *cap = need;
+}
+
 static char *store_put_header(char *p, int argc)
 {
     char num[24];
@@ -1128,11 +1138,7 @@ static void store_encode_evalsha(struct store_req *q, const struct store_call *c
     size_t need = 16 + (size_t)argc * (24 + 24) + 80;
     for (int i = 0; i < n; i++)
         need += c->klen[li[i]];
-    if (q->cmdcap < need) {
-        free(q->cmd);
-        q->cmd = mem_alloc(need);
-        q->cmdcap = need;
-    }
+    store_cmd_room(&q->cmd, &q->cmdcap, need);
     char *p = store_put_header(q->cmd, argc);
     p = store_put_bulk(p, "EVALSHA", 7);
     p = store_put_bulk(p, sha, strlen(sha));
@@ -1758,11 +1764,7 @@ static size_t store_batch_encode(struct store_batch *b)
     int argc = 3 + e->nk + 2 + 4 * e->np + 1 + b->n + 2 * ne + extra;
     /* 24 bytes of bulk framing per argument bound every number's digits too */
     size_t need = 16 + (size_t)argc * (24 + 24) + key_bytes + 80;
-    if (s->bcmdcap < need) {
-        free(s->bcmd);
-        s->bcmd = mem_alloc(need);
-        s->bcmdcap = need;
-    }
+    store_cmd_room(&s->bcmd, &s->bcmdcap, need);
     char *p = store_put_header(s->bcmd, argc);
     p = store_put_bulk(p, "EVALSHA", 7);
     p = store_put_bulk(p, limit_lua_sha, strlen(limit_lua_sha));
