@@ -40,11 +40,11 @@
 static void client_free(struct client *c)
 {
     struct conn_env *env = c->env;
-    decide_cancel(&c->rq->dec);
+    if (c->rq)
+        decide_cancel(&c->rq->dec);
     if (c->up)
         upstream_close(c->up);
-    request_free(c->rq);
-    free(c->rq);
+    request_put(env, c->rq);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -83,10 +83,21 @@ static void client_request_done(struct client *c)
         return;
     }
     c->state = CS_HEAD;
-    if (evbuffer_get_length(bufferevent_get_input(c->bev)) == 0)
+    if (evbuffer_get_length(bufferevent_get_input(c->bev)) == 0) {
         conn_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
-    else
+        request_put(c->env, c->rq);     /* idle: no request state until the next head */
+        c->rq = NULL;
+    } else {
         conn_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
+    }
+}
+
+/* The request state, taken from the worker's spares when a head begins. */
+static struct request *client_request(struct client *c)
+{
+    if (c->rq == NULL)
+        c->rq = request_get(c->env);
+    return c->rq;
 }
 
 /* Parse the next head. Returns 1 when sluice answered it at once (404, 429
@@ -97,6 +108,9 @@ static int parse_head_answered(struct client *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     size_t before = evbuffer_get_length(in);
+    if (before == 0)
+        return 0;
+    client_request(c);
     request_head(c);
     return !c->dead && c->state == CS_HEAD && evbuffer_get_length(in) < before;
 }
@@ -147,7 +161,8 @@ static void client_process(struct client *c)
 
 static void client_cancel(struct client *c)
 {
-    decide_cancel(&c->rq->dec);
+    if (c->rq)
+        decide_cancel(&c->rq->dec);
 }
 
 /* Our output drained below the low mark: the upstream may be read again. */
@@ -164,10 +179,17 @@ static void client_up_resumed(struct client *c)
         client_process(c);
 }
 
+/* An idle connection has no request to log. */
+static void client_log_end(struct client *c)
+{
+    if (c->rq)
+        request_log_end(c);
+}
+
 static const struct conn_ops client_ops = {
     .process = client_process,
     .request_done = client_request_done,
-    .log_end = request_log_end,
+    .log_end = client_log_end,
     .cancel = client_cancel,
     .up_resumed = client_up_resumed,
     .forward = exchange_start,
@@ -250,7 +272,7 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         /* A head that does not arrive in time (slowloris): 408, close. */
         c->head_in_input = 0;
         c->route = NULL;
-        decide_cancel(&c->rq->dec);
+        decide_cancel(&client_request(c)->dec);
         request_reset(c->rq);  /* not the id of the request before */
         c->head_request = 0;
         request_log_begin(c, 0);
@@ -287,8 +309,6 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     struct client *c = mem_calloc(1, sizeof(*c));
     c->ops = &client_ops;
     c->env = env;
-    c->rq = mem_calloc(1, sizeof(*c->rq));
-    request_reset(c->rq);
     c->conf = conf;
     conf_retain(conf);
     c->bev = bev;

@@ -60,6 +60,8 @@ struct conn_env {
     struct denycache *deny;             /* keys Redis denied, until when */
     struct accesslog *alog;             /* shared; not owned; NULL when off */
     uint64_t rng[2];                    /* xorshift128+ state, for request ids */
+    struct request *spares;             /* requests idle connections gave back */
+    int nspares;                        /* at most REQUEST_SPARES_MAX (request.h) */
 };
 
 /* Set by client.c; each is called from inside a callback of c (busy). */
@@ -99,7 +101,8 @@ struct client {
     const char *hbuf;                   /* head bytes while still in input */
     int head_in_input;
     const struct conf_route *route;
-    struct request *rq;                 /* what the request computed; owned */
+    struct request *rq;                 /* what the request computed; owned; NULL
+                                         * while idle (request_get/put) */
     struct upstream_conn *up;
     int retried;
     int head_request;                   /* method HEAD: response has no body */

@@ -72,7 +72,49 @@ void request_free(struct request *rq)
     rq->path_cap = 0;
 }
 
-/* Grown by doubling, never shrunk: a connection's requests reuse it. */
+struct request *request_get(struct conn_env *env)
+{
+    struct request *rq = env->spares;
+    if (rq) {
+        env->spares = rq->spare_next;
+        env->nspares--;
+        rq->spare_next = NULL;
+    } else {
+        rq = mem_calloc(1, sizeof(*rq));
+    }
+    request_reset(rq);
+    return rq;
+}
+
+void request_put(struct conn_env *env, struct request *rq)
+{
+    if (rq == NULL)
+        return;
+    decide_cancel(&rq->dec);
+    runtime_release(rq->rt);
+    rq->rt = NULL;
+    if (env->nspares >= REQUEST_SPARES_MAX) {
+        request_free(rq);
+        free(rq);
+        return;
+    }
+    rq->spare_next = env->spares;
+    env->spares = rq;
+    env->nspares++;
+}
+
+void request_spares_free(struct conn_env *env)
+{
+    while (env->spares) {
+        struct request *rq = env->spares;
+        env->spares = rq->spare_next;
+        request_free(rq);
+        free(rq);
+    }
+    env->nspares = 0;
+}
+
+/* Grown by doubling, never shrunk: the requests that reuse it keep it. */
 static char *grow(char **buf, size_t *cap, size_t need)
 {
     if (need > *cap) {

@@ -5,9 +5,12 @@
  * after a suspension point (Redis, the upstream, a timer): its normalised
  * path, the client address, its id, the path_regex captures, the
  * access-log facts, and its keys and limit results (rq->dec, decide.h).
- * The path and key buffers and the log facts are kept across the requests
- * of a connection and grown as needed (freed by request_free), so a
- * request allocates nothing in the common case. */
+ * The path and key buffers and the log facts are kept across requests and
+ * grown as needed (freed by request_free), so a request allocates nothing
+ * in the common case. A connection holds its request only while one is in
+ * progress: an idle keep-alive connection gives it back to its worker's
+ * spares (request_put) and takes one again when bytes of a head arrive
+ * (request_get), so idle connections cost no request state. */
 #ifndef SLUICE_REQUEST_H
 #define SLUICE_REQUEST_H
 
@@ -45,6 +48,7 @@ struct request {
                                          * started with); NULL between requests */
     struct decision dec;                /* keys, limit results, the call (decide.h);
                                          * reset with the request */
+    struct request *spare_next;         /* in the worker's spares (request_put) */
 
     /* Zeroed per head from here (request_reset). */
     size_t path_len;
@@ -58,6 +62,21 @@ struct request {
 /* Zero the per-request part; keeps the buffers. */
 void request_reset(struct request *rq);
 void request_free(struct request *rq);
+
+/* A worker keeps at most this many spare requests (their buffers too): the
+ * requests that were in progress at once, up to this, cost no allocation
+ * when they come again. */
+#define REQUEST_SPARES_MAX 256
+struct conn_env;
+/* A reset request for a connection whose head begins: one of env's spares,
+ * or a new one. */
+struct request *request_get(struct conn_env *env);
+/* The connection holding rq is idle (or closing): its decision is
+ * cancelled, its runtime released, and rq joins env's spares (or is freed
+ * beyond REQUEST_SPARES_MAX). NULL is a no-op. */
+void request_put(struct conn_env *env, struct request *rq);
+/* The worker ends, its clients are gone: free the spares. */
+void request_spares_free(struct conn_env *env);
 
 /* Room for n more bytes of normalised path (n + 1 with the NUL). */
 char *request_path_room(struct request *rq, size_t n);

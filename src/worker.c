@@ -25,6 +25,7 @@
 #include "listener.h"
 #include "log.h"
 #include "mem.h"
+#include "request.h"
 #include "runtime.h"
 #include "tls_server.h"
 #include "upstream.h"
@@ -282,6 +283,7 @@ void worker_destroy(struct worker *w)
     if (w == NULL)
         return;
     client_close_all(&w->env);
+    request_spares_free(&w->env);
     runtime_destroy_all(w->env.rt);     /* the loop has ended: freed here */
     w->env.rt = NULL;
     backend_destroy(w->env.local);
