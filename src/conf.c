@@ -5,7 +5,10 @@
  * every mapping is walked with a table of {key, handler}, handlers check type
  * and bounds and fill struct conf; (3) across keys: upstream references and
  * duplicate names. Every error reads "FILE:LINE:COL: message" and names the
- * key path, so an operator can fix a bad file without guessing. */
+ * key path, so an operator can fix a bad file without guessing. What the
+ * modules that use a config must build or check (TLS files and contexts,
+ * override keys) is confcheck.c's, after this: the nodes it may blame are
+ * recorded here (struct conf_mark). */
 #include "conf.h"
 
 #include <arpa/inet.h>
@@ -25,9 +28,6 @@
 
 #include "http1.h"
 #include "regex.h"
-#include "route.h"
-#include "tls_server.h"
-#include "tls_upstream.h"
 
 #define CONF_MAX_FILE_BYTES (4 << 20)
 #define CONF_MAX_DEPTH      32
@@ -203,6 +203,15 @@ static void path_pop(struct ctx *x, size_t old)
 {
     x->pathlen = old;
     x->path[old] = '\0';
+}
+
+/* Remember node n at the current key path, for a check after parsing. */
+static void mark(const struct ctx *x, const struct node *n, struct conf_mark *m)
+{
+    free(m->where);
+    m->where = xstrdup(x->path);
+    m->line = n->line;
+    m->col = n->col;
 }
 
 /* ---- phase 1: syntax, events -> node tree */
@@ -1074,8 +1083,7 @@ static int h_tls_certificates(struct ctx *x, struct node *k, struct node *v, voi
     t->ncerts = v->nkids;
     for (int i = 0; i < v->nkids; i++) {
         size_t old = path_push(x, "[%d]", i);
-        t->certs[i].line = v->kids[i]->line;
-        t->certs[i].col = v->kids[i]->col;
+        mark(x, v->kids[i], &t->certs[i].at);
         int rc = walk_map(x, v->kids[i], cert_keys, &t->certs[i]);
         path_pop(x, old);
         if (rc < 0)
@@ -1151,39 +1159,16 @@ static int h_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
     return 0;
 }
 
-/* Phase 3: load each listener's certificates (and check each key against
- * its certificate), so that `-t` and a reload see a bad file. */
-static int check_tls(struct ctx *x)
-{
-    struct conf *c = x->c;
-    for (int i = 0; i < c->nlistens; i++) {
-        struct conf_listen *l = &c->listens[i];
-        int bad = 0;
-        char *why = NULL;
-        if (l->tls == NULL)
-            continue;
-        l->server = tls_server_create(l->tls, &bad, &why);
-        if (l->server)
-            continue;
-        size_t old = path_push(x, "listen[%d].tls.certificates[%d]", i, bad);
-        fail_mark(x, l->tls->certs[bad].line, l->tls->certs[bad].col, "%s: %s", x->path, why);
-        path_pop(x, old);
-        free(why);
-        return -1;
-    }
-    return 0;
-}
-
 static void listens_free(struct conf *c)
 {
     for (int i = 0; i < c->nlistens; i++) {
         struct conf_listen *l = &c->listens[i];
         free(l->addr.text);
-        tls_server_release(l->server);
         if (l->tls) {
             for (int j = 0; j < l->tls->ncerts; j++) {
                 free(l->tls->certs[j].cert_file);
                 free(l->tls->certs[j].key_file);
+                free(l->tls->certs[j].at.where);
             }
             free(l->tls->certs);
             free(l->tls);
@@ -1339,16 +1324,19 @@ static int get_tls_path(struct ctx *x, struct node *v, char **out)
 
 static int h_tls_ca_file(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
+    mark(x, v, &((struct conf_tls_client *)obj)->ca_at);
     return get_tls_path(x, v, &((struct conf_tls_client *)obj)->ca_file);
 }
 
 static int h_tls_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
+    mark(x, v, &((struct conf_tls_client *)obj)->cert_at);
     return get_tls_path(x, v, &((struct conf_tls_client *)obj)->cert_file);
 }
 
 static int h_tls_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
+    mark(x, v, &((struct conf_tls_client *)obj)->key_at);
     return get_tls_path(x, v, &((struct conf_tls_client *)obj)->key_file);
 }
 
@@ -1425,6 +1413,11 @@ static void redis_free_tls(struct conf_tls_client *t)
     free(t->key_file);
     free(t->server_name);
     t->ca_file = t->cert_file = t->key_file = t->server_name = NULL;
+    free(t->at.where);
+    free(t->ca_at.where);
+    free(t->cert_at.where);
+    free(t->key_at.where);
+    t->at.where = t->ca_at.where = t->cert_at.where = t->key_at.where = NULL;
 }
 
 static int h_redis_url(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -1646,30 +1639,22 @@ static int h_up_timeout(struct ctx *x, struct node *k, struct node *v, void *obj
     return get_duration(x, v, &((struct conf_upstream *)obj)->timeout_ms);
 }
 
-/* tls: {} (or null) is TLS with every default. The files are read now, so
- * that a bad one is this file's error (and sluice -t's), not a 502 later. */
+/* tls: {} (or null) is TLS with every default. The files are read when
+ * the file is loaded (confcheck.c, at the places marked here), so that a
+ * bad one is this file's error (and sluice -t's), not a 502 later. */
 static int h_up_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_upstream *u = obj;
     struct conf_tls_client *t = xcalloc(1, sizeof *t);
-    char buf[512];
-    const char *key;
     u->tls = t;
     t->verify = 1;
+    mark(x, k, &t->at);
     if (v->kind != NODE_NULL && walk_map(x, v, tls_client_keys, t) < 0)
         return -1;
     if ((t->cert_file != NULL) != (t->key_file != NULL))
         return fail(x, k, "cert_file and key_file go together (the client certificate "
                     "and its key)");
-    if (tls_upstream_check(t, buf, sizeof buf, &key) == NULL)
-        return 0;
-    struct node *at = key && v->kind == NODE_MAP ? map_get(v, key) : NULL;
-    if (at == NULL)
-        return fail(x, k, "%s", buf);
-    size_t old = path_push(x, ".%s", key);
-    fail(x, at, "%s", buf);
-    path_pop(x, old);
-    return -1;
+    return 0;
 }
 
 static const struct key_def upstream_keys[] = {
@@ -2634,23 +2619,6 @@ static int overrides_load(struct ctx *x, struct node *v, struct conf_limit *l)
     return 0;
 }
 
-/* Phase 3: the Redis key of each override (the prefix is known now). */
-static void overrides_keys(struct conf *c)
-{
-    char key[ROUTE_MAX_KEY];
-    for (int i = 0; i < c->nroutes; i++)
-        for (int j = 0; j < c->routes[i].nlimits; j++) {
-            struct conf_limit *l = &c->routes[i].limits[j];
-            for (int k = 0; k < l->noverrides; k++) {
-                struct conf_override *o = &l->overrides[k];
-                long n = route_key_parts(c, &c->routes[i], l, (const char *const *)o->parts,
-                                         o->partlen, o->nparts, key);
-                o->key = n > 0 ? xstrndup(key, (size_t)n) : NULL;
-                o->keylen = n > 0 ? (size_t)n : 0;
-            }
-        }
-}
-
 /* lease (concurrency) and delay (token_bucket, gcra) apply to their own
  * algorithms only, and neither to a limit that does not consume when it
  * decides (count_status) or never rejects (shadow: delay). */
@@ -3050,9 +3018,8 @@ static int conf_from_tree(struct ctx *x, struct node *root)
             return -1;
     if (check_admin(x, root) < 0)
         return -1;
-    overrides_keys(x->c);
     x->c->redis.overrides = x->c->admin_token != NULL;
-    return check_tls(x);
+    return 0;
 }
 
 /* ---- load, retain, release */
@@ -3084,8 +3051,29 @@ static struct conf *conf_new(const char *file)
     return c;
 }
 
+struct conf_cleanup {
+    void (*fn)(void *arg);
+    void *arg;
+    struct conf_cleanup *next;
+};
+
+void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg)
+{
+    struct conf_cleanup *cl = xmalloc(sizeof *cl);
+    cl->fn = fn;
+    cl->arg = arg;
+    cl->next = c->cleanups;
+    c->cleanups = cl;
+}
+
 static void conf_free(struct conf *c)
 {
+    while (c->cleanups) {
+        struct conf_cleanup *cl = c->cleanups;
+        c->cleanups = cl->next;
+        cl->fn(cl->arg);
+        free(cl);
+    }
     free(c->file);
     free(c->listen.text);
     listens_free(c);
@@ -3107,10 +3095,7 @@ static void conf_free(struct conf *c)
         free(u->servers);
         free(u->name);
         if (u->tls) {
-            free(u->tls->ca_file);
-            free(u->tls->server_name);
-            free(u->tls->cert_file);
-            free(u->tls->key_file);
+            redis_free_tls(u->tls);     /* the same fields */
             free(u->tls);
         }
     }

@@ -5,7 +5,14 @@
  * loaded; workers share it read-only. It is reference counted so that a
  * reload can swap in a new one while requests started under the old one
  * finish: every holder calls conf_retain() and conf_release(); the last
- * release frees it. Only conf.c includes yaml.h. */
+ * release frees it. Only conf.c includes yaml.h.
+ *
+ * conf.c parses and checks syntax and values only, and includes no module
+ * that uses a config. What needs those modules (the listeners' TLS contexts,
+ * the upstreams' certificate and key files, the overrides' Redis keys) is
+ * built and checked by confcheck_load() (confcheck.h) above it, which every
+ * loader calls; conf.c records the place (struct conf_mark) of each node
+ * those checks may blame. */
 #ifndef SLUICE_CONF_H
 #define SLUICE_CONF_H
 
@@ -32,12 +39,20 @@ struct conf_addr {
     char *text;                 /* as written, for logs: "127.0.0.1:9000" */
 };
 
-/* A listener's TLS (listen: entries with tls:). line/col: the certificate
- * entry's place in the file, for the errors of loading it. */
+/* A node of the file a check after parsing (confcheck.c) may blame: its
+ * key path as errors name it ("upstreams.api.tls.key_file") and its 1-based
+ * line and column. where is NULL when the node is absent. */
+struct conf_mark {
+    char *where;
+    int line, col;
+};
+
+/* A listener's TLS (listen: entries with tls:). at: the certificate
+ * entry, for the errors of loading it. */
 struct conf_cert {
     char *cert_file;            /* PEM: the certificate, then its chain */
     char *key_file;
-    int line, col;
+    struct conf_mark at;
 };
 
 struct conf_tls {
@@ -52,7 +67,8 @@ struct tls_server;
 struct conf_listen {
     struct conf_addr addr;
     struct conf_tls *tls;       /* NULL: plain HTTP */
-    struct tls_server *server;  /* built from tls at load time (tls_server.h) */
+    struct tls_server *server;  /* built from tls by confcheck_load (tls_server.h),
+                                 * released with the conf (conf_cleanup_add) */
 };
 
 enum conf_keysrc_kind {
@@ -70,7 +86,7 @@ struct conf_keysrc {
 /* overrides: one key's parameters instead of the limit's own. parts are
  * the key's values in the order of the limit's key sources, as the client
  * sends them; key is the Redis key they make (route_key_parts), filled in
- * when the file is loaded. */
+ * by confcheck_load. */
 struct conf_override {
     char **parts;
     size_t *partlen;
@@ -106,6 +122,9 @@ struct conf_tls_client {
     char *cert_file;            /* client certificate (mutual TLS), or NULL */
     char *key_file;             /* its key (upstreams: both or neither; Redis: NULL
                                  * when the key is in cert_file) */
+    /* upstreams.NAME.tls: the tls key, and each file's value, for the
+     * errors of checking the files (confcheck.c). */
+    struct conf_mark at, ca_at, cert_at, key_at;
 };
 
 struct conf_upstream {
@@ -222,6 +241,7 @@ struct conf {
     char *admin_token;          /* writes to the admin API need it; NULL: refused */
     char *access_log;           /* NULL = off, "stdout", or a file path */
     int refs;                   /* atomic; starts at 1 */
+    struct conf_cleanup *cleanups;  /* conf_cleanup_add, newest first */
 };
 
 /* Load and validate FILE. On success returns a conf with one reference.
@@ -237,6 +257,12 @@ void conf_check_names(int on);
 
 void conf_retain(struct conf *c);
 void conf_release(struct conf *c);
+
+/* fn(arg) runs when c is freed (its last release), newest first: how what a
+ * module above conf built for this config (confcheck.c: the listeners' TLS
+ * contexts) goes with it, as nginx's pool cleanups do. Before c is shared
+ * (one thread). */
+void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
 
 /* Parsers shared with tests: return 0 and set *out, or -1. */
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);

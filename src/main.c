@@ -17,6 +17,7 @@
 #include "admin_console.h"
 #include "clock.h"
 #include "conf.h"
+#include "confcheck.h"
 #include "log.h"
 #include "mem.h"
 #include "memstore.h"
@@ -135,7 +136,7 @@ static void reload_signal_cb(evutil_socket_t sig, short what, void *arg)
     struct main_state *ms = arg;
     char *err = NULL;
     int64_t t0 = clock_us();
-    struct conf *nc = conf_load(ms->file, &err);
+    struct conf *nc = confcheck_load(ms->file, &err);
     admin_console_config_loaded(nc != NULL, err, clock_us() - t0);
     if (nc == NULL) {
         log_error("main: reload failed, keeping the running config: %s", err);
@@ -254,7 +255,7 @@ int main(int argc, char **argv)
     char *err = NULL;
     conf_check_names(test_only);
     int64_t t0 = clock_us();
-    struct conf *conf = conf_load(file, &err);
+    struct conf *conf = confcheck_load(file, &err);
     admin_console_config_loaded(conf != NULL, err, clock_us() - t0);
     if (conf == NULL) {
         fprintf(stderr, "%s\n", err);

@@ -3,8 +3,8 @@
  * A tls_server is what one `listen:` entry with `tls:` turns into: one
  * SSL_CTX per certificate, all with the same settings, the first the
  * default; a handshake's SNI picks the certificate among its names (SAN DNS
- * names, wildcards as "*.example.com"). conf_load() builds them (so `-t` and
- * a SIGHUP check every key against its certificate) and the conf owns them;
+ * names, wildcards as "*.example.com"). confcheck_load() builds them (so `-t`
+ * and a SIGHUP check every key against its certificate) and the conf owns them;
  * a connection's SSL holds its own reference to its SSL_CTX, so a reload
  * that frees the old conf leaves open connections their certificates.
  * Session tickets are encrypted with process-wide keys rotated every

@@ -29,7 +29,7 @@ enum tls_upstream_reason {
     TLS_UPSTREAM_NREASONS
 };
 
-/* For conf.c: can t's files be used (readable, PEM, the key matching the
+/* For confcheck.c: can t's files be used (readable, PEM, the key matching the
  * certificate)? NULL when they can; otherwise a message in buf[n] and *key
  * the key at fault ("ca_file", "cert_file" or "key_file"). */
 const char *tls_upstream_check(const struct conf_tls_client *t, char *buf, size_t n,

@@ -4,7 +4,7 @@
  * matching; the reference conf/sluice.yaml and conf/standalone.yaml; the
  * operations keys (backend, admin, path_regex, count_status...); and every
  * bad file in data/conf/bad_*.yaml, whose first line "# expect: LINE:COL:
- * message" is the exact error it must give (a trailing '*' matches any rest,
+ * message" is the exact error the whole load (confcheck_load) must give (a trailing '*' matches any rest,
  * for resolver texts that differ between machines). Run from tests/unit. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "conf.h"
+#include "confcheck.h"
 #include "route.h"
 #include "store.h"
 
@@ -383,7 +384,7 @@ static void test_bad_files(void **state)
         snprintf(want, sizeof want, "%s:%s", path, line + 10);
         wl = strlen(want);
         prefix = wl > 0 && want[wl - 1] == '*';
-        c = conf_load(path, &err);
+        c = confcheck_load(path, &err);     /* the whole load, as sluice -t runs it */
         if (c) {
             print_error("%s: loaded, expected %s\n", path, want);
             conf_release(c);
