@@ -64,8 +64,12 @@ struct listener *listener_create(struct event_base *base, int fd, const char *wh
     l->who = mem_strndup(who, strlen(who));
     l->addr = mem_strndup(addr, strlen(addr));
     l->resume = evtimer_new(base, resume_cb, l);
+    /* Backlog 0: the caller's socket is already listening with the backlog it
+     * chose (worker.c 4096, admin.c 128); -1 would make libevent listen()
+     * again with 128, and a burst of connects beyond that waits for a SYN
+     * retransmit (1 s). */
     l->ev = evconnlistener_new(base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
-                               -1, fd);
+                               0, fd);
     if (l->resume == NULL || l->ev == NULL) {
         if (l->ev == NULL)
             close(fd);

@@ -53,7 +53,7 @@ def many_fds():
 
 def connect_all(port, n, batch=100, timeout_s=30.0):
     """n connected sockets, batch at a time without blocking (a batch stays
-    below the accept backlog, 128 as libevent sets it)."""
+    well below the accept backlog)."""
     socks = []
     deadline = time.monotonic() + timeout_s
     while len(socks) < n and time.monotonic() < deadline:
