@@ -12,7 +12,7 @@
 #include "clock.h"
 #include "conn.h"
 #include "http1.h"
-#include "tls_server.h"
+#include "io.h"
 #include "upstream.h"
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -65,8 +65,8 @@ void conn_close_after_write(struct client *c)
     c->state = CS_CLOSING;
     c->keep_alive = 0;
     conn_timer(c, TM_NONE, 0);
-    bufferevent_disable(c->bev, EV_READ);
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+    io_disable(c->io, EV_READ);
+    if (evbuffer_get_length(io_output(c->io)) == 0)
         conn_kill(c);
 }
 
@@ -120,21 +120,18 @@ void conn_flush(struct client *c)
 {
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
-        if (c->tls)
-            tls_server_flush(c->bev);
-        else
-            out_flush(c->bev);
+        io_flush(c->io);
         if (c->up && c->up->connected)
             out_flush(c->up->bev);
         if (c->client_paused && c->up &&
             evbuffer_get_length(bufferevent_get_output(c->up->bev)) <= CONN_HIGH_WATER / 2) {
             c->client_paused = 0;
-            bufferevent_enable(c->bev, EV_READ);
+            io_enable(c->io, EV_READ);
             c->ops->process(c);
             progress = 1;
         }
         if (!c->dead && c->up_paused && c->up &&
-            evbuffer_get_length(bufferevent_get_output(c->bev)) <= CONN_HIGH_WATER / 2) {
+            evbuffer_get_length(io_output(c->io)) <= CONN_HIGH_WATER / 2) {
             c->up_paused = 0;
             bufferevent_enable(c->up->bev, EV_READ);
             c->ops->up_resumed(c);
@@ -144,7 +141,7 @@ void conn_flush(struct client *c)
          * heads waited: once it drains, go on with them (a write that
          * completed at once arms no write event to do it). */
         if (!c->dead && c->heads_paused &&
-            evbuffer_get_length(bufferevent_get_output(c->bev)) <= CONN_HIGH_WATER / 2) {
+            evbuffer_get_length(io_output(c->io)) <= CONN_HIGH_WATER / 2) {
             c->heads_paused = 0;
             c->ops->process(c);
             progress = 1;
@@ -153,7 +150,7 @@ void conn_flush(struct client *c)
             break;
     }
     if (!c->dead && c->state == CS_CLOSING &&
-        evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        evbuffer_get_length(io_output(c->io)) == 0)
         conn_kill(c);
 }
 

@@ -16,8 +16,9 @@
 #include "http1.h"
 #include "route.h"
 
-struct bufferevent;
 struct evbuffer;
+struct io;
+struct bufferevent;
 struct event;
 struct event_base;
 struct upstream_conn;
@@ -79,7 +80,7 @@ struct client {
     struct conn_env *env;
     struct client *prev, *next;         /* env's list */
     struct conf *conf;                  /* retained */
-    struct bufferevent *bev;
+    struct io *io;                      /* the socket, plain or TLS (io.h) */
     struct sockaddr_storage peer;
     char peer_text[ROUTE_IP_MAX];       /* the peer's address, as keys use it */
     size_t peer_len;

@@ -19,6 +19,7 @@
 #include "exchange.h"
 #include "h1write.h"
 #include "http1.h"
+#include "io.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -273,7 +274,7 @@ static void buffer_wait(struct client *c)
  * is not relayed. */
 static void buffer_begin(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     buffer_drop(c);
     lazy_buffer(&c->body);
     evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->head.len);
@@ -283,7 +284,7 @@ static void buffer_begin(struct client *c)
     c->state = CS_BUFFER;
     c->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
     if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
-        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
     c->head.expect_continue = 0;
     buffer_wait(c);
 }
@@ -312,7 +313,7 @@ static int body_counted(struct client *c, int rc, size_t payload)
 
 void exchange_buffer_body(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     for (;;) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, c->body, &payload);
@@ -356,14 +357,14 @@ static void buffer_send(struct client *c)
 
 void exchange_pump_request(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     struct evbuffer *uo = bufferevent_get_output(c->up->bev);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
 
     while (!c->req_done && c->up) {
         size_t queued = evbuffer_get_length(uo);
         if (queued > CONN_HIGH_WATER) {
-            bufferevent_disable(c->bev, EV_READ);
+            io_disable(c->io, EV_READ);
             c->client_paused = 1;
             return;
         }
@@ -432,7 +433,7 @@ static void write_response_head(struct client *c, const char *buf)
         .close = !c->keep_alive || c->eof,
         .keep_alive_10 = c->head.minor == 0,
     };
-    obuf_begin(&ob, bufferevent_get_output(c->bev), h->len + 1024);
+    obuf_begin(&ob, io_output(c->io), h->len + 1024);
     h1write_response_begin(&ob, buf, h, &o);
     if (mode != CONF_HEADERS_NONE) {
         struct reply_upstream up;
@@ -447,13 +448,13 @@ static void write_response_head(struct client *c, const char *buf)
 void exchange_tunnel_pump(struct client *c)
 {
     struct bufferevent *ub = c->up->bev;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = io_output(c->io);
     struct evbuffer *uo = bufferevent_get_output(ub);
-    move_all(uo, bufferevent_get_input(c->bev));
+    move_all(uo, io_input(c->io));
     move_all(out, bufferevent_get_input(ub));
     /* Whichever side is slow to read holds back the other. */
     if (evbuffer_get_length(uo) > CONN_HIGH_WATER) {
-        bufferevent_disable(c->bev, EV_READ);
+        io_disable(c->io, EV_READ);
         c->client_paused = 1;
     }
     if (evbuffer_get_length(out) > CONN_HIGH_WATER) {
@@ -470,9 +471,9 @@ static void start_tunnel(struct client *c)
     c->resp_started = 1;
     c->keep_alive = 0;
     conn_timer(c, TM_NONE, 0);
-    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    io_set_timeouts(c->io, NULL, NULL);
     bufferevent_set_timeouts(c->up->bev, NULL, NULL);
-    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
+    io_setwatermark(c->io, EV_READ, 0);
     exchange_tunnel_pump(c);
 }
 
@@ -486,7 +487,7 @@ static int interim_response(struct client *c, int status)
     c->interims++;
     if (status == 100 && c->head.expect_continue &&
         c->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
-        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
         c->interims_relayed++;
     }
     if (c->up_deadline_ms == 0)
@@ -556,9 +557,9 @@ static int read_response_head(struct client *c)
             return 0;   /* counted_done_cb resumes */
         request_drain_head(c);  /* the request head is no longer needed for a retry */
         request_count_response(c, status);
-        size_t out_before = evbuffer_get_length(bufferevent_get_output(c->bev));
+        size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
-        request_count_out(c, evbuffer_get_length(bufferevent_get_output(c->bev)) - out_before);
+        request_count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
         evbuffer_drain(ui, uc->head.len);
         c->resp_started = 1;
         if (uc->head.body == HTTP1_BODY_NONE)
@@ -571,7 +572,7 @@ void exchange_pump_response(struct client *c)
 {
     struct upstream_conn *uc = c->up;
     struct evbuffer *ui = bufferevent_get_input(uc->bev);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = io_output(c->io);
     while (!c->resp_done) {
         size_t queued = evbuffer_get_length(out);
         if (queued > CONN_HIGH_WATER) {
@@ -677,7 +678,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         if (!c->dead && !c->resp_done && http1_body_eof(uc->parser)) {
             c->resp_done = 1;
             if (c->out_chunked)
-                evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
+                evbuffer_add(io_output(c->io), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);
             c->ops->process(c);
             goto out;

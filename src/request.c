@@ -41,6 +41,7 @@
 #include "decide.h"
 #include "h1write.h"
 #include "http1.h"
+#include "io.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
@@ -208,14 +209,14 @@ static const char *hb(const struct client *c, struct http1_span s)
 void request_refresh_head(struct client *c)
 {
     if (c->head_in_input)
-        c->hbuf = (const char *)evbuffer_pullup(bufferevent_get_input(c->bev),
+        c->hbuf = (const char *)evbuffer_pullup(io_input(c->io),
                                                 (ssize_t)c->head.len);
 }
 
 void request_drain_head(struct client *c)
 {
     if (c->head_in_input) {
-        evbuffer_drain(bufferevent_get_input(c->bev), c->head.len);
+        evbuffer_drain(io_input(c->io), c->head.len);
         c->head_in_input = 0;
         c->hbuf = NULL;
     }
@@ -243,7 +244,7 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
 /* Answer the current request ourselves: an error, or with rl set, a 429. */
 void request_answer(struct client *c, int status, int close_after)
 {
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = io_output(c->io);
     size_t out_before = evbuffer_get_length(out);
     int keep = !close_after && c->head.keep_alive && !c->eof && !c->env->stopping &&
                body_discardable(&c->head);
@@ -367,7 +368,7 @@ static void regex_over_limit(struct client *c)
 
 void request_head(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     size_t len = evbuffer_get_length(in);
     size_t max = c->conf->client.max_header_bytes;
     if (len == 0)
@@ -536,7 +537,7 @@ static void decide(struct client *c)
 
 void request_discard_body(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     while (!c->req_done) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, NULL, &payload);
