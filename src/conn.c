@@ -5,8 +5,6 @@
  * watermarks, and the body pump both request.c and exchange.c use. What
  * needs the layers above goes through c->ops. */
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
 #include "clock.h"
@@ -72,48 +70,6 @@ void conn_close_after_write(struct client *c)
 
 /* ---- writing ----------------------------------------------------------- */
 
-/* A bufferevent over OpenSSL (tls_server.c, tls_upstream.c): its bytes
- * are written by the bufferevent, never by evbuffer_write on its fd. */
-static int conn_is_tls(struct bufferevent *bev)
-{
-    return bufferevent_openssl_get_ssl(bev) != NULL;
-}
-
-/* Write a socket's queued output now, in this loop iteration, instead of
- * arming the write event and writing in the next one: a bufferevent adds
- * its write event when output is queued and deletes it once written, two
- * epoll_ctl calls per response and per forwarded request. Here the write
- * event stays off while writes complete at once, and is enabled only when
- * the socket is full (EAGAIN), or on an error, which the bufferevent then
- * meets and reports through its event callback as usual. */
-static void out_flush(struct bufferevent *bev)
-{
-    struct evbuffer *out = bufferevent_get_output(bev);
-    if (evbuffer_get_length(out) == 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
-        return;
-    if (conn_is_tls(bev)) {             /* never plaintext to its socket */
-        bufferevent_enable(bev, EV_WRITE);
-        return;
-    }
-    /* A bufferevent keeps its output's start frozen against others
-     * draining it; its own write callback thaws it the same way. */
-    evbuffer_unfreeze(out, 1);
-    int n = evbuffer_write(out, bufferevent_getfd(bev));
-    evbuffer_freeze(out, 1);
-    if (n < 0 || evbuffer_get_length(out) > 0)
-        bufferevent_enable(bev, EV_WRITE);
-}
-
-/* The write event is needed again only when output waits. A TLS
- * bufferevent keeps EV_WRITE enabled: OpenSSL writes from its own callbacks
- * (a handshake, a ticket, output added), and its write event is pending
- * only while output waits. */
-void conn_out_idle(struct bufferevent *bev)
-{
-    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && !conn_is_tls(bev))
-        bufferevent_disable(bev, EV_WRITE);
-}
-
 /* Flush both sides, then do what the freed space allows: resume a side that
  * backpressure stopped. Bounded: each round needs progress. */
 void conn_flush(struct client *c)
@@ -121,10 +77,10 @@ void conn_flush(struct client *c)
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
         io_flush(c->io);
-        if (c->up && c->up->connected)
-            out_flush(c->up->bev);
+        if (c->up)
+            io_flush(c->up->io);    /* a no-op until connected */
         if (c->client_paused && c->up &&
-            evbuffer_get_length(bufferevent_get_output(c->up->bev)) <= CONN_HIGH_WATER / 2) {
+            evbuffer_get_length(io_output(c->up->io)) <= CONN_HIGH_WATER / 2) {
             c->client_paused = 0;
             io_enable(c->io, EV_READ);
             c->ops->process(c);
@@ -133,7 +89,7 @@ void conn_flush(struct client *c)
         if (!c->dead && c->up_paused && c->up &&
             evbuffer_get_length(io_output(c->io)) <= CONN_HIGH_WATER / 2) {
             c->up_paused = 0;
-            bufferevent_enable(c->up->bev, EV_READ);
+            io_enable(c->up->io, EV_READ);
             c->ops->up_resumed(c);
             progress = 1;
         }

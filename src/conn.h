@@ -18,7 +18,6 @@
 
 struct evbuffer;
 struct io;
-struct bufferevent;
 struct event;
 struct event_base;
 struct upstream_conn;
@@ -134,7 +133,6 @@ void conn_timer(struct client *c, enum timer_mode mode, int64_t ms);
 /* Stop reading requests and close once what is queued has been written. */
 void conn_close_after_write(struct client *c);
 void conn_flush(struct client *c);
-void conn_out_idle(struct bufferevent *bev);
 
 /* Feed one contiguous run of src's body bytes to parser p; the payload goes
  * to dst (NULL: dropped). Returns 1 when the message is complete, 0 to wait

@@ -30,7 +30,6 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "accesslog.h"
@@ -506,7 +505,7 @@ static void counted_cb(void *arg, int verdict)
     struct client *c = arg;
     conn_enter(c);
     if (c->up)
-        bufferevent_enable(c->up->bev, EV_READ);
+        io_enable(c->up->io, EV_READ);
     c->ops->resume(c);
     conn_leave(c);
 }
@@ -519,7 +518,7 @@ int request_consume_counted(struct client *c, int status)
 {
     if (!decide_count_status(&c->rq->dec, status, counted_cb, c))
         return 0;
-    bufferevent_disable(c->up->bev, EV_READ);
+    io_disable(c->up->io, EV_READ);
     return 1;
 }
 
