@@ -31,6 +31,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "clock.h"
 #include "io.h"
 #include "mem.h"
 
@@ -403,6 +404,7 @@ static void io_handshake(struct io *io)
     }
     int rc = ssl_failure(io, code);
     io->handshaking = 0;
+    io->failed = 1;             /* never an SSL_read on a failed handshake */
     io_report(io, rc == IO_CLOSED ? IO_EOF | IO_READING : IO_ERROR | IO_READING);
 }
 
@@ -519,7 +521,8 @@ static void io_write_event(evutil_socket_t fd, short what, void *arg)
     } else {
         if (io->rd_wants_write) {
             io->rd_wants_write = 0;
-            io_read_now(io);
+            if (io->enabled & EV_READ)
+                io_read_now(io);
         }
         if (!io->dead && !io->failed && io->write_blocked)
             io_write_now(io);
@@ -612,7 +615,7 @@ int io_connect(struct io *io, const struct sockaddr *sa, socklen_t len, int64_t 
         event_active(&io->wev, EV_WRITE, 1);
     }
     if (timeout_ms > 0) {
-        struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
+        struct timeval tv = clock_timeval(timeout_ms);
         io->deadline = evtimer_new(io->base, io_deadline_event, io);
         if (io->deadline == NULL)
             abort();    /* only on allocation failure */
