@@ -207,10 +207,10 @@ static const struct io_ops plain_ops = { plain_recv, plain_send, plain_shutdown 
 
 /* ---- TLS --------------------------------------------------------------- */
 
-/* SSL_read into reserved input space until OpenSSL wants the socket again,
- * within max bytes and IO_TLS_READS records: the socket was read once (read
- * ahead), the records it brought are all taken now, since no readiness
- * event will come for them. */
+/* SSL_read into reserved input space while OpenSSL holds input, within max
+ * bytes and IO_TLS_READS records: the socket is read once (read ahead), and
+ * the records that read brought are all taken now, since no readiness event
+ * will come for them. The next read(2) waits for the next event. */
 static long tls_recv(struct io *io, size_t max)
 {
     long total = 0;
@@ -229,6 +229,8 @@ static long tls_recv(struct io *io, size_t max)
             v.iov_len = (size_t)r;
             evbuffer_commit_space(io->in, &v, 1);
             total += r;
+            if (!SSL_has_pending(io->ssl))
+                return total;   /* what the read brought is all taken */
             continue;
         }
         evbuffer_commit_space(io->in, &v, 0);
@@ -642,7 +644,18 @@ void io_setwatermark(struct io *io, short what, size_t mark)
     io_update(io);
 }
 
-/* Re-armed with the new timeouts, as bufferevent_set_timeouts does. */
+/* An armed event gets the new timeout in place (libevent's timer heap
+ * only, no epoll_ctl: set_timeouts comes once or twice per request). */
+static void retime(struct event *ev, unsigned armed, const struct timeval *tv)
+{
+    if (!armed)
+        return;
+    if (tv)
+        event_add(ev, tv);
+    else
+        event_remove_timer(ev);
+}
+
 void io_set_timeouts(struct io *io, const struct timeval *rd, const struct timeval *wr)
 {
     io->has_rtv = rd != NULL;
@@ -651,15 +664,8 @@ void io_set_timeouts(struct io *io, const struct timeval *rd, const struct timev
     io->has_wtv = wr != NULL;
     if (wr)
         io->wtv = *wr;
-    if (io->rd_armed) {
-        event_del(&io->rev);
-        io->rd_armed = 0;
-    }
-    if (io->wr_armed) {
-        event_del(&io->wev);
-        io->wr_armed = 0;
-    }
-    io_update(io);
+    retime(&io->rev, io->rd_armed, rd);
+    retime(&io->wev, io->wr_armed, wr);
 }
 
 void io_enable(struct io *io, short what)
