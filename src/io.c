@@ -67,6 +67,7 @@ struct io {
     int fd;
     SSL *ssl;
     struct event rev, wev;
+    struct event kev;               /* activated only, never added: see io_kick */
     struct event *deadline;         /* connect + handshake bound; NULL after */
     struct evbuffer *in, *out;
     io_cb read_cb, drained_cb;
@@ -85,6 +86,7 @@ struct io {
     unsigned rd_wants_write : 1;    /* SSL_read needs the socket writable */
     unsigned wr_wants_read : 1;     /* SSL_write needs the socket readable */
     unsigned ssl_more : 1;          /* OpenSSL holds input we did not take */
+    unsigned paused : 1;            /* reading stopped at the read mark */
     unsigned kick : 1;              /* io_trigger_read pending */
     unsigned failed : 1;            /* an error: no more events */
     unsigned error_pending : 1;     /* failed, to be reported from the loop */
@@ -323,12 +325,13 @@ static void io_update(struct io *io)
         w = io->hs_wants_write;
         r = !w;
     } else {
-        int reading = (io->enabled & EV_READ) &&
-                      (io->read_mark == 0 || evbuffer_get_length(io->in) < io->read_mark);
+        int full = io->read_mark && evbuffer_get_length(io->in) >= io->read_mark;
+        int reading = (io->enabled & EV_READ) && !full;
+        io->paused = (io->enabled & EV_READ) && full;
         r = io->wr_wants_read || (reading && !io->rd_wants_write);
         w = io->rd_wants_write || (io->write_blocked && !io->wr_wants_read);
         if (reading && io->ssl_more && !io->rd_wants_write)
-            event_active(&io->rev, EV_READ, 1);     /* no readiness will say so */
+            event_active(&io->kev, EV_READ, 1);     /* no readiness will say so */
     }
     unsigned ra = io->rd_armed, wa = io->wr_armed;
     arm(&io->rev, r, &ra, io->has_rtv ? &io->rtv : NULL);
@@ -490,10 +493,6 @@ static void io_read_event(evutil_socket_t fd, short what, void *arg)
     io_hold(io);
     if (what & EV_TIMEOUT) {
         io_report(io, IO_TIMEOUT | IO_READING);     /* disarms it */
-    } else if (io->kick) {
-        io->kick = 0;
-        if (io->read_cb)
-            io->read_cb(io, io->arg);
     } else if (io->handshaking) {
         io_handshake(io);
     } else if (!io->failed) {
@@ -505,14 +504,34 @@ static void io_read_event(evutil_socket_t fd, short what, void *arg)
     io_unhold(io);
 }
 
-static void io_write_event(evutil_socket_t fd, short what, void *arg)
+/* What needs the loop's turn without readiness: an error io_flush or
+ * io_connect met, io_trigger_read, input OpenSSL holds. Its own event:
+ * libevent does not insert an event that is active into epoll, so
+ * activating rev or wev could leave them unarmed. */
+static void io_kick_event(evutil_socket_t fd, short what, void *arg)
 {
     struct io *io = arg;
     io_hold(io);
     if (io->error_pending) {
         io->error_pending = 0;
         io_report(io, IO_ERROR | IO_WRITING);
-    } else if (what & EV_TIMEOUT) {
+    } else if (io->kick) {
+        io->kick = 0;
+        if (io->read_cb)
+            io->read_cb(io, io->arg);
+        io_update(io);
+    } else if (!io->failed && !io->handshaking && io->up && (io->enabled & EV_READ) &&
+               !io->rd_wants_write) {
+        io_read_now(io);
+    }
+    io_unhold(io);
+}
+
+static void io_write_event(evutil_socket_t fd, short what, void *arg)
+{
+    struct io *io = arg;
+    io_hold(io);
+    if (what & EV_TIMEOUT) {
         io_report(io, IO_TIMEOUT | IO_WRITING);
     } else if (io->failed) {
         io_update(io);
@@ -554,6 +573,7 @@ static void io_events_assign(struct io *io)
 {
     event_assign(&io->rev, io->base, io->fd, EV_READ | EV_PERSIST, io_read_event, io);
     event_assign(&io->wev, io->base, io->fd, EV_WRITE | EV_PERSIST, io_write_event, io);
+    event_assign(&io->kev, io->base, -1, 0, io_kick_event, io);
 }
 
 struct io *io_new(struct event_base *base, int fd, struct ssl_st *ssl)
@@ -589,6 +609,7 @@ void io_free(struct io *io)
         return;
     event_del(&io->rev);
     event_del(&io->wev);
+    event_del(&io->kev);
     io->rd_armed = io->wr_armed = 0;
     if (io->deadline) {
         event_free(io->deadline);
@@ -614,7 +635,7 @@ int io_connect(struct io *io, const struct sockaddr *sa, socklen_t len, int64_t 
     if (connect(fd, sa, len) < 0 && errno != EINPROGRESS) {
         io->err = errno;        /* refused at once (loopback): said from the loop */
         io->failed = io->error_pending = 1;
-        event_active(&io->wev, EV_WRITE, 1);
+        event_active(&io->kev, EV_WRITE, 1);
     }
     if (timeout_ms > 0) {
         struct timeval tv = clock_timeval(timeout_ms);
@@ -683,11 +704,13 @@ void io_disable(struct io *io, short what)
 void io_trigger_read(struct io *io)
 {
     io->kick = 1;
-    event_active(&io->rev, EV_READ, 1);
+    event_active(&io->kev, EV_READ, 1);
 }
 
 void io_flush(struct io *io)
 {
+    if (io->paused && evbuffer_get_length(io->in) < io->read_mark)
+        io_update(io);          /* the input was taken: read again */
     if (!io->up || io->dead || io->failed || io->write_blocked || io->wr_wants_read ||
         evbuffer_get_length(io->out) == 0)
         return;
@@ -695,7 +718,7 @@ void io_flush(struct io *io)
     if (r == IO_FAIL) {
         io->failed = io->error_pending = 1;
         io_update(io);
-        event_active(&io->wev, EV_WRITE, 1);
+        event_active(&io->kev, EV_WRITE, 1);
         return;
     }
     if (r == IO_AGAIN && io->ssl == NULL)

@@ -63,7 +63,9 @@ void io_disable(struct io *io, short what);
 void io_trigger_read(struct io *io);
 
 /* Write the output now; arm the write event only if the socket (or TLS)
- * cannot take it all. Never calls back: a failure is reported from the loop. */
+ * cannot take it all. Never calls back: a failure is reported from the loop.
+ * Reading stopped at the read mark resumes here once the input is below it
+ * (the layer above flushes after taking input, once per callback). */
 void io_flush(struct io *io);
 
 struct evbuffer *io_input(struct io *io);

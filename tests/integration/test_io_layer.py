@@ -471,3 +471,36 @@ def test_tls_upstream_bytes_after_response_not_reused(sluice, pki, tls_up):
         status, hdrs, body, _ = read_response(t)
         assert (status, body) == (200, b"ok"), (body, s.stderr)
         assert hdrs["x-conn"] != first
+
+
+# ---------------------------------------------------------- read marks ----
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_pipelined_past_the_read_mark(sluice, pki, tls_up, tls):
+    # 400 pipelined requests (about 150 KB) in one go: more than a client's
+    # input may hold (max_header_bytes + 64 KiB), so reading stops at the
+    # mark and must resume as the requests are answered.
+    s = start_both(sluice, pki, tls_up)
+    n = 400
+    pad = "a" * 300
+    reqs = b"".join(build_request("GET", "/x%d?%s" % (i, pad), host="api.test")
+                    for i in range(n))
+    # Read while sending, as a client must (sluice holds what it cannot
+    # answer yet, and no more): records are made first, then one thread
+    # sends their bytes while this one reads.
+    if tls:
+        c = MemTLS(pki, s.tls_port)
+        c.obj.write(reqs)
+        data, sock, rd = c.out.read(), c.raw, _Feed(c)
+    else:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        data, rd = reqs, sock
+    sender = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
+    sender.start()
+    buf, got = b"", 0
+    while got < n:
+        status, _, _, buf = read_response(rd, buf)
+        assert status == 200, (got, s.stderr)
+        got += 1
+    sender.join(5)
+    sock.close()
