@@ -14,7 +14,6 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "client.h"
@@ -24,6 +23,7 @@
 #include "decide.h"
 #include "exchange.h"
 #include "http1.h"
+#include "io.h"
 #include "mem.h"
 #include "metrics.h"
 #include "request.h"
@@ -54,7 +54,7 @@ static void client_free(struct client *c)
     env->nclients--;
     metrics_gauge_add(METRICS_CONN_CLIENT, -1);
     event_free(c->timer);
-    bufferevent_free(c->bev);
+    io_free(c->io);
     http1_destroy(c->parser);
     if (c->body)
         evbuffer_free(c->body);
@@ -83,7 +83,7 @@ static void client_request_done(struct client *c)
         return;
     }
     c->state = CS_HEAD;
-    if (evbuffer_get_length(bufferevent_get_input(c->bev)) == 0) {
+    if (evbuffer_get_length(io_input(c->io)) == 0) {
         conn_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
         request_put(c->env, c->rq);     /* idle: no request state until the next head */
         c->rq = NULL;
@@ -106,7 +106,7 @@ static struct request *client_request(struct client *c)
  * will come for bytes that were read. */
 static int parse_head_answered(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     size_t before = evbuffer_get_length(in);
     if (before == 0)
         return 0;
@@ -123,7 +123,7 @@ static void client_process(struct client *c)
         switch (c->state) {
         case CS_HEAD:
             /* Pipelined requests wait while our output is backed up. */
-            if (evbuffer_get_length(bufferevent_get_output(c->bev)) > CONN_HIGH_WATER) {
+            if (evbuffer_get_length(io_output(c->io)) > CONN_HIGH_WATER) {
                 c->heads_paused = 1;    /* conn_flush resumes once written */
                 return;
             }
@@ -156,7 +156,7 @@ static void client_process(struct client *c)
     /* Still going after many requests: go on from the event loop, after
      * the other connections have had their turn. */
     if (!c->dead)
-        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+        io_trigger_read(c->io);
 }
 
 static void client_cancel(struct client *c)
@@ -197,7 +197,7 @@ static const struct conn_ops client_ops = {
     .free = client_free,
 };
 
-static void client_read_cb(struct bufferevent *bev, void *arg)
+static void client_read_cb(struct io *io, void *arg)
 {
     struct client *c = arg;
     conn_enter(c);
@@ -205,11 +205,11 @@ static void client_read_cb(struct bufferevent *bev, void *arg)
     conn_leave(c);
 }
 
-static void client_write_cb(struct bufferevent *bev, void *arg)
+/* The output drained to the low mark after the socket had been full. */
+static void client_write_cb(struct io *io, void *arg)
 {
     struct client *c = arg;
     conn_enter(c);
-    conn_out_idle(bev);         /* a no-op on TLS (conn.c) */
     if (c->state != CS_CLOSING)
         client_process(c);
     conn_leave(c);        /* resumes the upstream, or ends a closing client */
@@ -220,16 +220,16 @@ static void client_write_cb(struct bufferevent *bev, void *arg)
 static void client_tls_done(struct client *c)
 {
     c->handshaking = 0;
-    c->tls_version = tls_server_version(c->bev);
+    c->tls_version = tls_server_version(io_ssl(c->io));
     metrics_tls_handshake();
     if (c->timer_mode == TM_HANDSHAKE)
         conn_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
 }
 
-static void client_event_cb(struct bufferevent *bev, short what, void *arg)
+static void client_event_cb(struct io *io, short what, void *arg)
 {
     struct client *c = arg;
-    if (what & BEV_EVENT_CONNECTED) {
+    if (what & IO_CONNECTED) {
         client_tls_done(c);
         return;
     }
@@ -237,12 +237,12 @@ static void client_event_cb(struct bufferevent *bev, short what, void *arg)
     if (c->handshaking) {
         /* Not TLS, a version or cipher refused, or gone: this one only. */
         c->handshaking = 0;
-        metrics_tls_failure(tls_server_failure(bev, what));
+        metrics_tls_failure(tls_server_failure(io_ssl_error(io)));
         conn_kill(c);
         conn_leave(c);
         return;
     }
-    if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
+    if ((what & IO_EOF) && !(what & IO_ERROR)) {
         /* Half-close: a client may send its request and shut its side
          * down; it still gets the answer to a request already read. */
         c->eof = 1;
@@ -298,20 +298,19 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    struct bufferevent *bev = tls ? tls_server_bufferevent(tls, env->base, fd)
-                                  : bufferevent_socket_new(env->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (bev == NULL) {
-        if (!tls)
-            evutil_closesocket(fd);     /* tls_server_bufferevent closed it */
+    struct ssl_st *ssl = NULL;
+    if (tls && (ssl = tls_server_ssl(tls)) == NULL) {
+        evutil_closesocket(fd);
         return;
     }
+    struct io *io = io_new(env->base, fd, ssl);
 
     struct client *c = mem_calloc(1, sizeof(*c));
     c->ops = &client_ops;
     c->env = env;
     c->conf = conf;
     conf_retain(conf);
-    c->bev = bev;
+    c->io = io;
     memcpy(&c->peer, peer, (size_t)peerlen < sizeof(c->peer) ? (size_t)peerlen : sizeof(c->peer));
     c->peer_len = route_client_ip(conf, peer, NULL, NULL, c->peer_text);
     c->parser = http1_create(HTTP1_REQUEST);
@@ -329,16 +328,11 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
 
     /* A client that stops reading is dropped after idle_timeout. */
     struct timeval wt = clock_timeval(conf->client.idle_timeout_ms);
-    bufferevent_set_timeouts(bev, NULL, &wt);
-    bufferevent_setwatermark(bev, EV_READ, 0, conf->client.max_header_bytes + CLIENT_INPUT_MAX);
-    bufferevent_setwatermark(bev, EV_WRITE, CONN_HIGH_WATER / 2, 0);
-    bufferevent_setcb(bev, client_read_cb, client_write_cb, client_event_cb, c);
-    bufferevent_enable(bev, EV_READ);
-    /* On by default. Plain: writes go out from conn_flush. TLS: the
-     * bufferevent writes through OpenSSL itself, with its write event on
-     * only while output waits (conn.c). */
-    if (!c->tls)
-        bufferevent_disable(bev, EV_WRITE);
+    io_set_timeouts(io, NULL, &wt);
+    io_setwatermark(io, EV_READ, conf->client.max_header_bytes + CLIENT_INPUT_MAX);
+    io_setwatermark(io, EV_WRITE, CONN_HIGH_WATER / 2);
+    io_setcb(io, client_read_cb, client_write_cb, client_event_cb, c);
+    io_enable(io, EV_READ);
     if (c->tls)
         conn_timer(c, TM_HANDSHAKE, conf->client.header_timeout_ms);
     else
@@ -350,7 +344,7 @@ void client_drain(struct conn_env *env)
     for (struct client *c = env->clients, *next; c; c = next) {
         next = c->next;
         c->keep_alive = 0;
-        if (c->state == CS_HEAD && evbuffer_get_length(bufferevent_get_input(c->bev)) == 0) {
+        if (c->state == CS_HEAD && evbuffer_get_length(io_input(c->io)) == 0) {
             conn_kill(c);
             if (c->busy == 0)
                 client_free(c);

@@ -5,14 +5,12 @@
  * watermarks, and the body pump both request.c and exchange.c use. What
  * needs the layers above goes through c->ops. */
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 
 #include "clock.h"
 #include "conn.h"
 #include "http1.h"
-#include "tls_server.h"
+#include "io.h"
 #include "upstream.h"
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -65,54 +63,12 @@ void conn_close_after_write(struct client *c)
     c->state = CS_CLOSING;
     c->keep_alive = 0;
     conn_timer(c, TM_NONE, 0);
-    bufferevent_disable(c->bev, EV_READ);
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+    io_disable(c->io, EV_READ);
+    if (evbuffer_get_length(io_output(c->io)) == 0)
         conn_kill(c);
 }
 
 /* ---- writing ----------------------------------------------------------- */
-
-/* A bufferevent over OpenSSL (tls_server.c, tls_upstream.c): its bytes
- * are written by the bufferevent, never by evbuffer_write on its fd. */
-static int conn_is_tls(struct bufferevent *bev)
-{
-    return bufferevent_openssl_get_ssl(bev) != NULL;
-}
-
-/* Write a socket's queued output now, in this loop iteration, instead of
- * arming the write event and writing in the next one: a bufferevent adds
- * its write event when output is queued and deletes it once written, two
- * epoll_ctl calls per response and per forwarded request. Here the write
- * event stays off while writes complete at once, and is enabled only when
- * the socket is full (EAGAIN), or on an error, which the bufferevent then
- * meets and reports through its event callback as usual. */
-static void out_flush(struct bufferevent *bev)
-{
-    struct evbuffer *out = bufferevent_get_output(bev);
-    if (evbuffer_get_length(out) == 0 || (bufferevent_get_enabled(bev) & EV_WRITE))
-        return;
-    if (conn_is_tls(bev)) {             /* never plaintext to its socket */
-        bufferevent_enable(bev, EV_WRITE);
-        return;
-    }
-    /* A bufferevent keeps its output's start frozen against others
-     * draining it; its own write callback thaws it the same way. */
-    evbuffer_unfreeze(out, 1);
-    int n = evbuffer_write(out, bufferevent_getfd(bev));
-    evbuffer_freeze(out, 1);
-    if (n < 0 || evbuffer_get_length(out) > 0)
-        bufferevent_enable(bev, EV_WRITE);
-}
-
-/* The write event is needed again only when output waits. A TLS
- * bufferevent keeps EV_WRITE enabled: OpenSSL writes from its own callbacks
- * (a handshake, a ticket, output added), and its write event is pending
- * only while output waits. */
-void conn_out_idle(struct bufferevent *bev)
-{
-    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 && !conn_is_tls(bev))
-        bufferevent_disable(bev, EV_WRITE);
-}
 
 /* Flush both sides, then do what the freed space allows: resume a side that
  * backpressure stopped. Bounded: each round needs progress. */
@@ -120,23 +76,20 @@ void conn_flush(struct client *c)
 {
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
-        if (c->tls)
-            tls_server_flush(c->bev);
-        else
-            out_flush(c->bev);
-        if (c->up && c->up->connected)
-            out_flush(c->up->bev);
+        io_flush(c->io);
+        if (c->up)
+            io_flush(c->up->io);    /* a no-op until connected */
         if (c->client_paused && c->up &&
-            evbuffer_get_length(bufferevent_get_output(c->up->bev)) <= CONN_HIGH_WATER / 2) {
+            evbuffer_get_length(io_output(c->up->io)) <= CONN_HIGH_WATER / 2) {
             c->client_paused = 0;
-            bufferevent_enable(c->bev, EV_READ);
+            io_enable(c->io, EV_READ);
             c->ops->process(c);
             progress = 1;
         }
         if (!c->dead && c->up_paused && c->up &&
-            evbuffer_get_length(bufferevent_get_output(c->bev)) <= CONN_HIGH_WATER / 2) {
+            evbuffer_get_length(io_output(c->io)) <= CONN_HIGH_WATER / 2) {
             c->up_paused = 0;
-            bufferevent_enable(c->up->bev, EV_READ);
+            io_enable(c->up->io, EV_READ);
             c->ops->up_resumed(c);
             progress = 1;
         }
@@ -144,7 +97,7 @@ void conn_flush(struct client *c)
          * heads waited: once it drains, go on with them (a write that
          * completed at once arms no write event to do it). */
         if (!c->dead && c->heads_paused &&
-            evbuffer_get_length(bufferevent_get_output(c->bev)) <= CONN_HIGH_WATER / 2) {
+            evbuffer_get_length(io_output(c->io)) <= CONN_HIGH_WATER / 2) {
             c->heads_paused = 0;
             c->ops->process(c);
             progress = 1;
@@ -153,7 +106,7 @@ void conn_flush(struct client *c)
             break;
     }
     if (!c->dead && c->state == CS_CLOSING &&
-        evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        evbuffer_get_length(io_output(c->io)) == 0)
         conn_kill(c);
 }
 

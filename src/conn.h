@@ -16,8 +16,8 @@
 #include "http1.h"
 #include "route.h"
 
-struct bufferevent;
 struct evbuffer;
+struct io;
 struct event;
 struct event_base;
 struct upstream_conn;
@@ -81,7 +81,7 @@ struct client {
     struct conn_env *env;
     struct client *prev, *next;         /* env's list */
     struct conf *conf;                  /* retained */
-    struct bufferevent *bev;
+    struct io *io;                      /* the socket, plain or TLS (io.h) */
     struct sockaddr_storage peer;
     char peer_text[ROUTE_IP_MAX];       /* the peer's address, as keys use it */
     size_t peer_len;
@@ -136,7 +136,6 @@ void conn_timer(struct client *c, enum timer_mode mode, int64_t ms);
 /* Stop reading requests and close once what is queued has been written. */
 void conn_close_after_write(struct client *c);
 void conn_flush(struct client *c);
-void conn_out_idle(struct bufferevent *bev);
 
 /* Feed one contiguous run of src's body bytes to parser p; the payload goes
  * to dst (NULL: dropped). Returns 1 when the message is complete, 0 to wait

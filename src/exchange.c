@@ -10,7 +10,6 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "clock.h"
@@ -19,6 +18,7 @@
 #include "exchange.h"
 #include "h1write.h"
 #include "http1.h"
+#include "io.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -121,9 +121,9 @@ static struct evbuffer *lazy_buffer(struct evbuffer **b)
 
 /* ---- forwarding the request -------------------------------------------- */
 
-static void up_read_cb(struct bufferevent *bev, void *arg);
-static void up_write_cb(struct bufferevent *bev, void *arg);
-static void up_event_cb(struct bufferevent *bev, short what, void *arg);
+static void up_read_cb(struct io *io, void *arg);
+static void up_write_cb(struct io *io, void *arg);
+static void up_event_cb(struct io *io, short what, void *arg);
 
 /* Is the peer (not an X-Forwarded-For entry) a trusted proxy? */
 static int peer_trusted(const struct client *c)
@@ -164,7 +164,7 @@ static void up_timeouts(struct client *c)
     struct timeval tv = clock_timeval(ms);
     if (c->req_done && c->up_deadline_ms == 0)
         c->up_deadline_ms = clock_ms() + ms;
-    bufferevent_set_timeouts(uc->bev, c->req_done ? &tv : NULL, &tv);
+    io_set_timeouts(uc->io, c->req_done ? &tv : NULL, &tv);
 }
 
 /* Borrow a connection from pool p (the request's runtime's pool for the
@@ -178,14 +178,14 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
     c->up = upstream_acquire(p, fresh);
     if (c->up == NULL)
         return -1;
-    struct bufferevent *ub = c->up->bev;
-    bufferevent_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
-    bufferevent_setwatermark(ub, EV_WRITE, CONN_HIGH_WATER / 2, 0);
+    struct io *ub = c->up->io;
+    io_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
+    io_setwatermark(ub, EV_WRITE, CONN_HIGH_WATER / 2);
     c->up_deadline_ms = 0;      /* counted on this connection */
     up_timeouts(c);
-    /* A connect completes on the write event; a connected socket is
-     * written by conn_flush. */
-    bufferevent_enable(ub, c->up->connected ? EV_READ : EV_READ | EV_WRITE);
+    /* Reading starts once connected; what is queued before goes out then,
+     * later writes from conn_flush. */
+    io_enable(ub, EV_READ);
     c->up_paused = 0;
     return 0;
 }
@@ -212,7 +212,7 @@ void exchange_start(struct client *c)
     }
     c->state = CS_PROXY;
     c->upstream_start_us = clock_us();
-    write_request_head(c, bufferevent_get_output(c->up->bev));
+    write_request_head(c, io_output(c->up->io));
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
         up_timeouts(c);
@@ -273,7 +273,7 @@ static void buffer_wait(struct client *c)
  * is not relayed. */
 static void buffer_begin(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     buffer_drop(c);
     lazy_buffer(&c->body);
     evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->head.len);
@@ -283,7 +283,7 @@ static void buffer_begin(struct client *c)
     c->state = CS_BUFFER;
     c->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
     if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
-        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
     c->head.expect_continue = 0;
     buffer_wait(c);
 }
@@ -312,7 +312,7 @@ static int body_counted(struct client *c, int rc, size_t payload)
 
 void exchange_buffer_body(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     for (;;) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, c->body, &payload);
@@ -340,7 +340,7 @@ void exchange_buffer_body(struct client *c)
  * framed it (as is, or as one chunk of ours and the last chunk when whole). */
 static void buffer_send(struct client *c)
 {
-    struct evbuffer *uo = bufferevent_get_output(c->up->bev);
+    struct evbuffer *uo = io_output(c->up->io);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
     size_t n = c->body ? evbuffer_get_length(c->body) : 0;
     buffer_release_head(c);
@@ -356,14 +356,14 @@ static void buffer_send(struct client *c)
 
 void exchange_pump_request(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
-    struct evbuffer *uo = bufferevent_get_output(c->up->bev);
+    struct evbuffer *in = io_input(c->io);
+    struct evbuffer *uo = io_output(c->up->io);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
 
     while (!c->req_done && c->up) {
         size_t queued = evbuffer_get_length(uo);
         if (queued > CONN_HIGH_WATER) {
-            bufferevent_disable(c->bev, EV_READ);
+            io_disable(c->io, EV_READ);
             c->client_paused = 1;
             return;
         }
@@ -432,7 +432,7 @@ static void write_response_head(struct client *c, const char *buf)
         .close = !c->keep_alive || c->eof,
         .keep_alive_10 = c->head.minor == 0,
     };
-    obuf_begin(&ob, bufferevent_get_output(c->bev), h->len + 1024);
+    obuf_begin(&ob, io_output(c->io), h->len + 1024);
     h1write_response_begin(&ob, buf, h, &o);
     if (mode != CONF_HEADERS_NONE) {
         struct reply_upstream up;
@@ -446,18 +446,18 @@ static void write_response_head(struct client *c, const char *buf)
 /* Move what each side has to the other. */
 void exchange_tunnel_pump(struct client *c)
 {
-    struct bufferevent *ub = c->up->bev;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    struct evbuffer *uo = bufferevent_get_output(ub);
-    move_all(uo, bufferevent_get_input(c->bev));
-    move_all(out, bufferevent_get_input(ub));
+    struct io *ub = c->up->io;
+    struct evbuffer *out = io_output(c->io);
+    struct evbuffer *uo = io_output(ub);
+    move_all(uo, io_input(c->io));
+    move_all(out, io_input(ub));
     /* Whichever side is slow to read holds back the other. */
     if (evbuffer_get_length(uo) > CONN_HIGH_WATER) {
-        bufferevent_disable(c->bev, EV_READ);
+        io_disable(c->io, EV_READ);
         c->client_paused = 1;
     }
     if (evbuffer_get_length(out) > CONN_HIGH_WATER) {
-        bufferevent_disable(ub, EV_READ);
+        io_disable(ub, EV_READ);
         c->up_paused = 1;
     }
 }
@@ -470,9 +470,9 @@ static void start_tunnel(struct client *c)
     c->resp_started = 1;
     c->keep_alive = 0;
     conn_timer(c, TM_NONE, 0);
-    bufferevent_set_timeouts(c->bev, NULL, NULL);
-    bufferevent_set_timeouts(c->up->bev, NULL, NULL);
-    bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
+    io_set_timeouts(c->io, NULL, NULL);
+    io_set_timeouts(c->up->io, NULL, NULL);
+    io_setwatermark(c->io, EV_READ, 0);
     exchange_tunnel_pump(c);
 }
 
@@ -486,7 +486,7 @@ static int interim_response(struct client *c, int status)
     c->interims++;
     if (status == 100 && c->head.expect_continue &&
         c->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
-        evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
         c->interims_relayed++;
     }
     if (c->up_deadline_ms == 0)
@@ -499,7 +499,7 @@ static int interim_response(struct client *c, int status)
         return -1;
     }
     struct timeval tv = clock_timeval(left);
-    bufferevent_set_timeouts(uc->bev, &tv, &tv);
+    io_set_timeouts(uc->io, &tv, &tv);
     return 0;
 }
 
@@ -509,7 +509,7 @@ static int interim_response(struct client *c, int status)
 static int read_response_head(struct client *c)
 {
     struct upstream_conn *uc = c->up;
-    struct evbuffer *ui = bufferevent_get_input(uc->bev);
+    struct evbuffer *ui = io_input(uc->io);
     for (;;) {
         size_t len = evbuffer_get_length(ui);
         if (len == 0)
@@ -556,9 +556,9 @@ static int read_response_head(struct client *c)
             return 0;   /* counted_done_cb resumes */
         request_drain_head(c);  /* the request head is no longer needed for a retry */
         request_count_response(c, status);
-        size_t out_before = evbuffer_get_length(bufferevent_get_output(c->bev));
+        size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
-        request_count_out(c, evbuffer_get_length(bufferevent_get_output(c->bev)) - out_before);
+        request_count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
         evbuffer_drain(ui, uc->head.len);
         c->resp_started = 1;
         if (uc->head.body == HTTP1_BODY_NONE)
@@ -570,12 +570,12 @@ static int read_response_head(struct client *c)
 void exchange_pump_response(struct client *c)
 {
     struct upstream_conn *uc = c->up;
-    struct evbuffer *ui = bufferevent_get_input(uc->bev);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *ui = io_input(uc->io);
+    struct evbuffer *out = io_output(c->io);
     while (!c->resp_done) {
         size_t queued = evbuffer_get_length(out);
         if (queued > CONN_HIGH_WATER) {
-            bufferevent_disable(uc->bev, EV_READ);
+            io_disable(uc->io, EV_READ);
             c->up_paused = 1;
             return;
         }
@@ -615,7 +615,7 @@ void exchange_maybe_finish(struct client *c)
     c->ops->request_done(c);
 }
 
-static void up_read_cb(struct bufferevent *bev, void *arg)
+static void up_read_cb(struct io *io, void *arg)
 {
     struct client *c = arg;
     conn_enter(c);
@@ -646,21 +646,22 @@ void exchange_resume(struct client *c)
         c->ops->process(c);
 }
 
-static void up_write_cb(struct bufferevent *bev, void *arg)
+/* The request's output drained to the low mark after the socket had been
+ * full. */
+static void up_write_cb(struct io *io, void *arg)
 {
     struct client *c = arg;
     conn_enter(c);
-    conn_out_idle(bev);
     conn_leave(c);        /* resumes the client if it was held back */
 }
 
-static void up_event_cb(struct bufferevent *bev, short what, void *arg)
+static void up_event_cb(struct io *io, short what, void *arg)
 {
     struct client *c = arg;
     struct upstream_conn *uc = c->up;
     const struct conf_upstream *cu = upstream_conf(uc->pool);
     conn_enter(c);
-    if (what & BEV_EVENT_CONNECTED) {
+    if (what & IO_CONNECTED) {
         upstream_connected(uc);
         up_timeouts(c);
         goto out;
@@ -672,12 +673,12 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         conn_close_after_write(c);
         goto out;
     }
-    if ((what & BEV_EVENT_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
+    if ((what & IO_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
         exchange_pump_response(c);
         if (!c->dead && !c->resp_done && http1_body_eof(uc->parser)) {
             c->resp_done = 1;
             if (c->out_chunked)
-                evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
+                evbuffer_add(io_output(c->io), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);
             c->ops->process(c);
             goto out;
@@ -686,7 +687,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
     /* A kept-alive connection the server had closed: try once more on a
      * fresh one if nothing was sent back and the request can be resent. */
     if (!c->resp_started && uc->reused && !c->retried && c->head_in_input &&
-        !(what & BEV_EVENT_TIMEOUT)) {
+        !(what & IO_TIMEOUT)) {
         /* Borrow first: closing the last borrowed connection of a retired
          * pool frees the pool. */
         c->up = NULL;
@@ -695,7 +696,7 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
         upstream_close(uc);
         if (ok) {
             request_refresh_head(c);
-            write_request_head(c, bufferevent_get_output(c->up->bev));
+            write_request_head(c, io_output(c->up->io));
         } else {
             request_fail(c, 502);
             if (!c->dead)
@@ -705,12 +706,12 @@ static void up_event_cb(struct bufferevent *bev, short what, void *arg)
     }
     if (upstream_tls_failed(uc, what))
         ;                       /* logged and counted */
-    else if (what & BEV_EVENT_TIMEOUT)
+    else if (what & IO_TIMEOUT)
         log_warn("exchange: upstream '%s' timed out", cu->servers[uc->server].text);
     else
         log_warn("exchange: upstream '%s' failed: %s", cu->servers[uc->server].text,
-                 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-    request_fail(c, (what & BEV_EVENT_TIMEOUT) ? 504 : 502);
+                 evutil_socket_error_to_string(io_errno(uc->io)));
+    request_fail(c, (what & IO_TIMEOUT) ? 504 : 502);
     if (!c->dead)
         c->ops->process(c);
 out:

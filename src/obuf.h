@@ -4,7 +4,7 @@
  * evbuffer_add() costs a call, a length check and the buffer's callbacks
  * per piece; an obuf reserves space in the evbuffer once, copies the pieces
  * into it, and commits once at the end (reserving again only when a head
- * outgrows its first guess). The evbuffer stays owned by its bufferevent. */
+ * outgrows its first guess). The evbuffer stays owned by its io (io.h). */
 #ifndef SLUICE_OBUF_H
 #define SLUICE_OBUF_H
 

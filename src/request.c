@@ -30,7 +30,6 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "accesslog.h"
@@ -41,6 +40,7 @@
 #include "decide.h"
 #include "h1write.h"
 #include "http1.h"
+#include "io.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
@@ -250,14 +250,14 @@ static const char *hb(const struct client *c, struct http1_span s)
 void request_refresh_head(struct client *c)
 {
     if (c->head_in_input)
-        c->hbuf = (const char *)evbuffer_pullup(bufferevent_get_input(c->bev),
+        c->hbuf = (const char *)evbuffer_pullup(io_input(c->io),
                                                 (ssize_t)c->head.len);
 }
 
 void request_drain_head(struct client *c)
 {
     if (c->head_in_input) {
-        evbuffer_drain(bufferevent_get_input(c->bev), c->head.len);
+        evbuffer_drain(io_input(c->io), c->head.len);
         c->head_in_input = 0;
         c->hbuf = NULL;
     }
@@ -285,7 +285,7 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
 /* Answer the current request ourselves: an error, or with rl set, a 429. */
 void request_answer(struct client *c, int status, int close_after)
 {
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = io_output(c->io);
     size_t out_before = evbuffer_get_length(out);
     int keep = !close_after && c->head.keep_alive && !c->eof && !c->env->stopping &&
                body_discardable(&c->head);
@@ -409,7 +409,7 @@ static void regex_over_limit(struct client *c)
 
 void request_head(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     size_t len = evbuffer_get_length(in);
     size_t max = c->conf->client.max_header_bytes;
     if (len == 0)
@@ -547,7 +547,7 @@ static void counted_cb(void *arg, int verdict)
     struct client *c = arg;
     conn_enter(c);
     if (c->up)
-        bufferevent_enable(c->up->bev, EV_READ);
+        io_enable(c->up->io, EV_READ);
     c->ops->resume(c);
     conn_leave(c);
 }
@@ -560,7 +560,7 @@ int request_consume_counted(struct client *c, int status)
 {
     if (!decide_count_status(&c->rq->dec, status, counted_cb, c))
         return 0;
-    bufferevent_disable(c->up->bev, EV_READ);
+    io_disable(c->up->io, EV_READ);
     return 1;
 }
 
@@ -578,7 +578,7 @@ static void decide(struct client *c)
 
 void request_discard_body(struct client *c)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *in = io_input(c->io);
     while (!c->req_done) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, NULL, &payload);

@@ -13,11 +13,6 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
-#include <event2/bufferevent_struct.h>
-#include <event2/event.h>
 #include <openssl/core_names.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -37,7 +32,6 @@
 #define TLS_GROUPS     "X25519:P-256:P-384"
 #define TLS_SESSION_TIMEOUT_S 3600      /* a ticket's lifetime: one rotation */
 #define TLS_MAX_NAMES  256              /* names kept per certificate */
-#define TLS_SERVER_RECORD 16384         /* plaintext bytes per SSL_write: one record */
 
 struct tls_cert {
     SSL_CTX *ctx;
@@ -359,74 +353,21 @@ void tls_server_release(struct tls_server *ts)
 
 /* ---- connections -------------------------------------------------------- */
 
-struct bufferevent *tls_server_bufferevent(struct tls_server *ts, struct event_base *base,
-                                           int fd)
+struct ssl_st *tls_server_ssl(struct tls_server *ts)
 {
     SSL *ssl = SSL_new(ts->certs[0].ctx);
-    if (ssl == NULL) {
-        close(fd);
-        return NULL;
-    }
-    struct bufferevent *bev = bufferevent_openssl_socket_new(base, fd, ssl,
-                                                             BUFFEREVENT_SSL_ACCEPTING,
-                                                             BEV_OPT_CLOSE_ON_FREE);
-    if (bev == NULL) {
-        SSL_free(ssl);
-        close(fd);
-        return NULL;
-    }
-    /* A client that closes without close_notify ends its side, as on a
-     * plain connection (framing says whether a message was complete). */
-    bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-    return bev;
-}
-
-/* libevent's TLS bufferevent writes in the next loop iteration: queued
- * output arms its write event, and the write after epoll reports the socket
- * writable disarms it, two epoll_ctl calls and a wakeup per response. Here
- * the output goes out now, one record per chain piece; whatever OpenSSL
- * cannot take at once (WANT_WRITE, an error) is left to the bufferevent,
- * whose retry starts with the same bytes, at least as many (what OpenSSL
- * asks of a retry; the bufferevent set SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER).
- * Once all is written the armed event goes, as the bufferevent's own
- * writer does it. */
-void tls_server_flush(struct bufferevent *bev)
-{
-    SSL *ssl = bufferevent_openssl_get_ssl(bev);
-    struct evbuffer *out = bufferevent_get_output(bev);
-    if (ssl == NULL || !SSL_is_init_finished(ssl) || evbuffer_get_length(out) == 0)
-        return;
-    evbuffer_unfreeze(out, 1);
-    for (int round = 0; round < 64 && evbuffer_get_length(out) > 0; round++) {
-        struct evbuffer_iovec v;
-        if (evbuffer_peek(out, -1, NULL, &v, 1) < 1 || v.iov_len == 0)
-            break;
-        int n = v.iov_len > TLS_SERVER_RECORD ? TLS_SERVER_RECORD : (int)v.iov_len;
+    if (ssl == NULL)
         ERR_clear_error();
-        int r = SSL_write(ssl, v.iov_base, n);
-        if (r <= 0) {
-            ERR_clear_error();      /* the bufferevent meets it again and reports it */
-            break;
-        }
-        evbuffer_drain(out, (size_t)r);
-    }
-    evbuffer_freeze(out, 1);
-    if (evbuffer_get_length(out) == 0)
-        event_del(&bev->ev_write);
+    return ssl;
 }
 
-const char *tls_server_version(struct bufferevent *bev)
+const char *tls_server_version(struct ssl_st *ssl)
 {
-    SSL *ssl = bufferevent_openssl_get_ssl(bev);
     return ssl ? SSL_get_version(ssl) : "";
 }
 
-enum metrics_tls_failure tls_server_failure(struct bufferevent *bev, short what)
+enum metrics_tls_failure tls_server_failure(unsigned long first)
 {
-    unsigned long e, first = 0;
-    while ((e = bufferevent_get_openssl_error(bev)) != 0)
-        if (first == 0)
-            first = e;
     if (first == 0)
         return METRICS_TLS_CLOSED;     /* EOF or a socket error, no TLS error */
     if (ERR_GET_LIB(first) != ERR_LIB_SSL)

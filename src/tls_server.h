@@ -9,7 +9,8 @@
  * that frees the old conf leaves open connections their certificates.
  * Session tickets are encrypted with process-wide keys rotated every
  * TLS_SERVER_TICKET_ROTATE_MS, the previous one still accepted.
- * Only this file (and tls_upstream.c, for the other side) includes OpenSSL. */
+ * OpenSSL is included here, in tls_upstream.c (the other side) and in
+ * io.c (the connections' reads and writes). */
 #ifndef SLUICE_TLS_SERVER_H
 #define SLUICE_TLS_SERVER_H
 
@@ -17,8 +18,7 @@
 
 #define TLS_SERVER_TICKET_ROTATE_MS (3600 * 1000)
 
-struct bufferevent;
-struct event_base;
+struct ssl_st;
 struct conf_tls;
 struct tls_server;
 
@@ -29,17 +29,14 @@ struct tls_server *tls_server_create(const struct conf_tls *ct, int *bad, char *
 void tls_server_retain(struct tls_server *ts);
 void tls_server_release(struct tls_server *ts);
 
-/* A bufferevent accepting a TLS handshake on fd (owned, closed on free).
- * Its event callback gets BEV_EVENT_CONNECTED once the handshake is done.
- * NULL on failure (fd is closed). */
-struct bufferevent *tls_server_bufferevent(struct tls_server *ts, struct event_base *base,
-                                           int fd);
-/* Write bev's queued output now (conn_flush, once per outermost callback);
- * what cannot go at once is left to the bufferevent. */
-void tls_server_flush(struct bufferevent *bev);
+/* A server SSL for one accepted connection, with the default certificate
+ * (SNI may switch it); the caller owns it (io.h frees it). NULL when
+ * OpenSSL could not make one. */
+struct ssl_st *tls_server_ssl(struct tls_server *ts);
 /* "TLSv1.3", "TLSv1.2" (a static string) for an established connection. */
-const char *tls_server_version(struct bufferevent *bev);
-/* Why the handshake on bev ended with event flags `what`. */
-enum metrics_tls_failure tls_server_failure(struct bufferevent *bev, short what);
+const char *tls_server_version(struct ssl_st *ssl);
+/* Why a handshake failed, from the first OpenSSL error code it left (0:
+ * none, the peer closed or the socket failed). */
+enum metrics_tls_failure tls_server_failure(unsigned long first);
 
 #endif

@@ -359,8 +359,8 @@ enum tls_upstream_reason tls_upstream_why(struct ssl_st *ssl, const unsigned lon
     BIO *w = SSL_get_wbio(ssl);
     if (w == NULL || BIO_number_written(w) == 0)
         return TLS_UPSTREAM_NONE;   /* no ClientHello went out: TCP failed */
-    /* libevent queues SSL_get_error's code (a small number, library 0)
-     * before OpenSSL's own: the newest real one says why. */
+    /* The newest real OpenSSL code says why (library 0 would be an
+     * SSL_get_error code, never queued by io.c). */
     unsigned long e = 0;
     for (int i = 0; i < nerrs; i++)
         if (ERR_GET_LIB(errs[i]) != 0)

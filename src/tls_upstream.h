@@ -5,7 +5,7 @@
  * (ca_file, or the system's), verification on or off, the client certificate
  * for mutual TLS, and per server the name sent as SNI and verified and the
  * last session, so new connections resume. The OpenSSL side only:
- * upstream.c wraps the SSL objects made here in bufferevents. A context is
+ * upstream.c gives the SSL objects made here to its ios (io.h). A context is
  * used on its worker's thread only. */
 #ifndef SLUICE_TLS_UPSTREAM_H
 #define SLUICE_TLS_UPSTREAM_H
@@ -43,13 +43,13 @@ void tls_upstream_destroy(struct tls_upstream *tu);
 
 /* A client SSL for cu->servers[server]: SNI (never for an IP address, as
  * RFC 6066 says), the name or IP address to verify, the last session of
- * that server. The caller owns it (a bufferevent frees it). NULL when
+ * that server. The caller owns it (io_free frees it). NULL when
  * OpenSSL could not make one. */
 struct ssl_st *tls_upstream_ssl(struct tls_upstream *tu, int server);
 
 /* Why the handshake on ssl failed, from its verify result and the error
- * codes collected for it (errs[0..nerrs), as libevent's
- * bufferevent_get_openssl_error gives them): a line in buf[n]. */
+ * codes collected for it (errs[0..nerrs), as io_ssl_error gives them): a
+ * line in buf[n]. */
 enum tls_upstream_reason tls_upstream_why(struct ssl_st *ssl, const unsigned long *errs,
                                           int nerrs, char *buf, size_t n);
 const char *tls_upstream_reason_name(enum tls_upstream_reason r);

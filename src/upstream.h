@@ -3,7 +3,7 @@
  * One pool per upstream per worker (never shared between threads). A pool
  * hands out a connection, idle or freshly connecting, round robin over the
  * servers, and takes it back when the exchange left it clean. While a
- * connection is handed out its bufferevent callbacks belong to the borrower;
+ * connection is handed out its io callbacks belong to the borrower;
  * while idle the pool watches it and frees it if the server closes it.
  * The response parser lives here, not in the client, because there are far
  * fewer upstream connections than idle clients. */
@@ -15,20 +15,19 @@
 
 struct event_base;
 struct event;
-struct bufferevent;
+struct io;
 struct upstream_pool;
 
 struct upstream_conn {
     struct upstream_pool *pool;
-    struct bufferevent *bev;
+    struct io *io;                  /* plain or TLS (io.h) */
     struct upstream_conn *next;     /* idle list */
     int server;                     /* index into the upstream's servers */
     int reused;                     /* came from the idle list */
     int connected;                  /* the connect completed */
     struct http1 *parser;           /* response framing */
     struct http1_head head;         /* the response being read */
-    int tls;                        /* bev is a TLS bufferevent (tls_upstream.h) */
-    struct event *hs_timer;         /* TLS: the handshake's deadline; NULL after */
+    int tls;                        /* io is over TLS (tls_upstream.h) */
 };
 
 struct upstream_pool *upstream_pool_create(struct event_base *base,
@@ -59,14 +58,14 @@ void upstream_close(struct upstream_conn *uc);
 
 const struct conf_upstream *upstream_conf(const struct upstream_pool *p);
 
-/* The borrower's event callback saw BEV_EVENT_CONNECTED (after the TLS
+/* The borrower's event callback saw IO_CONNECTED (after the TLS
  * handshake on a TLS connection): the connection is up. */
 void upstream_connected(struct upstream_conn *uc);
 /* The borrower's event callback saw a failure (what): when TLS says why
  * (the handshake failed; or, on a connection that was up, OpenSSL has an
  * error), log it, count it and return 1; 0 when it was not TLS's doing (a
  * plain connection, a refused connect, a close, a timeout). A handshake not
- * done within connect_timeout comes as BEV_EVENT_TIMEOUT. */
+ * done within connect_timeout comes as IO_TIMEOUT. */
 int upstream_tls_failed(struct upstream_conn *uc, short what);
 
 #endif

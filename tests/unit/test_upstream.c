@@ -1,7 +1,7 @@
 /* sluice - test_upstream.c: the per-worker upstream pool (upstream.c).
  *
  * Against real sockets: listeners on 127.0.0.1 made here, accepted on the
- * test's own libevent base, and the pool's bufferevents on the same base.
+ * test's own libevent base, and the pool's ios on the same base.
  * Acquire (idle first, or fresh), release (kept up to keepalive, closed when
  * dirty), close, idle connections dropped when their server closes them or
  * speaks unasked, round robin over servers, a failed connect, and retire on
@@ -26,11 +26,11 @@
 #include <sys/socket.h>
 #include <cmocka.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
 
 #include "clock.h"
 #include "metrics.h"
+#include "io.h"
 #include "upstream.h"
 
 #define MAX_ACCEPTED 64
@@ -157,20 +157,20 @@ struct borrow {
     int connected, error, eof;
 };
 
-static void borrow_event_cb(struct bufferevent *bev, short what, void *arg)
+static void borrow_event_cb(struct io *io, short what, void *arg)
 {
     struct borrow *br = arg;
-    if (what & BEV_EVENT_CONNECTED) {
+    if (what & IO_CONNECTED) {
         br->connected = 1;
         br->uc->connected = 1;
     }
-    if (what & BEV_EVENT_ERROR)
+    if (what & IO_ERROR)
         br->error = 1;
-    if (what & BEV_EVENT_EOF)
+    if (what & IO_EOF)
         br->eof = 1;
 }
 
-static void borrow_read_cb(struct bufferevent *bev, void *arg)
+static void borrow_read_cb(struct io *io, void *arg)
 {
 }
 
@@ -182,8 +182,8 @@ static struct upstream_conn *borrow(struct upstream_pool *p, int fresh, struct b
     struct upstream_conn *uc = upstream_acquire(p, fresh);
     assert_non_null(uc);
     br->uc = uc;
-    bufferevent_setcb(uc->bev, borrow_read_cb, NULL, borrow_event_cb, br);
-    bufferevent_enable(uc->bev, EV_READ | EV_WRITE);
+    io_setcb(uc->io, borrow_read_cb, NULL, borrow_event_cb, br);
+    io_enable(uc->io, EV_READ);
     int64_t end = clock_us() / 1000 + 3000;
     while (!uc->connected && !br->error && clock_us() / 1000 < end)
         event_base_loop(base, EVLOOP_ONCE);
@@ -314,14 +314,14 @@ static void test_release_dirty_closes(void **state)
     struct borrow br;
     struct upstream_conn *uc = borrow(p, 0, &br);
     loop_accepted(&srv[0], 1);
-    bufferevent_disable(uc->bev, EV_READ);
-    bufferevent_setwatermark(uc->bev, EV_READ, 0, 0);
+    io_disable(uc->io, EV_READ);
+    io_setwatermark(uc->io, EV_READ, 0);
     assert_int_equal(write(srv[0].accepted[0], "HTTP/1.1 200 OK\r\n", 17), 17);
-    bufferevent_enable(uc->bev, EV_READ);
+    io_enable(uc->io, EV_READ);
     int64_t end = clock_us() / 1000 + 3000;
-    while (evbuffer_get_length(bufferevent_get_input(uc->bev)) == 0 && clock_us() / 1000 < end)
+    while (evbuffer_get_length(io_input(uc->io)) == 0 && clock_us() / 1000 < end)
         event_base_loop(base, EVLOOP_ONCE);
-    assert_true(evbuffer_get_length(bufferevent_get_input(uc->bev)) > 0);
+    assert_true(evbuffer_get_length(io_input(uc->io)) > 0);
     upstream_release(uc);
     loop_ms(20);
     assert_int_equal(up_gauge(), g0);
@@ -421,8 +421,8 @@ static void test_connect_refused(void **state)
     struct upstream_conn *uc = upstream_acquire(p, 0);
     assert_non_null(uc);
     struct borrow br = { uc, 0, 0, 0 };
-    bufferevent_setcb(uc->bev, borrow_read_cb, NULL, borrow_event_cb, &br);
-    bufferevent_enable(uc->bev, EV_READ | EV_WRITE);
+    io_setcb(uc->io, borrow_read_cb, NULL, borrow_event_cb, &br);
+    io_enable(uc->io, EV_READ);
     int64_t end = clock_us() / 1000 + 3000;
     while (!br.error && clock_us() / 1000 < end)
         event_base_loop(base, EVLOOP_ONCE);

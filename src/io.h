@@ -1,0 +1,82 @@
+/* sluice - io.h: bytes between a socket and sluice's buffers, plain or TLS.
+ *
+ * One interface for client and upstream connections (nginx's recv/send on
+ * the connection, HAProxy's transport layer): an io owns its socket, its
+ * SSL object when it has one, two level-triggered events and an input and
+ * an output evbuffer. The layers above read io_input() when the read
+ * callback says bytes arrived, append to io_output() and call io_flush()
+ * (once per outermost callback): whether the bytes are encrypted is never
+ * their concern. io_free() may be called from inside the io's own
+ * callbacks: the io is freed when they return. */
+#ifndef SLUICE_IO_H
+#define SLUICE_IO_H
+
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct event_base;
+struct evbuffer;
+struct timeval;
+struct ssl_st;
+struct io;
+
+/* What an event callback hears (the values of libevent's BEV_EVENT_*). */
+#define IO_READING   0x01       /* while reading */
+#define IO_WRITING   0x02       /* while writing, or connecting */
+#define IO_EOF       0x10       /* the peer ended its side (FIN or close_notify) */
+#define IO_ERROR     0x20       /* io_errno(), io_ssl_error() say what */
+#define IO_TIMEOUT   0x40
+#define IO_CONNECTED 0x80       /* the connect, and the TLS handshake, are done */
+
+/* Bytes arrived (read), or the output drained to the write low mark after
+ * the socket had been full (drained). */
+typedef void (*io_cb)(struct io *io, void *arg);
+typedef void (*io_event_cb)(struct io *io, short what, void *arg);
+
+/* An io over fd (accepted, non-blocking; -1: io_connect makes it) and ssl
+ * (NULL: plain). Both are owned from here, also on failure. With an fd and
+ * an ssl the server side of a handshake starts at once, and IO_CONNECTED
+ * comes when it is done. */
+struct io *io_new(struct event_base *base, int fd, struct ssl_st *ssl);
+/* Sends a TLS close_notify when the connection was up (best effort), then
+ * closes the socket. */
+void io_free(struct io *io);
+
+/* A non-blocking connect to sa; the TCP connect and a TLS handshake after
+ * it must be done within timeout_ms (0: no bound), else IO_TIMEOUT. A
+ * connect refused at once is reported from the loop, as IO_ERROR. Returns
+ * -1 only when no socket could be made. */
+int io_connect(struct io *io, const struct sockaddr *sa, socklen_t len, int64_t timeout_ms);
+
+void io_setcb(struct io *io, io_cb read, io_cb drained, io_event_cb event, void *arg);
+/* Read: stop reading while the input holds `mark` bytes or more (0: no
+ * bound). Write: the drained callback's low mark. */
+void io_setwatermark(struct io *io, short what, size_t mark);
+/* A read timeout counts while reading is enabled, a write timeout while
+ * output waits for a full socket; NULL: none. Either ends in IO_TIMEOUT
+ * with reading (or writing) stopped. */
+void io_set_timeouts(struct io *io, const struct timeval *rd, const struct timeval *wr);
+/* EV_READ: read when bytes come (writes need no enabling). */
+void io_enable(struct io *io, short what);
+void io_disable(struct io *io, short what);
+/* Call the read callback from the loop, after the other events' turn. */
+void io_trigger_read(struct io *io);
+
+/* Write the output now; arm the write event only if the socket (or TLS)
+ * cannot take it all. Never calls back: a failure is reported from the loop.
+ * Reading stopped at the read mark resumes here once the input is below it
+ * (the layer above flushes after taking input, once per callback). */
+void io_flush(struct io *io);
+
+struct evbuffer *io_input(struct io *io);
+struct evbuffer *io_output(struct io *io);
+int io_fd(const struct io *io);
+struct ssl_st *io_ssl(const struct io *io);
+int io_connected(const struct io *io);  /* connect and handshake done */
+/* The socket error of the last IO_ERROR (0: none, or a TLS one). */
+int io_errno(const struct io *io);
+/* OpenSSL's error codes of the last failure, oldest first, one per call;
+ * 0 when there are no more. */
+unsigned long io_ssl_error(struct io *io);
+
+#endif
