@@ -157,6 +157,8 @@ struct store_batch {
     size_t key_bytes;
     struct store_req *req[STORE_BATCH_MAX];
     int marks[STORE_BATCH_MAX];     /* request i's reply carries refund marks */
+    long long *ints;                /* the reply's integers, parsed by rconn into */
+    size_t intcap;                  /* (kept for the batch's next use) */
 };
 
 /* Scratch of the batch encoder: the distinct keys and parameter sets of
@@ -1513,15 +1515,14 @@ static enum store_status store_error_status(struct store *s, struct store_node *
     return STORE_OOM;
 }
 
-static void store_parse_batch(struct store_req *q, const redisReply *reply, size_t at,
-                              int marks);
+static void store_parse_batch(struct store_req *q, const long long *v, size_t at, int marks);
 
 /* One request's share of a reply, its own (a refund) or its batch's (a
- * decision, whose fields start at `at`; readable: the batch reply has the
- * shape limit.lua gives): a lost connection, an error reply, or its
- * decisions. */
+ * decision, whose fields start at `at` in the batch's integers v;
+ * readable: the batch reply has the shape limit.lua gives): a lost
+ * connection, an error reply, or its decisions. */
 static void req_take(struct store_req *q, struct store_node *n, const redisReply *reply,
-                     int readable, size_t at, int marks)
+                     const long long *v, size_t at, int marks)
 {
     struct store *s = q->s;
     if (req_abandoned(q)) {
@@ -1544,11 +1545,11 @@ static void req_take(struct store_req *q, struct store_node *n, const redisReply
         }
     } else if (q->call == NULL) {
         q->done = 1;            /* a refund: its count needs no check */
-    } else if (!readable) {
+    } else if (v == NULL) {
         log_debug("store: unexpected reply from '%s'", n->name);
         req_finish(q, STORE_ERROR);
     } else {
-        store_parse_batch(q, reply, at, marks);
+        store_parse_batch(q, v, at, marks);
         q->done = 1;
         if (--q->call->pending == 0)
             store_call_complete(q->call);
@@ -1568,7 +1569,7 @@ static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata)
     node_got_reply(n);
     if (reply == NULL)
         node_set_ready(n, 0);   /* the connection is going away */
-    req_take(q, n, reply, 1, 0, 0);
+    req_take(q, n, reply, NULL, 0, 0);
 }
 
 /* A timed-out call is answered now; late replies only release it. When
@@ -1819,56 +1820,60 @@ static size_t store_req_width(const struct store_req *q, int marks)
     return w;
 }
 
-/* The reply is { time_s, time_us, then per request and limit: v, reset_ms
- * [, mark] [, wait_ms] [, limit] }, all integers. */
-static int store_batch_readable(const struct store_batch *b, const redisReply *reply)
+/* The batch's reply width: { time_s, time_us, then per request and limit:
+ * v, reset_ms [, mark] [, wait_ms] [, limit] }, all integers. */
+static size_t store_batch_width(const struct store_batch *b)
 {
     size_t want = 2;
     for (int i = 0; i < b->n; i++)
         want += store_req_width(b->req[i], b->marks[i]);
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != want)
-        return 0;
-    for (size_t i = 0; i < reply->elements; i++)
-        if (reply->element[i]->type != REDIS_REPLY_INTEGER)
-            return 0;
-    return 1;
+    return want;
+}
+
+/* Its integers (b->ints, rconn_send_ints) when the reply has that shape. */
+static const long long *store_batch_readable(const struct store_batch *b,
+                                             const redisReply *reply)
+{
+    if (reply->type != REDIS_REPLY_ARRAY || reply->element != NULL ||
+        reply->elements != store_batch_width(b))
+        return NULL;
+    return b->ints;
 }
 
 /* Request q's fields of a readable batch reply, from `at`: v = remaining
  * when the limit allows, -retry_ms when it denies; an admitted delayed
  * request's retry_ms is its wait. The limit an override applied is kept in
  * c->params too: a refund caps at it. */
-static void store_parse_batch(struct store_req *q, const redisReply *reply, size_t at,
-                              int marks)
+static void store_parse_batch(struct store_req *q, const long long *v, size_t at, int marks)
 {
     struct store_call *c = q->call;
     q->allowed = 1;
     for (int i = 0; i < q->n; i++) {
-        redisReply **e = reply->element + at;
+        const long long *e = v + at;
         int li = q->idx[i];
         struct limiter_result *r = &c->res.r[li];
-        long long v = e[0]->integer;
+        long long rv = e[0];
         size_t x = 2;
         at += store_reply_width(q->s, c, li, marks);
-        r->allowed = v >= 0;
-        r->remaining = v >= 0 ? v : 0;
-        r->reset_ms = e[1]->integer;
-        r->retry_ms = v >= 0 ? 0 : v < -INT64_MAX ? INT64_MAX : -v;
+        r->allowed = rv >= 0;
+        r->remaining = rv >= 0 ? rv : 0;
+        r->reset_ms = e[1];
+        r->retry_ms = rv >= 0 ? 0 : rv < -INT64_MAX ? INT64_MAX : -rv;
         if (!r->allowed && !(c->flags[li] & STORE_SHADOW))
             q->allowed = 0;
         if (marks)
-            q->mark[i] = e[x++]->integer;
-        if (c->params[li].delay_ms > 0 && v >= 0)
-            r->retry_ms = e[x]->integer;
+            q->mark[i] = e[x++];
+        if (c->params[li].delay_ms > 0 && rv >= 0)
+            r->retry_ms = e[x];
         if (c->params[li].delay_ms > 0)
             x++;
         if (q->s->rc.overrides)
-            c->params[li].limit = e[x]->integer;
+            c->params[li].limit = e[x];
         r->limit = c->params[li].limit;
     }
     if (marks) {
-        q->time_s = reply->element[0]->integer;
-        q->time_us = reply->element[1]->integer;
+        q->time_s = v[0];
+        q->time_us = v[1];
     }
 }
 
@@ -1882,8 +1887,8 @@ static void store_batch_cb(struct rconn *ac, redisReply *reply, void *privdata)
     node_got_reply(n);
     if (reply == NULL)
         node_set_ready(n, 0);   /* the connection is going away */
-    int readable = reply != NULL && reply->type != REDIS_REPLY_ERROR &&
-                   store_batch_readable(b, reply);
+    const long long *v = reply != NULL && reply->type != REDIS_REPLY_ERROR ?
+                         store_batch_readable(b, reply) : NULL;
     size_t at = 2;
     for (int i = 0; i < b->n; i++) {
         struct store_req *q = b->req[i];
@@ -1891,7 +1896,7 @@ static void store_batch_cb(struct rconn *ac, redisReply *reply, void *privdata)
         /* q's call may be reused by a callback once q is released */
         at += store_req_width(q, b->marks[i]);
         q->in_hiredis = 0;
-        req_take(q, n, reply, readable, mine, b->marks[i]);
+        req_take(q, n, reply, v, mine, b->marks[i]);
     }
     store_batch_free(b);
 }
@@ -1931,7 +1936,14 @@ static void store_batch_send(struct store_batch *b)
             goto fail;
         node_expect_reply(n);
     }
-    if (rconn_send(n->ac, b->s->bcmd, len, store_batch_cb, b) != 0)
+    /* the reply's integers are parsed straight into b->ints */
+    size_t width = store_batch_width(b);
+    if (b->intcap < width) {
+        free(b->ints);
+        b->intcap = width > 64 ? width : 64;
+        b->ints = mem_alloc(b->intcap * sizeof(*b->ints));
+    }
+    if (rconn_send_ints(n->ac, b->s->bcmd, len, b->ints, width, store_batch_cb, b) != 0)
         goto fail;
     node_expect_reply(n);
     metrics_batch(b->n);
@@ -2159,6 +2171,7 @@ void store_destroy(struct store *s)
     while (s->all_batches != NULL) {
         struct store_batch *x = s->all_batches;
         s->all_batches = x->all_next;
+        free(x->ints);
         free(x);
     }
     event_free(s->flush_ev);

@@ -1,0 +1,254 @@
+# sluice - tests/integration/test_redis_lean.py: Redis replies bounded, Sentinel for the
+# admin API and the reset subscriber, decisions parsed without reply objects.
+#
+# A hostile "Redis" (a raw socket in this file that answers sluice's
+# handshake, then answers a decision with a reply header declaring a huge
+# array, or arrays nested deep) must cost sluice a closed connection, not
+# memory: sluice stays up, its RSS stays bounded, the requests on that
+# connection get on_error at once (not at redis.timeout), and it reconnects,
+# here through the same port, which then relays to a real redis-server.
+# Then: the admin API's override and reset through a real redis-sentinel,
+# and a reset that reaches a second sluice's deny cache on the same sentinel
+# set within 1 s; a failover (slow) moves both to the new master.
+
+import hashlib
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import (RedisServer, free_port, http_get, make_conf, redis_cmd, rl_headers,
+                      stop_process, wait_port)
+
+ROUTES = """\
+  - name: r
+    match: { path: / }
+    upstream: api
+    limits:
+      - { name: big, algorithm: fixed_window, limit: 1000000, window: 1h, key: ["header:X-K"] }
+"""
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+class _Cmds:
+    """RESP commands (arrays of bulk strings) read from a socket."""
+
+    def __init__(self, sock):
+        self.sock, self.buf = sock, b""
+
+    def _fill(self):
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed")
+        self.buf += data
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def command(self):
+        n = int(self._line()[1:])
+        args = []
+        for _ in range(n):
+            ln = int(self._line()[1:])
+            while len(self.buf) < ln + 2:
+                self._fill()
+            args.append(self.buf[:ln])
+            self.buf = self.buf[ln + 2:]
+        return args
+
+
+class HostileRedis:
+    """Listens on a port of its own. While `hostile` holds bytes, a
+    connection gets its handshake answered (SCRIPT LOAD: the script's sha,
+    the rest +OK) and its first EVALSHA answered with those bytes, then
+    with `trickle` repeated (at most `budget` bytes, 3 s) for as long as the
+    peer reads; after that one, or when `hostile` is None, connections are
+    relayed to the real Redis on relay_port."""
+
+    def __init__(self, hostile, relay_port, trickle=b"", budget=0):
+        self.hostile, self.trickle, self.budget = hostile, trickle, budget
+        self.relay_port = relay_port
+        self.port = free_port()
+        self.sent = 0                   # hostile bytes the peer took
+        self.evalsha_at = None          # when the hostile reply began
+        self.closed_at = None           # when the peer stopped reading it
+        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", self.port))
+        self.lsock.listen(16)
+        self.lsock.settimeout(0.2)
+        self.stopping = False
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        while not self.stopping:
+            try:
+                c, _ = self.lsock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            fn = self._hostile if self.hostile is not None else self._relay
+            t = threading.Thread(target=fn, args=(c,), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _hostile(self, c):
+        c.settimeout(3.0)
+        rd = _Cmds(c)
+        try:
+            while not self.stopping:
+                args = rd.command()
+                name = args[0].upper()
+                if name == b"SCRIPT" and len(args) == 3:
+                    sha = hashlib.sha1(args[2]).hexdigest().encode()
+                    c.sendall(b"$40\r\n" + sha + b"\r\n")
+                elif name == b"EVALSHA":
+                    break
+                else:
+                    c.sendall(b"+OK\r\n")
+            self.evalsha_at = time.monotonic()
+            hostile, self.hostile = self.hostile, None      # the next connection relays
+            c.sendall(hostile)
+            self.sent = len(hostile)
+            chunk = self.trickle * max(1, 65536 // max(1, len(self.trickle)))
+            while self.trickle and self.sent < self.budget and \
+                    time.monotonic() - self.evalsha_at < 3.0:
+                c.sendall(chunk)
+                self.sent += len(chunk)
+            # the peer closes a refused reply: wait (bounded) to see it
+            c.settimeout(0.1)
+            while time.monotonic() - self.evalsha_at < 3.0:
+                try:
+                    if not c.recv(65536):
+                        break
+                except socket.timeout:
+                    continue
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            self.closed_at = time.monotonic()
+            c.close()
+
+    def _relay(self, c):
+        try:
+            r = socket.create_connection(("127.0.0.1", self.relay_port), timeout=2.0)
+        except OSError:
+            c.close()
+            return
+
+        def pipe(a, b):
+            a.settimeout(0.2)
+            try:
+                while not self.stopping:
+                    try:
+                        data = a.recv(65536)
+                    except socket.timeout:
+                        continue
+                    if not data:
+                        break
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (a, b):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+        t = threading.Thread(target=pipe, args=(r, c), daemon=True)
+        self.threads.append(t)
+        t.start()
+        pipe(c, r)
+        t.join(2.0)
+        c.close()
+        r.close()
+
+    def stop(self):
+        self.stopping = True
+        self.lsock.close()
+        for t in self.threads:
+            t.join(3.0)
+
+
+def hostile_case(sluice, redis, hostile, trickle=b"", budget=0):
+    """sluice on a HostileRedis: (request seconds, its status, RSS growth
+    in KiB while the hostile reply came, the fake, sluice)."""
+    fake = HostileRedis(hostile, redis.port, trickle, budget)
+    try:
+        s = sluice(make_conf(ROUTES, on_error="deny", redis_timeout="2s"),
+                   redis_port=fake.port, wait_redis=False)
+        # the handshake goes to the fake: wait (bounded) for it to be done
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if "connected" in s.stderr:
+                break
+            time.sleep(0.02)
+        rss0 = rss_kib(s.proc.pid)
+        t0 = time.monotonic()
+        r = http_get(s.port, "/x", headers=[("X-K", "h")], timeout_s=10)
+        took = time.monotonic() - t0
+        deadline = time.monotonic() + 5
+        while fake.closed_at is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert s.proc.poll() is None, s.stderr[-3000:]
+        grew = rss_kib(s.proc.pid) - rss0
+        return took, r.status, grew, fake, s      # the caller stops the fake
+    except BaseException:
+        fake.stop()
+        raise
+
+
+def relays_again(s, fake, timeout_s=5.0):
+    """After the hostile reply: sluice reconnects (through the fake, now a
+    relay) and decides in Redis again (the rate-limit fields say so)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        r = http_get(s.port, "/x", headers=[("X-K", "after")], timeout_s=5)
+        if r.status == 200 and rl_headers(r).get("X-RateLimit-Limit") == "1000000":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# 8 MB of one-integer elements: about 18 bytes of hiredis reply objects per
+# byte sent when the count is believed (150 MB and more of RSS).
+@pytest.mark.parametrize("case", ["huge_count", "deep_nesting", "many_elements"])
+def test_hostile_reply_header_is_refused(sluice, redis, case):
+    if case == "huge_count":
+        # one array header naming 2^31-1 elements, then elements, 8 MB of them
+        args = dict(hostile=b"*2147483647\r\n", trickle=b":1\r\n", budget=8 << 20)
+    elif case == "deep_nesting":
+        # arrays within arrays, 7 deep (hiredis' own limit), then nothing
+        args = dict(hostile=b"*2\r\n" * 7)
+    else:
+        # each array under the bound, their sum over it: 64 x 65536 declared
+        args = dict(hostile=b"*64\r\n", trickle=b"*65536\r\n" + b":1\r\n" * 65536,
+                    budget=8 << 20)
+    took, status, grew, fake, s = hostile_case(sluice, redis, **args)
+    try:
+        print("%s: answered %d in %.3f s, RSS +%d KiB, %d hostile bytes taken"
+              % (case, status, took, grew, fake.sent))
+        # on_error (deny) at once: the connection failed, nothing waited
+        # for redis.timeout (2 s)
+        assert status == 503, status
+        assert took < 1.0, took
+        assert grew < 32 * 1024, grew     # the bounds allow about 19 MB of objects
+        assert "rconn: reply refused" in s.stderr, s.stderr[-2000:]
+        assert relays_again(s, fake), s.stderr[-3000:]
+        assert s.proc.poll() is None
+    finally:
+        fake.stop()
