@@ -252,3 +252,166 @@ def test_hostile_reply_header_is_refused(sluice, redis, case):
         assert s.proc.poll() is None
     finally:
         fake.stop()
+
+
+# ---------------------------------------------------------------- Sentinel ----
+
+TOKEN = "s3cret-token"
+
+SENTINEL_ROUTES = """\
+  - name: r
+    match: { path: /r }
+    upstream: api
+    limits:
+      - { name: fw, algorithm: fixed_window, limit: 2, window: 1h, key: ["header:X-K"] }
+"""
+
+
+class OneSentinel:
+    """A master and one sentinel (quorum 1) watching it: a sentinel that
+    names the master at once (clusterlib.SentinelSet waits for a replica)."""
+
+    def __init__(self, workdir, name="mymaster"):
+        self.workdir, self.name = workdir, name
+        self.master = RedisServer(workdir)
+        self.port = free_port()
+        self.proc = None
+
+    def start(self):
+        self.master.start()
+        conf = self.workdir / ("sentinel-%d.conf" % self.port)
+        conf.write_text("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 1\n"
+                        % (self.port, self.workdir, self.name, self.master.port))
+        import subprocess
+        self.proc = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
+                                     cwd=str(self.workdir), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if redis_cmd(self.port, "SENTINEL", "get-master-addr-by-name",
+                             self.name, timeout_s=0.5):
+                    return self
+            except Exception:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("the sentinel did not start")
+
+    def stop(self):
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+        self.master.stop()
+
+
+def sentinel_api(sluice, sentinel_ports, master_port, name="mymaster"):
+    """sluice on the sentinels, with the admin API (admin.token set: the
+    overrides and the reset subscriber are on)."""
+    admin_port = free_port()
+    text = ("listen: 127.0.0.1:@LISTEN_PORT@\nworkers: 1\n"
+            "admin:\n  listen: 127.0.0.1:%d\n  token: ${SLUICE_TEST_TOKEN}\n"
+            "redis:\n  sentinel:\n    master: %s\n    nodes: [%s]\n"
+            "  timeout: 1s\n  prefix: \"sl:\"\n  on_error: allow\n"
+            "upstreams:\n  api:\n    servers: [127.0.0.1:@UPSTREAM_PORT@]\n"
+            "routes:\n" % (admin_port, name,
+                           ", ".join("127.0.0.1:%d" % p for p in sentinel_ports))
+            ) + SENTINEL_ROUTES
+    s = sluice(text, redis_port=master_port, env={"SLUICE_TEST_TOKEN": TOKEN})
+    s.admin_port = admin_port
+    assert wait_port(admin_port, s.proc), s.stderr
+    return s
+
+
+def api(s, method, path, body=None):
+    import json
+    hdrs = [("Authorization", "Bearer " + TOKEN)]
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        hdrs.append(("Content-Type", "application/json"))
+    r = http_get(s.admin_port, path, method=method, headers=hdrs, body=data, timeout_s=10)
+    try:
+        return r.status, json.loads(r.body.decode()) if r.body else None
+    except ValueError:
+        return r.status, None
+
+
+def get_k(s, key):
+    return http_get(s.port, "/r", headers=[("X-K", key)]).status
+
+
+def poll(fn, timeout_s):
+    t0 = time.monotonic()
+    while True:
+        v = fn()
+        if v or time.monotonic() - t0 > timeout_s:
+            return v, time.monotonic() - t0
+        time.sleep(0.01)
+
+
+def override_and_reset(a, b, key, master_port):
+    """On two proxies of one sentinel set: a key at its limit on both
+    (denied from both deny caches), a run-time override read back, then a
+    reset: both pass it again within 1 s."""
+    assert [get_k(a, key), get_k(b, key)] == [200, 200]
+    for s in (a, b):
+        assert [get_k(s, key) for _ in range(2)] == [429, 429]
+    code, doc = api(a, "GET", "/api/limits/r/fw?key=" + key)
+    assert code == 200 and doc["allowed"] is False and doc["remaining"] == 0, (code, doc)
+    code, doc = api(a, "PUT", "/api/limits/r/fw/override?key=" + key, {"limit": 3})
+    assert code == 200 and doc["source"] == "runtime", (code, doc)
+    # written to the master the sentinels name
+    assert redis_cmd(master_port, "EXISTS", "sl:{r|fw|%d:%s}:ovr" % (len(key), key)) == 1
+    code, doc = api(b, "GET", "/api/limits/r/fw?key=" + key)
+    assert code == 200 and doc["params"]["limit"] == 3, (code, doc)
+    # the override's write reached b's deny cache: one more passes there
+    ok, _ = poll(lambda: get_k(b, key) == 200 or None, 1.0)
+    assert ok, "b still denies %s from its deny cache" % key
+    assert get_k(a, key) == 429
+    code, doc = api(b, "POST", "/api/limits/r/fw/reset?key=" + key)
+    assert code == 200 and doc["reset"] is True and doc["existed"] is True, (code, doc)
+    t0 = time.monotonic()
+    ok_a, _ = poll(lambda: get_k(a, key) == 200 or None, 1.0)
+    ok_b, _ = poll(lambda: get_k(b, key) == 200 or None, 1.0)
+    took = time.monotonic() - t0
+    print("sentinel reset: passed again on both proxies %.3f s after the POST" % took)
+    assert ok_a and ok_b and took < 1.0, took
+
+
+def test_sentinel_admin_api_and_reset(tmp_path, sluice):
+    st = OneSentinel(tmp_path).start()
+    try:
+        a = sentinel_api(sluice, [st.port], st.master.port)
+        b = sentinel_api(sluice, [st.port], st.master.port)
+        override_and_reset(a, b, "sen1", st.master.port)
+    finally:
+        st.stop()
+
+
+@pytest.mark.slow
+def test_sentinel_admin_api_and_reset_follow_failover(tmp_path, sluice):
+    """The master is killed: after the failover the admin API writes to the
+    promoted replica and the subscribers of both proxies moved there too."""
+    from clusterlib import SentinelSet
+    ss = SentinelSet(tmp_path).start()
+    try:
+        a = sentinel_api(sluice, ss.sentinel_ports, ss.master_port)
+        b = sentinel_api(sluice, ss.sentinel_ports, ss.master_port)
+        override_and_reset(a, b, "before", ss.master_port)
+        ss.kill(ss.master_port)
+        ok, took = poll(lambda: ss.master() == ss.replica_port, 30.0)
+        assert ok, "the sentinels did not fail over"
+        # both stores follow (+switch-master): decisions in Redis again
+        for s in (a, b):
+            ok, _ = poll(lambda: http_get(s.port, "/r", headers=[("X-K", "warm")])
+                         .header("X-RateLimit-Limit") is not None or None, 10.0)
+            assert ok, s.stderr[-3000:]
+        # the subscribers' new subscription counted as a reset: give it a moment
+        ok, _ = poll(lambda: all("reset subscriber: sentinel master 'mymaster' is "
+                                 "127.0.0.1:%d" % ss.replica_port in s.stderr
+                                 for s in (a, b)) or None, 5.0)
+        assert ok, (a.stderr[-2000:], b.stderr[-2000:])
+        override_and_reset(a, b, "after", ss.replica_port)
+    finally:
+        ss.stop()
