@@ -9,6 +9,7 @@
 # Then, --reps times, interleaved (binary A row 2, row 3, binary B row 2,
 # row 3, ...): a warm-up and `wrk -t1 -c64 -d<duration>s`, and around it
 # Redis INFO cpu and commandstats. Per run and row it prints:
+#   - sluice's own CPU-seconds (utime + stime from /proc) per 10k requests,
 #   - Redis CPU-seconds per 10k requests (the figure of bench row 2, target
 #     <= 0.08 s),
 #   - Redis command time per decision: cmdstat_evalsha usec / requests
@@ -137,16 +138,18 @@ def main():
                 else:
                     hist = "  batch mean %.1f (from calls)" % (1 / max(r["redis_calls_per_req"],
                                                                      1e-9))
-                print("rep %d %-6s %s: %7.0f req/s  Redis CPU %.4f s/10k  evalsha %.2f us/decision"
-                      "  calls %.3f/req  non2xx %d%s" % (
-                          rep + 1, key[0], key[1], r["rps"], r["redis_cpu_per_10k"],
+                print("rep %d %-6s %s: %7.0f req/s  sluice CPU %.4f s/10k  Redis CPU %.4f s/10k"
+                      "  evalsha %.2f us/decision  calls %.3f/req  non2xx %d%s" % (
+                          rep + 1, key[0], key[1], r["rps"], r["proxy_cpu_per_10k"],
+                          r["redis_cpu_per_10k"],
                           r["usec_per_decision"], r["redis_calls_per_req"], r["non2xx"], hist),
                       flush=True)
         print("medians of %d reps, wrk -t1 -c%d -d%ds:" % (opt.reps, opt.conns, opt.duration))
         for key, reps in out.items():
-            print("  %-6s %s: %7.0f req/s  Redis CPU %.4f s/10k  evalsha %.2f us/decision"
-                  "  calls %.3f/req" % (
+            print("  %-6s %s: %7.0f req/s  sluice CPU %.4f s/10k  Redis CPU %.4f s/10k"
+                  "  evalsha %.2f us/decision  calls %.3f/req" % (
                       key[0], key[1], statistics.median(r["rps"] for r in reps),
+                      statistics.median(r["proxy_cpu_per_10k"] for r in reps),
                       statistics.median(r["redis_cpu_per_10k"] for r in reps),
                       statistics.median(r["usec_per_decision"] for r in reps),
                       statistics.median(r["redis_calls_per_req"] for r in reps)))
