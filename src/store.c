@@ -1728,13 +1728,22 @@ static int64_t enc_flags(const struct store *s, const struct store_call *c, int 
            (s->rc.overrides ? 8 : 0);
 }
 
+/* A request of one limit of cost 1 without marks (the common case) goes
+ * as one argument, 32 + ref, instead of m, ref and cost. */
+static int store_req_short(const struct store_batch *b, int i)
+{
+    const struct store_req *q = b->req[i];
+    return q->n == 1 && !b->marks[i] && q->call->cost[q->idx[0]] == 1;
+}
+
 /* limit.lua's batch call into s->bcmd, returning its length:
  *   EVALSHA sha K key_1..key_K d P (algo limit window_ms interval_us)*P
- *           R (m (ref cost [slot] [ovr])*|m|)*R
+ *           R (m (ref cost [slot] [ovr])*|m| | 32+ref [slot] [ovr])*R
  * with ref = (key * P + param) * 16 + flags (0-based indexes), slot the
  * concurrency slot id, ovr the 1-based index of the override key (flag 8,
  * redis.overrides), and m < 0 for a request whose reply must carry refund
- * marks. See limit.lua. */
+ * marks; 32+ref: a request of one limit of cost 1 (store_req_short). See
+ * limit.lua. */
 static size_t store_batch_encode(struct store_batch *b)
 {
     struct store *s = b->s;
@@ -1746,6 +1755,8 @@ static size_t store_batch_encode(struct store_batch *b)
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
+        if (store_req_short(b, i))
+            extra -= 2;             /* no m, no cost */
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
             e->ki[ne] = enc_key(e, c->keys + c->koff[li], c->klen[li], kslots);
@@ -1782,12 +1793,18 @@ static size_t store_batch_encode(struct store_batch *b)
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
-        p = store_put_int(p, b->marks[i] ? -q->n : q->n);
+        int short_form = store_req_short(b, i);
+        if (!short_form)
+            p = store_put_int(p, b->marks[i] ? -q->n : q->n);
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
             int64_t ref = ((int64_t)e->ki[ne] * e->np + e->pi[ne]) * 16 + enc_flags(s, c, li);
-            p = store_put_int(p, ref);
-            p = store_put_int(p, c->cost[li]);
+            if (short_form) {
+                p = store_put_int(p, 32 + ref);
+            } else {
+                p = store_put_int(p, ref);
+                p = store_put_int(p, c->cost[li]);
+            }
             if (c->params[li].algo == LIMITER_CONCURRENCY)
                 p = store_put_int(p, c->slot[li]);
             if (e->oi[ne] >= 0)

@@ -12,7 +12,7 @@
 -- script: none can live without a TTL.
 --
 -- Call:   EVALSHA sha K key_1..key_K  mode P (algo limit window_ms interval_us) x P
---                 R (m (ref cost) x |m|) x R  [now_us]
+--                 R (m (ref cost) x |m|  or  32+ref) x R  [now_us]
 --   K keys          the batch's distinct keys (the caller deduplicates them:
 --                   two requests of one key name it once)
 --   mode            "d" = decide and consume; "t" = the same on a fake
@@ -29,7 +29,10 @@
 --   R               requests in the batch (>= 1), then per request:
 --     m             its limits (1..16); negative (-m): also reply the marks
 --                   refund.lua needs (Redis Cluster: a route decided in
---                   several slots)
+--                   several slots); 32 + ref instead of m, ref and cost:
+--                   a request of one limit of cost 1, no marks (the
+--                   common case, one argument instead of three; its slot
+--                   and ovr follow as below)
 --     per limit:    ref cost [slot] [ovr]
 --     ref           ((key index - 1) * P + (param index - 1)) * 16 + flags,
 --                   indexes 1-based into KEYS and the P sets; flags: 1 shadow
@@ -145,33 +148,44 @@ local nr = tonumber(ARGV[a0])
 if nr == nil or nr < 1 or nr % 1 ~= 0 then
     return redis.error_reply('ERR sluice limit.lua: bad request count')
 end
--- num[a] keeps ARGV[a] as a number once checked: the decisions below
--- read each argument once more, not convert it again.
-local refmax, ne, a, num = 16 * nk * np, 0, a0 + 1, {}
+-- Checked once, kept as numbers per limit entry e (in call order): em[e]
+-- the signed limit count of the request entry e begins (nil inside one),
+-- eref[e], ec[e] its ref and cost, es[e] a slot id, eo[e] an override
+-- key's index. The decisions below read these, not ARGV.
+local refmax, ne, a = 16 * nk * np, 0, a0 + 1
+local em, eref, ec, es, eo = {}, {}, {}, {}, {}
 for r = 1, nr do
     local m = tonumber(ARGV[a])
-    if m == nil or m % 1 ~= 0 or m == 0 or m > 16 or m < -16 then
+    if m == nil or m % 1 ~= 0 or m == 0 or m < -16 or (m > 16 and m < 32) then
         return redis.error_reply('ERR sluice limit.lua: bad limit count ' .. r)
     end
-    num[a] = m
-    if m < 0 then m = -m end
     a = a + 1
+    local short, sref = m >= 32, m - 32      -- one limit of cost 1: its ref is m - 32
+    if short then m = 1 end
+    em[ne + 1] = m
+    if m < 0 then m = -m end
     for j = 1, m do
-        local ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+        local ref, c
+        if short then
+            ref, c = sref, 1
+        else
+            ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+            a = a + 2
+        end
         if ref == nil or c == nil or ref % 1 ~= 0 or c % 1 ~= 0 or ref < 0 or ref >= refmax
                 or c < 1 then
             return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
         end
-        num[a], num[a + 1] = ref, c
+        local e = ne + j
+        eref[e], ec[e] = ref, c
         local f = ref % 16
         local p = ((ref - f) / 16) % np + 1
-        a = a + 2
         if pa[p] == 5 then                   -- the slot id
             local x = tonumber(ARGV[a])
             if f % 8 >= 4 or x == nil or x % 1 ~= 0 or x < 1 then
                 return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
             end
-            num[a] = x
+            es[e] = x
             a = a + 1
         elseif f % 8 >= 4 and pa[p] ~= 3 and pa[p] ~= 4 then
             return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
@@ -181,7 +195,7 @@ for r = 1, nr do
             if x == nil or x % 1 ~= 0 or x < 1 or x > nk then
                 return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
             end
-            num[a] = x
+            eo[e] = x
             a = a + 1
         end
         if a > nargv + 1 then
@@ -222,32 +236,27 @@ local dk, df, dok, drem, dreset, dretry, drem0, dreset0, dval, dopt, dexp, dmark
 local dd, dl, da, d1, d2, d3
 local m, mk, left, i, all_ok = 0, false, 0, 0, true
 
-a = a0 + 1
 for e = 1, ne do
     if left == 0 then                        -- a request begins
-        m = num[a]
+        m = em[e]
         mk = m < 0
         if mk then m = -m end
-        a, left, i, all_ok = a + 1, m, 0, true
+        left, i, all_ok = m, 0, true
     end
     i, left = i + 1, left - 1
-    local ref, c = num[a], num[a + 1]
-    a = a + 2
+    local ref, c = eref[e], ec[e]
     local f = ref % 16
     ref = (ref - f) / 16
     local p = ref % np
     local k = (ref - p) / np + 1
     p = p + 1
     local algo, L, W, I = pa[p], pl[p], pw[p], pi[p]
-    if algo == 5 then                        -- concurrency: I is the slot id
-        I = num[a]
-        a = a + 1
-    end
+    if algo == 5 then I = es[e] end          -- concurrency: I is the slot id
     local ovr = f >= 8
     if ovr then
         -- a run-time override of this key, for this algorithm, goes first
-        local ov = vals[num[a]]
-        a, f = a + 1, f - 8
+        local ov = vals[eo[e]]
+        f = f - 8
         local oa, ol, oi
         if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
         if oa and tonumber(oa) == algo and (algo <= 2 or algo == 5 or tonumber(oi) >= 1) then

@@ -415,3 +415,100 @@ def test_sentinel_admin_api_and_reset_follow_failover(tmp_path, sluice):
         override_and_reset(a, b, "after", ss.replica_port)
     finally:
         ss.stop()
+
+
+# ---------------------------------------- limit.lua's one-argument request ----
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIMIT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "src", "scripts", "limit.lua")
+HOUR = 3600000
+# [algo, limit, window_ms, interval_us (concurrency: slot id), cost, flags]
+SHORT_CASES = {
+    "fixed": [0, 2, HOUR, 0, 1, 0], "sliding": [1, 2, HOUR, 0, 1, 0],
+    "log": [2, 2, HOUR, 0, 1, 0], "bucket": [3, 2, 0, 10 ** 6, 1, 0],
+    "gcra": [4, 2, 0, 10 ** 6, 1, 0], "bucket_delay": [3, 2, 500, 10 ** 6, 1, 4],
+    "concurrency": [5, 2, 60000, 7, 1, 0], "check_only": [0, 2, HOUR, 0, 1, 2],
+}
+
+
+def shorten(args, requests):
+    """The same call with each request of one limit of cost 1 and no marks
+    in store.c's one-argument form, 32 + ref."""
+    nk = args[2]
+    np_ = args[3 + nk + 1]
+    body_at = 3 + nk + 2 + 4 * np_ + 1
+    out, i = list(args[:body_at]), body_at
+    for req in requests:
+        limits, marks, okeys = req[1], req[2], len(req) > 3
+        m = args[i]
+        i += 1
+        if m == 1 and not marks and limits[0][4] == 1:
+            out.append(32 + args[i])
+            i += 2
+        else:
+            out.append(m)
+            n = 2 * len(limits)
+            out += args[i:i + n]
+            i += n
+            continue
+        extra = (1 if limits[0][0] == 5 else 0) + (1 if okeys else 0)
+        out += args[i:i + extra]
+        i += extra
+    out += args[i:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def script_srv(tmp_path_factory):
+    s = RedisServer(tmp_path_factory.mktemp("lean"))
+    s.start()
+    try:
+        with open(LIMIT, "rb") as f:
+            sha = redis_cmd(s.port, "SCRIPT", "LOAD", f.read()).decode()
+        yield s.port, sha
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("name", sorted(SHORT_CASES))
+def test_one_argument_request_decides_as_the_long_form(script_srv, name):
+    from batchlib import batch_args
+    from conftest import redis_cmds
+    port, sha = script_srv
+    lim = SHORT_CASES[name]
+    t0 = 1764633600 * 10 ** 6
+    got = {}
+    for form in ("long", "short"):
+        key, other = "%s:%s" % (form, name), "%s:%s:o" % (form, name)
+        lim2 = list(lim)
+        if lim[0] == 5:
+            lim2[3] = 8             # another slot id
+        # three requests of one key (the third over the limit), one with
+        # marks on another key, a cost of 2: each in the form it can take
+        reqs = [([key], [lim], False), ([key], [lim2], False), ([key], [lim], False),
+                ([other], [lim], True), ([other], [lim[:4] + [2, lim[5]]], False)]
+        replies = []
+        for step, now in enumerate((t0, t0 + 300000)):
+            args = batch_args(sha, reqs, mode="t", now_us=now)
+            if form == "short":
+                args = shorten(args, reqs)
+                assert len(args) < len(batch_args(sha, reqs, mode="t", now_us=now))
+            replies.append(redis_cmds(port, [args])[-1][2:])   # not Redis' own TIME
+        ttls = [redis_cmd(port, "PTTL", k) for k in (key, other)]
+        got[form] = (replies, [t is not None and t > 0 for t in ttls])
+    assert got["short"] == got["long"], got
+
+
+def test_one_argument_request_out_of_range_is_refused(script_srv):
+    from batchlib import batch_args
+    from conftest import RedisError, redis_cmds
+    port, sha = script_srv
+    reqs = [(["bad:1"], [SHORT_CASES["fixed"]], False)]
+    args = shorten(batch_args(sha, reqs), reqs)
+    body = len(args) - 1
+    for bad in (17, 31, 32 + 16, -17):          # counts 17..31; a ref past the keys
+        a = list(args)
+        a[body] = bad
+        with pytest.raises(RedisError):
+            redis_cmds(port, [a])
+    assert redis_cmd(port, "EXISTS", "bad:1") == 0
