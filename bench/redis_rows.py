@@ -89,6 +89,10 @@ def main():
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--rate", type=int, default=0,
+                    help="pace wrk at about this many requests/s (bench/fixed_rate.lua); "
+                         "0: as fast as it goes")
+    ap.add_argument("--rows", default="row2,row3", help="which rows: row2, row3 or both")
     opt = ap.parse_args()
     if not 1 <= opt.reps <= 20 or not 1 <= opt.duration <= 120:
         ap.error("reps 1..20, duration 1..120")
@@ -115,6 +119,8 @@ def main():
         rows = {}
         for tag, binary in bins:
             for row, template in ROWS:
+                if row not in opt.rows.split(","):
+                    continue
                 rows[(tag, row)] = start_row(procs, tmp, "%s-%s" % (tag, row), binary,
                                              template, ports)
         time.sleep(0.5)
@@ -124,7 +130,12 @@ def main():
                 if opt.warmup:
                     run.run_wrk(procs, port, opt.warmup, opt.conns)
                 h0, u0 = batch_hist(admin), evalsha_usec(redis)
-                r = run.measure(procs, redis, port, pid, opt.duration, opt.conns)
+                paced = {}
+                if opt.rate:
+                    paced = dict(script=os.path.join(BENCH, "fixed_rate.lua"),
+                                 env=dict(os.environ, BENCH_RATE=str(opt.rate),
+                                          BENCH_CONNS=str(opt.conns)))
+                r = run.measure(procs, redis, port, pid, opt.duration, opt.conns, **paced)
                 h1, u1 = batch_hist(admin), evalsha_usec(redis)
                 n = max(r["requests"], 1)
                 r["usec_per_decision"] = (u1 - u0) / n
