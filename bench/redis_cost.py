@@ -181,6 +181,10 @@ def sluice_args(sha, limits, batch=None):
         args += lim[:4]
     args.append(batch)
     for r in range(batch):
+        if n == 1 and limits[0][4] == 1:
+            # one limit of cost 1: 32 + ref, as store.c sends it
+            args.append(32 + (r * n * n) * 16 + limits[0][5])
+            continue
         args.append(n)
         for i, lim in enumerate(limits):
             args += [((r * n + i) * n + i) * 16 + lim[5], lim[4]]

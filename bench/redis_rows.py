@@ -9,6 +9,7 @@
 # Then, --reps times, interleaved (binary A row 2, row 3, binary B row 2,
 # row 3, ...): a warm-up and `wrk -t1 -c64 -d<duration>s`, and around it
 # Redis INFO cpu and commandstats. Per run and row it prints:
+#   - sluice's own CPU-seconds (utime + stime from /proc) per 10k requests,
 #   - Redis CPU-seconds per 10k requests (the figure of bench row 2, target
 #     <= 0.08 s),
 #   - Redis command time per decision: cmdstat_evalsha usec / requests
@@ -88,6 +89,10 @@ def main():
     ap.add_argument("--duration", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--conns", type=int, default=64)
+    ap.add_argument("--rate", type=int, default=0,
+                    help="pace wrk at about this many requests/s (bench/fixed_rate.lua); "
+                         "0: as fast as it goes")
+    ap.add_argument("--rows", default="row2,row3", help="which rows: row2, row3 or both")
     opt = ap.parse_args()
     if not 1 <= opt.reps <= 20 or not 1 <= opt.duration <= 120:
         ap.error("reps 1..20, duration 1..120")
@@ -114,6 +119,8 @@ def main():
         rows = {}
         for tag, binary in bins:
             for row, template in ROWS:
+                if row not in opt.rows.split(","):
+                    continue
                 rows[(tag, row)] = start_row(procs, tmp, "%s-%s" % (tag, row), binary,
                                              template, ports)
         time.sleep(0.5)
@@ -123,7 +130,12 @@ def main():
                 if opt.warmup:
                     run.run_wrk(procs, port, opt.warmup, opt.conns)
                 h0, u0 = batch_hist(admin), evalsha_usec(redis)
-                r = run.measure(procs, redis, port, pid, opt.duration, opt.conns)
+                paced = {}
+                if opt.rate:
+                    paced = dict(script=os.path.join(BENCH, "fixed_rate.lua"),
+                                 env=dict(os.environ, BENCH_RATE=str(opt.rate),
+                                          BENCH_CONNS=str(opt.conns)))
+                r = run.measure(procs, redis, port, pid, opt.duration, opt.conns, **paced)
                 h1, u1 = batch_hist(admin), evalsha_usec(redis)
                 n = max(r["requests"], 1)
                 r["usec_per_decision"] = (u1 - u0) / n
@@ -137,16 +149,18 @@ def main():
                 else:
                     hist = "  batch mean %.1f (from calls)" % (1 / max(r["redis_calls_per_req"],
                                                                      1e-9))
-                print("rep %d %-6s %s: %7.0f req/s  Redis CPU %.4f s/10k  evalsha %.2f us/decision"
-                      "  calls %.3f/req  non2xx %d%s" % (
-                          rep + 1, key[0], key[1], r["rps"], r["redis_cpu_per_10k"],
+                print("rep %d %-6s %s: %7.0f req/s  sluice CPU %.4f s/10k  Redis CPU %.4f s/10k"
+                      "  evalsha %.2f us/decision  calls %.3f/req  non2xx %d%s" % (
+                          rep + 1, key[0], key[1], r["rps"], r["proxy_cpu_per_10k"],
+                          r["redis_cpu_per_10k"],
                           r["usec_per_decision"], r["redis_calls_per_req"], r["non2xx"], hist),
                       flush=True)
         print("medians of %d reps, wrk -t1 -c%d -d%ds:" % (opt.reps, opt.conns, opt.duration))
         for key, reps in out.items():
-            print("  %-6s %s: %7.0f req/s  Redis CPU %.4f s/10k  evalsha %.2f us/decision"
-                  "  calls %.3f/req" % (
+            print("  %-6s %s: %7.0f req/s  sluice CPU %.4f s/10k  Redis CPU %.4f s/10k"
+                  "  evalsha %.2f us/decision  calls %.3f/req" % (
                       key[0], key[1], statistics.median(r["rps"] for r in reps),
+                      statistics.median(r["proxy_cpu_per_10k"] for r in reps),
                       statistics.median(r["redis_cpu_per_10k"] for r in reps),
                       statistics.median(r["usec_per_decision"] for r in reps),
                       statistics.median(r["redis_calls_per_req"] for r in reps)))

@@ -26,8 +26,16 @@
 #include "mem.h"
 #include "rconn.h"
 
-#define RCONN_MAX_REPLY_BYTES (16u << 20)   /* unparsed bytes of one reply */
+#define RCONN_MAX_REPLY_BYTES (16u << 20)   /* unparsed bytes, and string bytes, of one reply */
 #define RCONN_READ_BYTES 65536              /* read at most this per readiness */
+/* What a reply may declare before anything is allocated for it. sluice's
+ * largest are a batch's integers (2 + 64 requests x 16 limits x 5) and
+ * CLUSTER SLOTS of a big cluster (a range per element, each with its
+ * nodes, each node with its metadata: 4 levels); hiredis alone would
+ * calloc whatever count a header names ("*2147483647") and nest 7 deep. */
+#define RCONN_MAX_ARRAY 65536               /* elements one array declares */
+#define RCONN_MAX_ELEMENTS 262144           /* declared by one reply, all levels */
+#define RCONN_MAX_DEPTH 4                   /* arrays within arrays */
 
 struct rconn_tls {
     SSL_CTX *ctx;
@@ -38,6 +46,8 @@ struct rconn_tls {
 struct rconn_pending {
     rconn_reply_cb *cb;
     void *privdata;
+    long long *ints;                /* rconn_send_ints: the integers go here */
+    size_t cap;
 };
 
 struct rconn {
@@ -55,6 +65,13 @@ struct rconn {
     SSL *ssl;                       /* owned by bev once it exists */
     struct evbuffer *early;         /* commands sent before the connection is up */
     redisReader *reader;
+    redisReplyObjectFunctions fn;   /* the reader's: rconn_reply_* */
+    redisReplyObjectFunctions dfn;  /* hiredis' own, which ours call */
+    size_t reply_elems, reply_bytes;/* declared so far by the reply being read */
+    long long *sink;                /* the reply being read goes to these integers */
+    size_t sink_n;
+    int sinking, sink_bad;          /* ... and has something else than integers */
+    char refused[160];              /* why the reply being read was refused */
     struct rconn_pending *fifo;     /* ring of callbacks awaiting replies */
     size_t head, count, cap;
     rconn_reply_cb *push_cb;        /* subscribed: every reply goes here */
@@ -166,7 +183,8 @@ static SSL *rconn_ssl_new(struct rconn *c)
 
 /* ---- callbacks and teardown ----------------------------------------------- */
 
-static void rconn_fifo_push(struct rconn *c, rconn_reply_cb *cb, void *privdata)
+static void rconn_fifo_push(struct rconn *c, rconn_reply_cb *cb, void *privdata,
+                            long long *ints, size_t cap)
 {
     if (c->count == c->cap) {
         size_t ncap = c->cap ? 2 * c->cap : 16;
@@ -178,7 +196,7 @@ static void rconn_fifo_push(struct rconn *c, rconn_reply_cb *cb, void *privdata)
         c->head = 0;
         c->cap = ncap;
     }
-    c->fifo[(c->head + c->count) % c->cap] = (struct rconn_pending){ cb, privdata };
+    c->fifo[(c->head + c->count) % c->cap] = (struct rconn_pending){ cb, privdata, ints, cap };
     c->count++;
 }
 
@@ -290,6 +308,110 @@ int rconn_resolving(const struct rconn *c)
 
 /* ---- reading replies ------------------------------------------------------ */
 
+/* The reader's object functions: hiredis' own, once the counts a reply
+ * declares have been checked against the bounds above (a refused reply
+ * ends the connection before anything is allocated for it), except for a
+ * reply to rconn_send_ints(), whose integers go straight to the caller's
+ * array: nothing is allocated for it at all. */
+static const char rconn_marker;         /* stands for every object of such a reply */
+static char rconn_not_ints[] = "ERR not an array of integers";
+
+static void *rconn_refuse(struct rconn *c, const char *what, long long n, long long max)
+{
+    snprintf(c->refused, sizeof(c->refused), "%lld %s (at most %lld)", n, what, max);
+    return NULL;                        /* hiredis: an error; rconn_deliver reads ours */
+}
+
+/* The first object of a reply (its root) starts the counts afresh. */
+static struct rconn *rconn_reply_of(const redisReadTask *t)
+{
+    struct rconn *c = t->privdata;
+    if (t->parent == NULL) {
+        c->reply_elems = c->reply_bytes = 0;
+        c->sinking = c->sink_bad = 0;
+    }
+    return c;
+}
+
+static void *rconn_reply_array(const redisReadTask *t, int n)
+{
+    struct rconn *c = rconn_reply_of(t);
+    int depth = 1;
+    for (const redisReadTask *p = t->parent; p != NULL; p = p->parent)
+        depth++;
+    if (n > RCONN_MAX_ARRAY)
+        return rconn_refuse(c, "elements in one array", n, RCONN_MAX_ARRAY);
+    if (depth > RCONN_MAX_DEPTH)
+        return rconn_refuse(c, "levels of nested arrays", depth, RCONN_MAX_DEPTH);
+    c->reply_elems += (size_t)n;
+    if (c->reply_elems > RCONN_MAX_ELEMENTS)
+        return rconn_refuse(c, "elements in one reply", (long long)c->reply_elems,
+                            RCONN_MAX_ELEMENTS);
+    if (t->parent == NULL && c->count > 0 && c->fifo[c->head].ints != NULL &&
+        (size_t)n <= c->fifo[c->head].cap) {
+        c->sinking = 1;
+        c->sink = c->fifo[c->head].ints;
+        c->sink_n = (size_t)n;
+    }
+    if (c->sinking) {
+        c->sink_bad |= t->parent != NULL;
+        return (void *)&rconn_marker;
+    }
+    return c->dfn.createArray(t, n);
+}
+
+static void *rconn_reply_integer(const redisReadTask *t, long long v)
+{
+    struct rconn *c = rconn_reply_of(t);
+    if (!c->sinking)
+        return c->dfn.createInteger(t, v);
+    if (t->parent->parent == NULL)      /* hiredis: idx < the array's count */
+        c->sink[t->idx] = v;
+    return (void *)&rconn_marker;
+}
+
+static void *rconn_reply_string(const redisReadTask *t, char *str, size_t len)
+{
+    struct rconn *c = rconn_reply_of(t);
+    c->reply_bytes += len;
+    if (c->reply_bytes > RCONN_MAX_REPLY_BYTES)
+        return rconn_refuse(c, "string bytes in one reply", (long long)c->reply_bytes,
+                            RCONN_MAX_REPLY_BYTES);
+    if (!c->sinking)
+        return c->dfn.createString(t, str, len);
+    c->sink_bad = 1;
+    return (void *)&rconn_marker;
+}
+
+static void *rconn_reply_nil(const redisReadTask *t)
+{
+    struct rconn *c = rconn_reply_of(t);
+    if (!c->sinking)
+        return c->dfn.createNil(t);
+    c->sink_bad = 1;
+    return (void *)&rconn_marker;
+}
+
+static void rconn_reply_free(void *obj)
+{
+    if (obj != &rconn_marker)
+        freeReplyObject(obj);
+}
+
+static redisReader *rconn_reader_new(struct rconn *c)
+{
+    redisReader *r = redisReaderCreate();
+    if (r == NULL)
+        return NULL;
+    c->dfn = *r->fn;
+    c->fn = (redisReplyObjectFunctions){ rconn_reply_string, rconn_reply_array,
+                                         rconn_reply_integer, rconn_reply_nil,
+                                         rconn_reply_free };
+    r->fn = &c->fn;
+    r->privdata = c;
+    return r;
+}
+
 /* Every whole reply the reader holds, each to its callback. NULL, or why
  * the connection must end. */
 static const char *rconn_deliver(struct rconn *c)
@@ -297,7 +419,12 @@ static const char *rconn_deliver(struct rconn *c)
     for (;;) {
         void *r = NULL;
         if (redisReaderGetReply(c->reader, &r) != REDIS_OK) {
-            snprintf(c->why, sizeof(c->why), "protocol error: %s", c->reader->errstr);
+            if (c->refused[0] != '\0') {
+                log_warn("rconn: reply refused '%s': %s", c->host, c->refused);
+                snprintf(c->why, sizeof(c->why), "reply refused: %s", c->refused);
+            } else {
+                snprintf(c->why, sizeof(c->why), "protocol error: %s", c->reader->errstr);
+            }
             return c->why;
         }
         if (r == NULL)
@@ -306,16 +433,26 @@ static const char *rconn_deliver(struct rconn *c)
         if (c->count > 0) {
             p = rconn_fifo_pop(c);
         } else if (c->push_cb != NULL) {
-            p = (struct rconn_pending){ c->push_cb, c->push_priv };
+            p = (struct rconn_pending){ c->push_cb, c->push_priv, NULL, 0 };
         } else {
-            freeReplyObject(r);
+            rconn_reply_free(r);
             return "a reply nobody asked for";
+        }
+        redisReply view, *reply = r;
+        if (r == &rconn_marker) {       /* parsed into p.ints */
+            memset(&view, 0, sizeof(view));
+            view.type = c->sink_bad ? REDIS_REPLY_ERROR : REDIS_REPLY_ARRAY;
+            view.elements = c->sink_bad ? 0 : c->sink_n;
+            view.str = c->sink_bad ? rconn_not_ints : NULL;
+            view.len = c->sink_bad ? sizeof(rconn_not_ints) - 1 : 0;
+            reply = &view;
+            c->sinking = 0;
         }
         c->in_cb++;
         if (p.cb != NULL)
-            p.cb(c, r, p.privdata);
+            p.cb(c, reply, p.privdata);
         c->in_cb--;
-        freeReplyObject(r);
+        rconn_reply_free(r);
         if (c->freeing)
             return NULL;
     }
@@ -503,7 +640,7 @@ struct rconn *rconn_connect(struct event_base *base, struct evdns_base *dns,
     c->on_close = on_close;
     c->data = data;
     c->early = evbuffer_new();
-    c->reader = redisReaderCreate();
+    c->reader = rconn_reader_new(c);
     c->fail_ev = event_new(base, -1, 0, rconn_fail_cb, c);
     if (c->early == NULL || c->reader == NULL || c->fail_ev == NULL) {
         log_error("rconn: out of memory connecting '%s'", host);
@@ -540,15 +677,27 @@ static struct evbuffer *rconn_out(struct rconn *c)
     return c->connected && c->bev != NULL ? bufferevent_get_output(c->bev) : c->early;
 }
 
-int rconn_send(struct rconn *c, const char *cmd, size_t len, rconn_reply_cb *cb,
-               void *privdata)
+static int rconn_queue(struct rconn *c, const char *cmd, size_t len, rconn_reply_cb *cb,
+                       void *privdata, long long *ints, size_t cap)
 {
     if (c->dead || c->freeing || c->push_cb != NULL)
         return -1;
     if (evbuffer_add(rconn_out(c), cmd, len) != 0)
         return -1;
-    rconn_fifo_push(c, cb, privdata);
+    rconn_fifo_push(c, cb, privdata, ints, cap);
     return 0;
+}
+
+int rconn_send(struct rconn *c, const char *cmd, size_t len, rconn_reply_cb *cb,
+               void *privdata)
+{
+    return rconn_queue(c, cmd, len, cb, privdata, NULL, 0);
+}
+
+int rconn_send_ints(struct rconn *c, const char *cmd, size_t len, long long *ints,
+                    size_t cap, rconn_reply_cb *cb, void *privdata)
+{
+    return rconn_queue(c, cmd, len, cb, privdata, ints, cap);
 }
 
 int rconn_send_argv(struct rconn *c, int argc, const char **argv, const size_t *lens,

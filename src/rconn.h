@@ -13,7 +13,10 @@
  *   rconn_free(c): pending callbacks get NULL replies, the event callbacks
  *   are not called. From inside one of c's callbacks it is deferred until
  *   that callback returns.
- *   A reply is freed by rconn after its callback returns. */
+ *   A reply is freed by rconn after its callback returns.
+ * A reply that declares more than rconn.c's bounds (elements of one array,
+ * of the whole reply, nesting, string bytes) ends the connection, logged,
+ * before anything is allocated for it: on_close, as for any failure. */
 #ifndef SLUICE_RCONN_H
 #define SLUICE_RCONN_H
 
@@ -66,6 +69,16 @@ int rconn_send(struct rconn *c, const char *cmd, size_t len, rconn_reply_cb *cb,
                void *privdata);
 int rconn_send_argv(struct rconn *c, int argc, const char **argv, const size_t *lens,
                     rconn_reply_cb *cb, void *privdata);
+
+/* rconn_send for a command answered by an array of at most cap integers
+ * (limit.lua's batch reply): they are written to ints[] as they are parsed,
+ * nothing is allocated for them, and cb gets a reply of type
+ * REDIS_REPLY_ARRAY with `elements` set and `element` NULL. Such an array
+ * holding anything but integers comes as the error "ERR not an array of
+ * integers"; any other reply (an error, a longer array) as hiredis builds
+ * it. ints must stay valid until cb has run (or c is freed). */
+int rconn_send_ints(struct rconn *c, const char *cmd, size_t len, long long *ints,
+                    size_t cap, rconn_reply_cb *cb, void *privdata);
 
 /* SUBSCRIBE: every reply from then on goes to cb (the confirmation, then
  * each message). No command may follow it on c. */

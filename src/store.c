@@ -157,6 +157,8 @@ struct store_batch {
     size_t key_bytes;
     struct store_req *req[STORE_BATCH_MAX];
     int marks[STORE_BATCH_MAX];     /* request i's reply carries refund marks */
+    long long *ints;                /* the reply's integers, parsed by rconn into */
+    size_t intcap;                  /* (kept for the batch's next use) */
 };
 
 /* Scratch of the batch encoder: the distinct keys and parameter sets of
@@ -1513,15 +1515,14 @@ static enum store_status store_error_status(struct store *s, struct store_node *
     return STORE_OOM;
 }
 
-static void store_parse_batch(struct store_req *q, const redisReply *reply, size_t at,
-                              int marks);
+static void store_parse_batch(struct store_req *q, const long long *v, size_t at, int marks);
 
 /* One request's share of a reply, its own (a refund) or its batch's (a
- * decision, whose fields start at `at`; readable: the batch reply has the
- * shape limit.lua gives): a lost connection, an error reply, or its
- * decisions. */
+ * decision, whose fields start at `at` in the batch's integers v;
+ * readable: the batch reply has the shape limit.lua gives): a lost
+ * connection, an error reply, or its decisions. */
 static void req_take(struct store_req *q, struct store_node *n, const redisReply *reply,
-                     int readable, size_t at, int marks)
+                     const long long *v, size_t at, int marks)
 {
     struct store *s = q->s;
     if (req_abandoned(q)) {
@@ -1544,11 +1545,11 @@ static void req_take(struct store_req *q, struct store_node *n, const redisReply
         }
     } else if (q->call == NULL) {
         q->done = 1;            /* a refund: its count needs no check */
-    } else if (!readable) {
+    } else if (v == NULL) {
         log_debug("store: unexpected reply from '%s'", n->name);
         req_finish(q, STORE_ERROR);
     } else {
-        store_parse_batch(q, reply, at, marks);
+        store_parse_batch(q, v, at, marks);
         q->done = 1;
         if (--q->call->pending == 0)
             store_call_complete(q->call);
@@ -1568,7 +1569,7 @@ static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata)
     node_got_reply(n);
     if (reply == NULL)
         node_set_ready(n, 0);   /* the connection is going away */
-    req_take(q, n, reply, 1, 0, 0);
+    req_take(q, n, reply, NULL, 0, 0);
 }
 
 /* A timed-out call is answered now; late replies only release it. When
@@ -1727,13 +1728,22 @@ static int64_t enc_flags(const struct store *s, const struct store_call *c, int 
            (s->rc.overrides ? 8 : 0);
 }
 
+/* A request of one limit of cost 1 without marks (the common case) goes
+ * as one argument, 32 + ref, instead of m, ref and cost. */
+static int store_req_short(const struct store_batch *b, int i)
+{
+    const struct store_req *q = b->req[i];
+    return q->n == 1 && !b->marks[i] && q->call->cost[q->idx[0]] == 1;
+}
+
 /* limit.lua's batch call into s->bcmd, returning its length:
  *   EVALSHA sha K key_1..key_K d P (algo limit window_ms interval_us)*P
- *           R (m (ref cost [slot] [ovr])*|m|)*R
+ *           R (m (ref cost [slot] [ovr])*|m| | 32+ref [slot] [ovr])*R
  * with ref = (key * P + param) * 16 + flags (0-based indexes), slot the
  * concurrency slot id, ovr the 1-based index of the override key (flag 8,
  * redis.overrides), and m < 0 for a request whose reply must carry refund
- * marks. See limit.lua. */
+ * marks; 32+ref: a request of one limit of cost 1 (store_req_short). See
+ * limit.lua. */
 static size_t store_batch_encode(struct store_batch *b)
 {
     struct store *s = b->s;
@@ -1745,6 +1755,8 @@ static size_t store_batch_encode(struct store_batch *b)
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
+        if (store_req_short(b, i))
+            extra -= 2;             /* no m, no cost */
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
             e->ki[ne] = enc_key(e, c->keys + c->koff[li], c->klen[li], kslots);
@@ -1781,12 +1793,18 @@ static size_t store_batch_encode(struct store_batch *b)
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
-        p = store_put_int(p, b->marks[i] ? -q->n : q->n);
+        int short_form = store_req_short(b, i);
+        if (!short_form)
+            p = store_put_int(p, b->marks[i] ? -q->n : q->n);
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
             int64_t ref = ((int64_t)e->ki[ne] * e->np + e->pi[ne]) * 16 + enc_flags(s, c, li);
-            p = store_put_int(p, ref);
-            p = store_put_int(p, c->cost[li]);
+            if (short_form) {
+                p = store_put_int(p, 32 + ref);
+            } else {
+                p = store_put_int(p, ref);
+                p = store_put_int(p, c->cost[li]);
+            }
             if (c->params[li].algo == LIMITER_CONCURRENCY)
                 p = store_put_int(p, c->slot[li]);
             if (e->oi[ne] >= 0)
@@ -1819,56 +1837,60 @@ static size_t store_req_width(const struct store_req *q, int marks)
     return w;
 }
 
-/* The reply is { time_s, time_us, then per request and limit: v, reset_ms
- * [, mark] [, wait_ms] [, limit] }, all integers. */
-static int store_batch_readable(const struct store_batch *b, const redisReply *reply)
+/* The batch's reply width: { time_s, time_us, then per request and limit:
+ * v, reset_ms [, mark] [, wait_ms] [, limit] }, all integers. */
+static size_t store_batch_width(const struct store_batch *b)
 {
     size_t want = 2;
     for (int i = 0; i < b->n; i++)
         want += store_req_width(b->req[i], b->marks[i]);
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != want)
-        return 0;
-    for (size_t i = 0; i < reply->elements; i++)
-        if (reply->element[i]->type != REDIS_REPLY_INTEGER)
-            return 0;
-    return 1;
+    return want;
+}
+
+/* Its integers (b->ints, rconn_send_ints) when the reply has that shape. */
+static const long long *store_batch_readable(const struct store_batch *b,
+                                             const redisReply *reply)
+{
+    if (reply->type != REDIS_REPLY_ARRAY || reply->element != NULL ||
+        reply->elements != store_batch_width(b))
+        return NULL;
+    return b->ints;
 }
 
 /* Request q's fields of a readable batch reply, from `at`: v = remaining
  * when the limit allows, -retry_ms when it denies; an admitted delayed
  * request's retry_ms is its wait. The limit an override applied is kept in
  * c->params too: a refund caps at it. */
-static void store_parse_batch(struct store_req *q, const redisReply *reply, size_t at,
-                              int marks)
+static void store_parse_batch(struct store_req *q, const long long *v, size_t at, int marks)
 {
     struct store_call *c = q->call;
     q->allowed = 1;
     for (int i = 0; i < q->n; i++) {
-        redisReply **e = reply->element + at;
+        const long long *e = v + at;
         int li = q->idx[i];
         struct limiter_result *r = &c->res.r[li];
-        long long v = e[0]->integer;
+        long long rv = e[0];
         size_t x = 2;
         at += store_reply_width(q->s, c, li, marks);
-        r->allowed = v >= 0;
-        r->remaining = v >= 0 ? v : 0;
-        r->reset_ms = e[1]->integer;
-        r->retry_ms = v >= 0 ? 0 : v < -INT64_MAX ? INT64_MAX : -v;
+        r->allowed = rv >= 0;
+        r->remaining = rv >= 0 ? rv : 0;
+        r->reset_ms = e[1];
+        r->retry_ms = rv >= 0 ? 0 : rv < -INT64_MAX ? INT64_MAX : -rv;
         if (!r->allowed && !(c->flags[li] & STORE_SHADOW))
             q->allowed = 0;
         if (marks)
-            q->mark[i] = e[x++]->integer;
-        if (c->params[li].delay_ms > 0 && v >= 0)
-            r->retry_ms = e[x]->integer;
+            q->mark[i] = e[x++];
+        if (c->params[li].delay_ms > 0 && rv >= 0)
+            r->retry_ms = e[x];
         if (c->params[li].delay_ms > 0)
             x++;
         if (q->s->rc.overrides)
-            c->params[li].limit = e[x]->integer;
+            c->params[li].limit = e[x];
         r->limit = c->params[li].limit;
     }
     if (marks) {
-        q->time_s = reply->element[0]->integer;
-        q->time_us = reply->element[1]->integer;
+        q->time_s = v[0];
+        q->time_us = v[1];
     }
 }
 
@@ -1882,8 +1904,8 @@ static void store_batch_cb(struct rconn *ac, redisReply *reply, void *privdata)
     node_got_reply(n);
     if (reply == NULL)
         node_set_ready(n, 0);   /* the connection is going away */
-    int readable = reply != NULL && reply->type != REDIS_REPLY_ERROR &&
-                   store_batch_readable(b, reply);
+    const long long *v = reply != NULL && reply->type != REDIS_REPLY_ERROR ?
+                         store_batch_readable(b, reply) : NULL;
     size_t at = 2;
     for (int i = 0; i < b->n; i++) {
         struct store_req *q = b->req[i];
@@ -1891,7 +1913,7 @@ static void store_batch_cb(struct rconn *ac, redisReply *reply, void *privdata)
         /* q's call may be reused by a callback once q is released */
         at += store_req_width(q, b->marks[i]);
         q->in_hiredis = 0;
-        req_take(q, n, reply, readable, mine, b->marks[i]);
+        req_take(q, n, reply, v, mine, b->marks[i]);
     }
     store_batch_free(b);
 }
@@ -1931,7 +1953,14 @@ static void store_batch_send(struct store_batch *b)
             goto fail;
         node_expect_reply(n);
     }
-    if (rconn_send(n->ac, b->s->bcmd, len, store_batch_cb, b) != 0)
+    /* the reply's integers are parsed straight into b->ints */
+    size_t width = store_batch_width(b);
+    if (b->intcap < width) {
+        free(b->ints);
+        b->intcap = width > 64 ? width : 64;
+        b->ints = mem_alloc(b->intcap * sizeof(*b->ints));
+    }
+    if (rconn_send_ints(n->ac, b->s->bcmd, len, b->ints, width, store_batch_cb, b) != 0)
         goto fail;
     node_expect_reply(n);
     metrics_batch(b->n);
@@ -2159,6 +2188,7 @@ void store_destroy(struct store *s)
     while (s->all_batches != NULL) {
         struct store_batch *x = s->all_batches;
         s->all_batches = x->all_next;
+        free(x->ints);
         free(x);
     }
     event_free(s->flush_ev);
@@ -2310,14 +2340,16 @@ int64_t store_retry_ms(const struct store *s)
 
 /* ---- the reset subscriber (issue 14): one SUBSCRIBE connection --------------
  *
- * Kept apart from the decision connections so that it ports with them: a
- * hiredis async context on the caller's base, subscribed to one channel,
- * reconnecting every STORE_SUB_RETRY_MS. cb runs for each message and once
- * each time the subscription is (re)made: messages sent while it was down
- * are lost, so the caller treats a new subscription as one. A cluster
- * broadcasts PUBLISH to every node, so the first seed will do; Sentinel
- * asks its master's address from nowhere here: a sentinel config gets no
- * subscriber (logged). */
+ * Kept apart from the decision connections: an rconn on the caller's
+ * base, subscribed to one channel, reconnecting every STORE_SUB_RETRY_MS.
+ * cb runs for each message and once each time the subscription is
+ * (re)made: messages sent while it was down are lost, so the caller treats
+ * a new subscription as one. A cluster broadcasts PUBLISH to every node, so
+ * the first seed will do. Sentinel: a second connection, to the sentinels
+ * in turn, asks for the master (as the store does) and stays subscribed to
+ * +switch-master; the subscriber connects to the master it names and moves
+ * when it switches. When the master's connection is lost, a sentinel is
+ * asked again. */
 
 #define STORE_SUB_RETRY_MS 200
 
@@ -2334,7 +2366,16 @@ struct store_sub {
     struct rconn *conn;
     struct event *retry_ev;
     int stopping;
+    /* redis.sentinel: host is NULL until a sentinel names the master */
+    struct store_addr *sentinels;
+    int nsentinels, cand;
+    char *master_name, *sentinel_password;
+    struct rconn *sconn;            /* to sentinels[cand] */
+    struct event *sretry_ev;
 };
+
+static void sub_connect(struct store_sub *ss);
+static void sub_ask_again(struct store_sub *ss);
 
 static void sub_retry_later(struct store_sub *ss)
 {
@@ -2358,8 +2399,26 @@ static void sub_connect_cb(struct rconn *c, int status, const char *why)
     struct store_sub *ss = rconn_data(c);
     if (status != 0) {
         ss->conn = NULL;        /* rconn frees it */
-        sub_retry_later(ss);
+        if (ss->sentinels != NULL)
+            sub_ask_again(ss);
+        else
+            sub_retry_later(ss);
     }
+}
+
+/* Sentinel: the master's connection failed or ended; it may have moved
+ * while we were not told: ask a sentinel again (it connects to the master
+ * it names). */
+static void sub_ask_again(struct store_sub *ss)
+{
+    if (ss->sconn != NULL) {
+        struct rconn *sc = ss->sconn;
+        ss->sconn = NULL;
+        rconn_free(sc);         /* its callbacks are not called */
+    }
+    struct timeval tv = clock_timeval(STORE_SUB_RETRY_MS);
+    if (!ss->stopping && !evtimer_pending(ss->sretry_ev, NULL))
+        event_add(ss->sretry_ev, &tv);
 }
 
 static void sub_close_cb(struct rconn *c, const char *why)
@@ -2368,7 +2427,119 @@ static void sub_close_cb(struct rconn *c, const char *why)
     log_warn("store: reset subscriber lost '%s:%d': %s; retrying", ss->host, ss->port,
              why && why[0] ? why : "connection closed");
     ss->conn = NULL;
-    sub_retry_later(ss);
+    if (ss->sentinels != NULL)
+        sub_ask_again(ss);
+    else
+        sub_retry_later(ss);
+}
+
+/* The master a sentinel named: subscribe there (again, if it moved). */
+static void sub_set_master(struct store_sub *ss, const char *host, int port)
+{
+    if (ss->conn != NULL && ss->port == port && strcmp(ss->host, host) == 0)
+        return;
+    log_info("store: reset subscriber: sentinel master '%s' is %s:%d", ss->master_name,
+             host, port);
+    free(ss->host);
+    ss->host = store_strdup(host);
+    ss->port = port;
+    if (ss->conn != NULL) {
+        struct rconn *c = ss->conn;
+        ss->conn = NULL;
+        rconn_free(c);          /* its callbacks are not called */
+    }
+    event_del(ss->retry_ev);
+    sub_connect(ss);
+}
+
+static void sub_sentinel_next(struct store_sub *ss)
+{
+    ss->cand = (ss->cand + 1) % ss->nsentinels;
+    sub_ask_again(ss);
+}
+
+static void sub_master_cb(struct rconn *c, redisReply *reply, void *privdata)
+{
+    struct store_sub *ss = privdata;
+    if (reply == NULL || ss->stopping)
+        return;
+    int port;
+    if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 2 &&
+        reply->element[0]->type == REDIS_REPLY_STRING && reply->element[0]->len > 0 &&
+        reply->element[1]->type == REDIS_REPLY_STRING &&
+        addr_port(reply->element[1]->str, reply->element[1]->len, &port) == 0) {
+        sub_set_master(ss, reply->element[0]->str, port);
+        return;
+    }
+    log_warn("store: reset subscriber: sentinel '%s:%d' does not name master '%s': %s",
+             ss->sentinels[ss->cand].host, ss->sentinels[ss->cand].port, ss->master_name,
+             reply->type == REDIS_REPLY_ERROR ? reply->str : "no such master");
+    sub_sentinel_next(ss);      /* frees c: deferred until this returns */
+}
+
+/* "+switch-master" carries "NAME OLDIP OLDPORT NEWIP NEWPORT". */
+static void sub_switch_cb(struct rconn *c, redisReply *reply, void *privdata)
+{
+    struct store_sub *ss = privdata;
+    if (reply == NULL || ss->stopping || reply->type != REDIS_REPLY_ARRAY ||
+        reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
+        strcmp(reply->element[0]->str, "message") != 0 ||
+        reply->element[2]->type != REDIS_REPLY_STRING)
+        return;                 /* the subscribe confirmation */
+    char name[256], oldip[64], newip[64];
+    int oldport, newport;
+    /* Counted fields and a bounded port: the conversions are checked. */
+    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",  // NOLINT(cert-err34-c)
+               name, oldip, &oldport, newip, &newport) != 5 ||
+        strcmp(name, ss->master_name) != 0 || newport < 1 || newport > 65535)
+        return;
+    sub_set_master(ss, newip, newport);
+}
+
+static void sub_sconnect_cb(struct rconn *c, int status, const char *why)
+{
+    struct store_sub *ss = rconn_data(c);
+    if (status != 0) {
+        log_debug("store: reset subscriber: sentinel '%s:%d': %s",
+                  ss->sentinels[ss->cand].host, ss->sentinels[ss->cand].port,
+                  why ? why : "cannot connect");
+        ss->sconn = NULL;       /* rconn frees it */
+        sub_sentinel_next(ss);
+    }
+}
+
+static void sub_sclose_cb(struct rconn *c, const char *why)
+{
+    struct store_sub *ss = rconn_data(c);
+    ss->sconn = NULL;
+    sub_sentinel_next(ss);
+}
+
+/* AUTH (the sentinels' password), the master's address, then
+ * +switch-master for as long as the connection lasts. */
+static void sub_sentinel_connect(struct store_sub *ss)
+{
+    if (ss->stopping || ss->sconn != NULL || (ss->rc.tls && ss->tls == NULL))
+        return;
+    const struct store_addr *a = &ss->sentinels[ss->cand];
+    struct rconn *c = rconn_connect(ss->base, ss->dns, ss->tls, a->host, a->port, 0,
+                                    sub_sconnect_cb, sub_sclose_cb, ss);
+    ss->sconn = c;
+    if (ss->sentinel_password != NULL) {
+        const char *av[2] = { "AUTH", ss->sentinel_password };
+        size_t al[2] = { 4, strlen(av[1]) };
+        rconn_send_argv(c, 2, av, al, NULL, NULL);
+    }
+    const char *q[3] = { "SENTINEL", "get-master-addr-by-name", ss->master_name };
+    size_t ql[3] = { 8, 23, strlen(ss->master_name) };
+    rconn_send_argv(c, 3, q, ql, sub_master_cb, ss);
+    const char *sv[2] = { "SUBSCRIBE", "+switch-master" };
+    rconn_subscribe(c, 2, sv, sub_switch_cb, ss);
+}
+
+static void sub_sretry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    sub_sentinel_connect(arg);
 }
 
 static void sub_connect(struct store_sub *ss)
@@ -2394,7 +2565,9 @@ static void sub_connect(struct store_sub *ss)
 
 static void sub_retry_cb(evutil_socket_t fd, short what, void *arg)
 {
-    sub_connect(arg);
+    struct store_sub *ss = arg;
+    if (ss->host != NULL)
+        sub_connect(ss);
 }
 
 struct store_sub *store_sub_create(struct event_base *base, const struct conf_redis *rc,
@@ -2402,11 +2575,6 @@ struct store_sub *store_sub_create(struct event_base *base, const struct conf_re
 {
     char host[256];
     int port = rc->port;
-    if (rc->sentinel_master != NULL) {
-        log_warn("store: reset subscriber: not with redis.sentinel; a reset reaches other "
-                 "proxies' deny caches only at the denials' retry times");
-        return NULL;
-    }
     snprintf(host, sizeof(host), "%s", rc->host ? rc->host : "");
     if (rc->ncluster > 0 && addr_split(rc->cluster[0], host, sizeof(host), &port) < 0)
         return NULL;
@@ -2416,8 +2584,23 @@ struct store_sub *store_sub_create(struct event_base *base, const struct conf_re
     ss->rc.user = rc->user ? store_strdup(rc->user) : NULL;
     ss->rc.password = rc->password ? store_strdup(rc->password) : NULL;
     ss->rc.tls = rc->tls;
-    ss->host = store_strdup(host);
-    ss->port = port;
+    if (rc->sentinel_master != NULL) {
+        ss->rc.is_unix = 0;
+        ss->master_name = store_strdup(rc->sentinel_master);
+        ss->sentinel_password = rc->sentinel_password ? store_strdup(rc->sentinel_password)
+                                                      : NULL;
+        ss->sentinels = mem_calloc((size_t)rc->nsentinel_nodes + 1, sizeof(*ss->sentinels));
+        for (int i = 0; i < rc->nsentinel_nodes; i++) {
+            int sp;
+            if (addr_split(rc->sentinel_nodes[i], host, sizeof(host), &sp) > 0) {
+                ss->sentinels[ss->nsentinels].host = store_strdup(host);
+                ss->sentinels[ss->nsentinels++].port = sp;
+            }
+        }
+    } else {
+        ss->host = store_strdup(host);
+        ss->port = port;
+    }
     ss->channel = store_strdup(channel);
     ss->cb = cb;
     ss->arg = arg;
@@ -2438,9 +2621,15 @@ struct store_sub *store_sub_create(struct event_base *base, const struct conf_re
             log_error("store: reset subscriber: TLS setup failed: %s", why);
     }
     ss->retry_ev = evtimer_new(base, sub_retry_cb, ss);
-    if (ss->retry_ev == NULL)
+    ss->sretry_ev = evtimer_new(base, sub_sretry_cb, ss);
+    if (ss->retry_ev == NULL || ss->sretry_ev == NULL)
         abort();
-    sub_connect(ss);
+    if (ss->sentinels == NULL)
+        sub_connect(ss);
+    else if (ss->nsentinels > 0)
+        sub_sentinel_connect(ss);
+    else
+        log_error("store: reset subscriber: no usable sentinel address");
     return ss;
 }
 
@@ -2450,11 +2639,21 @@ void store_sub_destroy(struct store_sub *ss)
         return;
     ss->stopping = 1;
     event_free(ss->retry_ev);
+    event_free(ss->sretry_ev);
     int resolving = 0;
     if (ss->conn != NULL) {
         resolving = rconn_resolving(ss->conn);
         rconn_free(ss->conn);   /* its callbacks are not called */
     }
+    if (ss->sconn != NULL) {
+        resolving |= rconn_resolving(ss->sconn);
+        rconn_free(ss->sconn);
+    }
+    for (int i = 0; i < ss->nsentinels; i++)
+        free(ss->sentinels[i].host);
+    free(ss->sentinels);
+    free(ss->master_name);
+    free(ss->sentinel_password);
     /* a cancelled lookup is delivered later and reads the resolver: then
      * it is left (a few hundred bytes, once per reload at most) */
     if (!resolving)
@@ -2472,8 +2671,11 @@ void store_sub_destroy(struct store_sub *ss)
  * One short connection per admin request, over rconn (names by evdns, TLS
  * as redis.tls says): connect, AUTH and SELECT as the store does, the
  * commands pipelined, close, all within redis.timeout (at least 1 s). A Redis Cluster answer MOVED sends them all again,
- * once, to the named node. The admin thread is the only caller; a slow
- * Redis delays the admin endpoint, never the proxy. */
+ * once, to the named node. Sentinel: a round on the sentinels first (in
+ * turn, until one names the master), then the commands on that master,
+ * after a ROLE that must say "master" (not the old one mid-failover). The
+ * admin thread is the only caller; a slow Redis delays the admin endpoint,
+ * never the proxy. */
 
 #define STORE_SYNC_MIN_MS 1000
 
@@ -2506,6 +2708,11 @@ static void sync_copy(const redisReply *r, struct store_sync_reply *out)
 /* One round of admin commands on a connection of its own (rconn: the same
  * names, TLS and handshake as the store's), run to its end on a private
  * event base: the admin thread waits for it. */
+/* Whom a round talks to: a data node, the sentinel master (ROLE checked
+ * first), or a sentinel (its own password, no SELECT; the one command's
+ * answer is the master's address). */
+enum sync_peer { SYNC_NODE, SYNC_MASTER, SYNC_SENTINEL };
+
 struct sync_round {
     struct event_base *base;
     struct rconn *conn;         /* NULL once rconn freed it */
@@ -2513,6 +2720,8 @@ struct sync_round {
     int ncmds, got;
     const char *why;            /* set: the round failed */
     char whybuf[200];
+    char master_host[256];      /* SYNC_SENTINEL: what the sentinel named */
+    int master_port;
 };
 
 static void sync_fail(struct sync_round *sr, const char *why)
@@ -2546,6 +2755,39 @@ static void sync_hello_cb(struct rconn *c, redisReply *r, void *privdata)
         sync_fail(rconn_data(c), privdata);     /* "redis refused AUTH"... */
 }
 
+static void sync_role_cb(struct rconn *c, redisReply *r, void *privdata)
+{
+    if (r != NULL && !node_is_master(r))
+        sync_fail(rconn_data(c), r->type == REDIS_REPLY_ERROR ? "redis refused ROLE"
+                                 : "not a master (a failover is under way)");
+}
+
+/* SENTINEL get-master-addr-by-name: [ip, port], or nil for a name it does
+ * not monitor. */
+static void sync_master_cb(struct rconn *c, redisReply *r, void *privdata)
+{
+    struct sync_round *sr = rconn_data(c);
+    int port;
+    if (r == NULL) {
+        sync_fail(sr, "no reply");
+        return;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
+        r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len == 0 ||
+        r->element[0]->len >= sizeof(sr->master_host) ||
+        r->element[1]->type != REDIS_REPLY_STRING ||
+        addr_port(r->element[1]->str, r->element[1]->len, &port) < 0) {
+        sync_fail(sr, r->type == REDIS_REPLY_ERROR ? r->str
+                      : "the sentinel does not know the master");
+        return;
+    }
+    memcpy(sr->master_host, r->element[0]->str, r->element[0]->len);
+    sr->master_host[r->element[0]->len] = '\0';
+    sr->master_port = port;
+    if (++sr->got == sr->ncmds)
+        event_base_loopbreak(sr->base);
+}
+
 static void sync_reply_cb(struct rconn *c, redisReply *r, void *privdata)
 {
     struct sync_round *sr = rconn_data(c);
@@ -2558,11 +2800,14 @@ static void sync_reply_cb(struct rconn *c, redisReply *r, void *privdata)
         event_base_loopbreak(sr->base);
 }
 
-static int sync_round(const struct conf_redis *rc, const char *host, int port, int is_unix,
-                      int ncmds, const struct store_sync_cmd *cmds,
-                      struct store_sync_reply *out, char *err, size_t errlen)
+static int sync_round(const struct conf_redis *rc, enum sync_peer peer, const char *host,
+                      int port, int is_unix, int ncmds, const struct store_sync_cmd *cmds,
+                      struct store_sync_reply *out, struct sync_round *done_sr,
+                      char *err, size_t errlen)
 {
     struct sync_round sr = { .out = out, .ncmds = ncmds };
+    const char *user = peer == SYNC_SENTINEL ? NULL : rc->user;
+    const char *password = peer == SYNC_SENTINEL ? rc->sentinel_password : rc->password;
     struct evdns_base *dns = NULL;
     struct rconn_tls *tls = NULL;
     char db[16];
@@ -2589,20 +2834,26 @@ static int sync_round(const struct conf_redis *rc, const char *host, int port, i
         snprintf(err, errlen, "cannot connect to redis");
         goto done;
     }
-    if (rc->password != NULL) {
-        const char *av[3] = { "AUTH", rc->user ? rc->user : rc->password, rc->password };
+    if (password != NULL) {
+        const char *av[3] = { "AUTH", user ? user : password, password };
         size_t al[3] = { 4, strlen(av[1]), strlen(av[2]) };
-        rconn_send_argv(sr.conn, rc->user ? 3 : 2, av, al, sync_hello_cb,
+        rconn_send_argv(sr.conn, user ? 3 : 2, av, al, sync_hello_cb,
                         (void *)"redis refused AUTH");
     }
-    if (rc->db != 0 && rc->ncluster == 0) {
+    if (rc->db != 0 && rc->ncluster == 0 && peer != SYNC_SENTINEL) {
         snprintf(db, sizeof(db), "%d", rc->db);
         const char *av[2] = { "SELECT", db };
         size_t al[2] = { 6, strlen(db) };
         rconn_send_argv(sr.conn, 2, av, al, sync_hello_cb, (void *)"redis refused SELECT");
     }
+    if (peer == SYNC_MASTER) {
+        const char *av[1] = { "ROLE" };
+        size_t al[1] = { 4 };
+        rconn_send_argv(sr.conn, 1, av, al, sync_role_cb, NULL);
+    }
     for (int i = 0; i < ncmds; i++)
-        rconn_send_argv(sr.conn, cmds[i].argc, cmds[i].argv, cmds[i].lens, sync_reply_cb, NULL);
+        rconn_send_argv(sr.conn, cmds[i].argc, cmds[i].argv, cmds[i].lens,
+                        peer == SYNC_SENTINEL ? sync_master_cb : sync_reply_cb, NULL);
     struct timeval tv = clock_timeval(rc->timeout_ms > STORE_SYNC_MIN_MS ? rc->timeout_ms
                                                                          : STORE_SYNC_MIN_MS);
     event_base_loopexit(sr.base, &tv);
@@ -2623,7 +2874,37 @@ done:
     rconn_tls_destroy(tls);
     if (sr.base != NULL)
         event_base_free(sr.base);
+    if (done_sr != NULL) {      /* SYNC_SENTINEL: the master it named */
+        memcpy(done_sr->master_host, sr.master_host, sizeof(sr.master_host));
+        done_sr->master_port = sr.master_port;
+    }
     return sr.why == NULL && sr.got == ncmds ? 0 : -1;
+}
+
+/* Sentinel: the master's address, from the first sentinel (in the
+ * configured order) that names it. */
+static int sync_find_master(const struct conf_redis *rc, char *host, size_t hostlen,
+                            int *port, char *err, size_t errlen)
+{
+    const char *av[3] = { "SENTINEL", "get-master-addr-by-name", rc->sentinel_master };
+    size_t al[3] = { 8, 23, strlen(rc->sentinel_master) };
+    struct store_sync_cmd cmd = { 3, av, al };
+    snprintf(err, errlen, "no sentinel");
+    for (int i = 0; i < rc->nsentinel_nodes; i++) {
+        char sh[256];
+        int sp;
+        struct sync_round sr;
+        if (addr_split(rc->sentinel_nodes[i], sh, sizeof(sh), &sp) < 0)
+            continue;
+        if (sync_round(rc, SYNC_SENTINEL, sh, sp, 0, 1, &cmd, NULL, &sr, err, errlen) == 0) {
+            snprintf(host, hostlen, "%s", sr.master_host);
+            *port = sr.master_port;
+            return 0;
+        }
+        log_debug("store: admin API: sentinel '%s' did not name the master: %s",
+                  rc->sentinel_nodes[i], err);
+    }
+    return -1;
 }
 
 int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_cmd *cmds,
@@ -2632,8 +2913,9 @@ int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_c
     char host[256];
     int port = rc->port, rv = -1;
     if (rc->sentinel_master != NULL) {
-        snprintf(err, errlen, "the admin API's Redis commands need redis.url or redis.cluster");
-        return -1;
+        if (sync_find_master(rc, host, sizeof(host), &port, err, errlen) != 0)
+            return -1;
+        return sync_round(rc, SYNC_MASTER, host, port, 0, ncmds, cmds, out, NULL, err, errlen);
     }
     snprintf(host, sizeof(host), "%s", rc->host ? rc->host : "");
     if (rc->ncluster > 0 && addr_split(rc->cluster[0], host, sizeof(host), &port) < 0) {
@@ -2642,7 +2924,8 @@ int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_c
     }
     int is_unix = rc->ncluster > 0 ? 0 : rc->is_unix;
     for (int attempt = 0; attempt < 2; attempt++) {
-        rv = sync_round(rc, host, port, is_unix, ncmds, cmds, out, err, errlen);
+        rv = sync_round(rc, SYNC_NODE, host, port, is_unix, ncmds, cmds, out, NULL, err,
+                        errlen);
         if (rv != 0)
             return rv;
         /* "MOVED 3999 127.0.0.1:6381": the key's slot is on that node */

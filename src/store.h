@@ -118,7 +118,8 @@ void store_redirects(uint64_t *ask, uint64_t *moved);
 
 /* A SUBSCRIBE to channel on the Redis rc names, on base, reconnecting by
  * itself; cb(arg) runs on base for every message and each time the
- * subscription is made (again). NULL with redis.sentinel (logged). */
+ * subscription is made (again). With redis.sentinel it subscribes on the
+ * master the sentinels name and follows +switch-master. */
 typedef void store_sub_cb(void *arg);
 struct store_sub;
 struct store_sub *store_sub_create(struct event_base *base, const struct conf_redis *rc,
@@ -127,6 +128,7 @@ void store_sub_destroy(struct store_sub *ss);
 
 /* Blocking commands for the admin thread: ncmds commands pipelined on a
  * connection of their own (closed after), a Cluster MOVED followed once.
+ * With redis.sentinel, on the master a sentinel names now (ROLE checked).
  * Returns 0 with out[i] filled (error replies included), or -1 with err. */
 #define STORE_SYNC_MAX_INTS 64
 enum store_sync_type { STORE_SYNC_NIL, STORE_SYNC_INT, STORE_SYNC_STR, STORE_SYNC_ARRAY,

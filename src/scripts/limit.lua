@@ -12,7 +12,7 @@
 -- script: none can live without a TTL.
 --
 -- Call:   EVALSHA sha K key_1..key_K  mode P (algo limit window_ms interval_us) x P
---                 R (m (ref cost) x |m|) x R  [now_us]
+--                 R (m (ref cost) x |m|  or  32+ref) x R  [now_us]
 --   K keys          the batch's distinct keys (the caller deduplicates them:
 --                   two requests of one key name it once)
 --   mode            "d" = decide and consume; "t" = the same on a fake
@@ -29,7 +29,10 @@
 --   R               requests in the batch (>= 1), then per request:
 --     m             its limits (1..16); negative (-m): also reply the marks
 --                   refund.lua needs (Redis Cluster: a route decided in
---                   several slots)
+--                   several slots); 32 + ref instead of m, ref and cost:
+--                   a request of one limit of cost 1, no marks (the
+--                   common case, one argument instead of three; its slot
+--                   and ovr follow as below)
 --     per limit:    ref cost [slot] [ovr]
 --     ref           ((key index - 1) * P + (param index - 1)) * 16 + flags,
 --                   indexes 1-based into KEYS and the P sets; flags: 1 shadow
@@ -145,28 +148,44 @@ local nr = tonumber(ARGV[a0])
 if nr == nil or nr < 1 or nr % 1 ~= 0 then
     return redis.error_reply('ERR sluice limit.lua: bad request count')
 end
+-- Checked once, kept as numbers per limit entry e (in call order): em[e]
+-- the signed limit count of the request entry e begins (nil inside one),
+-- eref[e], ec[e] its ref and cost, es[e] a slot id, eo[e] an override
+-- key's index. The decisions below read these, not ARGV.
 local refmax, ne, a = 16 * nk * np, 0, a0 + 1
+local em, eref, ec, es, eo = {}, {}, {}, {}, {}
 for r = 1, nr do
     local m = tonumber(ARGV[a])
-    if m == nil or m % 1 ~= 0 or m == 0 or m > 16 or m < -16 then
+    if m == nil or m % 1 ~= 0 or m == 0 or m < -16 or (m > 16 and m < 32) then
         return redis.error_reply('ERR sluice limit.lua: bad limit count ' .. r)
     end
-    if m < 0 then m = -m end
     a = a + 1
+    local short, sref = m >= 32, m - 32      -- one limit of cost 1: its ref is m - 32
+    if short then m = 1 end
+    em[ne + 1] = m
+    if m < 0 then m = -m end
     for j = 1, m do
-        local ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+        local ref, c
+        if short then
+            ref, c = sref, 1
+        else
+            ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+            a = a + 2
+        end
         if ref == nil or c == nil or ref % 1 ~= 0 or c % 1 ~= 0 or ref < 0 or ref >= refmax
                 or c < 1 then
             return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
         end
+        local e = ne + j
+        eref[e], ec[e] = ref, c
         local f = ref % 16
         local p = ((ref - f) / 16) % np + 1
-        a = a + 2
         if pa[p] == 5 then                   -- the slot id
             local x = tonumber(ARGV[a])
             if f % 8 >= 4 or x == nil or x % 1 ~= 0 or x < 1 then
                 return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
             end
+            es[e] = x
             a = a + 1
         elseif f % 8 >= 4 and pa[p] ~= 3 and pa[p] ~= 4 then
             return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
@@ -176,6 +195,7 @@ for r = 1, nr do
             if x == nil or x % 1 ~= 0 or x < 1 or x > nk then
                 return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
             end
+            eo[e] = x
             a = a + 1
         end
         if a > nargv + 1 then
@@ -201,44 +221,42 @@ end
 local now_ms = floor(now_us / 1000)
 
 -- MGET, not GET: it answers nil for a key of another type instead of
--- failing. vals[k] is then key k's value as the requests decided so far
--- left it; wo[k], we[k] its write still due (option, expiry).
+-- failing. vals[k] is then key k's value as read; once a request of this
+-- call consumed from it, its state is kept as numbers instead, na[k] (the
+-- algorithm) and n1..n3[k] (the fields of its STRING layout), and the
+-- STRING is formatted once, at the end; wo[k], we[k] its write still due
+-- (option, expiry).
 local vals
 if nk == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET', unpack(KEYS)) end
-local wo, we = {}, {}
+local wo, we, na, n1, n2, n3 = {}, {}, {}, {}, {}, {}
 local out, o = { tonumber(t[1]), tonumber(t[2]) }, 2
 -- Per limit i of the current request (reused by every request; made by
 -- the first request that needs them):
 local dk, df, dok, drem, dreset, dretry, drem0, dreset0, dval, dopt, dexp, dmark, dc
-local dd, dl
+local dd, dl, da, d1, d2, d3
 local m, mk, left, i, all_ok = 0, false, 0, 0, true
 
-a = a0 + 1
 for e = 1, ne do
     if left == 0 then                        -- a request begins
-        m = tonumber(ARGV[a])
+        m = em[e]
         mk = m < 0
         if mk then m = -m end
-        a, left, i, all_ok = a + 1, m, 0, true
+        left, i, all_ok = m, 0, true
     end
     i, left = i + 1, left - 1
-    local ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    a = a + 2
+    local ref, c = eref[e], ec[e]
     local f = ref % 16
     ref = (ref - f) / 16
     local p = ref % np
     local k = (ref - p) / np + 1
     p = p + 1
     local algo, L, W, I = pa[p], pl[p], pw[p], pi[p]
-    if algo == 5 then                        -- concurrency: I is the slot id
-        I = tonumber(ARGV[a])
-        a = a + 1
-    end
+    if algo == 5 then I = es[e] end          -- concurrency: I is the slot id
     local ovr = f >= 8
     if ovr then
         -- a run-time override of this key, for this algorithm, goes first
-        local ov = vals[tonumber(ARGV[a])]
-        a, f = a + 1, f - 8
+        local ov = vals[eo[e]]
+        f = f - 8
         local oa, ol, oi
         if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
         if oa and tonumber(oa) == algo and (algo <= 2 or algo == 5 or tonumber(oi) >= 1) then
@@ -249,8 +267,13 @@ for e = 1, ne do
     -- delay (flag 4): window_ms is the delay, in ms (token_bucket, gcra)
     local D, dly = 0, f >= 4
     if dly then D, f = W * 1000, f - 4 end
-    local s = vals[k]
+    -- the key's numbers when this call consumed from it (ka == algo); a
+    -- key another algorithm wrote in this call reads as absent, as its
+    -- STRING would
+    local s, ka = vals[k], na[k]
+    if ka ~= nil and ka ~= algo then s, ka = nil, nil end
     local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
+    local v1, v2, v3                         -- a STRING write: its fields
     if algo <= 2 then
         if W < 1 then
             return redis.error_reply('ERR sluice limit.lua: bad window ' .. i)
@@ -260,7 +283,9 @@ for e = 1, ne do
         if algo == 0 then
             -- fixed_window: one count per window index
             local cnt, same = 0, false
-            if s then
+            if ka then
+                if n1[k] == win then cnt, same = n2[k], true end
+            elseif s then
                 local sw, sn = match(s, '^F(%d+) (%d+)$')
                 if sw and tonumber(sw) == win then cnt, same = tonumber(sn), true end
             end
@@ -270,7 +295,7 @@ for e = 1, ne do
             ok = cnt + c <= L
             if ok then
                 rem, retry = L - cnt - c, 0
-                val = format('F%d %d', win, cnt + c)
+                val, v1, v2 = true, win, cnt + c
                 if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
                 else opt, exp = 'PXAT', format('%d', (win + 1) * W) end
             else
@@ -282,15 +307,18 @@ for e = 1, ne do
             -- est = p * (W - elapsed) / W + c. Comparisons are made
             -- multiplied by W so they stay in exact integer arithmetic.
             local cc, pc, same = 0, 0, false
-            if s then
-                local sw, sc, sp = match(s, '^S(%d+) (%d+) (%d+)$')
-                if sw then
-                    sw = tonumber(sw)
-                    if sw >= win then          -- current window (or a clock that went back)
-                        cc, pc, same = tonumber(sc), tonumber(sp), sw == win
-                    elseif sw == win - 1 then  -- the stored window is now the previous one
-                        pc = tonumber(sc)
-                    end
+            local sw, sc, sp
+            if ka then
+                sw, sc, sp = n1[k], n2[k], n3[k]
+            elseif s then
+                sw, sc, sp = match(s, '^S(%d+) (%d+) (%d+)$')
+            end
+            if sw then
+                sw = tonumber(sw)
+                if sw >= win then          -- current window (or a clock that went back)
+                    cc, pc, same = tonumber(sc), tonumber(sp), sw == win
+                elseif sw == win - 1 then  -- the stored window is now the previous one
+                    pc = tonumber(sc)
                 end
             end
             local elapsed = now_ms - win * W
@@ -306,7 +334,7 @@ for e = 1, ne do
                 rem = floor((LW - decay - (cc + c) * W) / W)
                 if rem < 0 then rem = 0 end
                 reset, retry = (win + 2) * W - now_ms, 0
-                val = format('S%d %d %d', win, cc + c, pc)
+                val, v1, v2, v3 = true, win, cc + c, pc
                 if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
                 else opt, exp = 'PXAT', format('%d', (win + 2) * W) end
             else
@@ -374,7 +402,12 @@ for e = 1, ne do
             -- exactly when the bucket would be full again, so expiry and
             -- absence mean the same thing.
             local tokens = B
-            if s then
+            if ka then
+                local elapsed = now_us - n1[k]
+                if elapsed < 0 then elapsed = 0 end
+                tokens = n2[k] + elapsed / I
+                if tokens > B then tokens = B end
+            elseif s then
                 local su, st = match(s, '^B(%d+) (%S+)$')
                 if su then
                     local elapsed = now_us - tonumber(su)
@@ -395,7 +428,7 @@ for e = 1, ne do
                     retry = ceil(need / 1000)
                     if retry < 1 then retry = 1 end
                 end
-                val, opt = format('B%d %.17g', now_us, after), 'PX'
+                val, v1, v2, opt = true, now_us, after, 'PX'
                 exp = reset < 1 and '1' or format('%d', reset)
             else
                 rem, reset = 0, reset0
@@ -406,7 +439,9 @@ for e = 1, ne do
         else
             -- gcra: the theoretical arrival time
             local tat = now_us
-            if s then
+            if ka then
+                if n1[k] > now_us then tat = n1[k] end
+            elseif s then
                 local v = tonumber(s)
                 if v and v > now_us then tat = v end
             end
@@ -425,7 +460,7 @@ for e = 1, ne do
                     retry = ceil(wait / 1000)
                     if retry < 1 then retry = 1 end
                 end
-                val, opt = format('%d', new_tat), 'PX'
+                val, v1, opt = true, new_tat, 'PX'
                 exp = reset < 1 and '1' or format('%d', reset)
             else
                 rem, reset = 0, reset0
@@ -469,7 +504,7 @@ for e = 1, ne do
             v, r = rem0, reset0
         else
             wt = retry                                  -- a delay's wait
-            vals[k] = val
+            na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
             if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
         end
         out[o + 1], out[o + 2] = v, r
@@ -490,12 +525,13 @@ for e = 1, ne do
         if dk == nil then
             dk, df, dok, drem, dreset, dretry, drem0, dreset0, dval, dopt, dexp, dmark, dc =
                 {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-            dd, dl = {}, {}
+            dd, dl, da, d1, d2, d3 = {}, {}, {}, {}, {}, {}
         end
         dk[i], df[i], dok[i], drem[i], dreset[i], dretry[i] = k, f, ok, rem, reset, retry
         drem0[i], dreset0[i], dval[i], dopt[i], dexp[i], dmark[i], dc[i] =
             rem0, reset0, val, opt, exp, mark, c
         dd[i], dl[i] = dly, ovr and L or false
+        da[i], d1[i], d2[i], d3[i] = algo, v1, v2, v3
         if not ok and f ~= 1 and f ~= 3 then all_ok = false end   -- not shadow
     end
 
@@ -543,7 +579,7 @@ for e = 1, ne do
                 -- once, at the end. A KEEPTTL after a PXAT of this call (the
                 -- window began in this batch) keeps the PXAT.
                 local kk = dk[j]
-                vals[kk] = dval[j]
+                na[kk], n1[kk], n2[kk], n3[kk] = da[j], d1[j], d2[j], d3[j]
                 if dopt[j] ~= 'KEEPTTL' or wo[kk] == nil then
                     wo[kk], we[kk] = dopt[j], dexp[j]
                 end
@@ -569,10 +605,17 @@ end
 
 for k = 1, nk do
     local opt = wo[k]
-    if opt == 'KEEPTTL' then
-        redis.call('SET', KEYS[k], vals[k], 'KEEPTTL')
-    elseif opt then
-        redis.call('SET', KEYS[k], vals[k], opt, we[k])
+    if opt then
+        local ka, v = na[k]
+        if ka == 0 then v = format('F%d %d', n1[k], n2[k])
+        elseif ka == 1 then v = format('S%d %d %d', n1[k], n2[k], n3[k])
+        elseif ka == 3 then v = format('B%d %.17g', n1[k], n2[k])
+        else v = format('%d', n1[k]) end
+        if opt == 'KEEPTTL' then
+            redis.call('SET', KEYS[k], v, 'KEEPTTL')
+        else
+            redis.call('SET', KEYS[k], v, opt, we[k])
+        end
     end
 end
 return out
