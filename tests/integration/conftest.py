@@ -572,6 +572,7 @@ def parallel(jobs, start_timeout_s=30.0, join_timeout_s=30.0):
         t.start()
     for t in threads:
         t.join(join_timeout_s)
+    assert not any(t.is_alive() for t in threads), "a job did not finish"
     return out
 
 
