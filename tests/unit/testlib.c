@@ -2,7 +2,11 @@
  * port helpers (testlib.h). Test code: failures to set up abort(). */
 #include <errno.h>
 #include <fcntl.h>
+#include <setjmp.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -11,8 +15,20 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <cmocka.h>
+#include <event2/buffer.h>
 
 #include "testlib.h"
+
+char *testlib_drain(struct evbuffer *b)
+{
+    size_t n = evbuffer_get_length(b);
+    char *s = malloc(n + 1);
+    assert_non_null(s);
+    assert_int_equal(evbuffer_remove(b, s, n), (int)n);
+    s[n] = '\0';
+    return s;
+}
 
 int testlib_free_port(void)
 {
