@@ -84,8 +84,12 @@ $(BUILD)/web_assets.o: $(BUILD)/web_assets.c
 $(BUILD):
 	mkdir -p $(BUILD)/tests
 
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(LIBOBJS) | $(BUILD)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIBOBJS) $(LDLIBS) -lcmocka
+$(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testlib.h $(BUILD)/tests/testlib.o $(LIBOBJS) | $(BUILD)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/tests/testlib.o $(LIBOBJS) $(LDLIBS) -lcmocka
+
+# What the unit tests share (a free port, a redis-server by PID)
+$(BUILD)/tests/testlib.o: tests/unit/testlib.c tests/unit/testlib.h | $(BUILD)
+	$(CC) $(CFLAGS) -c -o $@ $<
 
 # Installs only what is missing (dpkg -s is quick); needs root, as on CI.
 deps:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -544,6 +545,35 @@ def http_get(port, target, method="GET", headers=None, body=None, host="localhos
     with Conn(port, timeout_s) as c:
         c.send(build_request(method, target, headers, body, host))
         return c.read_response(head_request=(method == "HEAD"))
+
+
+def timed_get(port, target="/", headers=None, timeout_s=10.0):
+    """http_get() and how long it took: (Response, seconds)."""
+    t0 = time.monotonic()
+    r = http_get(port, target, headers=headers, timeout_s=timeout_s)
+    return r, time.monotonic() - t0
+
+
+def parallel(jobs, start_timeout_s=30.0, join_timeout_s=30.0):
+    """Run the callables at once (one thread each, released together by a
+    barrier); their results in order, an exception in place of the result
+    of a job that raised (reported by the caller)."""
+    out = [None] * len(jobs)
+    start = threading.Barrier(len(jobs), timeout=start_timeout_s)
+
+    def run(i):
+        try:
+            start.wait()
+            out[i] = jobs[i]()
+        except Exception as e:      # noqa: BLE001 - reported by the caller
+            out[i] = e
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout_s)
+    assert not any(t.is_alive() for t in threads), "a job did not finish"
+    return out
 
 
 def raw_exchange(port, data, timeout_s=5.0):

@@ -34,6 +34,11 @@ def ops_conf(routes, workers=1, top="", admin_port=None, extra_upstreams=None, *
     return text.replace("workers: 1\n", extra, 1)
 
 
+def top_keys(**keys):
+    """Top-level `key: value` lines for ops_conf(top=...), the ones not None."""
+    return "".join("%s: %s\n" % (k, v) for k, v in keys.items() if v)
+
+
 def start_ops(sluice, routes, workers=1, top="", admin=True, wait_redis=True,
               redis_port=None, upstream_port=None, extra_upstreams=None, **kw):
     """Start sluice with an admin listener; returns the Sluice with

@@ -18,15 +18,14 @@ import os
 import re
 import signal
 import socket
-import threading
 import time
 import uuid
 
 import pytest
 
 from batchlib import batch_args, split_reply
-from conftest import (Conn, RedisError, RedisServer, build_request, http_get, redis_cmd,
-                      redis_cmds, redis_keys)
+from conftest import (Conn, RedisError, RedisServer, build_request, http_get, parallel,
+                      redis_cmd, redis_cmds, redis_keys)
 from opslib import metrics, mval, start_ops
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -369,24 +368,8 @@ def test_four_proxies_200_clients_one_key_exact(sluice, redis, path):
     proxies = [start_ops(sluice, routes, workers=2, redis_timeout="2s",
                          top="deny_cache: { max_keys: 0 }\n") for _ in range(4)]
     key = uuid.uuid4().hex
-    results, lock = [], threading.Lock()
-    barrier = threading.Barrier(200, timeout=30)
-
-    def client(i):
-        try:
-            barrier.wait()
-            out = http_get(proxies[i % 4].port, path, headers=[("X-K", key)],
-                           timeout_s=10).status
-        except (OSError, threading.BrokenBarrierError) as e:
-            out = repr(e)
-        with lock:
-            results.append(out)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(200)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    results = parallel([lambda i=i: http_get(proxies[i % 4].port, path, headers=[("X-K", key)],
+                                             timeout_s=10).status for i in range(200)])
     assert len(results) == 200
     assert results.count(200) == 50 and results.count(429) == 150, results
     total = sum(mval(metrics(p.admin_port), "sluice_redis_batch_size_sum") for p in proxies)

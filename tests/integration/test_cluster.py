@@ -6,13 +6,12 @@
 # migrated under load (ASK and MOVED) and a master killed under load. Slow:
 # run by `make test-slow`.
 
-import threading
 import time
 import uuid
 
 import pytest
 
-from conftest import Conn, build_request, http_get, redis_cmd, redis_time_s, \
+from conftest import Conn, build_request, http_get, parallel, redis_cmd, redis_time_s, \
     sleep_until_redis_phase
 from clusterlib import Cluster, Load, redirect_counts
 
@@ -196,26 +195,9 @@ def test_multi_limit_all_or_nothing_across_slots(cluster, sluice):
 def test_four_proxies_200_clients_exact(cluster, sluice, algo):
     proxies = [start_on_cluster(sluice, cluster, timeout="2s", workers=2) for _ in range(4)]
     key = uuid.uuid4().hex
-    results = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(200, timeout=30)
-
-    def client(i):
-        try:
-            barrier.wait()
-            r = http_get(proxies[i % 4].port, "/many/" + algo, headers=[("X-K", key)],
-                         timeout_s=10)
-            out = r.status
-        except Exception as e:
-            out = repr(e)
-        with lock:
-            results.append(out)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(200)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    results = parallel([lambda i=i: http_get(proxies[i % 4].port, "/many/" + algo,
+                                             headers=[("X-K", key)], timeout_s=10).status
+                        for i in range(200)])
     assert len(results) == 200
     admitted = results.count(200)
     print("%s: 4 proxies, 200 clients: %d admitted, %d limited" %

@@ -8,13 +8,13 @@
 import json
 import socket
 import struct
-import threading
 import time
 
 import pytest
 
-from conftest import (Conn, build_request, free_port, http_get, make_conf, redis_cmd,
-                      redis_keys, stop_process)
+from conftest import (Conn, build_request, free_port, http_get, make_conf, parallel,
+                      redis_cmd, redis_keys, stop_process, timed_get)
+from opslib import ops_conf, top_keys
 
 ROUTES = """\
   - name: exports
@@ -28,40 +28,10 @@ KEY = [("X-Api-Key", "k1")]
 
 
 def conf(lease="30s", backend=None, admin=None, access_log=None):
-    text = make_conf(ROUTES.replace("@LEASE@", lease))
-    extra = ""
-    if backend:
-        extra += "backend: %s\n" % backend
-    if admin:
-        extra += "admin: { listen: 127.0.0.1:%d }\n" % admin
-    if access_log:
-        extra += "access_log: %s\n" % access_log
-    return text.replace("workers: 1\n", "workers: 1\n" + extra)
+    return ops_conf(ROUTES.replace("@LEASE@", lease), admin_port=admin,
+                    top=top_keys(backend=backend, access_log=access_log))
 
 
-def parallel(jobs):
-    """Run the callables at once (one thread each); their results in order."""
-    out = [None] * len(jobs)
-    start = threading.Barrier(len(jobs))
-
-    def run(i):
-        start.wait(5)
-        try:
-            out[i] = jobs[i]()
-        except Exception as e:      # noqa: BLE001 - reported by the caller
-            out[i] = e
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
-
-
-def timed_get(port, target, headers=KEY, timeout_s=10.0):
-    t0 = time.monotonic()
-    r = http_get(port, target, headers=headers, timeout_s=timeout_s)
-    return r, time.monotonic() - t0
 
 
 def slot_keys(redis_port):
@@ -103,7 +73,8 @@ def abort(c):
 def test_ten_at_once_over_two_proxies(sluice, redis):
     a = sluice(conf())
     b = sluice(conf())
-    jobs = [(lambda p=(a if i % 2 else b).port: timed_get(p, "/slow/1500")) for i in range(10)]
+    jobs = [(lambda p=(a if i % 2 else b).port: timed_get(p, "/slow/1500", KEY))
+            for i in range(10)]
     out = parallel(jobs)
     assert not [o for o in out if isinstance(o, Exception)], out
     ok = [(r, t) for r, t in out if r.status == 200]
@@ -185,7 +156,7 @@ def test_upstream_failure_gives_the_slot_back(sluice, redis):
 def test_memory_backend_same_limits(sluice, redis, tmp_path):
     admin, log = free_port(), tmp_path / "access.log"
     s = sluice(conf(backend="memory", admin=admin, access_log=str(log)), wait_redis=False)
-    out = parallel([lambda: timed_get(s.port, "/slow/1000") for _ in range(10)])
+    out = parallel([lambda: timed_get(s.port, "/slow/1000", KEY) for _ in range(10)])
     assert not [o for o in out if isinstance(o, Exception)], out
     statuses = sorted(r.status for r, _ in out)
     print("memory backend, one process: %s" % statuses)

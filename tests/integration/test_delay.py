@@ -10,10 +10,10 @@ import json
 import re
 import socket
 import struct
-import threading
 import time
 
-from conftest import Conn, build_request, free_port, http_get, make_conf
+from conftest import Conn, build_request, free_port, http_get, parallel, timed_get
+from opslib import ops_conf, top_keys
 
 ROUTES = """\
   - name: warm
@@ -30,15 +30,8 @@ KEY = [("X-Api-Key", "k1")]
 
 
 def conf(algo="gcra", backend=None, access_log=None, admin=None):
-    text = make_conf(ROUTES.replace("@ALGO@", algo))
-    extra = ""
-    if admin:
-        extra += "admin: { listen: 127.0.0.1:%d }\n" % admin
-    if backend:
-        extra += "backend: %s\n" % backend
-    if access_log:
-        extra += "access_log: %s\n" % access_log
-    return text.replace("workers: 1\n", "workers: 1\n" + extra)
+    return ops_conf(ROUTES.replace("@ALGO@", algo), admin_port=admin,
+                    top=top_keys(backend=backend, access_log=access_log))
 
 
 def warm(*proxies):
@@ -49,28 +42,6 @@ def warm(*proxies):
         assert http_get(s.port, "/warm").status == 200
 
 
-def parallel(jobs):
-    out = [None] * len(jobs)
-    start = threading.Barrier(len(jobs))
-
-    def run(i):
-        start.wait(5)
-        try:
-            out[i] = jobs[i]()
-        except Exception as e:      # noqa: BLE001 - reported by the caller
-            out[i] = e
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
-
-
-def timed_get(port, target="/", headers=KEY):
-    t0 = time.monotonic()
-    r = http_get(port, target, headers=headers, timeout_s=10)
-    return r, time.monotonic() - t0
 
 
 def arrivals(out):
@@ -90,7 +61,7 @@ def metric(port, name, labels):
 
 def burst_of_eight(a, b, key):
     hdrs = [("X-Api-Key", key)]
-    out = parallel([(lambda p=(a if i % 2 else b).port: timed_get(p, headers=hdrs))
+    out = parallel([(lambda p=(a if i % 2 else b).port: timed_get(p, "/", hdrs))
                     for i in range(8)])
     assert not [o for o in out if isinstance(o, Exception)], out
     assert [r.status for r, _ in out] == [200] * 8      # none over the delay budget
@@ -129,7 +100,8 @@ def test_a_larger_burst_gets_429_beyond_the_delay(sluice, redis):
     a = sluice(conf(admin=admins[0]))
     b = sluice(conf(admin=admins[1]))
     warm(a, b)
-    out = parallel([(lambda p=(a if i % 2 else b).port: timed_get(p)) for i in range(16)])
+    out = parallel([(lambda p=(a if i % 2 else b).port: timed_get(p, "/", KEY))
+                    for i in range(16)])
     assert not [o for o in out if isinstance(o, Exception)], out
     ok = [(r, t) for r, t in out if r.status == 200]
     limited = [(r, t) for r, t in out if r.status == 429]
@@ -154,7 +126,7 @@ def test_token_bucket_delay_and_metrics_and_log(sluice, redis, tmp_path):
     admin = free_port()
     s = sluice(conf(algo="token_bucket", access_log=str(log), admin=admin))
     warm(s)
-    out = parallel([lambda: timed_get(s.port) for _ in range(5)])
+    out = parallel([lambda: timed_get(s.port, "/", KEY) for _ in range(5)])
     assert [r.status for r, _ in out] == [200] * 5
     assert min(gaps_ms(arrivals(out))) >= 60
     body = http_get(admin, "/metrics").body.decode()
@@ -188,7 +160,7 @@ def test_a_client_gone_while_held_gives_its_reservation_back(sluice, redis):
         c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         c.close()
     time.sleep(0.05)
-    r, t = timed_get(s.port)
+    r, t = timed_get(s.port, "/", KEY)
     print("after 5 of 6 held clients left: the next request waited %.0f ms "
           "(without refunds about 550 ms)" % (t * 1000))
     assert r.status == 200
@@ -209,5 +181,5 @@ def test_memory_backend_smooths_within_one_process(sluice, redis):
         if min(g) >= 60:
             break
     assert min(tries[-1]) >= 60, tries
-    out = parallel([lambda: timed_get(s.port) for _ in range(16)])
+    out = parallel([lambda: timed_get(s.port, "/", KEY) for _ in range(16)])
     assert [r.status for r, _ in out].count(429) >= 4

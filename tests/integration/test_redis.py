@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, http_get, make_conf, redis_cmd, rl_headers
+from conftest import Conn, build_request, http_get, make_conf, redis_cmd, rl_headers, timed_get
 
 ROUTES = """\
   - name: r
@@ -21,9 +21,7 @@ ROUTES = """\
 
 
 def get(port, key):
-    t0 = time.monotonic()
-    r = http_get(port, "/x", headers=[("X-K", key)], timeout_s=5)
-    return r, time.monotonic() - t0
+    return timed_get(port, "/x", [("X-K", key)], 5)
 
 
 def assert_limiting(port, key):

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from conftest import (HERE, ROOT, Conn, build_request, free_port, http_get, make_conf,
-                      rl_headers, wait_port)
+from conftest import (HERE, ROOT, Conn, build_request, free_port, make_conf,
+                      parallel, rl_headers, timed_get, wait_port)
 
 ROUTES = """\
   - name: r
@@ -27,27 +27,7 @@ ROUTES = """\
 
 
 def get(port, key, timeout_s=5):
-    t0 = time.monotonic()
-    r = http_get(port, "/x", headers=[("X-K", key)], timeout_s=timeout_s)
-    return r, time.monotonic() - t0
-
-
-def in_threads(fns):
-    """Run each fn in a thread of its own; returns their results in order."""
-    out = [None] * len(fns)
-
-    def run(i):
-        try:
-            out[i] = fns[i]()
-        except Exception as e:          # reported by the caller's asserts
-            out[i] = e
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(15)
-    assert not any(t.is_alive() for t in threads), "a request did not finish"
-    return out
+    return timed_get(port, "/x", [("X-K", key)], timeout_s)
 
 
 def test_frozen_redis_at_start_requests_wait(sluice, own_redis):
@@ -67,7 +47,7 @@ def test_frozen_redis_at_start_requests_wait(sluice, own_redis):
             os.kill(own_redis.proc.pid, signal.SIGCONT)
             return time.monotonic() - t0
         fns = [lambda: get(s.port, "frozen") for _ in range(4)] + [thaw]
-        results = in_threads(fns)
+        results = parallel(fns, join_timeout_s=15)
     finally:
         os.kill(own_redis.proc.pid, signal.SIGCONT)
     for r in results[:4]:

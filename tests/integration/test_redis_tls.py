@@ -16,6 +16,7 @@ import pytest
 
 from conftest import (RedisError, _resp_encode, _RespReader, free_port, http_get, make_conf,
                       rl_headers, stop_process, sluice_bin)
+from tlslib import make_ca, make_cert
 
 ROUTES = """\
   - name: r
@@ -26,34 +27,15 @@ ROUTES = """\
 """
 
 
-def openssl(*args, cwd):
-    subprocess.run(["openssl"] + list(args), cwd=cwd, check=True, timeout=60,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def make_cert(d, name, ca, cn, ext):
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + cn, cwd=d)
-    (d / (name + ".ext")).write_text(ext + "\n")
-    openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".crt", "-CAkey", ca + ".key",
-            "-CAcreateserial", "-days", "2", "-out", name + ".crt",
-            "-extfile", name + ".ext", cwd=d)
-
-
-def make_ca(d, name):
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", name + ".key", "-out", name + ".crt", "-days", "2",
-            "-subj", "/CN=" + name, cwd=d)
-
-
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     d = tmp_path_factory.mktemp("tls")
-    make_ca(d, "ca")
-    make_ca(d, "other-ca")
+    make_ca(d, "ca", "ca", suffix=".crt")
+    make_ca(d, "other-ca", "other-ca", suffix=".crt")
     make_cert(d, "server", "ca", "localhost",
-              "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth")
-    make_cert(d, "client", "ca", "sluice", "extendedKeyUsage=clientAuth")
+              "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth",
+              suffix=".crt")
+    make_cert(d, "client", "ca", "sluice", "extendedKeyUsage=clientAuth", suffix=".crt")
     return {k: str(d / k) for k in ("ca.crt", "other-ca.crt", "server.crt", "server.key",
                                      "client.crt", "client.key")}
 

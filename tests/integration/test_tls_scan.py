@@ -22,7 +22,8 @@ import threading
 
 import pytest
 
-from tls_listen_lib import CA, start_tls
+from tls_listen_lib import start_tls
+from tlslib import CA
 
 ROUTES = """\
   - name: api

@@ -20,29 +20,13 @@ import time
 import pytest
 
 from conftest import Conn, build_request, free_port, stop_process, wait_port, http_get
+from opslib import LoopbackServer
+from tlslib import OPENSSL, make_ca, make_cert, make_key
 
 NGINX = "/usr/sbin/nginx"
 BIG = bytes(range(256)) * (3 * 4096 + 7)     # about 3 MB, served by nginx as /big
-OPENSSL = "/usr/bin/openssl"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(NGINX), reason="nginx not installed")
-
-
-def run(*args, cwd):
-    subprocess.run(args, cwd=cwd, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE, timeout=30)
-
-
-def ec_req(d, name, subj, extra=()):
-    run(OPENSSL, "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-        "-nodes", "-keyout", name + ".key", "-out", name + ".csr", "-subj", subj, *extra, cwd=d)
-
-
-def sign(d, name, ca, ext):
-    with open(os.path.join(d, name + ".ext"), "w") as f:
-        f.write(ext + "\n")
-    run(OPENSSL, "x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
-        "-CAcreateserial", "-days", "2", "-out", name + ".pem", "-extfile", name + ".ext", cwd=d)
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +36,12 @@ def pki(tmp_path_factory):
     names), client (signed by ca, clientAuth), other.key (matches nothing)."""
     d = str(tmp_path_factory.mktemp("pki"))
     for ca in ("ca", "rogue"):
-        run(OPENSSL, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-            "-nodes", "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "2",
-            "-subj", "/CN=sluice test %s" % ca,
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+        make_ca(d, ca, "sluice test %s" % ca)
     names = "subjectAltName=DNS:upstream.test,DNS:localhost,IP:127.0.0.1"
-    ec_req(d, "server", "/CN=upstream.test")
-    sign(d, "server", "ca", names + "\nextendedKeyUsage=serverAuth")
-    ec_req(d, "roguesrv", "/CN=upstream.test")
-    sign(d, "roguesrv", "rogue", names + "\nextendedKeyUsage=serverAuth")
-    ec_req(d, "client", "/CN=sluice client")
-    sign(d, "client", "ca", "extendedKeyUsage=clientAuth")
-    run(OPENSSL, "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
-        "-out", "other.key", cwd=d)
+    make_cert(d, "server", "ca", "upstream.test", names + "\nextendedKeyUsage=serverAuth")
+    make_cert(d, "roguesrv", "rogue", "upstream.test", names + "\nextendedKeyUsage=serverAuth")
+    make_cert(d, "client", "ca", "sluice client", "extendedKeyUsage=clientAuth")
+    make_key(d, "other.key")
     return d
 
 
@@ -444,55 +420,28 @@ def test_client_certificate_required_by_handshake(sluice, tmp_path, pki, version
 
 # ----------------------------------------------------------- hostile TLS ----
 
-class Hostile:
+class Hostile(LoopbackServer):
     """A TCP server on 127.0.0.1 that does `mode` to each connection:
     garbage: reads the ClientHello, answers with plain HTTP bytes;
-    close: reads the ClientHello, closes; stall: reads it, says nothing."""
+    close: reads the ClientHello, closes; stall: reads it, says nothing
+    (held open until stop())."""
 
     def __init__(self, mode):
         self.mode = mode
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self.held = []
-        self.stop_flag = False
-        self.t = threading.Thread(target=self.loop, daemon=True)
-        self.t.start()
+        super().__init__()
 
-    def loop(self):
-        deadline = time.monotonic() + 30
-        while not self.stop_flag and time.monotonic() < deadline:
-            try:
-                c, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            self.accepted += 1
-            c.settimeout(2)
-            try:
-                c.recv(4096)
-                if self.mode == "garbage":
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi" * 20)
-                    time.sleep(0.1)
-                    c.close()
-                elif self.mode == "close":
-                    c.close()
-                else:
-                    self.held.append(c)
-            except OSError:
+    def _serve(self, c):
+        c.settimeout(2)
+        try:
+            c.recv(4096)
+            if self.mode == "garbage":
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi" * 20)
+                time.sleep(0.1)
                 c.close()
-
-    def stop(self):
-        self.stop_flag = True
-        self.t.join(timeout=3)
-        for c in self.held:
+            elif self.mode == "close":
+                c.close()
+        except OSError:
             c.close()
-        self.sock.close()
 
 
 @pytest.fixture
@@ -558,7 +507,7 @@ def test_check_mode_reports_bad_tls_files(tmp_path, pki):
     assert p.returncode == 0, p.stderr
 
 
-class SlowTLS:
+class SlowTLS(LoopbackServer):
     """A Python ssl server: each request is answered after delay_s, with
     Content-Length, keep-alive."""
 
@@ -567,31 +516,12 @@ class SlowTLS:
         self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.ctx.load_cert_chain(pki + "/server.pem", pki + "/server.key")
         self.delay_s = delay_s
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.stop_flag = False
         self.threads = []
         self.conns = []
-        self.t = threading.Thread(target=self.loop, daemon=True)
-        self.t.start()
+        super().__init__()
 
-    def loop(self):
-        deadline = time.monotonic() + 30
-        while not self.stop_flag and time.monotonic() < deadline:
-            try:
-                c, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            t = threading.Thread(target=self.serve, args=(c,), daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def serve(self, c):
+    def _serve(self, c):
+        self.threads.append(threading.current_thread())
         c.settimeout(5)
         try:
             s = self.ctx.wrap_socket(c, server_side=True)
@@ -612,8 +542,9 @@ class SlowTLS:
             c.close()
 
     def stop(self):
-        self.stop_flag = True
-        self.t.join(timeout=3)
+        """LoopbackServer.stop(), and the TLS sockets (wrap_socket took over
+        the accepted ones' descriptors) shut down, their threads ended."""
+        super().stop()
         for c in self.conns:
             try:
                 c.shutdown(socket.SHUT_RDWR)
@@ -621,7 +552,6 @@ class SlowTLS:
                 pass
         for t in self.threads:
             t.join(timeout=6)
-        self.sock.close()
 
 
 def reloads_ok(s):

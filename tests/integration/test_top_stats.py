@@ -22,6 +22,7 @@ import uuid
 import pytest
 
 from conftest import Conn, build_request, free_port, http_get, wait_port
+from hardlib import proc_rss_kb
 from opslib import metrics, mval, ops_conf, start_ops, statuses
 
 ROUTES = """\
@@ -79,14 +80,6 @@ def pipeline(port, path, keys, expect=b"HTTP/1.1 429 "):
     finally:
         s.close()
     return got
-
-
-def rss_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_top_names_the_flooded_key_first(sluice):
@@ -249,7 +242,7 @@ def test_summary_memory_is_fixed(sluice, nkeys):
 
     warm = keys(0, nkeys // 10)
     assert pipeline(s.port, "/deny", warm) == len(warm)
-    before = rss_kb(s.proc.pid)
+    before = proc_rss_kb(s.proc.pid)
     rest = keys(nkeys // 10, nkeys)
     half = len(rest) // 2
     # two connections at once: both workers count
@@ -264,7 +257,7 @@ def test_summary_memory_is_fixed(sluice, nkeys):
     for t in ts:
         t.join(PIPE_TIMEOUT_S + 5)
     assert got == [half, len(rest) - half]
-    after = rss_kb(s.proc.pid)
+    after = proc_rss_kb(s.proc.pid)
     print("RSS after %d denied keys %d kB, after %d %d kB" % (nkeys // 10, before, nkeys, after))
     top = api(s.admin_port, "/api/top")
     assert top["tracked"] <= 2 * 2 * 64, top["tracked"]

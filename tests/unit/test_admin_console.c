@@ -13,6 +13,7 @@
 #include <event2/buffer.h>
 
 #include "admin_console.h"
+#include "testlib.h"
 
 /* "p:{ROUTE|LIMIT|LEN:PART}" as route.c builds it, prefix "p:". */
 static void deny(const char *route, const char *limit, const char *part, size_t plen)
@@ -31,10 +32,7 @@ static char *top(void)
     const char *type, *extra;
     assert_int_equal(admin_console_serve(NULL, "/api/top", 8, b, &type, &extra), 1);
     assert_string_equal(type, "application/json");
-    size_t n = evbuffer_get_length(b);
-    char *s = malloc(n + 1);
-    evbuffer_remove(b, s, n);
-    s[n] = '\0';
+    char *s = testlib_drain(b);
     evbuffer_free(b);
     return s;
 }

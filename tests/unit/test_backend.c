@@ -20,15 +20,14 @@
 #include <time.h>
 #include <unistd.h>
 #include <netinet/in.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <cmocka.h>
 #include <event2/event.h>
 
 #include "backend.h"
 #include "clock.h"
 #include "memstore.h"
+#include "testlib.h"
 
 enum kind { KIND_MEMORY, KIND_REDIS };
 
@@ -63,19 +62,6 @@ static void loop_until(const int *flag, int want, int64_t max_ms)
         event_base_loop(base, EVLOOP_ONCE);
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sin = { .sin_family = AF_INET };
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sin);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) != 0)
-        abort();
-    close(fd);
-    return ntohs(sin.sin_port);
-}
-
 static int port_open(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -89,34 +75,14 @@ static int port_open(int port)
 
 static void redis_start(void)
 {
-    char port[16];
-    snprintf(port, sizeof(port), "%d", redis_port);
-    redis_pid = fork();
-    if (redis_pid < 0)
-        abort();
-    if (redis_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);    /* never outlive a crashed test */
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", (char *)NULL);
-        _exit(127);
-    }
+    redis_pid = testlib_redis_start(redis_port, NULL);
     for (int i = 0; i < 200 && !port_open(redis_port); i++)     /* up to ~4 s */
         sleep_ms(20);
 }
 
 static void redis_stop(void)
 {
-    if (redis_pid <= 0)
-        return;
-    kill(redis_pid, SIGKILL);
-    for (int i = 0; i < 300; i++) {          /* up to ~3 s */
-        if (waitpid(redis_pid, NULL, WNOHANG) == redis_pid)
-            break;
-        sleep_ms(10);
-    }
+    testlib_redis_stop(redis_pid);
     redis_pid = -1;
 }
 
@@ -384,7 +350,7 @@ static void test_ready(void **state)
  * waits for it instead.) */
 static void test_redis_unreachable(void **state)
 {
-    struct backend *b = backend_new_on(KIND_REDIS, free_port());   /* nothing listens */
+    struct backend *b = backend_new_on(KIND_REDIS, testlib_free_port());   /* nothing listens */
     loop_until(NULL, 0, 300);
     for (int i = 0; i < 100 && backend_retry_ms(b) < 20; i++)
         loop_until(NULL, 0, 10);
@@ -426,7 +392,7 @@ static void test_memory_bad_input(void **state)
 static int setup(void **state)
 {
     signal(SIGPIPE, SIG_IGN);
-    redis_port = free_port();
+    redis_port = testlib_free_port();
     redis_start();
     if (!port_open(redis_port)) {
         fprintf(stderr, "test_backend: redis-server did not start on port %d\n", redis_port);

@@ -20,6 +20,7 @@
 #include "h1write.h"
 #include "http1.h"
 #include "obuf.h"
+#include "testlib.h"
 
 #define L "\r\n"
 #define MAX_HEAD 65536
@@ -42,10 +43,7 @@ static void parse(struct parsed *ps, enum http1_kind kind, const char *raw, int 
 /* What a writer produced, NUL-terminated; the caller frees it. */
 static char *take(struct evbuffer *eb)
 {
-    size_t n = evbuffer_get_length(eb);
-    char *s = malloc(n + 1);
-    evbuffer_remove(eb, s, n);
-    s[n] = '\0';
+    char *s = testlib_drain(eb);
     evbuffer_free(eb);
     return s;
 }

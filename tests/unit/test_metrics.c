@@ -24,6 +24,7 @@
 
 #include "conf.h"
 #include "metrics.h"
+#include "testlib.h"
 
 /* ---- rendering and reading the text ------------------------------------------------ */
 
@@ -31,11 +32,7 @@ static char *render(void)
 {
     struct evbuffer *b = evbuffer_new();
     metrics_render(b);
-    size_t n = evbuffer_get_length(b);
-    char *s = malloc(n + 1);
-    assert_non_null(s);
-    evbuffer_remove(b, s, n);
-    s[n] = '\0';
+    char *s = testlib_drain(b);
     evbuffer_free(b);
     return s;
 }

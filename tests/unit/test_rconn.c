@@ -29,6 +29,7 @@
 
 #include "clock.h"
 #include "rconn.h"
+#include "testlib.h"
 
 static pid_t redis_pid = -1;
 static int redis_port;
@@ -36,19 +37,6 @@ static char sock_path[64];
 static struct event_base *base;
 static struct evdns_base *dns;
 static struct event *tick;
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sin = { .sin_family = AF_INET };
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sin);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) != 0)
-        abort();
-    close(fd);
-    return ntohs(sin.sin_port);
-}
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -153,7 +141,7 @@ static void test_unix_socket(void **state)
 static void test_refused(void **state)
 {
     struct seen s = { 0 };
-    struct rconn *c = rconn_connect(base, dns, NULL, "127.0.0.1", free_port(), 0,
+    struct rconn *c = rconn_connect(base, dns, NULL, "127.0.0.1", testlib_free_port(), 0,
                                     on_connect, on_close, &s);
     const char *ping[1] = { "PING" };
     assert_int_equal(send_cmd(c, &s, 1, ping), 0);
@@ -245,22 +233,10 @@ static void test_reply_too_large(void **state)
 
 static int setup(void **state)
 {
-    char port[16];
-    redis_port = free_port();
-    snprintf(port, sizeof(port), "%d", redis_port);
+    redis_port = testlib_free_port();
     snprintf(sock_path, sizeof(sock_path), "/tmp/sluice-test-rconn-%d.sock", (int)getpid());
-    redis_pid = fork();
-    if (redis_pid < 0)
-        abort();
-    if (redis_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);    /* never outlive a crashed test */
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-               "--unixsocket", sock_path, "--save", "", "--appendonly", "no", (char *)NULL);
-        _exit(127);
-    }
+    const char *unix_arg[] = { "--unixsocket", sock_path, NULL };
+    redis_pid = testlib_redis_start(redis_port, unix_arg);
     base = event_base_new();
     dns = evdns_base_new(base, 0);
     tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
@@ -289,10 +265,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-    if (redis_pid > 0) {
-        kill(redis_pid, SIGKILL);
-        waitpid(redis_pid, NULL, 0);
-    }
+    testlib_redis_stop(redis_pid);
     unlink(sock_path);
     event_free(tick);
     evdns_base_free(dns, 0);

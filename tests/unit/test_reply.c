@@ -18,19 +18,9 @@
 
 #include "obuf.h"
 #include "reply.h"
+#include "testlib.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-/* The buffer's bytes as a NUL-terminated string (the caller frees). */
-static char *drain(struct evbuffer *b)
-{
-    size_t n = evbuffer_get_length(b);
-    char *s = malloc(n + 1);
-    assert_non_null(s);
-    assert_int_equal(evbuffer_remove(b, s, n), (int)n);
-    s[n] = '\0';
-    return s;
-}
 
 /* A complete reply: its head ends once, its Content-Length is its body's
  * length, and nothing follows the body. */
@@ -58,7 +48,7 @@ static void expect_reply(struct evbuffer *b, const char *head, const char *tail,
     int n = snprintf(want, sizeof(want), "%sContent-Length: %zu\r\n%s\r\n%s", head,
                      strlen(body), tail, body);
     assert_true(n > 0 && (size_t)n < sizeof(want));
-    char *got = drain(b);
+    char *got = testlib_drain(b);
     assert_string_equal(got, want);
     check_framing(got);
     free(got);
@@ -228,7 +218,7 @@ static void test_limited_custom_status_message(void **state)
     f.limits[0].status = 418;
     f.limits[0].message = NULL;
     reply_limited(b, &f.rl, REPLY_KEEP, NULL, 0);
-    char *got = drain(b);
+    char *got = testlib_drain(b);
     assert_memory_equal(got, "HTTP/1.1 418 Error\r\n", 20);
     check_framing(got);
     free(got);
@@ -250,7 +240,7 @@ static void test_limited_retry_after_rounding(void **state)
         reply_pick(&f.rl, 0);
         struct evbuffer *b = evbuffer_new();
         reply_limited(b, &f.rl, REPLY_KEEP, NULL, 0);
-        char *got = drain(b), want[512];
+        char *got = testlib_drain(b), want[512];
         snprintf(want, sizeof(want),
                  "HTTP/1.1 429 Too Many Requests\r\n"
                  "Retry-After: %s\r\n"
@@ -383,7 +373,7 @@ static void test_limited_large(void **state)
     rid[128] = '\0';
     struct evbuffer *b = evbuffer_new();
     reply_limited(b, &f.rl, REPLY_CLOSE, rid, 128);
-    char *got = drain(b);
+    char *got = testlib_drain(b);
     check_framing(got);
     assert_true(strlen(got) > 16 * 200);
     assert_non_null(strstr(got, "\r\nRetry-After: 123457\r\n"));
@@ -436,7 +426,7 @@ static void test_error_exact_bytes(void **state)
 {
     struct evbuffer *b = evbuffer_new();
     reply_error(b, 404, REPLY_KEEP, "abc", 3);
-    char *got = drain(b);
+    char *got = testlib_drain(b);
     assert_string_equal(got, "HTTP/1.1 404 Not Found\r\n"
                              "X-Request-Id: abc\r\n"
                              "Content-Type: application/json\r\n"
@@ -445,7 +435,7 @@ static void test_error_exact_bytes(void **state)
                              "{\"error\":\"no_route\"}");
     free(got);
     reply_error(b, 408, REPLY_CLOSE, "req-9 and more", 5);
-    got = drain(b);
+    got = testlib_drain(b);
     assert_string_equal(got, "HTTP/1.1 408 Request Timeout\r\n"
                              "X-Request-Id: req-9\r\n"
                              "Content-Type: application/json\r\n"
@@ -457,7 +447,7 @@ static void test_error_exact_bytes(void **state)
     /* Two replies in one buffer (pipelining) stay two whole replies. */
     reply_error(b, 400, REPLY_KEEP, NULL, 0);
     reply_error(b, 414, REPLY_KEEP, NULL, 0);
-    got = drain(b);
+    got = testlib_drain(b);
     assert_string_equal(got, "HTTP/1.1 400 Bad Request\r\n"
                              "Content-Type: application/json\r\n"
                              "Content-Length: 23\r\n\r\n"
@@ -520,7 +510,7 @@ static char *headers_of(const struct reply_limits *rl, int denied, const struct 
     obuf_begin(&ob, b, 0);
     reply_limit_headers(&ob, rl, denied, up);
     obuf_end(&ob);
-    char *s = drain(b);
+    char *s = testlib_drain(b);
     evbuffer_free(b);
     return s;
 }

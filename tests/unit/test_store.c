@@ -18,15 +18,14 @@
 #include <unistd.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <cmocka.h>
 
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 
 #include "store.h"
+#include "testlib.h"
 
 static pid_t redis_pid = -1;
 static int redis_port;
@@ -54,19 +53,6 @@ static void sleep_ms(int64_t ms)
 
 /* ---- the redis-server ------------------------------------------------------ */
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sin = { .sin_family = AF_INET };
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(sin);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sin, sizeof(sin)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sin, &len) != 0)
-        abort();
-    close(fd);
-    return ntohs(sin.sin_port);
-}
-
 static redisContext *redis_connect(void)
 {
     struct timeval tv = { 1, 0 };
@@ -83,20 +69,7 @@ static redisContext *redis_connect(void)
 
 static void redis_start(void)
 {
-    char port[16];
-    snprintf(port, sizeof(port), "%d", redis_port);
-    redis_pid = fork();
-    if (redis_pid < 0)
-        abort();
-    if (redis_pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);    /* never outlive a crashed test */
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1",
-               "--save", "", "--appendonly", "no", (char *)NULL);
-        _exit(127);
-    }
+    redis_pid = testlib_redis_start(redis_port, NULL);
     for (int i = 0; i < 200; i++) {          /* up to ~4 s */
         redisContext *c = redis_connect();
         if (c != NULL) {
@@ -121,14 +94,7 @@ static void redis_stop(void)
         redisFree(rc);
         rc = NULL;
     }
-    if (redis_pid <= 0)
-        return;
-    kill(redis_pid, SIGKILL);
-    for (int i = 0; i < 300; i++) {          /* up to ~3 s */
-        if (waitpid(redis_pid, NULL, WNOHANG) == redis_pid)
-            break;
-        sleep_ms(10);
-    }
+    testlib_redis_stop(redis_pid);
     redis_pid = -1;
 }
 
@@ -761,7 +727,7 @@ static void test_redis_down_and_back(void **state)
 
 static void test_not_connected(void **state)
 {
-    struct store *s = store_new(100, free_port());   /* nothing listens there */
+    struct store *s = store_new(100, testlib_free_port());   /* nothing listens there */
     loop_until(NULL, 300);
     /* in the backoff after a refused attempt (during one, decisions wait) */
     for (int i = 0; i < 100 && store_retry_ms(s) < 20; i++)
@@ -831,24 +797,12 @@ static int cluster_free_port(void)
 
 static pid_t spawn_cluster_node(int port)
 {
-    char portstr[16], conf[128];
-    snprintf(portstr, sizeof(portstr), "%d", port);
+    char conf[128];
     snprintf(conf, sizeof(conf), "nodes-%d.conf", port);
-    pid_t pid = fork();
-    if (pid < 0)
-        abort();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, 1);
-        dup2(null, 2);
-        execlp("redis-server", "redis-server", "--port", portstr, "--bind", "127.0.0.1",
-               "--dir", cl_dir, "--cluster-enabled", "yes", "--cluster-config-file", conf,
-               "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
-               (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    const char *cluster[] = { "--dir", cl_dir, "--cluster-enabled", "yes",
+                              "--cluster-config-file", conf, "--cluster-node-timeout", "2000",
+                              NULL };
+    return testlib_redis_start(port, cluster);
 }
 
 static redisContext *connect_port(int port)
@@ -954,11 +908,7 @@ static int cluster_teardown(void **state)
         if (cl_rc[i] != NULL)
             redisFree(cl_rc[i]);
         cl_rc[i] = NULL;
-        if (cl_pid[i] > 0) {
-            kill(cl_pid[i], SIGKILL);
-            for (int k = 0; k < 300 && waitpid(cl_pid[i], NULL, WNOHANG) != cl_pid[i]; k++)
-                sleep_ms(10);
-        }
+        testlib_redis_stop(cl_pid[i]);
         cl_pid[i] = -1;
         char path[128];
         snprintf(path, sizeof(path), "%s/nodes-%d.conf", cl_dir, cl_port[i]);
@@ -1260,7 +1210,7 @@ static void test_cluster_node_down(void **state)
 static int setup(void **state)
 {
     signal(SIGPIPE, SIG_IGN);
-    redis_port = free_port();
+    redis_port = testlib_free_port();
     redis_start();
     base = event_base_new();
     tick = event_new(base, -1, EV_PERSIST, tick_cb, NULL);
