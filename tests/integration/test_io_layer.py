@@ -25,7 +25,8 @@ import pytest
 
 from conftest import build_request
 from conftest import free_port, wait_port
-from tls_listen_lib import CA, tls_listen_conf
+from tls_listen_lib import tls_listen_conf
+from tlslib import CA
 
 ROUTES = """\
   - name: secure
