@@ -219,6 +219,9 @@ static int scan_head(const struct http1 *p, const char *d, size_t len)
 
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)d[i];
+        /* Most bytes: printable ASCII inside a line, fine on every line. */
+        if (!line_start && c >= 0x20 && c < 0x7f)
+            continue;
         if (c == '\n') {
             if (i == 0 || d[i - 1] != '\r')
                 return 400;
