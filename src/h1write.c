@@ -59,38 +59,53 @@ static uint32_t name_hash(const char *s, size_t n)
     return hsh;
 }
 
-/* Distinct field names hashed; each Connection token is looked up once, so
- * thousands of tokens cost time linear in the head, not tokens x fields. */
+struct names_index {
+    int16_t bucket[CN_BUCKETS], next[HTTP1_MAX_HEADERS], canon[HTTP1_MAX_HEADERS];
+    uint32_t hash[HTTP1_MAX_HEADERS];
+};
+
+/* Distinct field names hashed, so that each Connection token is looked up
+ * once: thousands of tokens cost time linear in the head, not tokens x
+ * fields. canon[i] is the first field with field i's name. */
+static void names_index(const char *buf, const struct http1_head *h, struct names_index *ix)
+{
+    memset(ix->bucket, 0xff, sizeof(ix->bucket));   /* -1: empty */
+    memset(ix->next, 0xff, sizeof(ix->next));
+    for (int i = 0; i < h->nheaders; i++) {
+        struct http1_span nm = h->h[i].name;
+        ix->hash[i] = name_hash(buf + nm.off, nm.len);
+        ix->canon[i] = (int16_t)i;
+        int16_t *b = &ix->bucket[ix->hash[i] % CN_BUCKETS];
+        for (int j = *b; j >= 0; j = ix->next[j])
+            if (ix->hash[j] == ix->hash[i] && h->h[j].name.len == nm.len &&
+                strncasecmp(buf + h->h[j].name.off, buf + nm.off, nm.len) == 0) {
+                ix->canon[i] = (int16_t)j;
+                break;
+            }
+        if (ix->canon[i] == i) {
+            ix->next[i] = *b;
+            *b = (int16_t)i;
+        }
+    }
+}
+
+static int is_hop_by_hop(const char *buf, struct http1_span name);
+
+/* The fields that Connection names. A token naming a hop-by-hop field
+ * ("keep-alive", "close" is not one) needs no lookup: such fields are
+ * dropped whatever Connection says, so the index is built only for the
+ * first other token, and most heads never need it. */
 static void connection_names(const char *buf, const struct http1_head *h,
                              struct conn_names *cn)
 {
-    int16_t bucket[CN_BUCKETS], next[HTTP1_MAX_HEADERS], canon[HTTP1_MAX_HEADERS];
-    uint32_t hash[HTTP1_MAX_HEADERS];
-    int nconn = 0;
+    struct names_index ix;
+    int nconn = 0, indexed = 0;
 
     memset(cn, 0, sizeof(*cn));
     for (int i = 0; i < h->nheaders; i++)
         nconn += span_is(buf, h->h[i].name, "connection");
     if (nconn == 0)
         return;
-    memset(bucket, 0xff, sizeof(bucket));   /* -1: empty */
-    memset(next, 0xff, sizeof(next));
-    for (int i = 0; i < h->nheaders; i++) {
-        struct http1_span nm = h->h[i].name;
-        hash[i] = name_hash(buf + nm.off, nm.len);
-        canon[i] = (int16_t)i;
-        int16_t *b = &bucket[hash[i] % CN_BUCKETS];
-        for (int j = *b; j >= 0; j = next[j])
-            if (hash[j] == hash[i] && h->h[j].name.len == nm.len &&
-                strncasecmp(buf + h->h[j].name.off, buf + nm.off, nm.len) == 0) {
-                canon[i] = (int16_t)j;
-                break;
-            }
-        if (canon[i] == i) {
-            next[i] = *b;
-            *b = (int16_t)i;
-        }
-    }
     uint8_t named[HTTP1_MAX_HEADERS] = { 0 };
     for (int i = 0; i < h->nheaders; i++) {
         if (!span_is(buf, h->h[i].name, "connection"))
@@ -103,17 +118,23 @@ static void connection_names(const char *buf, const struct http1_head *h,
                 cn->special |= CN_TE;
             else if (token_is(t, n, "host"))
                 cn->special |= CN_HOST;
+            if (is_hop_by_hop(buf, (struct http1_span){ (uint32_t)(t - buf), (uint32_t)n }))
+                continue;
+            if (!indexed) {
+                names_index(buf, h, &ix);
+                indexed = 1;
+            }
             uint32_t th = name_hash(t, n);
-            for (int j = bucket[th % CN_BUCKETS]; j >= 0; j = next[j])
-                if (hash[j] == th && h->h[j].name.len == n &&
+            for (int j = ix.bucket[th % CN_BUCKETS]; j >= 0; j = ix.next[j])
+                if (ix.hash[j] == th && h->h[j].name.len == n &&
                     strncasecmp(buf + h->h[j].name.off, t, n) == 0) {
                     named[j] = 1;
                     break;
                 }
         }
     }
-    for (int i = 0; i < h->nheaders; i++)
-        cn->named[i] = named[canon[i]];
+    for (int i = 0; indexed && i < h->nheaders; i++)
+        cn->named[i] = named[ix.canon[i]];
 }
 
 /* Hop-by-hop fields, and the framing that is written from the parse. */
