@@ -23,11 +23,13 @@ struct conn_names {
     uint8_t named[HTTP1_MAX_HEADERS];   /* field i is named */
 };
 
-static int span_is(const char *buf, struct http1_span s, const char *lit)
+static int span_eq(const char *buf, struct http1_span s, const char *lit, size_t n)
 {
-    size_t n = strlen(lit);
     return s.len == n && strncasecmp(buf + s.off, lit, n) == 0;
 }
+
+/* Against a string literal, its length known at compile time. */
+#define span_is(buf, s, lit) span_eq((buf), (s), "" lit, sizeof(lit) - 1)
 
 /* The next token of a comma-separated field value (between *v and end):
  * sets *t to it and returns its length, 0 once the value is used up. */
@@ -41,10 +43,12 @@ static size_t list_token(const char **v, const char *end, const char **t)
     return (size_t)(*v - *t);
 }
 
-static int token_is(const char *t, size_t n, const char *lit)
+static int token_eq(const char *t, size_t n, const char *lit, size_t litlen)
 {
-    return strlen(lit) == n && strncasecmp(t, lit, n) == 0;
+    return litlen == n && strncasecmp(t, lit, n) == 0;
 }
+
+#define token_is(t, n, lit) token_eq((t), (n), "" lit, sizeof(lit) - 1)
 
 /* FNV-1a over the lower-cased bytes. */
 static uint32_t name_hash(const char *s, size_t n)
@@ -140,12 +144,14 @@ static void connection_names(const char *buf, const struct http1_head *h,
 /* Hop-by-hop fields, and the framing that is written from the parse. */
 static int is_hop_by_hop(const char *buf, struct http1_span name)
 {
-    static const char *const hop[] = {
-        "connection", "keep-alive", "proxy-connection", "te", "trailer",
-        "transfer-encoding", "upgrade", "content-length",
+#define HOP(lit) { lit, sizeof(lit) - 1 }
+    static const struct { const char *s; size_t n; } hop[] = {
+        HOP("connection"), HOP("keep-alive"), HOP("proxy-connection"), HOP("te"),
+        HOP("trailer"), HOP("transfer-encoding"), HOP("upgrade"), HOP("content-length"),
     };
+#undef HOP
     for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        if (span_is(buf, name, hop[i]))
+        if (span_eq(buf, name, hop[i].s, hop[i].n))
             return 1;
     return 0;
 }
@@ -376,7 +382,7 @@ static int proto_allowed(const char *t, size_t n, char *const *protos, int nprot
     if (protos == NULL)
         return token_is(t, n, "websocket");
     for (int i = 0; i < nprotos; i++)
-        if (token_is(t, n, protos[i]))
+        if (token_eq(t, n, protos[i], strlen(protos[i])))
             return 1;
     return 0;
 }
