@@ -221,10 +221,12 @@ static int scan_head(const struct http1 *p, const char *d, size_t len)
     int line_start = 1;
 
     for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)d[i];
         /* Most bytes: printable ASCII inside a line, fine on every line. */
-        if (!line_start && c >= 0x20 && c < 0x7f)
-            continue;
+        while (!line_start && i < len && (unsigned char)d[i] >= 0x20 && (unsigned char)d[i] < 0x7f)
+            i++;
+        if (i == len)
+            break;
+        unsigned char c = (unsigned char)d[i];
         if (c == '\n') {
             if (i == 0 || d[i - 1] != '\r')
                 return 400;
