@@ -262,6 +262,8 @@ static void client_event_cb(struct io *io, short what, void *arg)
 static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct client *c = arg;
+    if (!conn_timer_due(c))
+        return;
     conn_enter(c);
     if (c->timer_mode == TM_HANDSHAKE) {
         /* A handshake not done within header_timeout: close, no answer. */

@@ -45,15 +45,41 @@ void conn_kill(struct client *c)
     }
 }
 
+static void timer_arm(struct client *c, int64_t now, int64_t ms)
+{
+    struct timeval tv = clock_timeval(ms);
+    c->timer_fires_ms = now + ms;
+    event_add(c->timer, &tv);
+}
+
+/* Each request would otherwise add the timer twice and delete it once
+ * (header, none, idle), libevent's heap work every time. The timer is left
+ * pending instead: a later time than the pending one is only noted, and
+ * the callback re-arms for the rest (conn_timer_due); TM_NONE leaves it
+ * to fire for nothing. Only an earlier time re-adds it. */
 void conn_timer(struct client *c, enum timer_mode mode, int64_t ms)
 {
     c->timer_mode = mode;
-    if (mode == TM_NONE) {
-        event_del(c->timer);
+    if (mode == TM_NONE)
         return;
+    int64_t now = clock_ms();
+    c->timer_due_ms = now + ms;
+    if (c->timer_fires_ms != 0 && c->timer_fires_ms <= c->timer_due_ms)
+        return;
+    timer_arm(c, now, ms);
+}
+
+int conn_timer_due(struct client *c)
+{
+    c->timer_fires_ms = 0;
+    if (c->timer_mode == TM_NONE)
+        return 0;
+    int64_t now = clock_ms();
+    if (now < c->timer_due_ms) {
+        timer_arm(c, now, c->timer_due_ms - now);
+        return 0;
     }
-    struct timeval tv = clock_timeval(ms);
-    event_add(c->timer, &tv);
+    return 1;
 }
 
 /* Stop reading requests and close once what is queued has been written. */

@@ -89,6 +89,8 @@ struct client {
     struct http1_head head;
     struct event *timer;
     enum timer_mode timer_mode;
+    int64_t timer_due_ms;               /* clock_ms() when timer_mode's time is up */
+    int64_t timer_fires_ms;             /* when the pending timer fires; 0: none */
     enum client_state state;
     int busy;                           /* callbacks on the stack */
     int dead;                           /* free when busy drops to 0 */
@@ -133,6 +135,9 @@ void conn_enter(struct client *c);
 int conn_leave(struct client *c);       /* 1: freed */
 void conn_kill(struct client *c);
 void conn_timer(struct client *c, enum timer_mode mode, int64_t ms);
+/* At the top of the timer's callback: 0 when it fired early (re-armed) or
+ * for nothing (TM_NONE), 1 when timer_mode's time is up. */
+int conn_timer_due(struct client *c);
 /* Stop reading requests and close once what is queued has been written. */
 void conn_close_after_write(struct client *c);
 void conn_flush(struct client *c);

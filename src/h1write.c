@@ -23,11 +23,16 @@ struct conn_names {
     uint8_t named[HTTP1_MAX_HEADERS];   /* field i is named */
 };
 
-static int span_is(const char *buf, struct http1_span s, const char *lit)
+/* The first byte's test (with bit 5 set, equal for both cases of a letter)
+ * spares most strncasecmp calls between names of the same length. */
+static int span_eq(const char *buf, struct http1_span s, const char *lit, size_t n)
 {
-    size_t n = strlen(lit);
-    return s.len == n && strncasecmp(buf + s.off, lit, n) == 0;
+    return s.len == n && (n == 0 || (buf[s.off] | 0x20) == (lit[0] | 0x20)) &&
+           strncasecmp(buf + s.off, lit, n) == 0;
 }
+
+/* Against a string literal, its length known at compile time. */
+#define span_is(buf, s, lit) span_eq((buf), (s), "" lit, sizeof(lit) - 1)
 
 /* The next token of a comma-separated field value (between *v and end):
  * sets *t to it and returns its length, 0 once the value is used up. */
@@ -41,10 +46,12 @@ static size_t list_token(const char **v, const char *end, const char **t)
     return (size_t)(*v - *t);
 }
 
-static int token_is(const char *t, size_t n, const char *lit)
+static int token_eq(const char *t, size_t n, const char *lit, size_t litlen)
 {
-    return strlen(lit) == n && strncasecmp(t, lit, n) == 0;
+    return litlen == n && strncasecmp(t, lit, n) == 0;
 }
+
+#define token_is(t, n, lit) token_eq((t), (n), "" lit, sizeof(lit) - 1)
 
 /* FNV-1a over the lower-cased bytes. */
 static uint32_t name_hash(const char *s, size_t n)
@@ -59,42 +66,58 @@ static uint32_t name_hash(const char *s, size_t n)
     return hsh;
 }
 
-/* Distinct field names hashed; each Connection token is looked up once, so
- * thousands of tokens cost time linear in the head, not tokens x fields. */
-static void connection_names(const char *buf, const struct http1_head *h,
-                             struct conn_names *cn)
-{
+struct names_index {
     int16_t bucket[CN_BUCKETS], next[HTTP1_MAX_HEADERS], canon[HTTP1_MAX_HEADERS];
     uint32_t hash[HTTP1_MAX_HEADERS];
-    int nconn = 0;
+};
 
-    memset(cn, 0, sizeof(*cn));
-    for (int i = 0; i < h->nheaders; i++)
-        nconn += span_is(buf, h->h[i].name, "connection");
-    if (nconn == 0)
-        return;
-    memset(bucket, 0xff, sizeof(bucket));   /* -1: empty */
-    memset(next, 0xff, sizeof(next));
+/* Distinct field names hashed, so that each Connection token is looked up
+ * once: thousands of tokens cost time linear in the head, not tokens x
+ * fields. canon[i] is the first field with field i's name. */
+static void names_index(const char *buf, const struct http1_head *h, struct names_index *ix)
+{
+    memset(ix->bucket, 0xff, sizeof(ix->bucket));   /* -1: empty */
+    memset(ix->next, 0xff, sizeof(ix->next));
     for (int i = 0; i < h->nheaders; i++) {
         struct http1_span nm = h->h[i].name;
-        hash[i] = name_hash(buf + nm.off, nm.len);
-        canon[i] = (int16_t)i;
-        int16_t *b = &bucket[hash[i] % CN_BUCKETS];
-        for (int j = *b; j >= 0; j = next[j])
-            if (hash[j] == hash[i] && h->h[j].name.len == nm.len &&
+        ix->hash[i] = name_hash(buf + nm.off, nm.len);
+        ix->canon[i] = (int16_t)i;
+        int16_t *b = &ix->bucket[ix->hash[i] % CN_BUCKETS];
+        for (int j = *b; j >= 0; j = ix->next[j])
+            if (ix->hash[j] == ix->hash[i] && h->h[j].name.len == nm.len &&
                 strncasecmp(buf + h->h[j].name.off, buf + nm.off, nm.len) == 0) {
-                canon[i] = (int16_t)j;
+                ix->canon[i] = (int16_t)j;
                 break;
             }
-        if (canon[i] == i) {
-            next[i] = *b;
+        if (ix->canon[i] == i) {
+            ix->next[i] = *b;
             *b = (int16_t)i;
         }
     }
+}
+
+static int is_hop_by_hop(const char *buf, struct http1_span name);
+
+/* The fields that Connection names. A token naming a hop-by-hop field
+ * ("keep-alive", "close" is not one) needs no lookup: such fields are
+ * dropped whatever Connection says, so the index is built only for the
+ * first other token, and most heads never need it. */
+static void connection_names(const char *buf, const struct http1_head *h,
+                             struct conn_names *cn)
+{
+    struct names_index ix;
+    int16_t conn[HTTP1_MAX_HEADERS];
+    int nconn = 0, indexed = 0;
+
+    memset(cn, 0, sizeof(*cn));
+    for (int i = 0; i < h->nheaders; i++)
+        if (span_is(buf, h->h[i].name, "connection"))
+            conn[nconn++] = (int16_t)i;
+    if (nconn == 0)
+        return;
     uint8_t named[HTTP1_MAX_HEADERS] = { 0 };
-    for (int i = 0; i < h->nheaders; i++) {
-        if (!span_is(buf, h->h[i].name, "connection"))
-            continue;
+    for (int k = 0; k < nconn; k++) {
+        int i = conn[k];
         const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len, *t;
         for (size_t n; (n = list_token(&v, end, &t)) > 0;) {
             if (token_is(t, n, "content-length"))
@@ -103,28 +126,36 @@ static void connection_names(const char *buf, const struct http1_head *h,
                 cn->special |= CN_TE;
             else if (token_is(t, n, "host"))
                 cn->special |= CN_HOST;
+            if (is_hop_by_hop(buf, (struct http1_span){ (uint32_t)(t - buf), (uint32_t)n }))
+                continue;
+            if (!indexed) {
+                names_index(buf, h, &ix);
+                indexed = 1;
+            }
             uint32_t th = name_hash(t, n);
-            for (int j = bucket[th % CN_BUCKETS]; j >= 0; j = next[j])
-                if (hash[j] == th && h->h[j].name.len == n &&
+            for (int j = ix.bucket[th % CN_BUCKETS]; j >= 0; j = ix.next[j])
+                if (ix.hash[j] == th && h->h[j].name.len == n &&
                     strncasecmp(buf + h->h[j].name.off, t, n) == 0) {
                     named[j] = 1;
                     break;
                 }
         }
     }
-    for (int i = 0; i < h->nheaders; i++)
-        cn->named[i] = named[canon[i]];
+    for (int i = 0; indexed && i < h->nheaders; i++)
+        cn->named[i] = named[ix.canon[i]];
 }
 
 /* Hop-by-hop fields, and the framing that is written from the parse. */
 static int is_hop_by_hop(const char *buf, struct http1_span name)
 {
-    static const char *const hop[] = {
-        "connection", "keep-alive", "proxy-connection", "te", "trailer",
-        "transfer-encoding", "upgrade", "content-length",
+#define HOP(lit) { lit, sizeof(lit) - 1 }
+    static const struct { const char *s; size_t n; } hop[] = {
+        HOP("connection"), HOP("keep-alive"), HOP("proxy-connection"), HOP("te"),
+        HOP("trailer"), HOP("transfer-encoding"), HOP("upgrade"), HOP("content-length"),
     };
+#undef HOP
     for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
-        if (span_is(buf, name, hop[i]))
+        if (span_eq(buf, name, hop[i].s, hop[i].n))
             return 1;
     return 0;
 }
@@ -355,7 +386,7 @@ static int proto_allowed(const char *t, size_t n, char *const *protos, int nprot
     if (protos == NULL)
         return token_is(t, n, "websocket");
     for (int i = 0; i < nprotos; i++)
-        if (token_is(t, n, protos[i]))
+        if (token_eq(t, n, protos[i], strlen(protos[i])))
             return 1;
     return 0;
 }

@@ -53,9 +53,9 @@ static int lower(int c)
     return (c >= 'A' && c <= 'Z') ? c + 32 : c;
 }
 
-static int span_is(const char *buf, struct http1_span s, const char *lit)
+/* Does span s of buf read lit[0..n), in any case? */
+static int span_eq(const char *buf, struct http1_span s, const char *lit, size_t n)
 {
-    size_t n = strlen(lit);
     if (s.len != n)
         return 0;
     for (size_t i = 0; i < n; i++)
@@ -63,6 +63,9 @@ static int span_is(const char *buf, struct http1_span s, const char *lit)
             return 0;
     return 1;
 }
+
+/* The same against a string literal, its length known at compile time. */
+#define span_is(buf, s, lit) span_eq((buf), (s), "" lit, sizeof(lit) - 1)
 
 /* RFC 9110 tchar. */
 static int is_tchar(unsigned char c)
@@ -218,6 +221,11 @@ static int scan_head(const struct http1 *p, const char *d, size_t len)
     int line_start = 1;
 
     for (size_t i = 0; i < len; i++) {
+        /* Most bytes: printable ASCII inside a line, fine on every line. */
+        while (!line_start && i < len && (unsigned char)d[i] >= 0x20 && (unsigned char)d[i] < 0x7f)
+            i++;
+        if (i == len)
+            break;
         unsigned char c = (unsigned char)d[i];
         if (c == '\n') {
             if (i == 0 || d[i - 1] != '\r')
@@ -297,12 +305,15 @@ static int te_ends_chunked(const char *d, struct http1_span v)
  * field, and every browser sends Upgrade-Insecure-Requests on navigation. */
 static int special_prefix(const char *d, struct http1_span name)
 {
-    static const char *const special[] = {
-        "content-length", "transfer-encoding", "connection", "proxy-connection",
+#define SPECIAL(lit) { lit, sizeof(lit) - 1 }
+    static const struct { const char *s; size_t n; } special[] = {
+        SPECIAL("content-length"), SPECIAL("transfer-encoding"), SPECIAL("connection"),
+        SPECIAL("proxy-connection"),
     };
+#undef SPECIAL
     for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++) {
-        size_t n = strlen(special[i]);
-        if (name.len > n && strncasecmp(d + name.off, special[i], n) == 0)
+        size_t n = special[i].n;
+        if (name.len > n && strncasecmp(d + name.off, special[i].s, n) == 0)
             return 1;
     }
     return 0;
@@ -674,13 +685,15 @@ int http1_body_eof(struct http1 *p)
 
 int http1_name_is(const char *buf, const struct http1_header *hd, const char *name)
 {
-    return span_is(buf, hd->name, name);
+    return span_eq(buf, hd->name, name, strlen(name));
 }
 
 int http1_find(const char *buf, const struct http1_head *h, const char *name, int from)
 {
+    size_t n = strlen(name);
+
     for (int i = from < 0 ? 0 : from; i < h->nheaders; i++)
-        if (span_is(buf, h->h[i].name, name))
+        if (span_eq(buf, h->h[i].name, name, n))
             return i;
     return -1;
 }
