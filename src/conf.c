@@ -18,19 +18,11 @@
  * allow lists, paths). What they share is in conf_int.h. */
 #include "conf.h"
 
-#include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
-#include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/un.h>
-#include <unistd.h>
 #include <yaml.h>
 
 #include "conf_int.h"
@@ -350,6 +342,8 @@ fail:
     node_free(root);
     return NULL;
 }
+
+/* ---- phase 2: the walker */
 
 /* The key node of key in mapping m (for positions), or NULL. */
 struct node *conf_map_key(const struct node *m, const char *key)

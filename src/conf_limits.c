@@ -5,22 +5,15 @@
  * allow) and paths. What routes share across keys is checked in conf.c. */
 #include "conf.h"
 
-#include <arpa/inet.h>
 #include <ctype.h>
-#include <errno.h>
-#include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/un.h>
-#include <unistd.h>
 
-#include "regex.h"
 #include "conf_int.h"
+#include "regex.h"
+
+/* ---- allow lists: trusted_proxies, allow */
 
 /* A sequence of CIDRs (trusted_proxies, allow) into a fresh array. */
 static int get_cidrs(struct ctx *x, struct node *v, struct addr_cidr **out, int *n)
@@ -55,6 +48,8 @@ int conf_h_allow(struct ctx *x, struct node *k, struct node *v, void *obj)
     struct conf *c = obj;
     return get_cidrs(x, v, &c->allow, &c->nallow);
 }
+
+/* ---- routes: match */
 
 /* Route match path: starts with '/', '//' merged, no trailing '/'. */
 static int h_match_path(struct ctx *x, struct node *k, struct node *v, void *obj)

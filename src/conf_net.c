@@ -5,21 +5,15 @@
 #include "conf.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include "http1.h"
 #include "conf_int.h"
+#include "http1.h"
 
 /* ---- listen: an address, or a list of { address, tls } entries */
 
@@ -345,6 +339,8 @@ int conf_check_tls_file(struct ctx *x, struct node *tls, const char *key, const 
     return -1;
 }
 
+/* ---- upstreams */
+
 static int h_up_servers(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_upstream *u = obj;
@@ -443,6 +439,8 @@ int conf_h_upstreams(struct ctx *x, struct node *k, struct node *v, void *obj)
     }
     return 0;
 }
+
+/* ---- admin, access_log */
 
 static int h_admin_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
 {

@@ -5,20 +5,15 @@
 #include "conf.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
-#include <errno.h>
-#include <limits.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/un.h>
-#include <unistd.h>
 
 #include "conf_int.h"
+
+/* ---- redis.url */
 
 /* redis://[user:password@]host[:port][/db] or unix:///path.sock[?db=N].
  * Returns NULL or the reason; never echoes the URL (it may hold a password). */
@@ -139,6 +134,8 @@ static int redis_resolve_check(struct ctx *x, struct node *v, const char *host)
     freeaddrinfo(res);
     return 0;
 }
+
+/* ---- redis: tls, url, timeout, prefix, on_error, cluster, sentinel */
 
 /* redis.tls: TLS to every node, whatever the url's scheme. */
 static int h_redis_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -350,6 +347,8 @@ int conf_h_redis(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     return conf_walk_map(x, v, redis_keys, &((struct conf *)obj)->redis);
 }
+
+/* ---- backend, memory, deny_cache */
 
 int conf_h_backend(struct ctx *x, struct node *k, struct node *v, void *obj)
 {

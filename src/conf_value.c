@@ -8,16 +8,10 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
-#include <limits.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include "conf_int.h"
 
@@ -251,7 +245,7 @@ int conf_get_enum(struct ctx *x, struct node *n, const char *const *names, int c
     return conf_fail(x, n, "bad value '%s' (use %s)", conf_show(s, sb), choices);
 }
 
-/* ---- values: durations, rates, addresses, CIDRs, URLs */
+/* ---- values: durations, rates, addresses */
 
 static const struct { const char *unit; int64_t ms; } duration_units[] = {
     { "ms", 1 }, { "s", 1000 }, { "m", 60000 }, { "h", 3600000 },
@@ -430,6 +424,8 @@ int conf_get_addr(struct ctx *x, struct node *n, struct conf_addr *a)
     a->text = xstrdup(s);
     return 0;
 }
+
+/* ---- percent-decoding, host bytes, HTTP tokens */
 
 static int hexval(int ch)
 {
