@@ -1,0 +1,503 @@
+/* sluice - conf_net.c: the config sections about sockets and peers: listen
+ * (an address, or entries with TLS certificates), workers, max_connections,
+ * shutdown_timeout, client, upstreams (with their tls block, whose keys
+ * redis.tls shares: conf_tls_client_keys), admin and access_log. */
+#include "conf.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "conf_int.h"
+#include "http1.h"
+
+/* ---- listen: an address, or a list of { address, tls } entries */
+
+#define CONF_MAX_LISTENS 16
+#define CONF_MAX_CERTS   64
+
+static int h_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s || strlen(s) > PATH_MAX)
+        return conf_fail(x, v, "expected a file path");
+    ((struct conf_cert *)obj)->cert_file = xstrdup(s);
+    return 0;
+}
+
+static int h_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s || strlen(s) > PATH_MAX)
+        return conf_fail(x, v, "expected a file path");
+    ((struct conf_cert *)obj)->key_file = xstrdup(s);
+    return 0;
+}
+
+static const struct key_def cert_keys[] = {
+    { "cert_file", h_cert_file, 1 },
+    { "key_file", h_key_file, 1 },
+    { NULL, NULL, 0 },
+};
+
+static int h_tls_certificates(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_tls *t = obj;
+    if (conf_expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0 || v->nkids > CONF_MAX_CERTS)
+        return conf_fail(x, v, "needs 1 to %d certificates", CONF_MAX_CERTS);
+    t->certs = xcalloc((size_t)v->nkids, sizeof *t->certs);
+    t->ncerts = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = conf_path_push(x, "[%d]", i);
+        conf_mark_node(x, v->kids[i], &t->certs[i].at);
+        int rc = conf_walk_map(x, v->kids[i], cert_keys, &t->certs[i]);
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int h_tls_min_version(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "1.2", "1.3" };
+    int i = 0;
+    if (conf_get_enum(x, v, names, 2, "\"1.2\" or \"1.3\"", &i) < 0)
+        return -1;
+    ((struct conf_tls *)obj)->min_version = i ? 13 : 12;
+    return 0;
+}
+
+static const struct key_def tls_keys[] = {
+    { "certificates", h_tls_certificates, 1 },
+    { "min_version", h_tls_min_version, 0 },
+    { NULL, NULL, 0 },
+};
+
+static int h_listen_address(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_addr(x, v, &((struct conf_listen *)obj)->addr);
+}
+
+static int h_listen_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_listen *l = obj;
+    l->tls = xcalloc(1, sizeof *l->tls);
+    l->tls->min_version = 12;
+    return conf_walk_map(x, v, tls_keys, l->tls);
+}
+
+static const struct key_def listen_keys[] = {
+    { "address", h_listen_address, 1 },
+    { "tls", h_listen_tls, 0 },
+    { NULL, NULL, 0 },
+};
+
+int conf_h_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    if (v->kind != NODE_SEQ) {
+        c->listens = xcalloc(1, sizeof *c->listens);
+        c->nlistens = 1;
+        if (conf_get_addr(x, v, &c->listens[0].addr) < 0)
+            return -1;
+    } else {
+        if (v->nkids == 0 || v->nkids > CONF_MAX_LISTENS)
+            return conf_fail(x, v, "needs 1 to %d entries", CONF_MAX_LISTENS);
+        c->listens = xcalloc((size_t)v->nkids, sizeof *c->listens);
+        c->nlistens = v->nkids;
+        for (int i = 0; i < v->nkids; i++) {
+            size_t old = conf_path_push(x, "[%d]", i);
+            struct conf_listen *l = &c->listens[i];
+            int rc = v->kids[i]->kind == NODE_MAP ? conf_walk_map(x, v->kids[i], listen_keys, l)
+                                                  : conf_get_addr(x, v->kids[i], &l->addr);
+            for (int j = 0; rc == 0 && j < i; j++)
+                if (c->listens[j].addr.sslen == l->addr.sslen &&
+                    !memcmp(&c->listens[j].addr.ss, &l->addr.ss, l->addr.sslen))
+                    rc = conf_fail(x, v->kids[i], "address '%s' is listed twice", l->addr.text);
+            conf_path_pop(x, old);
+            if (rc < 0)
+                return -1;
+        }
+    }
+    c->listen = c->listens[0].addr;
+    c->listen.text = xstrdup(c->listens[0].addr.text);
+    return 0;
+}
+
+void conf_listens_free(struct conf *c)
+{
+    for (int i = 0; i < c->nlistens; i++) {
+        struct conf_listen *l = &c->listens[i];
+        free(l->addr.text);
+        if (l->tls) {
+            for (int j = 0; j < l->tls->ncerts; j++) {
+                free(l->tls->certs[j].cert_file);
+                free(l->tls->certs[j].key_file);
+                free(l->tls->certs[j].at.where);
+            }
+            free(l->tls->certs);
+            free(l->tls);
+        }
+    }
+    free(c->listens);
+}
+
+int conf_h_workers(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    const char *s = conf_scalar(x, v);
+    int64_t n = 0;
+    if (!s)
+        return -1;
+    if (!strcmp(s, "auto")) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        c->workers = cpus < 1 ? 1 : cpus > 1024 ? 1024 : (int)cpus;
+        return 0;
+    }
+    if (conf_get_int(x, v, 1, 1024, &n) < 0)
+        return -1;
+    c->workers = (int)n;
+    return 0;
+}
+
+int conf_h_max_connections(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n = 0;
+    if (conf_get_int(x, v, 0, 10000000, &n) < 0)
+        return -1;
+    ((struct conf *)obj)->max_connections = (int)n;
+    return 0;
+}
+
+static int h_max_header_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    uint64_t n;
+    if (conf_get_size(x, v, 1024, HTTP1_MAX_HEAD_BYTES, &n) < 0)
+        return -1;
+    ((struct conf_client *)obj)->max_header_bytes = (size_t)n;
+    return 0;
+}
+
+static int h_max_body_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_size(x, v, 0, UINT64_MAX, &((struct conf_client *)obj)->max_body_bytes);
+}
+
+static int h_header_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_duration(x, v, &((struct conf_client *)obj)->header_timeout_ms);
+}
+
+static int h_idle_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_duration(x, v, &((struct conf_client *)obj)->idle_timeout_ms);
+}
+
+static int h_body_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_duration(x, v, &((struct conf_client *)obj)->body_timeout_ms);
+}
+
+static int h_buffer_body_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    uint64_t n = 0;
+    if (conf_get_size(x, v, 0, 1048576, &n) < 0)
+        return -1;
+    ((struct conf_client *)obj)->buffer_body_bytes = (size_t)n;
+    return 0;
+}
+
+int conf_h_shutdown_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_duration(x, v, &((struct conf *)obj)->shutdown_timeout_ms);
+}
+
+static int h_underscore_headers(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "drop", "pass", "reject" };
+    int i = 0;
+    if (conf_get_enum(x, v, names, 3, "drop, pass or reject", &i) < 0)
+        return -1;
+    ((struct conf_client *)obj)->underscore_headers = (enum conf_underscore)i;
+    return 0;
+}
+
+static const struct key_def client_keys[] = {
+    { "max_header_bytes", h_max_header_bytes, 0 },
+    { "max_body_bytes", h_max_body_bytes, 0 },
+    { "header_timeout", h_header_timeout, 0 },
+    { "idle_timeout", h_idle_timeout, 0 },
+    { "body_timeout", h_body_timeout, 0 },
+    { "underscore_headers", h_underscore_headers, 0 },
+    { "buffer_body_bytes", h_buffer_body_bytes, 0 },
+    { NULL, NULL, 0 },
+};
+
+int conf_h_client(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_walk_map(x, v, client_keys, &((struct conf *)obj)->client);
+}
+
+/* ---- TLS as a client: upstreams.NAME.tls and redis.tls */
+
+/* A file path for OpenSSL: not empty, bounded, no control bytes. */
+static int get_tls_path(struct ctx *x, struct node *v, char **out)
+{
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s)
+        return conf_fail(x, v, "empty path");
+    if (strlen(s) > PATH_MAX)
+        return conf_fail(x, v, "path is longer than %d bytes", PATH_MAX);
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return conf_fail(x, v, "path '%s' has a control byte", conf_show(s, sb));
+    free(*out);
+    *out = xstrdup(s);
+    return 0;
+}
+
+static int h_tls_ca_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    conf_mark_node(x, v, &((struct conf_tls_client *)obj)->ca_at);
+    return get_tls_path(x, v, &((struct conf_tls_client *)obj)->ca_file);
+}
+
+static int h_tls_cert_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    conf_mark_node(x, v, &((struct conf_tls_client *)obj)->cert_at);
+    return get_tls_path(x, v, &((struct conf_tls_client *)obj)->cert_file);
+}
+
+static int h_tls_key_file(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    conf_mark_node(x, v, &((struct conf_tls_client *)obj)->key_at);
+    return get_tls_path(x, v, &((struct conf_tls_client *)obj)->key_file);
+}
+
+static int h_tls_verify(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_bool(x, v, &((struct conf_tls_client *)obj)->verify);
+}
+
+/* A DNS name (SNI and verified), or an IP address (verified, no SNI). */
+static int h_tls_server_name(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_tls_client *t = obj;
+    char sb[SHOW_BUF];
+    unsigned char probe[sizeof(struct in6_addr)];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (!conf_hostname_ok(s) && inet_pton(AF_INET, s, probe) != 1 &&
+        inet_pton(AF_INET6, s, probe) != 1)
+        return conf_fail(x, v, "bad server name '%s' (use a host name or an IP address)",
+                         conf_show(s, sb));
+    free(t->server_name);
+    t->server_name = xstrdup(s);
+    return 0;
+}
+
+const struct key_def conf_tls_client_keys[] = {
+    { "ca_file", h_tls_ca_file, 0 },
+    { "server_name", h_tls_server_name, 0 },
+    { "verify", h_tls_verify, 0 },
+    { "cert_file", h_tls_cert_file, 0 },
+    { "key_file", h_tls_key_file, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* A file the store's TLS context loads when it starts (redis.tls.KEY):
+ * readable now, or this file's error. */
+int conf_check_tls_file(struct ctx *x, struct node *tls, const char *key, const char *path)
+{
+    char sb[SHOW_BUF];
+    if (path == NULL)
+        return 0;
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        fclose(f);
+        return 0;
+    }
+    size_t old = conf_path_push(x, ".%s", key);
+    conf_fail(x, conf_map_get(tls, key), "cannot read '%s': %s", conf_show(path, sb),
+              strerror(errno));
+    conf_path_pop(x, old);
+    return -1;
+}
+
+/* ---- upstreams */
+
+static int h_up_servers(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_upstream *u = obj;
+    if (conf_expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return conf_fail(x, v, "needs at least one server");
+    u->servers = xcalloc((size_t)v->nkids, sizeof *u->servers);
+    u->nservers = v->nkids;
+    for (int i = 0; i < v->nkids; i++) {
+        size_t old = conf_path_push(x, "[%d]", i);
+        int rc = conf_get_addr(x, v->kids[i], &u->servers[i]);
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int h_up_keepalive(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n = 0;
+    if (conf_get_int(x, v, 0, 65536, &n) < 0)
+        return -1;
+    ((struct conf_upstream *)obj)->keepalive = (int)n;
+    return 0;
+}
+
+static int h_up_connect_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_duration(x, v, &((struct conf_upstream *)obj)->connect_timeout_ms);
+}
+
+static int h_up_timeout(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_duration(x, v, &((struct conf_upstream *)obj)->timeout_ms);
+}
+
+/* tls: {} (or null) is TLS with every default. The files are read when
+ * the file is loaded (confcheck.c, at the places marked here), so that a
+ * bad one is this file's error (and sluice -t's), not a 502 later. */
+static int h_up_tls(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_upstream *u = obj;
+    struct conf_tls_client *t = xcalloc(1, sizeof *t);
+    u->tls = t;
+    t->verify = 1;
+    conf_mark_node(x, k, &t->at);
+    if (v->kind != NODE_NULL && conf_walk_map(x, v, conf_tls_client_keys, t) < 0)
+        return -1;
+    if ((t->cert_file != NULL) != (t->key_file != NULL))
+        return conf_fail(x, k, "cert_file and key_file go together (the client certificate "
+                         "and its key)");
+    return 0;
+}
+
+static const struct key_def upstream_keys[] = {
+    { "servers", h_up_servers, 1 },
+    { "keepalive", h_up_keepalive, 0 },
+    { "connect_timeout", h_up_connect_timeout, 0 },
+    { "timeout", h_up_timeout, 0 },
+    { "tls", h_up_tls, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* upstreams: a mapping of name -> upstream, so no fixed key table here. */
+int conf_h_upstreams(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    if (conf_expect(x, v, NODE_MAP) < 0)
+        return -1;
+    if (v->nkids == 0)
+        return conf_fail(x, v, "needs at least one upstream");
+    c->nupstreams = v->nkids / 2;
+    c->upstreams = xcalloc((size_t)c->nupstreams, sizeof *c->upstreams);
+    for (int i = 0; i < c->nupstreams; i++) {
+        struct conf_upstream *u = &c->upstreams[i];
+        struct node *name = v->kids[2 * i];
+        const char *s = conf_name_scalar(x, name);
+        size_t old;
+        int rc;
+        if (!s)
+            return -1;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(c->upstreams[j].name, s))
+                return conf_fail(x, name, "duplicate upstream '%s'", s);
+        u->name = xstrdup(s);
+        u->keepalive = 32;
+        u->connect_timeout_ms = 2000;
+        u->timeout_ms = 30000;
+        old = conf_path_push_key(x, s);
+        rc = conf_walk_map(x, v->kids[2 * i + 1], upstream_keys, u);
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- admin, access_log */
+
+static int h_admin_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    if (conf_get_addr(x, v, &c->admin_listen) < 0)
+        return -1;
+    c->has_admin = 1;
+    return 0;
+}
+
+/* admin.token: a Bearer token for the admin API's writes (${VAR} is the
+ * way to keep it out of the file). */
+static int h_admin_token(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    size_t n = strlen(s);
+    if (n == 0 || n > CONF_MAX_TOKEN)
+        return conf_fail(x, v, "token must be 1 to %d bytes", CONF_MAX_TOKEN);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] <= 0x20 || s[i] == 0x7f)
+            return conf_fail(x, v, "token has a space or a control byte");
+    free(c->admin_token);
+    c->admin_token = xstrdup(s);
+    return 0;
+}
+
+static const struct key_def admin_keys[] = {
+    { "listen", h_admin_listen, 1 },
+    { "token", h_admin_token, 0 },
+    { NULL, NULL, 0 },
+};
+
+int conf_h_admin(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_walk_map(x, v, admin_keys, obj);
+}
+
+/* off (NULL), stdout, or a file path; the file is opened by the access log
+ * module, which reopens it on SIGUSR1. */
+int conf_h_access_log(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s)
+        return conf_fail(x, v, "empty value (use off, stdout or a file path)");
+    if (strlen(s) > PATH_MAX)
+        return conf_fail(x, v, "path is longer than %d bytes", PATH_MAX);
+    for (const char *p = s; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return conf_fail(x, v, "path '%s' has a control byte", conf_show(s, sb));
+    free(c->access_log);
+    c->access_log = strcmp(s, "off") ? xstrdup(s) : NULL;
+    return 0;
+}
