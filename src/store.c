@@ -433,10 +433,7 @@ static struct store_node *req_target(const struct store_req *q)
     struct store *s = q->s;
     if (q->ask != NULL)
         return q->ask;
-    if (s->mode != STORE_CLUSTER)
-        return s->nodes[0];
-    int i = s->owner[q->slot];
-    return i >= 0 ? s->nodes[i] : NULL;
+    return store_topo_owner(s, q->slot);
 }
 
 void store_req_asking_cb(struct rconn *ac, redisReply *reply, void *privdata)
@@ -525,10 +522,7 @@ static int req_redirect(struct store_req *q, const char *err)
     if (ask) {
         q->ask = to;
     } else {
-        for (int i = 0; i < s->nnodes; i++)
-            if (s->nodes[i] == to)
-                s->owner[slot] = (int16_t)i;
-        store_topo_refresh_soon(s);
+        store_topo_moved(s, slot, to);
     }
     if (!to->active)
         store_node_start(to);

@@ -249,6 +249,10 @@ void store_node_free(struct store_node *n);
 
 /* The index in s->nodes of host:port, added when new; -1 when full. */
 int store_topo_node_index(struct store *s, const char *host, int port);
+/* The node that owns slot (-1 outside a cluster), or NULL while unknown. */
+struct store_node *store_topo_owner(const struct store *s, int slot);
+/* MOVED: slot now belongs to to; the map is refreshed soon. */
+void store_topo_moved(struct store *s, int slot, const struct store_node *to);
 /* Ask for the slot map again, at most every STORE_REFRESH_MIN_MS (cluster). */
 void store_topo_refresh_soon(struct store *s);
 void store_topo_refresh_cb(evutil_socket_t fd, short what, void *arg);

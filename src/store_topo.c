@@ -175,6 +175,25 @@ static void store_ctl_next(struct store *s)
     store_node_set_addr(s->ctl, host, port, 0);
 }
 
+/* The node that owns slot (outside a cluster: the one data node), or NULL
+ * while the map does not say. */
+struct store_node *store_topo_owner(const struct store *s, int slot)
+{
+    if (s->mode != STORE_CLUSTER)
+        return s->nodes[0];
+    int i = s->owner[slot];
+    return i >= 0 ? s->nodes[i] : NULL;
+}
+
+/* MOVED: the slot is to's from now on, and the map is asked for again. */
+void store_topo_moved(struct store *s, int slot, const struct store_node *to)
+{
+    for (int i = 0; i < s->nnodes; i++)
+        if (s->nodes[i] == to)
+            s->owner[slot] = (int16_t)i;
+    store_topo_refresh_soon(s);
+}
+
 /* ---- sentinel -------------------------------------------------------------- */
 
 void store_topo_set_master(struct store *s, const char *host, int port)
