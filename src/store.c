@@ -19,10 +19,8 @@
  *     -> store_batch_cb -> store_req_take -> answer, refund, redirect, wait */
 #include <assert.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <event2/event.h>
 #include <event2/dns.h>

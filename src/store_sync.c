@@ -11,7 +11,6 @@
 #include "addr.h"
 #include "clock.h"
 #include "log.h"
-#include "mem.h"
 #include "rconn.h"
 #include "store.h"
 #include "store_int.h"
