@@ -2,7 +2,7 @@
  *
  * The subscriber runs on a thread and event base of its own, so it needs
  * no worker and no admin endpoint: every process that decides in Redis
- * hears every reset. The connection itself is store.c's (store_sub). */
+ * hears every reset. The connection itself is store_sub.c's. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
