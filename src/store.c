@@ -36,21 +36,6 @@
 
 static int req_dispatch(struct store_req *q);
 
-char *store_strdup(const char *p)
-{
-    return p ? mem_strndup(p, strlen(p)) : NULL;
-}
-
-struct event *store_timer(struct store *s, event_callback_fn fn, void *arg)
-{
-    struct event *ev = evtimer_new(s->base, fn, arg);
-    if (ev == NULL) {
-        log_error("store: cannot create a timer");
-        abort();
-    }
-    return ev;
-}
-
 /* ---- slots ------------------------------------------------------------------ */
 
 /* CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as the Redis
@@ -742,10 +727,18 @@ static void store_open_net(struct store *s)
     }
 }
 
+static const struct store_ops store_ops = {
+    .node_up = store_topo_node_up,
+    .node_lost = store_topo_node_lost,
+    .set_master = store_topo_set_master,
+    .kick_waiting = store_kick_waiting,
+};
+
 struct store *store_create(struct event_base *base, const struct conf_redis *rc)
 {
     struct store *s = mem_calloc(1, sizeof(*s));
     s->base = base;
+    s->ops = &store_ops;
     s->counted = 1;
     store_copy_conf(s, rc);
     store_open_net(s);

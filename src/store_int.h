@@ -1,7 +1,8 @@
 /* sluice - store_int.h: what the store's own modules share, and no one else.
  *
  * Included only by store.c (the calls, requests, refunds, redirects and
- * timeouts, and store.h's interface), store_node.c (one node: one rconn),
+ * timeouts, and store.h's interface), store_util.c (the smallest helpers),
+ * store_node.c (one node: one rconn),
  * store_topo.c (the cluster slot map and sentinel), store_batch.c (the
  * EVALSHA encoders and batches), store_sub.c and store_sync.c. The structs
  * here are a store's private state; store.h stays the interface for the
@@ -170,8 +171,20 @@ struct store_addr {
     int port;
 };
 
+/* What the lower store modules tell the higher ones, through pointers
+ * store.c sets (as conn.c's struct conn_ops), so that store_node.c calls
+ * nothing above it: a node came up or was lost and the master a sentinel
+ * names (store_topo.c's), the waiting requests look again (store.c's). */
+struct store_ops {
+    void (*node_up)(struct store *s, struct store_node *n);
+    void (*node_lost)(struct store *s, struct store_node *n);
+    void (*set_master)(struct store *s, const char *host, int port);
+    void (*kick_waiting)(struct store *s);
+};
+
 struct store {
     struct event_base *base;
+    const struct store_ops *ops;    /* set by store_create(), never NULL after */
     struct conf_redis rc;           /* strings owned (copied) */
     enum store_mode mode;
     struct store_node **nodes;      /* data nodes; single and sentinel: one */
@@ -209,10 +222,13 @@ struct store {
     size_t bcmdcap;
 };
 
-/* ---- store.c: shared helpers, waiting, requests ------------------------------ */
+/* ---- store_util.c: shared helpers ---------------------------------------------- */
 
 char *store_strdup(const char *p);
 struct event *store_timer(struct store *s, event_callback_fn fn, void *arg);
+
+/* ---- store.c: waiting, requests ------------------------------------------------- */
+
 /* Outside a cluster: a connection that decisions may wait for is being made. */
 int store_connecting(const struct store *s);
 /* Requests waiting for a connection look again now. */

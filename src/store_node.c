@@ -4,7 +4,8 @@
  * deferred out of the connection's callbacks), its handshake (AUTH, SELECT,
  * ROLE, SENTINEL get-master-addr-by-name or PING, SCRIPT LOAD) and the
  * script reload after NOSCRIPT; and the store's readiness, which is made of
- * its nodes'. What a node coming or going means is store_topo.c's. */
+ * its nodes'. What a node coming or going means is store_topo.c's, told
+ * through s->ops (set by store.c): this file calls nothing above it. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,7 +93,7 @@ static void node_down(struct store_node *n, const char *reason)
     store_node_set_ready(n, 0);
     if (s->destroying)
         return;
-    store_topo_node_lost(s, n);
+    s->ops->node_lost(s, n);
     if (!n->active)
         return;
     node_log_down(n, reason, n->backoff_ms);
@@ -102,7 +103,7 @@ static void node_down(struct store_node *n, const char *reason)
     n->backoff_ms *= 2;
     if (n->backoff_ms > STORE_BACKOFF_MAX_MS)
         n->backoff_ms = STORE_BACKOFF_MAX_MS;
-    store_kick_waiting(s);          /* what waited for this attempt fails now */
+    s->ops->kick_waiting(s);        /* what waited for this attempt fails now */
 }
 
 /* From inside a connection's callback it is not dropped (that would run
@@ -145,8 +146,8 @@ static void node_ready(struct store_node *n)
     log_info("store: redis '%s' connected%s", n->name,
              n->role == NODE_CTL ? (n->s->mode == STORE_CLUSTER ?
                                     " (cluster topology)" : " (sentinel)") : "");
-    store_topo_node_up(n->s, n);
-    store_kick_waiting(n->s);       /* what waited for the connection goes now */
+    n->s->ops->node_up(n->s, n);
+    n->s->ops->kick_waiting(n->s);  /* what waited for the connection goes now */
 }
 
 
@@ -160,7 +161,7 @@ static int node_take_master(struct store_node *n, const redisReply *reply)
     int port;
     if (addr_port(reply->element[1]->str, reply->element[1]->len, &port) < 0)
         return -1;
-    store_topo_set_master(n->s, reply->element[0]->str, port);
+    n->s->ops->set_master(n->s, reply->element[0]->str, port);
     return 0;
 }
 
