@@ -5,14 +5,15 @@
  * loaded; workers share it read-only. It is reference counted so that a
  * reload can swap in a new one while requests started under the old one
  * finish: every holder calls conf_retain() and conf_release(); the last
- * release frees it. Only conf.c includes yaml.h.
+ * release frees it. Only conf_load.c includes yaml.h.
  *
- * conf.c parses and checks syntax and values only, and includes no module
- * that uses a config. What needs those modules (the listeners' TLS contexts,
- * the upstreams' certificate and key files, the overrides' Redis keys) is
- * built and checked by confcheck_load() (confcheck.h) above it, which every
- * loader calls; conf.c records the place (struct conf_mark) of each node
- * those checks may blame. */
+ * The loader (conf_load.c and the conf*.c under it) parses and checks
+ * syntax and values only, and includes no module that uses a config. What
+ * needs those modules (the listeners' TLS contexts, the upstreams'
+ * certificate and key files, the overrides' Redis keys) is built and checked
+ * by confcheck_load() (confcheck.h) above it, which every loader calls;
+ * conf.c records the place (struct conf_mark) of each node those checks may
+ * blame. */
 #ifndef SLUICE_CONF_H
 #define SLUICE_CONF_H
 

@@ -1,5 +1,7 @@
-/* sluice - conf_int.h: private to the config loader (conf.c, conf_value.c,
- * conf_net.c, conf_redis.c, conf_limits.c); include it after conf.h. The
+/* sluice - conf_int.h: private to the config loader; include it after
+ * conf.h. Its files, each calling only those under it: conf_load.c on top,
+ * then conf_net.c, conf_redis.c, conf_limits.c, then conf_tls.c, then
+ * conf_value.c, then conf.c at the ground. The
  * node tree of phase 1, the walker's context and key tables of phase 2, and
  * the helpers the section files share. src/conf.h is the public interface. */
 #ifndef SLUICE_CONF_INT_H
@@ -94,13 +96,15 @@ static inline char *xstrdup(const char *s)
     return xstrndup(s, strlen(s));
 }
 
-/* ---- conf.c: errors, key path, the walker. Phase 2 handlers are
- * (ctx, key node, value node, object). */
+/* ---- conf.c: errors, key path, node kinds, the walker. Phase 2 handlers
+ * are (ctx, key node, value node, object). */
 const char *conf_show(const char *s, char *out);
 __attribute__((format(printf, 3, 4)))
 int conf_fail(struct ctx *x, const struct node *n, const char *fmt, ...);
 __attribute__((format(printf, 3, 4)))
 int conf_fail_bare(struct ctx *x, const struct node *n, const char *fmt, ...);
+__attribute__((format(printf, 4, 5)))
+int conf_fail_mark(struct ctx *x, int line, int col, const char *fmt, ...);
 const char *conf_where(const struct ctx *x);
 __attribute__((format(printf, 2, 3)))
 size_t conf_path_push(struct ctx *x, const char *fmt, ...);
@@ -109,11 +113,11 @@ void conf_path_pop(struct ctx *x, size_t old);
 void conf_mark_node(const struct ctx *x, const struct node *n, struct conf_mark *m);
 struct node *conf_map_key(const struct node *m, const char *key);
 struct node *conf_map_get(const struct node *m, const char *key);
+const char *conf_kind_name(enum node_kind k);
+int conf_expect(struct ctx *x, const struct node *n, enum node_kind k);
 int conf_walk_map(struct ctx *x, struct node *n, const struct key_def *defs, void *obj);
 
 /* ---- conf_value.c: typed access to nodes, values */
-const char *conf_kind_name(enum node_kind k);
-int conf_expect(struct ctx *x, const struct node *n, enum node_kind k);
 const char *conf_scalar(struct ctx *x, struct node *n);
 const char *conf_name_scalar(struct ctx *x, struct node *n);
 int conf_parse_int(const char *s, int64_t *out);
@@ -132,6 +136,10 @@ char *conf_pct_decode(const char *s, size_t n);
 int conf_host_chars_ok(const char *s, size_t n);
 int conf_is_token(const char *s);
 
+/* ---- conf_tls.c: a TLS client block (upstreams.NAME.tls, redis.tls) */
+extern const struct key_def conf_tls_client_keys[];
+int conf_check_tls_file(struct ctx *x, struct node *tls, const char *key, const char *path);
+
 /* ---- conf_net.c */
 int conf_h_listen(struct ctx *x, struct node *k, struct node *v, void *obj);
 void conf_listens_free(struct conf *c);
@@ -139,8 +147,6 @@ int conf_h_workers(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_max_connections(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_shutdown_timeout(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_client(struct ctx *x, struct node *k, struct node *v, void *obj);
-extern const struct key_def conf_tls_client_keys[];
-int conf_check_tls_file(struct ctx *x, struct node *tls, const char *key, const char *path);
 int conf_h_upstreams(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_admin(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_access_log(struct ctx *x, struct node *k, struct node *v, void *obj);

@@ -2,7 +2,7 @@
  * by path, path_regex, methods and host; upstream, cost, headers, upgrade),
  * their limits (algorithm, rate or window, keys, shadow, count_status,
  * overrides, lease, delay), allow lists (trusted_proxies, allow, a route's
- * allow) and paths. What routes share across keys is checked in conf.c. */
+ * allow) and paths. What routes share across keys is checked in conf_load.c. */
 #include "conf.h"
 
 #include <ctype.h>

@@ -2,7 +2,7 @@
  * section: typed access to a node (scalar, ${VAR} expansion, integers,
  * durations, sizes, booleans, enums) and the values behind them (duration
  * and rate text, host:port addresses, percent-decoding, HTTP tokens). Each
- * fails with the node's FILE:LINE:COL (conf_fail() in conf.c). */
+ * fails with the node's FILE:LINE:COL (conf_fail() in conf.c, the only file under this one). */
 #include "conf.h"
 
 #include <arpa/inet.h>
@@ -16,24 +16,6 @@
 #include "conf_int.h"
 
 /* ---- typed access to nodes */
-
-const char *conf_kind_name(enum node_kind k)
-{
-    switch (k) {
-    case NODE_NULL: return "nothing";
-    case NODE_SCALAR: return "a scalar";
-    case NODE_SEQ: return "a sequence";
-    case NODE_MAP: return "a mapping";
-    }
-    return "?";
-}
-
-int conf_expect(struct ctx *x, const struct node *n, enum node_kind k)
-{
-    if (n->kind != k)
-        return conf_fail(x, n, "expected %s, got %s", conf_kind_name(k), conf_kind_name(n->kind));
-    return 0;
-}
 
 struct strbuf { char *s; size_t len, cap; };
 

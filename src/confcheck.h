@@ -1,6 +1,6 @@
 /* sluice - confcheck.h: loading a config whole.
  *
- * conf_load() (conf.c) parses and checks the file's syntax and values and
+ * conf_load() (conf_load.c) parses and checks the file's syntax and values and
  * uses no module above it. confcheck_load() runs it, then does what the
  * modules that use a config must do before it may be used, as nginx builds
  * its cycle after parsing: it checks each upstream's TLS files (readable,
