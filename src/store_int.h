@@ -226,6 +226,8 @@ struct store {
 
 char *store_strdup(const char *p);
 struct event *store_timer(struct store *s, event_callback_fn fn, void *arg);
+int store_switch_master(const redisReply *reply, const char *name, char *ip, size_t ipsz,
+                        int *port);
 
 /* ---- store.c: waiting, requests ------------------------------------------------- */
 

@@ -161,19 +161,11 @@ static void sub_master_cb(struct rconn *c, redisReply *reply, void *privdata)
 static void sub_switch_cb(struct rconn *c, redisReply *reply, void *privdata)
 {
     struct store_sub *ss = privdata;
-    if (reply == NULL || ss->stopping || reply->type != REDIS_REPLY_ARRAY ||
-        reply->elements != 3 || reply->element[0]->type != REDIS_REPLY_STRING ||
-        strcmp(reply->element[0]->str, "message") != 0 ||
-        reply->element[2]->type != REDIS_REPLY_STRING)
-        return;                 /* the subscribe confirmation */
-    char name[256], oldip[64], newip[64];
-    int oldport, newport;
-    /* Counted fields and a bounded port: the conversions are checked. */
-    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",  // NOLINT(cert-err34-c)
-               name, oldip, &oldport, newip, &newport) != 5 ||
-        strcmp(name, ss->master_name) != 0 || newport < 1 || newport > 65535)
-        return;
-    sub_set_master(ss, newip, newport);
+    char ip[64];
+    int port;
+    if (ss->stopping || store_switch_master(reply, ss->master_name, ip, sizeof(ip), &port) < 0)
+        return;                 /* the subscribe confirmation, or not our master */
+    sub_set_master(ss, ip, port);
 }
 
 static void sub_sconnect_cb(struct rconn *c, int status, const char *why)

@@ -214,23 +214,14 @@ void store_topo_set_master(struct store *s, const char *host, int port)
 static void store_switch_cb(struct rconn *ac, redisReply *reply, void *privdata)
 {
     struct store_node *n = rconn_data(ac);
-    if (n == NULL || n->s->destroying || reply == NULL)
-        return;
-    if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 ||
-        reply->element[0]->type != REDIS_REPLY_STRING ||
-        strcmp(reply->element[0]->str, "message") != 0 ||
-        reply->element[2]->type != REDIS_REPLY_STRING)
-        return;                 /* the subscribe confirmation */
-    char name[256], oldip[64], newip[64];
-    int oldport, newport;
-    /* Counted fields and a bounded port: the conversions are checked. */
-    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",  // NOLINT(cert-err34-c)
-               name, oldip, &oldport, newip, &newport) != 5 ||
-        strcmp(name, n->s->rc.sentinel_master) != 0 || newport < 1 || newport > 65535)
-        return;
-    log_info("store: sentinel '%s' switched master '%s' to %s:%d", n->name, name,
-             newip, newport);
-    store_topo_set_master(n->s, newip, newport);
+    char ip[64];
+    int port;
+    if (n == NULL || n->s->destroying ||
+        store_switch_master(reply, n->s->rc.sentinel_master, ip, sizeof(ip), &port) < 0)
+        return;                 /* the subscribe confirmation, or not our master */
+    log_info("store: sentinel '%s' switched master '%s' to %s:%d", n->name,
+             n->s->rc.sentinel_master, ip, port);
+    store_topo_set_master(n->s, ip, port);
 }
 
 /* ---- what the store does when nodes come and go ---------------------------- */

@@ -1,5 +1,6 @@
 /* sluice - store_util.c: the store modules' smallest helpers, at the bottom of
  * them (store_node.c and store_sub.c build on these and on nothing above). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,4 +24,27 @@ struct event *store_timer(struct store *s, event_callback_fn fn, void *arg)
         abort();
     }
     return ev;
+}
+
+/* A sentinel's "+switch-master" message ("NAME OLDIP OLDPORT NEWIP NEWPORT")
+ * for master `name`: 0 and the new address, or -1 (the subscribe
+ * confirmation, another master, or a malformed message). */
+int store_switch_master(const redisReply *reply, const char *name, char *ip, size_t ipsz,
+                        int *port)
+{
+    if (reply == NULL || reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 ||
+        reply->element[0]->type != REDIS_REPLY_STRING ||
+        strcmp(reply->element[0]->str, "message") != 0 ||
+        reply->element[2]->type != REDIS_REPLY_STRING)
+        return -1;
+    char got[256], oldip[64], newip[64];
+    int oldport, newport;
+    /* Counted fields and a bounded port: the conversions are checked. */
+    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",  // NOLINT(cert-err34-c)
+               got, oldip, &oldport, newip, &newport) != 5 ||
+        strcmp(got, name) != 0 || newport < 1 || newport > 65535 || strlen(newip) >= ipsz)
+        return -1;
+    memcpy(ip, newip, strlen(newip) + 1);
+    *port = newport;
+    return 0;
 }
