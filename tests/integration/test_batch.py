@@ -24,7 +24,8 @@ import uuid
 import pytest
 
 from batchlib import batch_args, split_reply
-from conftest import (Conn, RedisError, RedisServer, build_request, http_get, parallel,
+from conftest import (Conn, RedisError, build_request, http_get, parallel,
+                      redis_with_limit_script,
                       redis_cmd, redis_cmds, redis_keys)
 from opslib import metrics, mval, start_ops
 
@@ -43,14 +44,7 @@ FIXED5 = [0, 5, HOUR, 0, 1, 0]
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     """A redis-server of this module's own (commandstats are reset); by PID."""
-    s = RedisServer(tmp_path_factory.mktemp("batch"))
-    s.start()
-    try:
-        with open(LIMIT, "rb") as f:
-            sha = redis_cmd(s.port, "SCRIPT", "LOAD", f.read()).decode()
-        yield s.port, sha
-    finally:
-        s.stop()
+    yield from redis_with_limit_script(tmp_path_factory, "batch")
 
 
 def call(port, sha, requests):

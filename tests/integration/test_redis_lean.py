@@ -19,8 +19,10 @@ import time
 
 import pytest
 
-from conftest import (RedisServer, free_port, http_get, make_conf, redis_cmd, rl_headers,
+from conftest import (RedisServer, free_port, http_get, make_conf, redis_cmd,
+                      redis_with_limit_script, rl_headers,
                       stop_process, wait_port)
+from apilib import poll
 
 ROUTES = """\
   - name: r
@@ -341,13 +343,6 @@ def get_k(s, key):
     return http_get(s.port, "/r", headers=[("X-K", key)]).status
 
 
-def poll(fn, timeout_s):
-    t0 = time.monotonic()
-    while True:
-        v = fn()
-        if v or time.monotonic() - t0 > timeout_s:
-            return v, time.monotonic() - t0
-        time.sleep(0.01)
 
 
 def override_and_reset(a, b, key, master_port):
@@ -460,14 +455,7 @@ def shorten(args, requests):
 
 @pytest.fixture(scope="module")
 def script_srv(tmp_path_factory):
-    s = RedisServer(tmp_path_factory.mktemp("lean"))
-    s.start()
-    try:
-        with open(LIMIT, "rb") as f:
-            sha = redis_cmd(s.port, "SCRIPT", "LOAD", f.read()).decode()
-        yield s.port, sha
-    finally:
-        s.stop()
+    yield from redis_with_limit_script(tmp_path_factory, "lean")
 
 
 @pytest.mark.parametrize("name", sorted(SHORT_CASES))
