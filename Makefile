@@ -4,11 +4,18 @@
 
 CC       ?= cc
 PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
-# TLS for clients (src/tls_server.c): OpenSSL 3 under libevent's bufferevents
+# TLS for clients (src/net/tls_server.c): OpenSSL 3 under libevent's bufferevents
 PKGS     += libevent_openssl openssl
 CFLAGS   ?= -O2 -g
+# src/ is in folders by layer (src/README.md); every folder is on the include
+# path, so a file includes "mem.h", not "core/mem.h". Objects stay flat in
+# build/ (file names are unique across folders).
+SRC_DIRS := $(sort $(dir $(wildcard src/*/*.c src/*/*.h)))
+SRC_INC  := $(patsubst %/,-I%,$(SRC_DIRS))
+SRC_HDRS := $(wildcard src/*/*.h)
+vpath %.c $(SRC_DIRS)
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
-            -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+            $(SRC_INC) -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhiredis -lhttp_parser -lpthread -lm
 ifeq ($(SANITIZE),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -19,11 +26,11 @@ BUILD    := build
 endif
 
 PYTEST   := /usr/bin/python3 -m pytest
-SRCS     := $(wildcard src/*.c)
-SCRIPTS  := $(wildcard src/scripts/*.lua)
-WEB      := $(sort $(wildcard src/web/*))
-OBJS     := $(patsubst src/%.c,$(BUILD)/%.o,$(SRCS)) \
-            $(patsubst src/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS)) $(BUILD)/web_assets.o
+SRCS     := $(wildcard src/*/*.c)
+SCRIPTS  := $(wildcard src/store/scripts/*.lua)
+WEB      := $(sort $(wildcard src/admin/web/*))
+OBJS     := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(SRCS))) \
+            $(patsubst src/store/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS)) $(BUILD)/web_assets.o
 LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
 UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
@@ -53,13 +60,13 @@ all: $(BUILD)/sluice
 $(BUILD)/sluice: $(OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/%.o: src/%.c src/*.h | $(BUILD)
+$(BUILD)/%.o: %.c $(SRC_HDRS) | $(BUILD)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-# Each Redis script (src/scripts/NAME.lua) is embedded as the C strings
+# Each Redis script (src/store/scripts/NAME.lua) is embedded as the C strings
 # NAME_lua and NAME_lua_sha, so EVALSHA works from the first request and
 # NOSCRIPT needs only a SCRIPT LOAD.
-$(BUILD)/%_lua.c: src/scripts/%.lua | $(BUILD)
+$(BUILD)/%_lua.c: src/store/scripts/%.lua | $(BUILD)
 	{ printf 'const char $*_lua_sha[] = "%s";\n' "$$(sha1sum < $< | cut -c1-40)"; \
 	  printf 'const char $*_lua[] =\n'; \
 	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; \
@@ -68,7 +75,7 @@ $(BUILD)/%_lua.c: src/scripts/%.lua | $(BUILD)
 $(BUILD)/%_lua.o: $(BUILD)/%_lua.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-# The admin console's page, script and style (src/web/NAME.EXT) are embedded
+# The admin console's page, script and style (src/admin/web/NAME.EXT) are embedded
 # as web_NAME_EXT[] and web_NAME_EXT_len: the dashboard needs no file at run
 # time and loads nothing from elsewhere.
 $(BUILD)/web_assets.c: $(WEB) | $(BUILD)

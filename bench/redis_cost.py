@@ -3,7 +3,7 @@
 # (issue 11), next to a minimal fixed-window script, in one run.
 #
 # Starts its own redis-server on a free 127.0.0.1 port, loads
-# src/scripts/limit.lua (and, with --before FILE, an older limit.lua beside
+# src/store/scripts/limit.lua (and, with --before FILE, an older limit.lua beside
 # it: the per-request protocol of before issue 11, one request per call) and
 # two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same for
 # three keys, TIME read once), then drives each with redis-benchmark (-c 64
@@ -248,7 +248,7 @@ def run_one(conn, port, args, requests, clients, pipeline, keyspace, batch=1):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--script", default=os.path.join(ROOT, "src", "scripts", "limit.lua"))
+    ap.add_argument("--script", default=os.path.join(ROOT, "src", "store", "scripts", "limit.lua"))
     ap.add_argument("--before", help="an older limit.lua to measure beside --script")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5,

@@ -10,8 +10,8 @@ CPPCHECK    ?= cppcheck
 CLANG_TIDY  ?= $(shell command -v clang-tidy-14 || command -v clang-tidy)
 CLANG       ?= clang-14
 LINT_JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
-LINT_SRCS   := $(wildcard src/*.c)
-LINT_CFLAGS := -std=c11 -D_GNU_SOURCE -Isrc -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LINT_SRCS   := $(wildcard src/*/*.c)
+LINT_CFLAGS := -std=c11 -D_GNU_SOURCE $(SRC_INC) -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 
 .PHONY: lint lint-cppcheck lint-tidy lint-clang valgrind
 
@@ -20,7 +20,7 @@ lint: lint-cppcheck lint-tidy lint-clang
 lint-cppcheck:
 	$(CPPCHECK) --enable=warning,performance,portability --error-exitcode=1 \
 	  --inline-suppr --suppressions-list=tests/cppcheck-suppressions.txt \
-	  -q -I src src/
+	  -q $(SRC_INC) src/
 
 # One clang-tidy per file, in parallel; WarningsAsErrors makes any finding fail.
 lint-tidy:

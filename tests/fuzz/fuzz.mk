@@ -20,7 +20,7 @@ FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
                  h1write_request h1write_response
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE -Isrc $(FUZZ_SAN) $(FUZZ_EXTRA) \
+FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXTRA) \
                  $(shell pkg-config --cflags yaml-0.1 2>/dev/null)
 # Our harnesses are held to the house warnings; src/ is built by gcc with
 # -Werror already, so clang's extra opinions on it do not stop a fuzz run.
@@ -67,11 +67,11 @@ fuzz-deps:
 fuzz-build: fuzz-deps
 	@$(MAKE) --no-print-directory $(FUZZ_BINS)
 
-$(FUZZ_DIR)/obj/%.o: src/%.c src/*.h
+$(FUZZ_DIR)/obj/%.o: %.c $(SRC_HDRS)
 	@mkdir -p $(FUZZ_DIR)/obj
 	$(FUZZ_CC) $(FUZZ_BASE) -fsanitize=fuzzer-no-link -w -c -o $@ $<
 
-$(FUZZ_DIR)/harness_%.o: tests/fuzz/fuzz_%.c tests/fuzz/*.h src/*.h
+$(FUZZ_DIR)/harness_%.o: tests/fuzz/fuzz_%.c tests/fuzz/*.h $(SRC_HDRS)
 	@mkdir -p $(FUZZ_DIR)
 	$(FUZZ_CC) $(FUZZ_HFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 

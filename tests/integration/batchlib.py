@@ -8,7 +8,7 @@
 # (allowed_i remaining_i reset_i retry_i)*n], when marks were asked for
 # [time_s, time_us, mark_i*n] after it, and with override keys the limit
 # each limit applied. decide_args()/decide_reply() are the one-request
-# forms. See src/scripts/limit.lua for the protocol.
+# forms. See src/store/scripts/limit.lua for the protocol.
 #
 # A limit is [algo, limit, window_ms, interval_us, cost, flags] as the
 # older one-request call took it: flag 4 (delay) with the delay in the

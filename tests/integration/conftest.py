@@ -614,13 +614,13 @@ def sleep_until_redis_phase(redis_port, window_s, phase_s, min_wait_s=0.0):
 
 
 def redis_with_limit_script(tmp_path_factory, tag):
-    """A redis-server of the calling module's own with src/scripts/limit.lua
+    """A redis-server of the calling module's own with src/store/scripts/limit.lua
     loaded; yields (port, sha) and stops it by PID (for module fixtures)."""
     srv = RedisServer(tmp_path_factory.mktemp(tag))
     srv.start()
     try:
         path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__)))), "src", "scripts", "limit.lua")
+            os.path.abspath(__file__)))), "src", "store", "scripts", "limit.lua")
         with open(path, "rb") as f:
             sha = redis_cmd(srv.port, "SCRIPT", "LOAD", f.read()).decode()
         yield srv.port, sha

@@ -31,7 +31,7 @@ from opslib import metrics, mval, start_ops
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-LIMIT = os.path.join(ROOT, "src", "scripts", "limit.lua")
+LIMIT = os.path.join(ROOT, "src", "store", "scripts", "limit.lua")
 HOUR = 3600000
 
 # (algo limit window_ms interval_us cost flags); "one" admits one request

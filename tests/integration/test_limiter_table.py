@@ -19,8 +19,8 @@ from conftest import RedisError, RedisServer, redis_cmd, redis_cmds, redis_keys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TABLE = os.path.join(ROOT, "tests", "unit", "data", "limiter_cases.txt")
-SCRIPT = os.path.join(ROOT, "src", "scripts", "limit.lua")
-REFUND = os.path.join(ROOT, "src", "scripts", "refund.lua")
+SCRIPT = os.path.join(ROOT, "src", "store", "scripts", "limit.lua")
+REFUND = os.path.join(ROOT, "src", "store", "scripts", "refund.lua")
 DAY_MS = 86400000
 ALGOS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra",
          "concurrency"]

@@ -415,7 +415,7 @@ def test_sentinel_admin_api_and_reset_follow_failover(tmp_path, sluice):
 # ---------------------------------------- limit.lua's one-argument request ----
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LIMIT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "src", "scripts", "limit.lua")
+LIMIT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "src", "store", "scripts", "limit.lua")
 HOUR = 3600000
 # [algo, limit, window_ms, interval_us (concurrency: slot id), cost, flags]
 SHORT_CASES = {

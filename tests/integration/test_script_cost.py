@@ -19,8 +19,8 @@ from conftest import RedisServer, redis_cmd, redis_cmds
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-LIMIT = os.path.join(ROOT, "src", "scripts", "limit.lua")
-REFUND = os.path.join(ROOT, "src", "scripts", "refund.lua")
+LIMIT = os.path.join(ROOT, "src", "store", "scripts", "limit.lua")
+REFUND = os.path.join(ROOT, "src", "store", "scripts", "refund.lua")
 HOUR = 3600000
 
 # (algo limit window_ms interval_us cost flags)

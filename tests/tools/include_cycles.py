@@ -15,12 +15,13 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 def graph(src):
     """{module: set(modules it includes)}, only modules with a file in src."""
-    files = [f for f in os.listdir(src) if f.endswith(('.c', '.h'))]
-    mods = {os.path.splitext(f)[0] for f in files}
+    files = [os.path.join(d, f) for d, _, fs in os.walk(src)
+             for f in fs if f.endswith(('.c', '.h'))]
+    mods = {os.path.splitext(os.path.basename(f))[0] for f in files}
     g = {m: set() for m in mods}
     for f in files:
-        m = os.path.splitext(f)[0]
-        with open(os.path.join(src, f), encoding='utf-8', errors='replace') as fh:
+        m = os.path.splitext(os.path.basename(f))[0]
+        with open(f, encoding='utf-8', errors='replace') as fh:
             for inc in INCLUDE.findall(fh.read()):
                 dep = os.path.splitext(os.path.basename(inc))[0]
                 if dep != m and dep in mods:
