@@ -29,6 +29,14 @@ def routes(limit):
 """ % limit
 
 
+def fill(text, listen_port, redis_port):
+    """The sluice fixture's substitutions, for a sluice started by hand."""
+    return (text.replace("@LISTEN_PORT@", str(listen_port))
+            .replace("@REDIS_PORT@", str(redis_port))
+            .replace("@UPSTREAM_PORT@", str(free_port()))
+            .replace("@DEAD_PORT@", str(free_port())))
+
+
 def run_refused(tmp_path, text, timeout_s=10.0):
     """Start sluice on text; it must exit by itself within timeout_s.
     Returns (exit code, stderr). One that keeps running is stopped by PID."""
@@ -63,11 +71,7 @@ def limits_seen(port, n=20):
 def test_second_sluice_on_a_held_address_exits(sluice, redis, tmp_path):
     first = start_ops(sluice, routes(1000), workers=2)
     text = ops_conf(routes(7), workers=2, admin_port=free_port())
-    text = (text.replace("@LISTEN_PORT@", str(first.port))
-            .replace("@REDIS_PORT@", str(redis.port))
-            .replace("@UPSTREAM_PORT@", str(free_port()))
-            .replace("@DEAD_PORT@", str(free_port())))
-    rc, err = run_refused(tmp_path, text)
+    rc, err = run_refused(tmp_path, fill(text, first.port, redis.port))
     assert rc == 1, (rc, err)
     assert "cannot listen on '127.0.0.1:%d': address in use" % first.port in err, err
     assert "listening on" not in err, err
@@ -85,11 +89,7 @@ def test_tls_listener_held_refuses_the_whole_start(sluice, redis, tmp_path):
     plain = free_port()
     text = tls_listen_conf(routes(7), [leaf], first.tls_port, workers=2,
                            admin_port=free_port())
-    text = (text.replace("@LISTEN_PORT@", str(plain))
-            .replace("@REDIS_PORT@", str(redis.port))
-            .replace("@UPSTREAM_PORT@", str(free_port()))
-            .replace("@DEAD_PORT@", str(free_port())))
-    rc, err = run_refused(tmp_path, text)
+    rc, err = run_refused(tmp_path, fill(text, plain, redis.port))
     assert rc == 1, (rc, err)
     assert "cannot listen on '127.0.0.1:%d': address in use" % first.tls_port in err, err
     # nothing was bound: the free address was not taken, even for a while
