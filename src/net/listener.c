@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <event2/event.h>
 #include <netinet/in.h>
+#include <event2/event.h>
 #include <event2/listener.h>
 
 #include "clock.h"
