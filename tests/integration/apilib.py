@@ -8,7 +8,7 @@ import json
 import time
 
 from conftest import free_port, http_get, wait_port
-from opslib import metrics, mval, ops_conf
+from proxylib import metrics, mval, proxy_conf
 
 TOKEN = "s3cret-token"
 
@@ -39,7 +39,7 @@ def start_api(sluice, routes, token=TOKEN, workers=1, top=""):
     """sluice with an admin port; admin.token comes from the environment
     (${SLUICE_TEST_TOKEN}) unless token is None (no admin.token at all)."""
     admin_port = free_port()
-    text = ops_conf(routes, workers=workers, top=top)
+    text = proxy_conf(routes, workers=workers, top=top)
     admin = "admin:\n  listen: 127.0.0.1:%d\n" % admin_port
     if token is not None:
         admin += "  token: ${SLUICE_TEST_TOKEN}\n"

@@ -27,7 +27,7 @@ from batchlib import batch_args, split_reply
 from conftest import (Conn, RedisError, build_request, http_get, parallel,
                       redis_with_limit_script,
                       redis_cmd, redis_cmds, redis_keys)
-from opslib import metrics, mval, start_ops
+from proxylib import metrics, mval, start_proxy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -317,7 +317,7 @@ def batches(admin_port):
 
 @pytest.mark.parametrize("path", ["/sl", "/tb", "/gcra"])
 def test_one_batch_of_one_key_admits_exactly_the_limit(sluice, redis, path):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     key = uuid.uuid4().hex
     n0, sum0, small0 = batches(s.admin_port)
     got = one_turn(s, path, [key] * N_CONNS)
@@ -330,7 +330,7 @@ def test_one_batch_of_one_key_admits_exactly_the_limit(sluice, redis, path):
 
 
 def test_noscript_on_a_batch_reloads_and_answers_all(sluice, redis):
-    s = start_ops(sluice, ROUTES, on_error="deny")
+    s = start_proxy(sluice, ROUTES, on_error="deny")
     assert http_get(s.port, "/wide", headers=[("X-K", "warm")]).status == 200
     redis_cmd(redis.port, "SCRIPT", "FLUSH")
     n0, sum0, _ = batches(s.admin_port)
@@ -345,7 +345,7 @@ def test_noscript_on_a_batch_reloads_and_answers_all(sluice, redis):
 
 
 def test_keys_of_a_batch_all_have_a_ttl(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     one_turn(s, "/wide", ["t%d" % i for i in range(N_CONNS)])
     one_turn(s, "/sl", ["t%d" % (i % 4) for i in range(N_CONNS)])
     keys = [k for k in redis_keys(redis.port) if k.startswith(b"itest:")]
@@ -359,7 +359,7 @@ def test_keys_of_a_batch_all_have_a_ttl(sluice, redis):
 def test_four_proxies_200_clients_one_key_exact(sluice, redis, path):
     routes = ROUTES.replace("limit: 5,", "limit: 50,").replace("burst: 5,", "burst: 50,")
     # no deny cache: every request is decided by Redis, in the batches
-    proxies = [start_ops(sluice, routes, workers=2, redis_timeout="2s",
+    proxies = [start_proxy(sluice, routes, workers=2, redis_timeout="2s",
                          top="deny_cache: { max_keys: 0 }\n") for _ in range(4)]
     key = uuid.uuid4().hex
     results = parallel([lambda i=i: http_get(proxies[i % 4].port, path, headers=[("X-K", key)],

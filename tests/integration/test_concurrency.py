@@ -14,7 +14,7 @@ import pytest
 
 from conftest import (Conn, build_request, free_port, http_get, make_conf, parallel,
                       redis_cmd, redis_keys, stop_process, timed_get)
-from opslib import ops_conf, top_keys
+from proxylib import proxy_conf, top_keys
 
 ROUTES = """\
   - name: exports
@@ -28,7 +28,7 @@ KEY = [("X-Api-Key", "k1")]
 
 
 def conf(lease="30s", backend=None, admin=None, access_log=None):
-    return ops_conf(ROUTES.replace("@LEASE@", lease), admin_port=admin,
+    return proxy_conf(ROUTES.replace("@LEASE@", lease), admin_port=admin,
                     top=top_keys(backend=backend, access_log=access_log))
 
 
@@ -247,10 +247,10 @@ UPGRADE = [("Connection", "Upgrade"), ("Upgrade", "websocket"),
 def test_websocket_tunnel_holds_its_slot_while_open(sluice, redis):
     """lease 1s: an open tunnel renews its slot (every ~0.33 s) and holds it
     past the lease; closing it gives the slot back."""
-    from opslib import TinyUpstream, read_head, recv_exact, start_ops
+    from proxylib import TinyUpstream, read_head, recv_exact, start_proxy
     tiny = TinyUpstream()
     try:
-        s = start_ops(sluice, WS_ROUTES, extra_upstreams={"tiny": tiny.port})
+        s = start_proxy(sluice, WS_ROUTES, extra_upstreams={"tiny": tiny.port})
         c = Conn(s.port, timeout_s=5)
         c.send(build_request("GET", "/ws", UPGRADE + KEY))
         status, _ = read_head(c)

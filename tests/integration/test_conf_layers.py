@@ -16,7 +16,7 @@ import sys
 import time
 
 from conftest import free_port, http_get, sluice_bin
-from opslib import mval, metrics, start_ops
+from proxylib import mval, metrics, start_proxy
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "tests", "tools", "include_cycles.py")
@@ -105,7 +105,7 @@ def place(text, needle):
 
 
 def test_reload_runs_the_whole_check_all_or_nothing(sluice, redis):
-    s = start_ops(sluice, ROUTES, prefix="layers1:")
+    s = start_proxy(sluice, ROUTES, prefix="layers1:")
     good = s.conf_path.read_text()
     assert statuses(s, "/r", "vip", 2) == [200, 429]
     assert http_get(s.port, "/new").status == 404

@@ -13,7 +13,7 @@ import struct
 import time
 
 from conftest import Conn, build_request, free_port, http_get, parallel, timed_get
-from opslib import ops_conf, top_keys
+from proxylib import proxy_conf, top_keys
 
 ROUTES = """\
   - name: warm
@@ -30,7 +30,7 @@ KEY = [("X-Api-Key", "k1")]
 
 
 def conf(algo="gcra", backend=None, access_log=None, admin=None):
-    return ops_conf(ROUTES.replace("@ALGO@", algo), admin_port=admin,
+    return proxy_conf(ROUTES.replace("@ALGO@", algo), admin_port=admin,
                     top=top_keys(backend=backend, access_log=access_log))
 
 

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from conftest import Conn, build_request, free_port, sluice_bin
-from opslib import metrics, mval, wait_metric
+from proxylib import metrics, mval, wait_metric
 from tls_listen_lib import start_tls, tls_listen_conf
 from tlslib import CA
 

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import Conn, build_request, free_port, stop_process, wait_port, http_get
-from opslib import LoopbackServer
+from proxylib import LoopbackServer
 from tlslib import OPENSSL, make_ca, make_cert, make_key
 
 NGINX = "/usr/sbin/nginx"

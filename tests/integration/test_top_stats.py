@@ -22,8 +22,8 @@ import uuid
 import pytest
 
 from conftest import Conn, build_request, free_port, http_get, wait_port
-from hardlib import proc_rss_kb
-from opslib import metrics, mval, ops_conf, start_ops, statuses
+from loadlib import proc_rss_kb
+from proxylib import metrics, mval, proxy_conf, start_proxy, statuses
 
 ROUTES = """\
   - name: lim
@@ -83,7 +83,7 @@ def pipeline(port, path, keys, expect=b"HTTP/1.1 429 "):
 
 
 def test_top_names_the_flooded_key_first(sluice):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     flood, others = "flood-" + uuid.uuid4().hex[:8], ["calm-%d-%s" % (i, uuid.uuid4().hex[:6])
                                                        for i in range(5)]
     # the flood over a few connections (the kernel spreads them over both
@@ -111,7 +111,7 @@ def test_top_names_the_flooded_key_first(sluice):
 
 
 def test_top_escapes_and_bounds_client_keys(sluice):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     hostile = 'a"b\\c<img src=x onerror=alert(1)>\tz' + uuid.uuid4().hex[:6]
     latin = "caf\xe9-" + uuid.uuid4().hex[:6]           # a byte >= 0x80
     long_key = "L" * 200 + uuid.uuid4().hex              # over the 160 bytes kept
@@ -134,7 +134,7 @@ def test_top_escapes_and_bounds_client_keys(sluice):
 
 
 def test_stats_fields_and_counts(sluice, tmp_path):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     key = uuid.uuid4().hex
     # 2 allowed then 6 limited: the first by Redis, then the deny cache
     assert statuses(s.port, "/lim", 8, [("X-K", key)]) == [200] * 2 + [429] * 6
@@ -201,7 +201,7 @@ def test_stats_fields_and_counts(sluice, tmp_path):
 
 
 def test_stats_on_the_memory_backend_and_head(sluice):
-    s = start_ops(sluice, ROUTES, top="backend: memory\n", wait_redis=False,
+    s = start_proxy(sluice, ROUTES, top="backend: memory\n", wait_redis=False,
                   redis_port=free_port())
     assert statuses(s.port, "/lim", 3, [("X-K", "m")]) == [200, 200, 429]
     st = api(s.admin_port, "/api/stats")
@@ -219,7 +219,7 @@ def test_summary_memory_is_fixed(sluice, nkeys):
     among them (1 in 26): the summary stays at 2 x 64 counters per worker,
     the flooded key stays first, and RSS stays flat."""
     admin_port = free_port()
-    text = ops_conf(DENY_ROUTES, workers=2, admin_port=admin_port,
+    text = proxy_conf(DENY_ROUTES, workers=2, admin_port=admin_port,
                     top="backend: memory\nmemory: { max_keys: 2000 }\n"
                         "deny_cache: { max_keys: 2000 }\n")
     # Under ASan, freed memory waits in a 256 MB quarantine: RSS would

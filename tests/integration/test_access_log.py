@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_accesslog.py: access log and X-Request-Id.
+# sluice - tests/integration/test_access_log.py: access log and X-Request-Id.
 #
 # One JSON object per request with every field issue 3 names, values checked
 # against what was sent and received (bytes counted on the wire); SIGUSR1
@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from conftest import Conn, build_request, http_get
-from opslib import start_ops
+from proxylib import start_proxy
 
 ROUTES = """\
   - name: logged
@@ -61,7 +61,7 @@ class WireConn(Conn):
 @pytest.fixture
 def logged(sluice, redis, tmp_path):
     path = tmp_path / "access.log"
-    s = start_ops(sluice, ROUTES, workers=2, top="access_log: %s\n" % path)
+    s = start_proxy(sluice, ROUTES, workers=2, top="access_log: %s\n" % path)
     s.log_path = str(path)
     return s
 
@@ -161,7 +161,7 @@ def upstream_rids(resp):
 
 
 def test_request_id_passed_through(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     r = http_get(s.port, "/open", headers=[("X-Request-Id", "abc-123")])
     assert r.status == 200
     assert upstream_rids(r) == ["abc-123"]
@@ -169,7 +169,7 @@ def test_request_id_passed_through(sluice, redis):
 
 
 def test_request_id_generated(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     seen = set()
     for _ in range(3):
         r = http_get(s.port, "/open")
@@ -182,7 +182,7 @@ def test_request_id_generated(sluice, redis):
 
 
 def test_request_id_on_rejection(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     key = [("X-K", uuid.uuid4().hex)]
     with Conn(s.port) as c:
         for _ in range(2):

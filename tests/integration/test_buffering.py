@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_buffers.py: what a slow or stalled peer
+# sluice - tests/integration/test_buffering.py: what a slow or stalled peer
 # may cost (issue 9, items 8, 9 and part of 11).
 #
 # A small request body is read whole before an upstream connection is taken
@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import Conn, build_request, make_conf
-from hardlib import hard_conf, proc_rss_kb, report
-from opslib import LoopbackServer
+from loadlib import client_conf, proc_rss_kb, report
+from proxylib import LoopbackServer
 
 ROUTES = """\
   - name: all
@@ -227,7 +227,7 @@ def test_large_body_streams(sluice, redis, rec_upstream):
     """Above buffer_body_bytes (by Content-Length) the body streams: the
     upstream has the head while the body is still on its way."""
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": "4k"}), upstream_port=up.port)
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": "4k"}), upstream_port=up.port)
     body = bytes(range(256)) * 40       # 10240 bytes
     with Conn(s.port) as c:
         c.send(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
@@ -240,7 +240,7 @@ def test_large_body_streams(sluice, redis, rec_upstream):
 
 def test_chunked_body_growing_past_the_limit_streams(sluice, redis, rec_upstream):
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": "1k"}), upstream_port=up.port)
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": "1k"}), upstream_port=up.port)
     parts = [b"a" * 600, b"b" * 600, b"c" * 600]
     with Conn(s.port) as c:
         c.send(b"POST /grow HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -257,7 +257,7 @@ def test_chunked_body_growing_past_the_limit_streams(sluice, redis, rec_upstream
 
 def test_buffering_off_streams_as_before(sluice, redis, rec_upstream):
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": "0"}), upstream_port=up.port)
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": "0"}), upstream_port=up.port)
     with Conn(s.port) as c:
         c.send(b"POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\na")
         assert wait_for(lambda: len(up.requests) == 1), "buffering is off: the head streams"
@@ -271,7 +271,7 @@ def test_buffered_body_has_an_overall_bound(sluice, redis, rec_upstream):
     in within header_timeout: a drip that never stalls long enough for the
     first still ends in a 408, and nothing reached the upstream."""
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "1s", "body_timeout": "5s"}),
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "1s", "body_timeout": "5s"}),
                upstream_port=up.port)
     with Conn(s.port) as c:
         c.send(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nx")
@@ -326,7 +326,7 @@ def test_one_byte_chunks_are_coalesced(sluice, redis, rec_upstream, buffer_bytes
     body is buffered, about one per read when it streams."""
     n = 3000
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": buffer_bytes}),
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": buffer_bytes}),
                upstream_port=up.port)
     with Conn(s.port) as c:
         c.send(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_hard_scale.py: many connections and a soak.
+# sluice - tests/integration/test_scale.py: many connections and a soak.
 #
 # 10,000 idle client connections held open at once (the fd limit raised in
 # this process, which sluice inherits), with sluice's RSS measured and a
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import build_request, make_conf
-from hardlib import hard_conf, proc_fds, proc_rss_kb, report
+from loadlib import client_conf, proc_fds, proc_rss_kb, report
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def many_fds():
 
 def test_ten_thousand_idle_connections(sluice, redis, many_fds):
     assert many_fds >= IDLE_CONNS + 1000, "cannot raise RLIMIT_NOFILE (got %d)" % many_fds
-    s = sluice(hard_conf(ROUTES, workers=2, top={"max_connections": 20000},
+    s = sluice(client_conf(ROUTES, workers=2, top={"max_connections": 20000},
                          client={"idle_timeout": "300s", "header_timeout": "300s"}))
     rss0 = proc_rss_kb(s.proc.pid)
     socks = []

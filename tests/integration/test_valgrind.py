@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_hard_valgrind.py: one scenario under valgrind memcheck.
+# sluice - tests/integration/test_valgrind.py: one scenario under valgrind memcheck.
 #
 # sluice runs under `valgrind --leak-check=full` with two workers, an access
 # log and an admin listener, and gets a few hundred varied requests (allowed,

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_redis_lean.py: Redis replies bounded, Sentinel for the
+# sluice - tests/integration/test_redis_replies.py: Redis replies bounded, Sentinel for the
 # admin API and the reset subscriber, decisions parsed without reply objects.
 #
 # A hostile "Redis" (a raw socket in this file that answers sluice's

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_upgrade.py: Upgrade (WebSocket) tunnelling.
+# sluice - tests/integration/test_upgrade.py: Upgrade (WebSocket) tunnelling.
 #
 # On a route with `upgrade: true`, a request with Connection: Upgrade and
 # Upgrade: websocket gets the upstream's 101, then bytes flow both ways
@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from conftest import Conn, build_request
-from opslib import TinyUpstream, metrics, mval, read_head, recv_exact, start_ops
+from proxylib import TinyUpstream, metrics, mval, read_head, recv_exact, start_proxy
 
 ROUTES = """\
   - name: ws
@@ -40,7 +40,7 @@ def tiny():
 
 @pytest.fixture
 def proxy(sluice, redis, tiny):
-    return start_ops(sluice, ROUTES, workers=2, extra_upstreams={"tiny": tiny.port})
+    return start_proxy(sluice, ROUTES, workers=2, extra_upstreams={"tiny": tiny.port})
 
 
 def open_tunnel(port, key):

@@ -1,6 +1,6 @@
-# sluice - tests/integration/test_hard_faults.py: Redis and the upstream fail under load.
+# sluice - tests/integration/test_faults.py: Redis and the upstream fail under load.
 #
-# A threaded keep-alive load generator (hardlib.Load) runs while Redis is
+# A threaded keep-alive load generator (loadlib.Load) runs while Redis is
 # killed and brought back, paused with CLIENT PAUSE, flushed of its scripts
 # and restarted empty, and while the upstream is killed or resets in the
 # middle of a response. Each test records what every request got and prints
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import Conn, build_request, free_port, http_get, make_conf, redis_cmd
-from hardlib import (EchoUpstreamAt, Load, ResetUpstream, kill_redis, percentile, report,
+from loadlib import (EchoUpstreamAt, Load, ResetUpstream, kill_redis, percentile, report,
                      summarize)
 
 pytestmark = pytest.mark.slow
