@@ -5,7 +5,6 @@
 # test_admin_api.py.
 
 import json
-import time
 
 from conftest import free_port, http_get, wait_port
 from proxylib import metrics, mval, proxy_conf
@@ -58,13 +57,3 @@ def start_pair(sluice, routes, token=TOKEN, workers=1, top=""):
 
 def deny_hits(s):
     return mval(metrics(s.admin_port), "sluice_deny_cache_hits_total")
-
-
-def poll(fn, timeout_s):
-    """fn() until truthy or timeout; returns (value, seconds taken)."""
-    t0 = time.monotonic()
-    while True:
-        v = fn()
-        if v or time.monotonic() - t0 > timeout_s:
-            return v, time.monotonic() - t0
-        time.sleep(0.01)

@@ -13,9 +13,7 @@ import threading
 import time
 
 from conftest import (Conn, build_request, free_port, http_get, make_conf, redis_cmd,
-                      wait_port)
-
-POLL_S = 0.02
+                      wait_port, wait_until)
 
 
 # --------------------------------------------------------------- config ----
@@ -102,14 +100,8 @@ def series(ms, name):
 
 def wait_metric(admin_port, name, at_least, timeout_s=5.0, **labels):
     """Poll until the series reaches at_least; returns the last value."""
-    deadline = time.monotonic() + timeout_s
-    v = None
-    while time.monotonic() < deadline:
-        v = mval(metrics(admin_port), name, **labels)
-        if v >= at_least:
-            return v
-        time.sleep(0.05)
-    return v
+    return wait_until(lambda: mval(metrics(admin_port), name, **labels), timeout_s,
+                      until=lambda v: v >= at_least, step_s=0.05)[0]
 
 
 # ---------------------------------------------------------------- redis ----

@@ -5,7 +5,6 @@
 # reopens the file after a rename (logrotate); X-Request-Id passed through or
 # generated, seen upstream and in the response, also on a 429.
 
-import json
 import os
 import signal
 import time
@@ -13,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, http_get
+from conftest import Conn, build_request, http_get, read_log, wait_until
 from proxylib import start_proxy
 
 ROUTES = """\
@@ -29,20 +28,6 @@ ROUTES = """\
 
 FIELDS = ("time", "client", "method", "path", "status", "route", "decision", "limit",
           "remaining", "upstream_time", "total_time", "bytes_in", "bytes_out")
-
-
-def read_lines(path, want, timeout_s=3.0):
-    """The parsed lines of the log once it has at least `want` (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    lines = []
-    while time.monotonic() < deadline:
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                lines = [ln for ln in f.read().split(b"\n") if ln]
-            if len(lines) >= want:
-                break
-        time.sleep(0.03)
-    return [json.loads(ln) for ln in lines]
 
 
 class WireConn(Conn):
@@ -80,7 +65,7 @@ def test_one_json_line_per_request(logged):
             assert len(c.buf) == 0
             sizes.append((len(req), c.received + start, r))
     assert [x[2].status for x in sizes] == [200, 200, 429]
-    lines = read_lines(logged.log_path, 3)
+    lines = read_log(logged.log_path, 3)
     assert len(lines) == 3, lines
     now = time.time()
     for (n_in, n_out, resp), e, method, path in zip(
@@ -120,7 +105,7 @@ def test_no_route_and_odd_bytes_still_valid_json(logged):
         c.send(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
         r = c.read_response()
     assert r.status == 404
-    lines = read_lines(logged.log_path, 1)
+    lines = read_log(logged.log_path, 1)
     assert len(lines) == 1, r
     assert lines[0]["path"] == target.decode()
     assert lines[0]["status"] == r.status
@@ -134,25 +119,23 @@ def test_malformed_request_answered_400_is_logged(logged):
                b"Transfer-Encoding: chunked\r\n\r\n")
         r = c.read_response()
     assert r.status == 400
-    lines = read_lines(logged.log_path, 1)
+    lines = read_log(logged.log_path, 1)
     assert [e["status"] for e in lines] == [400]
 
 
 def test_sigusr1_reopens_after_rename(logged):
     http_get(logged.port, "/open?n=1")
-    assert len(read_lines(logged.log_path, 1)) == 1
+    assert len(read_log(logged.log_path, 1)) == 1
     rotated = logged.log_path + ".1"
     os.rename(logged.log_path, rotated)
     http_get(logged.port, "/open?n=2")          # still into the renamed file
-    assert len(read_lines(rotated, 2)) == 2
+    assert len(read_log(rotated, 2)) == 2
     os.kill(logged.proc.pid, signal.SIGUSR1)
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and not os.path.exists(logged.log_path):
-        time.sleep(0.02)
+    wait_until(lambda: os.path.exists(logged.log_path), 3)
     http_get(logged.port, "/open?n=3")
-    new = read_lines(logged.log_path, 1)
+    new = read_log(logged.log_path, 1)
     assert [e["path"] for e in new] == ["/open?n=3"]
-    assert [e["path"] for e in read_lines(rotated, 2)] == ["/open?n=1", "/open?n=2"]
+    assert [e["path"] for e in read_log(rotated, 2)] == ["/open?n=1", "/open?n=2"]
     assert logged.proc.poll() is None
 
 

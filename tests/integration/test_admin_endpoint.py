@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, free_port, http_get
+from conftest import Conn, build_request, free_port, http_get, wait_until
 from proxylib import (has_series, metrics, metrics_text, mval, parse_metrics, series,
                     start_proxy, statuses, wait_metric)
 
@@ -154,12 +154,9 @@ def test_connection_gauges(sluice, redis):
     finally:
         for c in conns:
             c.close()
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        if mval(metrics(s.admin_port), "sluice_connections", side="client") == base:
-            break
-        time.sleep(0.05)
-    assert mval(metrics(s.admin_port), "sluice_connections", side="client") == base
+    n, _ = wait_until(lambda: mval(metrics(s.admin_port), "sluice_connections", side="client"), 3,
+                      until=lambda n: n == base, step_s=0.05)
+    assert n == base
 
 
 def test_reload_counters(sluice, redis):
@@ -183,22 +180,13 @@ def test_readyz_redis_down_on_error_deny(sluice, own_redis):
     s = start_proxy(sluice, ROUTES, on_error="deny", redis_port=own_redis.port)
     assert http_get(s.admin_port, "/readyz").status == 200
     own_redis.stop()
-    deadline = time.monotonic() + 5
-    code = None
-    while time.monotonic() < deadline:
-        code = http_get(s.admin_port, "/readyz").status
-        if code == 503:
-            break
-        time.sleep(0.05)
+    code, _ = wait_until(lambda: http_get(s.admin_port, "/readyz").status, 5,
+                         until=lambda code: code == 503, step_s=0.05)
     assert code == 503
     assert http_get(s.admin_port, "/healthz").status == 200
     own_redis.start()
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline:
-        code = http_get(s.admin_port, "/readyz").status
-        if code == 200:
-            break
-        time.sleep(0.1)
+    code, _ = wait_until(lambda: http_get(s.admin_port, "/readyz").status, 8,
+                         until=lambda code: code == 200, step_s=0.1)
     assert code == 200
 
 

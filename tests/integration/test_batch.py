@@ -26,8 +26,8 @@ import pytest
 from batchlib import batch_args, split_reply
 from conftest import (Conn, RedisError, build_request, http_get, parallel,
                       redis_with_limit_script,
-                      redis_cmd, redis_cmds, redis_keys)
-from proxylib import metrics, mval, start_proxy
+                      redis_cmd, redis_cmds, redis_keys, wait_until)
+from proxylib import metrics, mval, start_proxy, wait_metric
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -262,21 +262,12 @@ ROUTES = """\
 N_CONNS = 40
 
 
-def wait_clients(admin_port, n, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if mval(metrics(admin_port), "sluice_connections", side="client") >= n:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def stop_and_wait(pid, timeout_s=5.0):
     """SIGSTOP pid and wait until every thread of it is stopped: kill()
     returns before the target has stopped."""
     os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def stopped():
         states = []
         for tid in os.listdir("/proc/%d/task" % pid):
             try:
@@ -284,10 +275,8 @@ def stop_and_wait(pid, timeout_s=5.0):
                     states.append(f.read().rsplit(")", 1)[1].split()[0])
             except OSError:
                 pass
-        if states and all(st in ("T", "t") for st in states):
-            return
-        time.sleep(0.005)
-    raise AssertionError("sluice did not stop")
+        return states and all(st in ("T", "t") for st in states)
+    wait_until(stopped, timeout_s, step_s=0.005, what="sluice to stop")
 
 
 def one_turn(s, path, keys):
@@ -295,7 +284,8 @@ def one_turn(s, path, keys):
     let it go: it reads them all in one loop turn. The statuses, in order."""
     conns = [Conn(s.port, timeout_s=10) for _ in keys]
     try:
-        assert wait_clients(s.admin_port, len(keys)), "sluice did not accept them"
+        assert wait_metric(s.admin_port, "sluice_connections", len(keys), side="client") \
+            >= len(keys), "sluice did not accept them"
         try:
             stop_and_wait(s.proc.pid)
             for c, k in zip(conns, keys):

@@ -14,7 +14,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import Conn, build_request, http_get, redis_cmd, redis_keys
+from conftest import Conn, build_request, http_get, redis_cmd, redis_keys, served_again
 from loadlib import commandstats, client_conf, proc_cpu_s, proc_fds, report
 
 PASS_ALL = """\
@@ -272,16 +272,7 @@ def test_out_of_file_descriptors_no_busy_loop(sluice, redis):
             c.close()
     subprocess.run(["prlimit", "--pid", str(s.proc.pid), "--nofile=4096:"],
                    check=True, timeout=5)
-    deadline, status = time.monotonic() + 3.0, None
-    while time.monotonic() < deadline:
-        try:
-            status = http_get(s.port, "/back", timeout_s=1).status
-        except (OSError, EOFError):
-            status = None
-        if status == 200:
-            break
-        time.sleep(0.1)
-    assert status == 200, "sluice does not serve again once fds are free"
+    assert served_again(s.port, "/back"), "sluice does not serve again once fds are free"
 
 
 # --------------------------------------------------------- Redis keys ----

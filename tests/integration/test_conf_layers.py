@@ -13,9 +13,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from conftest import free_port, http_get, sluice_bin
+from conftest import free_port, http_get, sluice_bin, wait_until
 from proxylib import mval, metrics, start_proxy
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -89,13 +88,11 @@ def statuses(s, path, key, n):
 
 
 def wait_reload(s, before, result, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        m = metrics(s.admin_port)
-        if mval(m, "sluice_config_reloads_total", result=result) > before:
-            return m
-        time.sleep(0.05)
-    raise AssertionError("no reload with result %s; stderr:\n%s" % (result, s.stderr))
+    m, _ = wait_until(lambda: metrics(s.admin_port), timeout_s, step_s=0.05,
+                      until=lambda m: mval(m, "sluice_config_reloads_total", result=result) > before)
+    assert mval(m, "sluice_config_reloads_total", result=result) > before, \
+        "no reload with result %s; stderr:\n%s" % (result, s.stderr)
+    return m
 
 
 def place(text, needle):

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import (SANITIZER_MARKS, Conn, build_request, free_port, http_get, sluice_bin,
-                      stop_process, wait_port)
+                      served_again, stop_process, wait_port, wait_until)
 from loadlib import client_conf, proc_cpu_s, proc_fds, proc_rss_kb, report
 
 ADMIN_MAX_CONNECTIONS = 64
@@ -132,19 +132,6 @@ def closed_by_peer(sock, wait_s):
         return sock.recv(65536) == b""
     except OSError:
         return True
-
-
-def served_again(port, path, timeout_s=3.0):
-    deadline, status = time.monotonic() + timeout_s, None
-    while time.monotonic() < deadline:
-        try:
-            status = http_get(port, path, timeout_s=1).status
-        except (OSError, EOFError):
-            status = None
-        if status == 200:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # ------------------------------------------------------------- head size ----
@@ -371,9 +358,7 @@ def test_max_connections_clamped_to_nofile_with_warning(limited):
     s.conf_path.write_text(s.conf_path.read_text().replace("max_connections: 10000",
                                                            "max_connections: 20000"))
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline and len(CLAMP.findall(s.stderr)) < 2:
-        time.sleep(0.05)
+    wait_until(lambda: len(CLAMP.findall(s.stderr)) >= 2, 3.0, step_s=0.05)
     again = CLAMP.findall(s.stderr)
     assert len(again) == 2 and again[1] == ("20000", "256", str(fit)), again
 

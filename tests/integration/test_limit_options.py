@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, http_get, rl_headers
+from conftest import Conn, build_request, http_get, read_log, rl_headers
 from proxylib import TinyUpstream, metrics, mval, start_proxy, statuses
 
 ROUTES = """\
@@ -198,17 +198,7 @@ def test_shadow_never_rejects_but_reports(proxy):
             - mval(b, "sluice_requests_total", route="shadow", decision="shadow_limited")) == 3
     assert (mval(a, "sluice_requests_total", route="shadow", decision="limited")
             - mval(b, "sluice_requests_total", route="shadow", decision="limited")) == 0
-    import json
-    import time
-    deadline = time.monotonic() + 3
-    lines = []
-    while time.monotonic() < deadline:
-        if proxy.log_path.exists():
-            lines = [json.loads(x) for x in proxy.log_path.read_text().splitlines()
-                     if '"/shadow"' in x]
-            if len(lines) >= 4:
-                break
-        time.sleep(0.03)
+    lines = read_log(proxy.log_path, 4, keep=lambda e: e["path"] == "/shadow")
     assert [e["decision"] for e in lines] == ["allowed"] + ["shadow_limited"] * 3
 
 

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, free_port, redis_keys
+from conftest import Conn, build_request, free_port, redis_keys, wait_until
 from proxylib import metrics, mval, start_proxy, statuses
 
 ROUTES = """\
@@ -189,15 +189,9 @@ def test_on_error_local_limits_while_redis_is_down(sluice, own_redis):
 
     # Redis back: decisions return to it (a key appears there), bounded
     own_redis.start()
-    deadline = time.monotonic() + 8.0
     fresh = key()
-    while time.monotonic() < deadline:
-        statuses(s.port, "/loc", 1, key())
-        if redis_keys(own_redis.port):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("decisions never went back to Redis")
+    wait_until(lambda: statuses(s.port, "/loc", 1, key()) and redis_keys(own_redis.port), 8.0,
+               step_s=0.1, what="decisions to go back to Redis")
     assert statuses(s.port, "/loc", 4, fresh) == [200, 200, 200, 429]
 
 

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from conftest import Conn, build_request, free_port, http_get, redis_clients, redis_keys
+from conftest import (Conn, build_request, free_port, http_get, redis_clients, redis_keys,
+                      wait_until)
 from proxylib import metrics, mval, start_proxy, wait_metric
 
 ROUTES = """\
@@ -43,12 +44,8 @@ def sluice_conns(redis_port):
 
 def wait_conns(redis_port, want, timeout_s=WAIT_S):
     """Poll (bounded) until sluice holds `want` connections; the last count."""
-    deadline = time.monotonic() + timeout_s
-    n = sluice_conns(redis_port)
-    while n != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        n = sluice_conns(redis_port)
-    return n
+    return wait_until(lambda: sluice_conns(redis_port), timeout_s, until=lambda n: n == want,
+                      step_s=0.05)[0]
 
 
 def reload(s, text):
@@ -78,12 +75,7 @@ def readyz(s):
 
 
 def wait_readyz(s, want, timeout_s=WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    st = readyz(s)
-    while st != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        st = readyz(s)
-    return st
+    return wait_until(lambda: readyz(s), timeout_s, until=lambda st: st == want, step_s=0.05)[0]
 
 
 def connected(s):
@@ -91,12 +83,7 @@ def connected(s):
 
 
 def wait_connected(s, want, timeout_s=WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    v = connected(s)
-    while v != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        v = connected(s)
-    return v
+    return wait_until(lambda: connected(s), timeout_s, until=lambda v: v == want, step_s=0.05)[0]
 
 
 def close_get(port, path):

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import build_request, make_conf
+from conftest import build_request, make_conf, wait_until
 from loadlib import client_conf, proc_fds, proc_rss_kb, report
 
 pytestmark = pytest.mark.slow
@@ -61,9 +61,7 @@ def test_ten_thousand_idle_connections(sluice, redis, many_fds):
             if time.monotonic() - t0 > 60:
                 break
         t_open = time.monotonic() - t0
-        deadline = time.monotonic() + 20
-        while proc_fds(s.proc.pid) < IDLE_CONNS and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: proc_fds(s.proc.pid) >= IDLE_CONNS, 20, step_s=0.1)
         fds = proc_fds(s.proc.pid)
         time.sleep(1.0)
         rss1 = proc_rss_kb(s.proc.pid)

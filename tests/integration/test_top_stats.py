@@ -21,7 +21,7 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, free_port, http_get, wait_port
+from conftest import Conn, build_request, free_port, http_get, wait_port, wait_until
 from loadlib import proc_rss_kb
 from proxylib import metrics, mval, proxy_conf, start_proxy, statuses
 
@@ -178,10 +178,8 @@ def test_stats_fields_and_counts(sluice, tmp_path):
     s.conf_path.write_text(good + "  - name: [broken\n")
     time.sleep(0.05)
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 5
-    while api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"]:
-        assert time.monotonic() < deadline, "the failed reload never showed"
-        time.sleep(0.05)
+    wait_until(lambda: not api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"], 5,
+               step_s=0.05, what="the failed reload to show")
     bad = api(s.admin_port, "/api/stats")["config"]
     assert bad["last_reload"]["error"] and str(s.conf_path) in bad["last_reload"]["error"]
     assert bad["loaded_at"] == cfg["loaded_at"] and bad["reloads"]["failed"] == 1
@@ -192,10 +190,8 @@ def test_stats_fields_and_counts(sluice, tmp_path):
     # fixed: ok again
     s.conf_path.write_text(good)
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 5
-    while not api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"]:
-        assert time.monotonic() < deadline, "the good reload never showed"
-        time.sleep(0.05)
+    wait_until(lambda: api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"], 5,
+               step_s=0.05, what="the good reload to show")
     assert mval(metrics(s.admin_port), "sluice_config_last_reload_success") == 1
     assert statuses(s.port, "/free", 1) == [200]
 

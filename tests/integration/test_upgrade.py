@@ -7,12 +7,11 @@
 # Upgrade field is hop-by-hop and never reaches the upstream.
 
 import os
-import time
 import uuid
 
 import pytest
 
-from conftest import Conn, build_request
+from conftest import Conn, build_request, wait_until
 from proxylib import TinyUpstream, metrics, mval, read_head, recv_exact, start_proxy
 
 ROUTES = """\
@@ -104,13 +103,9 @@ def test_tunnel_closes_when_client_closes(proxy):
     assert recv_exact(c, 6) == b"hello\n"
     c.close()
     # the upstream side is released: the gauge returns to what it was
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        ms = metrics(proxy.admin_port)
-        if mval(ms, "sluice_connections", side="client") == 0:
-            break
-        time.sleep(0.05)
-    assert mval(metrics(proxy.admin_port), "sluice_connections", side="client") == 0
+    n, _ = wait_until(lambda: mval(metrics(proxy.admin_port), "sluice_connections", side="client"),
+                      3, until=lambda n: n == 0, step_s=0.05)
+    assert n == 0
     assert proxy.proc.poll() is None
 
 
