@@ -34,5 +34,5 @@ lint-clang:
 
 valgrind: $(BUILD)/sluice
 	@command -v valgrind >/dev/null || { echo "valgrind: not installed"; exit 1; }
-	SLUICE_BIN=$(abspath $(BUILD)/sluice) HARD_REQUIRE_VALGRIND=1 \
+	SLUICE_BIN=$(abspath $(BUILD)/sluice) SLUICE_REQUIRE_VALGRIND=1 \
 	  $(PYTEST) -q -m slow tests/integration/test_valgrind.py

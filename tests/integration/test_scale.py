@@ -2,7 +2,7 @@
 #
 # 10,000 idle client connections held open at once (the fd limit raised in
 # this process, which sluice inherits), with sluice's RSS measured and a
-# sample of them served afterwards; and a soak under wrk for HARD_SOAK_S
+# sample of them served afterwards; and a soak under wrk for SLUICE_SOAK_S
 # seconds (default 180) with Redis restarted every 30 s, recording RSS
 # growth and error counts. Slow: run by make test-slow.
 
@@ -23,7 +23,7 @@ from loadlib import client_conf, proc_fds, proc_rss_kb, report
 pytestmark = pytest.mark.slow
 
 IDLE_CONNS = 10000
-SOAK_S = int(os.environ.get("HARD_SOAK_S", "180"))
+SOAK_S = int(os.environ.get("SLUICE_SOAK_S", "180"))
 RESTART_EVERY_S = 30
 
 ROUTES = """\
