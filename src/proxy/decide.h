@@ -91,6 +91,8 @@ enum decide_verdict {
     DECIDE_UNAVAILABLE,     /* on_error: deny -> 503 */
     DECIDE_BAD_COST,        /* 400: a bad cost_header */
     DECIDE_AMBIGUOUS,       /* 400 ambiguous_key */
+    DECIDE_MISSING_KEY,     /* 400 missing_key: on_missing_key: deny */
+    DECIDE_BAD_KEY,         /* 400 bad_key: a capture with a control byte */
 };
 
 /* The verdict of a pending decision, once, from the event loop; never after

@@ -524,6 +524,12 @@ static void decided(struct client *c, int verdict)
     case DECIDE_AMBIGUOUS:      /* the connection stays open: the head itself was fine */
         request_answer_named(c, 400, "ambiguous_key", 0);
         break;
+    case DECIDE_MISSING_KEY:
+        request_answer_named(c, 400, "missing_key", 0);
+        break;
+    case DECIDE_BAD_KEY:
+        request_answer_named(c, 400, "bad_key", 0);
+        break;
     case DECIDE_BAD_COST:
         request_answer_named(c, 400, NULL, 0);
         break;
