@@ -271,3 +271,81 @@ def test_websocket_tunnel_holds_its_slot_while_open(sluice, redis):
         c2.close()
     finally:
         tiny.stop()
+
+
+# ---- a reload that replaces the Redis connection -------------------------
+
+RELOAD_ROUTES = """\
+  - name: rl
+    match: { path: /slow }
+    upstream: api
+    limits:
+      - { name: reloadslot, algorithm: concurrency, limit: 1, key: ["header:X-Api-Key"] }
+  - name: held
+    match: { path: /held }
+    upstream: api
+    limits:
+      - { name: reloadheld, algorithm: gcra, rate: 1/10s, burst: 1, delay: 15s,
+          key: ["header:X-Api-Key"] }
+"""
+
+
+def reload_with_other_redis_timeout(s):
+    """SIGHUP with a changed redis.timeout: the workers' stores are replaced;
+    the old ones keep only the requests started before. Returns when the
+    reload is logged."""
+    import signal
+    text = s.conf_path.read_text()
+    assert "  timeout: 1s\n  prefix:" in text
+    s.conf_path.write_text(text.replace("  timeout: 1s\n  prefix:", "  timeout: 900ms\n  prefix:"))
+    s.proc.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: "main: reloaded" in s.stderr, 5.0) is not None, s.stderr
+
+
+def own_keys(redis_port, name, key):
+    return [k for k in redis_keys(redis_port) if name in k and key.encode() in k]
+
+
+def test_slot_given_back_after_a_reload_that_replaced_redis(sluice, redis):
+    """The request in flight ends on the old runtime, whose store is freed
+    with it: its slot's give-back must reach Redis first (it was dropped, and
+    the key got 429 until the lease ended, 15 s here)."""
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(ops_conf(RELOAD_ROUTES))
+    c = open_slow(s.port, 1500, hdr)
+    try:
+        def slots():
+            now_ms = int(time.time() * 1000)
+            return sum(int(redis_cmd(redis.port, "ZCOUNT", x, "(%d" % now_ms, "+inf"))
+                       for x in own_keys(redis.port, b"reloadslot", k))
+        assert wait_for(lambda: slots() == 1, 2.0) is not None
+        reload_with_other_redis_timeout(s)
+        assert c.read_response().status == 200
+    finally:
+        c.close()
+    assert wait_for(lambda: slots() == 0, 3.0) is not None, "the slot stayed taken"
+    assert http_get(s.port, "/slow/0", headers=hdr).status == 200
+
+
+def test_reservation_refunded_after_a_reload_that_replaced_redis(sluice, redis):
+    """gcra 1 per 10 s, delay 15 s: the second request is held 10 s with its
+    reservation taken (TAT + 10 s). Its client goes away after a reload that
+    replaced the store: the refund must reach Redis through the old one."""
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(ops_conf(RELOAD_ROUTES))
+    assert http_get(s.port, "/held", headers=hdr).status == 200
+
+    def tat():
+        keys = own_keys(redis.port, b"reloadheld", k)
+        return int(redis_cmd(redis.port, "GET", keys[0])) if keys else None
+    first = tat()
+    c = Conn(s.port, timeout_s=5)
+    c.send(build_request("GET", "/held", hdr))
+    assert wait_for(lambda: tat() == first + 10000000, 2.0) is not None, (first, tat())
+    reload_with_other_redis_timeout(s)
+    abort(c)
+    assert wait_for(lambda: tat() == first, 3.0) is not None, (first, tat())

@@ -226,3 +226,46 @@ def test_memory_many_keys_bounded(sluice):
             assert c.read_response().status == 200
     assert statuses(s.port, "/sl", 7, key()) == [200] * 5 + [429] * 2
     assert s.proc.poll() is None
+
+
+# Limits whose limit x window_ms is beyond 2^53 (5,000,000 per 30 days,
+# 300,000 per 365 days): the memory limiter counts them as Redis does. Each
+# request costs X-Cost units, so the quota is spent in a few requests.
+BIG = [(5000000, "30d", 1000000), (300000, "365d", 300000)]
+BIG_ALGOS = ["fixed_window", "sliding_window", "sliding_log"]
+BIG_ROUTES = "".join(
+    "  - name: big%d%s\n"
+    "    match: { path: /big%d/%s }\n"
+    "    upstream: api\n"
+    "    limits:\n"
+    "      - { name: big, algorithm: %s, limit: %d, window: %s, key: [\"header:X-K\"],\n"
+    "          cost_header: X-Cost }\n" % (i, a.replace("_", ""), i, a, a, lim, win)
+    for i, (lim, win, _) in enumerate(BIG) for a in BIG_ALGOS)
+
+
+@pytest.mark.parametrize("mode", ["memory", "on_error_local"])
+def test_memory_limits_beyond_2_53_are_enforced(sluice, mode):
+    if mode == "memory":
+        s = start_ops(sluice, BIG_ROUTES, top=MEMORY_TOP, wait_redis=False,
+                      redis_port=free_port())
+    else:       # Redis down: the local limiter decides
+        s = start_ops(sluice, BIG_ROUTES, on_error="local", wait_redis=False,
+                      redis_port=free_port())
+    for i, (lim, _, cost) in enumerate(BIG):
+        for a in BIG_ALGOS:
+            hdr = key()
+            with Conn(s.port) as c:
+                for n in range(lim // cost):
+                    c.send(build_request("GET", "/big%d/%s" % (i, a), hdr + [("X-Cost", str(cost))]))
+                    r = c.read_response()
+                    assert r.status == 200, (a, lim, n, r)
+                    assert r.header("X-RateLimit-Limit") == str(lim), (a, lim, r.headers)
+                    assert r.header("X-RateLimit-Remaining") == str(lim - (n + 1) * cost), \
+                        (a, lim, r.headers)
+                c.send(build_request("GET", "/big%d/%s" % (i, a), hdr))
+                r = c.read_response()
+                assert r.status == 429, (a, lim, r)
+                assert r.header("X-RateLimit-Limit") == str(lim), (a, lim, r.headers)
+                assert r.header("X-RateLimit-Remaining") == "0"
+                assert int(r.header("Retry-After")) >= 1
+    assert "could not decide" not in s.stderr
