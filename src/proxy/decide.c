@@ -271,7 +271,8 @@ static int build_keys(struct decision *dec, const struct conf *conf,
             return (int)klen;
         if (klen == 0 && l->on_missing_key == CONF_MISSING_DENY)
             return DECIDE_KEY_MISSING;
-        if (klen == 0 && l->on_missing_key == CONF_MISSING_IP) {
+        int fallback = klen == 0 && l->on_missing_key == CONF_MISSING_IP;
+        if (fallback) {
             klen = route_key_fallback(conf, r, l, req, key);
             metrics_count(METRICS_KEY_FALLBACKS);
         }
@@ -294,6 +295,8 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         dec->rl.limit[n] = l;
         if (flags & STORE_CHECK_ONLY)
             dec->counted |= 1u << n;
+        if (fallback)
+            dec->fallback |= 1u << n;
         n++;
     }
     return n;

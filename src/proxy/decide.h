@@ -50,6 +50,8 @@ struct decision {
     int have_limits;
     int decision;                       /* enum metrics_decision, or -1 */
     unsigned counted;                   /* bit i: key i waits for count_status */
+    unsigned fallback;                  /* bit i: key i is the client address's
+                                         * (a source absent, on_missing_key: ip) */
     const struct conf *conf;
     struct backend *backend;            /* its runtime's (Redis or memory) */
     struct backend *call_b;             /* the one that made call */

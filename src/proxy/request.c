@@ -204,6 +204,7 @@ void request_log_end(struct client *c)
         .request_id = c->rq->rid, .request_id_len = c->rq->rid_len,
         .tls = c->tls_version,
         .delay_ms = c->rq->dec.wait_ms,
+        .key_fallback = c->rq->dec.fallback != 0,
     };
     accesslog_write(c->env->alog, &e);
 }

@@ -10,7 +10,10 @@
 # (on_missing_key: ip), refused (deny) or not counted (pass). Against real
 # redis-server and tests/upstream.py.
 
+import json
+import os
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -237,8 +240,21 @@ def test_override_names_a_numeric_capture_in_any_spelling(proxy):
 
 # ------------------------------------------------------- missing keys ----
 
-def test_missing_key_counts_under_the_client_address_by_default(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+def read_log(path, want, timeout_s=5.0):
+    """The parsed access log lines once there are `want` (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    lines = []
+    while time.monotonic() < deadline and len(lines) < want:
+        time.sleep(0.03)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                lines = [json.loads(ln) for ln in f.read().split(b"\n") if ln]
+    return lines
+
+
+def test_missing_key_counts_under_the_client_address_by_default(sluice, redis, tmp_path):
+    log = str(tmp_path / "access.log")
+    s = start_ops(sluice, ROUTES, top="access_log: %s\n" % log)
     for i in range(2):
         r = get(s.port, "/mi")
         assert r.status == 200, r
@@ -252,6 +268,8 @@ def test_missing_key_counts_under_the_client_address_by_default(sluice, redis):
     r = get(s.port, "/mi", [("X-Key", uid())])
     assert r.status == 200 and r.header("X-RateLimit-Remaining") == "1", r
     assert mval(metrics(s.admin_port), "sluice_key_fallbacks_total") == 3
+    lines = read_log(log, 5)
+    assert [ln.get("key_fallback") for ln in lines] == [True, True, True, None, None], lines
 
 
 def test_missing_key_address_is_the_forwarded_client(sluice, redis):
