@@ -838,10 +838,10 @@ static enum route_seen route_find_query(const struct route_req *req, const char 
 
 /* The cookie named name in the Cookie field(s): "a=1; b=2", and split at
  * ',' too ("a=1, b=2": RFC 2109, Rack 2); its name read as route_name_is
- * reads it (PHP and Rack decode cookie names). Its value with surrounding
- * whitespace and one pair of DQUOTEs (RFC 6265's quoted form) taken off;
- * %XX is decoded as it is written. Twice, in one field or across two, is
- * ambiguous. */
+ * reads it (PHP before 8.0 and Rack 2 decode cookie names, PHP folds them).
+ * Its value with surrounding whitespace and one pair of DQUOTEs (RFC 6265's
+ * quoted form) taken off; %XX is decoded as it is written. Twice, in one
+ * field or across two, is ambiguous. */
 static enum route_seen route_find_cookie(const struct route_req *req, const char *name,
                                          size_t namelen, const char **v, size_t *vlen)
 {

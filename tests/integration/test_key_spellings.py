@@ -4,7 +4,7 @@
 # Every spelling some framework reads as the plain key must meet the plain
 # key's counter: query names PHP folds (api.key, api+key, api%20key, api[key,
 # +api_key), pairs split at ';' (Rack 2, old Go and Python), cookie names
-# decoded (PHP, Rack) and split at ',' (RFC 2109), a path key with a trailing
+# decoded (PHP < 8, Rack 2) and split at ',' (RFC 2109), a path key with a trailing
 # '/' or whitespace, a numeric capture as Python's int() reads it. A request
 # lacking a key source is counted under the client address by default
 # (on_missing_key: ip), refused (deny) or not counted (pass). Against real
