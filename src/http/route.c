@@ -552,10 +552,11 @@ static int route_digit(long cp)
     return cp < route_digit_zero[lo] + 10 ? (int)(cp - route_digit_zero[lo]) : -1;
 }
 
-/* What Python's str.isspace() takes, which int() strips around a number. */
+/* What Python's int() strips around a number: str.isspace() but for
+ * U+001C..U+001F. */
 static int route_space(long cp)
 {
-    return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 ||
+    return (cp >= 0x09 && cp <= 0x0d) || cp == 0x20 || cp == 0x85 ||
            cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
            cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }

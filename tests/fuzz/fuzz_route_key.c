@@ -312,8 +312,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (pl >= 0) {
         size_t kl = (size_t)pl;         /* without trailing '/' and ASCII whitespace */
         while (kl > 1 && (path[kl - 1] == '/' || path[kl - 1] == ' ' ||
-                          (path[kl - 1] >= 0x09 && path[kl - 1] <= 0x0d) ||
-                          (path[kl - 1] >= 0x1c && path[kl - 1] <= 0x1f)))
+                          (path[kl - 1] >= 0x09 && path[kl - 1] <= 0x0d)))
             kl--;
         part_is(keys[L_PATH], &ps[L_PATH], 0, path, kl);
     }

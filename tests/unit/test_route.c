@@ -1087,7 +1087,8 @@ static void test_key_capture_numbers(void **state)
             fail_msg("case %zu: expected '%s', got %ld '%s'", i, cases[i].want, n,
                      n > 0 ? out : "");
     }
-    static const char *const refused[] = { "/u/7\nx", "/u/a\tb", "/u/\x7f", "/u/x\n" };
+    static const char *const refused[] = { "/u/7\nx", "/u/a\tb", "/u/\x7f", "/u/x\n",
+                                           "/u/\x1c" "7" };    /* int() refuses U+001C */
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         assert_int_equal(capture_key(refused[i], out), ROUTE_KEY_BAD);
 
