@@ -1,8 +1,9 @@
 /* sluice - conf_limits.c: the config sections about requests: routes (match
  * by path, path_regex, methods and host; upstream, cost, headers, upgrade),
  * their limits (algorithm, rate or window, keys, on_missing_key, shadow,
- * count_status, overrides, lease, delay), allow lists (trusted_proxies, allow, a route's
- * allow) and paths. What routes share across keys is checked in conf_load.c. */
+ * count_status, overrides, lease, delay), allow lists (trusted_proxies,
+ * allow, a route's allow) and paths. What routes share across keys is
+ * checked in conf_load.c. */
 #include "conf.h"
 
 #include <ctype.h>

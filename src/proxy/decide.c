@@ -272,10 +272,8 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         if (klen == 0 && l->on_missing_key == CONF_MISSING_DENY)
             return DECIDE_KEY_MISSING;
         int fallback = klen == 0 && l->on_missing_key == CONF_MISSING_IP;
-        if (fallback) {
+        if (fallback)
             klen = route_key_fallback(conf, r, l, req, key);
-            metrics_count(METRICS_KEY_FALLBACKS);
-        }
         if (klen <= 0)      /* absent under pass, or too long: not counted */
             continue;
         int64_t cost = r->cost > 0 ? r->cost : 1;
@@ -299,6 +297,8 @@ static int build_keys(struct decision *dec, const struct conf *conf,
             dec->fallback |= 1u << n;
         n++;
     }
+    for (unsigned f = dec->fallback; f != 0; f &= f - 1)  /* once the request counts */
+        metrics_count(METRICS_KEY_FALLBACKS);
     return n;
 }
 
