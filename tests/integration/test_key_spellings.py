@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from conftest import Conn, build_request, http_get, make_conf, rl_headers, sluice_bin
-from opslib import metrics, mval, start_ops
+from proxylib import metrics, mval, start_proxy
 
 ROUTES = """\
   - name: by-query
@@ -254,7 +254,7 @@ def read_log(path, want, timeout_s=5.0):
 
 def test_missing_key_counts_under_the_client_address_by_default(sluice, redis, tmp_path):
     log = str(tmp_path / "access.log")
-    s = start_ops(sluice, ROUTES, top="access_log: %s\n" % log)
+    s = start_proxy(sluice, ROUTES, top="access_log: %s\n" % log)
     for i in range(2):
         r = get(s.port, "/mi")
         assert r.status == 200, r
