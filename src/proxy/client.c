@@ -115,10 +115,38 @@ static int parse_head_answered(struct client *c)
     return !c->dead && c->state == CS_HEAD && evbuffer_get_length(in) < before;
 }
 
+/* The read mark outside a decision: a head and some pipelined input. */
+static size_t client_read_mark(const struct client *c)
+{
+    return c->conf->client.max_header_bytes + CLIENT_INPUT_MAX;
+}
+
+/* While a request waits for its decision, or a delay holds it, no more of
+ * the client is read: what sluice keeps of its body is what came with the
+ * head in the same read (one read, at most 16 KiB on a plain connection);
+ * the rest waits in the kernel's socket buffer. Reading resumes (and the
+ * end watch the hold armed goes) once it is decided. */
+static void client_bound_input(struct client *c)
+{
+    int deciding = c->state == CS_DECIDE;
+    if (deciding == c->input_bounded)
+        return;
+    c->input_bounded = deciding;
+    if (deciding) {
+        size_t have = evbuffer_get_length(io_input(c->io));
+        io_setwatermark(c->io, EV_READ, have ? have : 1);
+        return;
+    }
+    io_watch_end(c->io, 0);
+    if (c->state != CS_TUNNEL)          /* a tunnel reads without a mark */
+        io_setwatermark(c->io, EV_READ, client_read_mark(c));
+}
+
 /* Do whatever the bytes in hand allow, until the state needs to wait. */
 static void client_process(struct client *c)
 {
     for (int rounds = 0; !c->dead && rounds < 1000; rounds++) {
+        client_bound_input(c);
         enum client_state before = c->state;
         switch (c->state) {
         case CS_HEAD:
@@ -249,7 +277,11 @@ static void client_event_cb(struct io *io, short what, void *arg)
         c->keep_alive = 0;
         if (c->state == CS_TUNNEL && c->up)
             exchange_tunnel_pump(c);
-        int waiting = c->state == CS_DECIDE ||
+        /* Except while a delay holds the request: a held client that
+         * ends its side is taken as gone (nginx's proxy_ignore_client_abort
+         * off), so its reservation comes back at once. */
+        int held = c->state == CS_DECIDE && decide_holding(&c->rq->dec);
+        int waiting = (c->state == CS_DECIDE && !held) ||
                       (c->state == CS_PROXY && c->req_done);
         if (!waiting && c->state != CS_CLOSING)
             conn_kill(c);
@@ -331,7 +363,7 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     /* A client that stops reading is dropped after idle_timeout. */
     struct timeval wt = clock_timeval(conf->client.idle_timeout_ms);
     io_set_timeouts(io, NULL, &wt);
-    io_setwatermark(io, EV_READ, conf->client.max_header_bytes + CLIENT_INPUT_MAX);
+    io_setwatermark(io, EV_READ, client_read_mark(c));
     io_setwatermark(io, EV_WRITE, CONN_HIGH_WATER / 2);
     io_setcb(io, client_read_cb, client_write_cb, client_event_cb, c);
     io_enable(io, EV_READ);
