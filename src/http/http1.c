@@ -89,9 +89,10 @@ enum chunk_state {
     CH_TRAILER, CH_TRAILER_NAME, CH_TRAILER_VALUE, CH_TRAILER_LF, CH_END_LF,
 };
 
-/* Connection (and Proxy-Connection) tokens that change keep-alive. */
-#define CONN_CLOSE      1u
-#define CONN_KEEP_ALIVE 2u
+/* Connection (and Proxy-Connection) tokens that change keep-alive, in
+ * conn_as_http_parser's order. */
+#define CONN_KEEP_ALIVE 1u
+#define CONN_CLOSE      2u
 #define CONN_UPGRADE    4u
 
 struct http1 {
@@ -110,7 +111,8 @@ struct http1 {
     int cl_bad;                 /* a Content-Length value that is no number */
     int te_last;                /* the last TE field's last coding: 1 chunked,
                                  * 2 exactly "chunked" */
-    int te_tab;                 /* HTAB after a final "chunked" (below) */
+    int te_odd;                 /* http_parser read the last TE field
+                                 * otherwise (te_chunked_as_http_parser) */
     int has_upgrade;            /* an Upgrade field with a value */
     unsigned conn;              /* CONN_* */
     uint64_t cl;
@@ -120,6 +122,9 @@ struct http1 {
     int done;                   /* message complete: a new head comes next */
     enum chunk_state cs;
     uint64_t left;              /* body bytes (or chunk bytes) still to come */
+    uint32_t tlen;              /* a trailer name's bytes so far */
+    unsigned tframing;          /* it may still name Content-Length (1) or
+                                 * Transfer-Encoding (2) */
 };
 
 struct http1 *http1_create(enum http1_kind kind)
@@ -195,89 +200,159 @@ static int parse_length(const char *d, struct http1_span s, uint64_t *out)
     return 0;
 }
 
-/* Connection and Proxy-Connection: comma-separated elements; an element that
- * is one token and nothing but SP after it sets a CONN_* flag (as
- * http_parser read them: an HTAB after the token voids it). Connection's
- * tokens also say which fields it names (h1write drops them): every token,
- * split at commas and whitespace, as h1write reads them. end is the raw end
- * of the value, trailing whitespace included. */
-static void connection_value(struct http1 *p, struct http1_head *h, const char *d,
-                             uint32_t off, uint32_t end, int names)
+/* The CONN_* flags of a Connection or Proxy-Connection value d[off..end)
+ * (leading OWS skipped, trailing kept), read as http_parser 2.9 read them,
+ * so keep-alive and upgrade stay what they were: an element counts when it
+ * is the token and nothing but SP follows; an element after a comma that
+ * starts with neither a token byte nor SP ends the reading (its bytes are
+ * compared folded with 0x20, so an HTAB there is no whitespace). */
+static unsigned conn_as_http_parser(const char *d, uint32_t off, uint32_t end)
 {
-    uint32_t i = off;
+    enum { START, MATCH, MATCHED, TOKEN, GENERAL } st = START;
+    static const char *const lits[] = { "keep-alive", "close", "upgrade" };
+    unsigned flags = 0;
+    int which = 0, idx = 0;
 
-    while (i < end) {
-        unsigned flag = 0;
-        int words = 0, void_it = 0;
-        /* one element, up to a comma */
-        while (i < end && d[i] != ',') {
-            if (is_ows(d[i])) {
-                if (d[i] == '\t' && words > 0)
-                    void_it = 1;
-                i++;
-                continue;
+    for (uint32_t i = off; i < end && st != GENERAL; i++) {
+        unsigned char ch = (unsigned char)d[i], c = ch | 0x20;
+        switch (st) {
+        case START:
+            which = c == 'k' ? 0 : c == 'c' ? 1 : c == 'u' ? 2 : -1;
+            if (which >= 0)
+                st = MATCH, idx = 0;
+            else if (i == off || HAS(c, C_TCHAR))
+                st = TOKEN;
+            else if (c != ' ')
+                st = GENERAL;
+            break;
+        case MATCH:
+            idx++;
+            if (c != (unsigned char)lits[which][idx])
+                st = TOKEN;
+            else if (lits[which][idx + 1] == '\0')
+                st = MATCHED;
+            break;
+        case MATCHED:
+            if (ch == ',') {
+                flags |= 1u << which;
+                st = START;
+            } else if (ch != ' ') {
+                st = TOKEN;
             }
-            uint32_t t = i;
-            while (i < end && d[i] != ',' && !is_ows(d[i]))
-                i++;
-            uint32_t n = i - t;
-            const char *w = d + t;
-            unsigned name = HTTP1_CONN_OTHER;
-            words++;
-            switch (n) {
-            case 2:
-                if (lit_eq(w, "te", 2))
-                    name = 0;
-                break;
-            case 4:
-                if (lit_eq(w, "host", 4))
-                    name = HTTP1_CONN_HOST;
-                break;
-            case 5:
-                if (lit_eq(w, "close", 5))
-                    flag = CONN_CLOSE;
-                break;
-            case 7:
-                if (lit_eq(w, "upgrade", 7))
-                    flag = CONN_UPGRADE, name = 0;
-                else if (lit_eq(w, "trailer", 7))
-                    name = 0;
-                break;
-            case 10:
-                if (lit_eq(w, "keep-alive", 10))
-                    flag = CONN_KEEP_ALIVE, name = 0;
-                else if (lit_eq(w, "connection", 10))
-                    name = 0;
-                break;
-            case 14:
-                if (lit_eq(w, "content-length", 14))
-                    name = HTTP1_CONN_CL;
-                break;
-            case 16:
-                if (lit_eq(w, "proxy-connection", 16))
-                    name = 0;
-                break;
-            case 17:
-                if (lit_eq(w, "transfer-encoding", 17))
-                    name = HTTP1_CONN_TE;
-                break;
-            }
-            if (words > 1)
-                flag = 0;
-            if (names)
-                h->conn_names |= name;
+            break;
+        case TOKEN:
+            if (ch == ',')
+                st = START;
+            break;
+        case GENERAL:
+            break;
         }
-        if (words == 1 && !void_it)
-            p->conn |= flag;
-        if (i < end)
-            i++;                /* the comma */
+    }
+    if (st == MATCHED)
+        flags |= 1u << which;
+    return flags;
+}
+
+/* Connection: its flags, and which fields it names (h1write drops them):
+ * every token, split at commas and whitespace, as h1write reads them.
+ * end is the raw end of the value, trailing whitespace included. */
+static void connection_value(struct http1 *p, struct http1_head *h, const char *d,
+                             uint32_t off, uint32_t end)
+{
+    p->conn |= conn_as_http_parser(d, off, end);
+    for (uint32_t i = off; i < end;) {
+        if (d[i] == ',' || is_ows(d[i])) {
+            i++;
+            continue;
+        }
+        uint32_t t = i;
+        while (i < end && d[i] != ',' && !is_ows(d[i]))
+            i++;
+        const char *w = d + t;
+        unsigned name = HTTP1_CONN_OTHER;
+        switch (i - t) {
+        case 2:
+            if (lit_eq(w, "te", 2))
+                name = 0;
+            break;
+        case 4:
+            if (lit_eq(w, "host", 4))
+                name = HTTP1_CONN_HOST;
+            break;
+        case 7:
+            if (lit_eq(w, "upgrade", 7) || lit_eq(w, "trailer", 7))
+                name = 0;
+            break;
+        case 10:
+            if (lit_eq(w, "keep-alive", 10) || lit_eq(w, "connection", 10))
+                name = 0;
+            break;
+        case 14:
+            if (lit_eq(w, "content-length", 14))
+                name = HTTP1_CONN_CL;
+            break;
+        case 16:
+            if (lit_eq(w, "proxy-connection", 16))
+                name = 0;
+            break;
+        case 17:
+            if (lit_eq(w, "transfer-encoding", 17))
+                name = HTTP1_CONN_TE;
+            break;
+        }
+        h->conn_names |= name;
     }
 }
 
+/* Did http_parser 2.9, which sluice used before, read a Transfer-Encoding
+ * value d[off..end) as ending in chunked? Its reading differs from the
+ * RFC's on odd lists (",chunked", "chunked, chunked", "chunked<HTAB>"),
+ * and sluice refused a value the two read differently; it still does, as
+ * an upstream on http_parser may read the body that way. */
+static int te_chunked_as_http_parser(const char *d, uint32_t off, uint32_t end)
+{
+    enum { TOKEN_START, MATCH, CHUNKED, TOKEN, GENERAL } st;
+    int idx = 0;
+
+    if (off == end)
+        return 0;
+    st = ((unsigned char)d[off] | 0x20) == 'c' ? MATCH : TOKEN;
+    for (uint32_t i = off + 1; i < end && st != GENERAL; i++) {
+        unsigned char ch = (unsigned char)d[i], c = ch | 0x20;
+        switch (st) {
+        case TOKEN_START:
+            /* c is ch | 0x20: an HTAB reads as ')', no whitespace */
+            if (c == 'c')
+                st = MATCH, idx = 0;
+            else if (HAS(c, C_TCHAR))
+                st = TOKEN;
+            else if (c != ' ')
+                st = GENERAL;
+            break;
+        case MATCH:
+            idx++;
+            if (idx > 6 || c != (unsigned char)"chunked"[idx])
+                st = TOKEN;
+            else if (idx == 6)
+                st = CHUNKED;
+            break;
+        case CHUNKED:
+            if (ch != ' ')
+                st = TOKEN;
+            break;
+        case TOKEN:
+            if (ch == ',')
+                st = TOKEN_START, idx = 0;
+            break;
+        case GENERAL:
+            break;
+        }
+    }
+    return st == CHUNKED;
+}
+
 /* Transfer-Encoding: is the last coding "chunked" (1), and the whole value
- * exactly that (2)? http_parser, which sluice used before, read a final
- * "chunked" followed by an HTAB as no chunked at all; sluice refused such a
- * value (te_tab), and still does. */
+ * exactly that (2)? raw_end is the value's end before trailing OWS. */
 static void te_value(struct http1 *p, const char *d, struct http1_span v, uint32_t raw_end)
 {
     uint32_t end = v.off + v.len, start = end;
@@ -289,11 +364,7 @@ static void te_value(struct http1 *p, const char *d, struct http1_span v, uint32
     p->te_last = end - start == 7 && lit_eq(d + start, "chunked", 7);
     if (p->te_last && p->nte == 1 && start == v.off)
         p->te_last = 2;
-    p->te_tab = 0;
-    if (p->te_last)
-        for (uint32_t i = end; i < raw_end; i++)
-            if (d[i] == '\t')
-                p->te_tab = 1;
+    p->te_odd = !!p->te_last != te_chunked_as_http_parser(d, v.off, raw_end);
 }
 
 /* A field line is complete: name and (trimmed) value are in h->h[last].
@@ -319,7 +390,7 @@ static int field_line(struct http1 *p, struct http1_head *h, const char *d)
         return 0;
     case 10:
         if (lit_eq(n, "connection", 10))
-            connection_value(p, h, d, value.off, p->vend, 1);
+            connection_value(p, h, d, value.off, p->vend);
         return 0;
     case 14:
         if (lit_eq(n, "content-length", 14)) {
@@ -330,7 +401,7 @@ static int field_line(struct http1 *p, struct http1_head *h, const char *d)
         break;
     case 16:
         if (lit_eq(n, "proxy-connection", 16)) {
-            connection_value(p, h, d, value.off, p->vend, 0);
+            p->conn |= conn_as_http_parser(d, value.off, p->vend);
             return 0;
         }
         break;
@@ -365,7 +436,7 @@ static int head_request_end(struct http1 *p, struct http1_head *h, const char *d
     if (p->nhost > 1 || (h->minor == 1 && p->nhost == 0))
         return 400;
     if (p->nte > 0) {
-        if (h->minor == 0 || p->nte > 1 || p->te_last != 2 || p->te_tab)
+        if (h->minor == 0 || p->nte > 1 || p->te_last != 2 || p->te_odd)
             return 400;
         h->body = HTTP1_BODY_CHUNKED;
     } else if (p->ncl > 0) {
@@ -380,7 +451,7 @@ static int head_response_end(struct http1 *p, struct http1_head *h)
 {
     int st = h->status;
 
-    if (p->nte > 0 && p->te_tab)
+    if (p->nte > 0 && p->te_odd)
         return 400;
     h->upgrade = st == 101;
     if (p->ncl > 0)
@@ -652,7 +723,7 @@ static void head_begin(struct http1 *p, int head_request, struct http1_head *h)
     p->st = S_LEAD;
     p->at = 0;
     p->ncl = p->nte = p->nhost = p->cl_bad = 0;
-    p->te_last = p->te_tab = p->has_upgrade = 0;
+    p->te_last = p->te_odd = p->has_upgrade = 0;
     p->conn = 0;
     p->cl = 0;
     p->in_body = p->done = 0;
@@ -726,7 +797,8 @@ static int hexval(unsigned char c)
 
 /* Chunked framing (RFC 9112 7.1): 1*HEXDIG, then ";" or SP and extension
  * bytes (HTAB, SP, VCHAR) or nothing, CRLF, the data, CRLF; after the last
- * chunk, trailer lines (a token, ':', HTAB/SP/VCHAR) and CRLF. Every CR is
+ * chunk, trailer lines (a token, ':', HTAB/SP/VCHAR; no framing field) and
+ * CRLF. Every CR is
  * followed by LF and every LF follows a CR. Returns the bytes used, -1 on a
  * framing error; stops after the message or a full pieces array. */
 static long chunked_run(struct http1 *p, const char *d, size_t n,
@@ -804,18 +876,30 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
         case CH_TRAILER:
             if (c == '\r') {
                 p->cs = CH_END_LF;
-            } else if (HAS(c, C_TCHAR)) {
-                p->cs = CH_TRAILER_NAME;
-            } else {
-                return -1;
+                i++;
+                break;
             }
-            i++;
-            break;
+            p->cs = CH_TRAILER_NAME;
+            p->tlen = 0;
+            p->tframing = 3;
+            /* fall through */
         case CH_TRAILER_NAME:
-            if (c == ':')
-                p->cs = CH_TRAILER_VALUE;
-            else if (!HAS(c, C_TCHAR))
+            /* A token; one that is or starts with a framing field's name
+             * is refused (RFC 9110 6.5.1; http_parser read them). */
+            while (HAS(c, C_TCHAR)) {
+                if (p->tlen < 14 && (c | 0x20) != (unsigned char)"content-length"[p->tlen])
+                    p->tframing &= ~1u;
+                if (p->tlen < 17 && (c | 0x20) != (unsigned char)"transfer-encoding"[p->tlen])
+                    p->tframing &= ~2u;
+                p->tlen++;
+                if (++i == n)
+                    return (long)i;
+                c = (unsigned char)d[i];
+            }
+            if (c != ':' || p->tlen == 0 ||
+                ((p->tframing & 1u) && p->tlen >= 14) || ((p->tframing & 2u) && p->tlen >= 17))
                 return -1;
+            p->cs = CH_TRAILER_VALUE;
             i++;
             break;
         case CH_TRAILER_VALUE:
