@@ -277,7 +277,7 @@ static void connection_value(struct http1 *p, struct http1_head *h, const char *
             break;
         case 4:
             if (lit_eq(w, "host", 4))
-                name = HTTP1_CONN_HOST;
+                name = HTTP1_CONN_HOST | HTTP1_CONN_OTHER;
             break;
         case 7:
             if (lit_eq(w, "upgrade", 7) || lit_eq(w, "trailer", 7))

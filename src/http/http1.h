@@ -33,7 +33,7 @@ enum http1_kind { HTTP1_REQUEST, HTTP1_RESPONSE };
  * second pass over them unless HTTP1_CONN_OTHER). */
 #define HTTP1_CONN_CL    1u     /* Content-Length */
 #define HTTP1_CONN_TE    2u     /* Transfer-Encoding */
-#define HTTP1_CONN_HOST  4u
+#define HTTP1_CONN_HOST  4u     /* (with HTTP1_CONN_OTHER) */
 #define HTTP1_CONN_OTHER 8u     /* a field that is not hop-by-hop anyway */
 
 enum http1_body {
