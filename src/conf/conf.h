@@ -164,6 +164,9 @@ struct conf_route {
     int upgrade;                /* tunnel Upgrade requests after a 101 */
     char **upgrade_protos;      /* protocols tunnelled; NULL: websocket only */
     int nupgrade_protos;
+    char *policy;               /* the RateLimit-Policy value of its limits,
+                                 * built once by conf_load (NULL otherwise) */
+    size_t policy_len;
 };
 
 struct conf_redis {
@@ -266,6 +269,11 @@ void conf_release(struct conf *c);
 void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
 
 /* Parsers shared with tests: return 0 and set *out, or -1. */
+/* The RateLimit-Policy value of r's limits ("name";q=N;w=S, ... as
+ * reply.c sends it), malloc'd, its length in *len: conf_load keeps it in
+ * r->policy; reply.c builds it for a route put together otherwise. */
+char *conf_route_policy(const struct conf_route *r, size_t *len);
+
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);
 /* A bucket's (token_bucket, gcra) time per token for a rate of count per

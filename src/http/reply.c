@@ -56,19 +56,13 @@ static void add_policy(struct obuf *out, const struct conf_route *route,
                        const char *more, size_t more_len)
 {
     ADD_LIT(out, "RateLimit-Policy: ");
-    for (int i = 0; i < route->nlimits; i++) {
-        const struct conf_limit *l = &route->limits[i];
-        if (i)
-            ADD_LIT(out, ", ");
-        add_quoted(out, l->name);
-        ADD_LIT(out, ";q=");
-        add_int(out, l->params.limit);
-        if (l->params.algo == LIMITER_CONCURRENCY) {    /* draft-10's quota unit */
-            ADD_LIT(out, ";qu=\"concurrent-requests\"");
-            continue;
-        }
-        ADD_LIT(out, ";w=");
-        add_int(out, reply_seconds(l->params.window_ms));
+    if (route->policy) {
+        obuf_add(out, route->policy, route->policy_len);
+    } else {                    /* a route not from conf_load */
+        size_t n;
+        char *t = conf_route_policy(route, &n);
+        obuf_add(out, t, n);
+        free(t);
     }
     if (more) {
         ADD_LIT(out, ", ");
