@@ -55,6 +55,17 @@ static const uint8_t cls[256] = { R64(0), R64(64), R64(128), R64(192) };
 
 #define HAS(c, k) (cls[(unsigned char)(c)] & (k))
 
+/* The end of the run of class k bytes in d[i..n): four at a time. */
+static inline size_t run_of(const char *d, size_t i, size_t n, uint8_t k)
+{
+    while (n - i >= 4 && HAS(d[i], k) && HAS(d[i + 1], k) && HAS(d[i + 2], k) &&
+           HAS(d[i + 3], k))
+        i += 4;
+    while (i < n && HAS(d[i], k))
+        i++;
+    return i;
+}
+
 /* ---- parser state --------------------------------------------------------- */
 
 enum head_state {
@@ -145,12 +156,40 @@ void http1_destroy(struct http1 *p)
 /* Does d[0..n) read the lower-case literal lit[0..n) in any case? OR-ing 0x20
  * folds A-Z onto a-z and maps no other byte that can reach here (no CR, no
  * control) onto a letter, a digit or '-'. */
-static int lit_eq(const char *d, const char *lit, size_t n)
+static inline __attribute__((always_inline)) int lit_eq(const char *d, const char *lit, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
+    size_t i = 0;
+
+    for (; i + 8 <= n; i += 8) {        /* eight bytes at a time */
+        uint64_t a, b;
+        memcpy(&a, d + i, 8);
+        memcpy(&b, lit + i, 8);
+        if ((a | 0x2020202020202020ULL) != b)
+            return 0;
+    }
+    for (; i < n; i++)
         if (((unsigned char)d[i] | 0x20) != (unsigned char)lit[i])
             return 0;
     return 1;
+}
+
+/* Eight bytes at a time for the long runs (values, targets): does the word
+ * hold a byte below 0x20 (HTAB and CR included: the byte loop decides
+ * those) or DEL? A VCHAR run also stops at SP and at bytes from 0x80. */
+#define ONES 0x0101010101010101ULL
+#define HIGH 0x8080808080808080ULL
+#define LESS(x, b) (((x) - ONES * (b)) & ~(x) & HIGH)
+
+static int word_not_field(uint64_t x)
+{
+    uint64_t del = x ^ (ONES * 0x7f);
+    return (LESS(x, 0x20) | LESS(del, 1)) != 0;
+}
+
+static int word_not_vchar(uint64_t x)
+{
+    uint64_t del = x ^ (ONES * 0x7f);
+    return (LESS(x, 0x21) | LESS(del, 1) | (x & HIGH)) != 0;
 }
 
 #define span_is(d, s, lit) ((s).len == sizeof(lit) - 1 && lit_eq((d) + (s).off, "" lit, sizeof(lit) - 1))
@@ -259,6 +298,16 @@ static unsigned conn_as_http_parser(const char *d, uint32_t off, uint32_t end)
 static void connection_value(struct http1 *p, struct http1_head *h, const char *d,
                              uint32_t off, uint32_t end)
 {
+    /* what nearly every head says, read at once */
+    if (end - off == 10 && lit_eq(d + off, "keep-alive", 10)) {
+        p->conn |= CONN_KEEP_ALIVE;
+        return;
+    }
+    if (end - off == 5 && lit_eq(d + off, "close", 5)) {
+        p->conn |= CONN_CLOSE;
+        h->conn_names |= HTTP1_CONN_OTHER;      /* h1write drops a "close" field */
+        return;
+    }
     p->conn |= conn_as_http_parser(d, off, end);
     for (uint32_t i = off; i < end;) {
         if (d[i] == ',' || is_ows(d[i])) {
@@ -526,18 +575,36 @@ static int head_scan(struct http1 *p, struct http1_head *h, const char *d, size_
                 return 400;
             h->method = (struct http1_span){ p->mark, (uint32_t)(i - p->mark) };
             p->st = S_TARGET;
-            i++;
-            break;
+            NEXT_OR_SAVE();
+            c = (unsigned char)d[i];
+            /* fall through */
         case S_TARGET:
             p->mark = (uint32_t)i;
-            if (c == '/' || c == '*')
-                p->st = S_PATH;
-            else if (IS_ALPHA(c))
+            if (IS_ALPHA(c)) {
                 p->st = S_SCHEME;
-            else
+                i++;
+                break;
+            }
+            if (c != '/' && c != '*')
                 return 400;
-            i++;
-            break;
+            p->st = S_PATH;
+            /* fall through */
+        case S_PATH:
+            for (uint64_t x; n - i >= 8; i += 8) {
+                memcpy(&x, d + i, 8);
+                if (word_not_vchar(x))
+                    break;
+            }
+            if (i == n)
+                goto more;
+            c = (unsigned char)d[i];
+            while (HAS(c, C_VCHAR)) {
+                NEXT_OR_SAVE();
+                c = (unsigned char)d[i];
+            }
+            if (c != ' ')
+                return 400;
+            goto target_end;
         case S_SCHEME:
             while (IS_ALPHA(c)) {
                 NEXT_OR_SAVE();
@@ -572,22 +639,33 @@ static int head_scan(struct http1 *p, struct http1_head *h, const char *d, size_
             }
             if (c != ' ' || !p->idx)
                 return 400;
-            goto target_end;
-        case S_PATH:
-            while (HAS(c, C_VCHAR)) {
-                NEXT_OR_SAVE();
-                c = (unsigned char)d[i];
-            }
-            if (c != ' ')
-                return 400;
         target_end:
             h->target = (struct http1_span){ p->mark, (uint32_t)(i - p->mark) };
             p->st = S_REQ_VERSION;
             p->idx = 0;
             i++;
+            /* the whole "HTTP/1.x" CRLF at once when it is there */
+            if (n - i >= 10 && memcmp(d + i, "HTTP/1.", 7) == 0 &&
+                (d[i + 7] == '0' || d[i + 7] == '1') && d[i + 8] == '\r' && d[i + 9] == '\n') {
+                h->minor = d[i + 7] - '0';
+                p->st = S_LINE;
+                i += 10;
+            }
             break;
-        case S_REQ_VERSION:
         case S_RES_VERSION:
+            /* "HTTP/1.x NNN" then SP or CR at once when it is there */
+            if (p->idx == 0 && n - i >= 13 && memcmp(d + i, "HTTP/1.", 7) == 0 &&
+                (d[i + 7] == '0' || d[i + 7] == '1') && d[i + 8] == ' ' &&
+                IS_DIGIT(d[i + 9]) && d[i + 9] != '0' && IS_DIGIT(d[i + 10]) &&
+                IS_DIGIT(d[i + 11]) && (d[i + 12] == ' ' || d[i + 12] == '\r')) {
+                h->minor = d[i + 7] - '0';
+                h->status = (d[i + 9] - '0') * 100 + (d[i + 10] - '0') * 10 + (d[i + 11] - '0');
+                p->st = d[i + 12] == ' ' ? S_REASON : S_RES_LF;
+                i += 13;
+                break;
+            }
+            /* fall through */
+        case S_REQ_VERSION:
             /* "HTTP/1." then the minor digit, then CR (request) or SP */
             if (p->idx < 7) {
                 if (c != (unsigned char)"HTTP/1."[p->idx])
@@ -650,6 +728,7 @@ static int head_scan(struct http1 *p, struct http1_head *h, const char *d, size_
             i++;
             break;
 
+        /* A field line, each state falling into the next while bytes last. */
         case S_LINE:
             if (c == '\r') {
                 p->st = S_END_LF;
@@ -662,20 +741,19 @@ static int head_scan(struct http1 *p, struct http1_head *h, const char *d, size_
                 return 431;
             p->mark = (uint32_t)i;
             p->st = S_NAME;
-            i++;
-            break;
+            /* fall through */
         case S_NAME:
-            while (HAS(c, C_TCHAR)) {
-                NEXT_OR_SAVE();
-                c = (unsigned char)d[i];
-            }
+            if ((i = run_of(d, i, n, C_TCHAR)) == n)
+                goto more;
+            c = (unsigned char)d[i];
             if (c != ':')
                 return 400;
             h->h[h->nheaders].name = (struct http1_span){ p->mark, (uint32_t)(i - p->mark) };
             h->nheaders++;
             p->st = S_VALUE_OWS;
-            i++;
-            break;
+            NEXT_OR_SAVE();
+            c = (unsigned char)d[i];
+            /* fall through */
         case S_VALUE_OWS:
             while (c == ' ' || c == '\t') {
                 NEXT_OR_SAVE();
@@ -683,12 +761,16 @@ static int head_scan(struct http1 *p, struct http1_head *h, const char *d, size_
             }
             p->mark = (uint32_t)i;
             p->st = S_VALUE;
-            break;
+            /* fall through */
         case S_VALUE:
-            while (HAS(c, C_FIELD)) {
-                NEXT_OR_SAVE();
-                c = (unsigned char)d[i];
+            for (uint64_t x; n - i >= 8; i += 8) {
+                memcpy(&x, d + i, 8);
+                if (word_not_field(x))
+                    break;
             }
+            if ((i = run_of(d, i, n, C_FIELD)) == n)
+                goto more;
+            c = (unsigned char)d[i];
             if (c != '\r')
                 return 400;
             {
@@ -701,6 +783,11 @@ static int head_scan(struct http1 *p, struct http1_head *h, const char *d, size_
             if (field_line(p, h, d) != 0)
                 return 400;
             p->st = S_LINE_LF;
+            NEXT_OR_SAVE();
+            c = (unsigned char)d[i];
+            if (c != '\n')
+                return 400;
+            p->st = S_LINE;
             i++;
             break;
         case S_END_LF:
@@ -1007,10 +1094,13 @@ int http1_name_is(const char *buf, const struct http1_header *hd, const char *na
 int http1_find(const char *buf, const struct http1_head *h, const char *name, int from)
 {
     size_t n = strlen(name);
+    int first = lower((unsigned char)name[0]);
 
-    for (int i = from < 0 ? 0 : from; i < h->nheaders; i++)
-        if (span_eq(buf, h->h[i].name, name, n))
+    for (int i = from < 0 ? 0 : from; i < h->nheaders; i++) {
+        struct http1_span s = h->h[i].name;
+        if (s.len == n && lower((unsigned char)buf[s.off]) == first && span_eq(buf, s, name, n))
             return i;
+    }
     return -1;
 }
 
