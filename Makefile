@@ -38,9 +38,12 @@ UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/tes
 # runs (tests/run-demo.sh: redis-server, Debian's python3 for the echo
 # upstream, curl to try it). `make test` installs the whole test toolchain.
 BUILD_DEBS := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
-            libhttp-parser-dev libpcre2-dev libssl-dev
+            libpcre2-dev libssl-dev
 RUN_DEBS := $(BUILD_DEBS) redis-server python3 curl
 DEBS     := $(BUILD_DEBS) libcmocka-dev redis-server python3-pytest python3-requests curl
+# http_parser: only test_http1_differential and fuzz_http1_differential link
+# it, as the reference sluice's own HTTP/1 parser is checked against
+DEBS     += libhttp-parser-dev
 # ab -k: an HTTP/1.0 keep-alive client for the integration tests
 DEBS     += apache2-utils
 # promtool: test_metrics and the dashboard tests check /metrics scrapes and
