@@ -10,7 +10,6 @@
  * Body decoding reports payload runs as offsets so the caller moves bytes
  * without copying. tests/unit/test_http1_differential.c holds this file to
  * what the http_parser-based version accepted. */
-#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,7 +113,7 @@ struct http1 {
     struct http1_head *open_head;   /* the head the last feed left unfinished */
     size_t at;                  /* bytes of it scanned */
     uint32_t mark;              /* start of the current token */
-    uint32_t vend;              /* end of the current value before trailing OWS */
+    uint32_t vend;              /* the current value's raw end (its CR) */
     int idx;                    /* bytes of a literal matched (version) */
     int seen_at;                /* an '@' in the authority */
     /* Framing fields seen, decided when the head ends. */
@@ -920,14 +919,13 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
             i++;
             break;
         case CH_EXT:
-            while (HAS(c, C_EXT)) {
-                if (++i == n)
-                    return (long)i;
-                c = (unsigned char)d[i];
-            }
-            if (c != '\r')
+        case CH_TRAILER_VALUE:
+            /* the rest of a size line or of a trailer line, to its CR */
+            if ((i = run_of(d, i, n, C_EXT)) == n)
+                return (long)i;
+            if (d[i] != '\r')
                 return -1;
-            p->cs = CH_SIZE_LF;
+            p->cs = p->cs == CH_EXT ? CH_SIZE_LF : CH_TRAILER_LF;
             i++;
             break;
         case CH_SIZE_LF:
@@ -987,17 +985,6 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
                 ((p->tframing & 1u) && p->tlen >= 14) || ((p->tframing & 2u) && p->tlen >= 17))
                 return -1;
             p->cs = CH_TRAILER_VALUE;
-            i++;
-            break;
-        case CH_TRAILER_VALUE:
-            while (HAS(c, C_EXT)) {
-                if (++i == n)
-                    return (long)i;
-                c = (unsigned char)d[i];
-            }
-            if (c != '\r')
-                return -1;
-            p->cs = CH_TRAILER_LF;
             i++;
             break;
         case CH_TRAILER_LF:
