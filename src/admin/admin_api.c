@@ -10,6 +10,7 @@
  * Everything is checked before anything is written, so a 400 changes
  * nothing. Precedence for a key: run-time override, config override, the
  * limit's own parameters. */
+#include <assert.h>
 #include <ctype.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -526,7 +527,10 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
             return api_error(out, 500, "the memory limiter refused the check");
         r = res.r[0];
     } else {
-        char ok[ROUTE_MAX_KEY + 8], num[10][24];
+        /* the integers after "d 1": algo L W I 1 1 ref cost, then the
+         * slot (concurrency) and the override key's index (admin.token) */
+        enum { STATE_NV = 8 + 1 + 1, STATE_ARGC = 5 + 2 + STATE_NV };
+        char ok[ROUTE_MAX_KEY + 8], num[STATE_NV][24];
         size_t oklen;
         ovr_key(q, ok, &oklen);
         /* limit.lua's batch protocol, one request of one limit, check only:
@@ -535,15 +539,18 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
          * overrides: nor does this */
         int ro = q->conf->redis.overrides, nk = ro ? 2 : 1;
         int conc = cp->algo == LIMITER_CONCURRENCY;
-        int64_t v[9] = { cp->algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
-                         STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
+        int64_t v[STATE_NV] = { cp->algo, cp->limit, cp->window_ms,
+                                conc ? 0 : cp->interval_us, 1, 1,
+                                STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
         int nv = 8;
         if (conc)
             v[nv++] = 9007199254740991LL;       /* a slot id no request has: 2^53 - 1 */
         if (ro)
             v[nv++] = 2;                        /* KEYS[2] is the override key */
-        const char *argv[16] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key, ok };
-        size_t lens[16] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
+        assert(nv <= STATE_NV && 5 + nk + nv <= STATE_ARGC);
+        const char *argv[STATE_ARGC] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key,
+                                         ok };
+        size_t lens[STATE_ARGC] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
         argv[3 + nk] = "d", lens[3 + nk] = 1;
         argv[4 + nk] = "1", lens[4 + nk] = 1;
         for (int i = 0; i < nv; i++) {

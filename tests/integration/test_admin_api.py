@@ -162,3 +162,32 @@ def test_methods_and_bounds(sluice, redis):
         c.send(build_request("GET", "/api/limits/r/fw?key=k"))
         r = c.read_response()
         assert r.status == 200 and json.loads(r.body)["params"]["limit"] == 4
+
+
+CONC_ROUTES = """\
+  - name: c
+    match: { path: /c }
+    upstream: api
+    limits:
+      - { name: conc, algorithm: concurrency, limit: 2, lease: 20s, key: ["header:X-K"] }
+"""
+
+
+def test_concurrency_state_with_token_reads_and_survives(sluice, redis):
+    # issue 18 item 1: a concurrency limit's slot plus the override key's
+    # index overran op_state's argument arrays (UBSan: index 9 out of bounds;
+    # a release build could die of it, taking every route down)
+    s = start_api(sluice, CONC_ROUTES)
+    for _ in range(2):
+        code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k", token=None)
+        assert code == 200, doc
+        assert doc["allowed"] is True and doc["remaining"] == 2, doc
+        assert doc["source"] == "limit" and doc["params"]["limit"] == 2, doc
+    code, doc, _ = api(s, "PUT", "/api/limits/c/conc/override?key=k", {"limit": 5})
+    assert code == 200, doc
+    code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k")
+    assert code == 200, doc
+    assert doc["source"] == "runtime" and doc["params"]["limit"] == 5, doc
+    assert doc["remaining"] == 5, doc
+    assert get_k(s, "/c", "k") == 200          # every route still answers
+    assert s.proc.poll() is None, s.stderr
