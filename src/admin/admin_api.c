@@ -574,14 +574,16 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
         r.allowed = got >= 0;
         r.remaining = got >= 0 ? got : 0;
         r.reset_ms = rep[0].ints[3];
-        r.retry_ms = got >= 0 ? 0 : -got;
+        r.retry_ms = got >= 0 ? 0 : got < -INT64_MAX ? INT64_MAX : -got;
+        r.limit = ro ? rep[0].ints[4] : cp->limit;
+        limiter_clamp(&r, cp, ro);
         if (ro && rep[1].type == STORE_SYNC_STR &&
             parse_ovr(rep[1].str, rep[1].len, cp, &eff) == 0) {
             runtime = 1;
             ttl_ms = rep[2].type == STORE_SYNC_INT && rep[2].integer >= 0 ? rep[2].integer : -1;
         }
         if (ro)
-            eff.limit = rep[0].ints[4];
+            eff.limit = r.limit;
     }
     put_head(out, q);
     evbuffer_add_printf(out, ", \"source\": \"%s\", \"params\": ",
