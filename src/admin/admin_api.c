@@ -464,6 +464,9 @@ static void put_params(struct evbuffer *out, const struct limiter_params *p)
     if (p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA)
         evbuffer_add_printf(out, "{\"burst\": %lld, \"interval_us\": %lld}",
                             (long long)p->limit, (long long)p->interval_us);
+    else if (p->algo == LIMITER_CONCURRENCY)     /* window_ms is the slots' lease */
+        evbuffer_add_printf(out, "{\"limit\": %lld, \"lease_ms\": %lld}",
+                            (long long)p->limit, (long long)p->window_ms);
     else
         evbuffer_add_printf(out, "{\"limit\": %lld, \"window_ms\": %lld}",
                             (long long)p->limit, (long long)p->window_ms);

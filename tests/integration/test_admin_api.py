@@ -187,7 +187,18 @@ def test_concurrency_state_with_token_reads_and_survives(sluice, redis):
     assert code == 200, doc
     code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k")
     assert code == 200, doc
-    assert doc["source"] == "runtime" and doc["params"]["limit"] == 5, doc
+    assert doc["source"] == "runtime" and doc["params"] == {"limit": 5, "lease_ms": 20000}, doc
     assert doc["remaining"] == 5, doc
     assert get_k(s, "/c", "k") == 200          # every route still answers
     assert s.proc.poll() is None, s.stderr
+
+
+def test_concurrency_params_name_the_lease(sluice, redis):
+    # issue 18 item 10d: a concurrency limit's window_ms is its lease
+    s = start_api(sluice, CONC_ROUTES + ROUTES, token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k", token=None)
+    assert code == 200, doc
+    assert doc["params"] == {"limit": 2, "lease_ms": 20000}, doc
+    assert doc["config_params"] == {"limit": 2, "lease_ms": 20000}, doc
+    code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k", token=None)
+    assert code == 200 and doc["params"] == {"limit": 2, "window_ms": 3600000}, doc
