@@ -24,6 +24,7 @@
 #include "clock.h"
 #include "conf.h"
 #include "esc.h"
+#include "mem.h"
 #include "memstore.h"
 #include "resetbus.h"
 #include "route.h"
@@ -56,9 +57,9 @@ struct api_req {
     const struct conf_route *route;
     const struct conf_limit *limit;
     enum { OP_STATE, OP_OVERRIDE, OP_RESET } op;
-    char *parts[CONF_MAX_LIMITS];       /* decoded key values (mem_alloc'd) */
-    size_t partlen[CONF_MAX_LIMITS];
-    int nparts;
+    char **parts;                       /* decoded key values (malloc'd), */
+    size_t *partlen;                    /* room for the limit's nkeys */
+    int nparts, more;                   /* more: the query gave more than nkeys */
     char key[ROUTE_MAX_KEY];
     size_t keylen;
     const struct conf_override *cfg;    /* the key's config override, or NULL */
@@ -151,6 +152,10 @@ static void req_free(struct api_req *q)
 {
     for (int i = 0; i < q->nparts; i++)
         free(q->parts[i]);
+    free(q->parts);
+    free(q->partlen);
+    q->parts = NULL;
+    q->partlen = NULL;
     q->nparts = 0;
 }
 
@@ -193,7 +198,10 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
         return api_error(out, 404, "not found: use %s/ROUTE/LIMIT[/override|/reset]?key=...",
                          ADMIN_API_PREFIX);
 
-    /* ?key=V&key=V2: the key's parts, in order */
+    /* ?key=V&key=V2: the key's parts, in order (config does not bound
+     * how many sources a key has) */
+    q->parts = mem_calloc((size_t)q->limit->nkeys, sizeof(*q->parts));
+    q->partlen = mem_calloc((size_t)q->limit->nkeys, sizeof(*q->partlen));
     const char *t = data + h->target.off, *tend = t + h->target.len;
     const char *qs = memchr(t, '?', h->target.len);
     for (const char *a = qs ? qs + 1 : tend; a < tend;) {
@@ -201,8 +209,10 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
         const char *pe = amp ? amp : tend;
         const char *eq = memchr(a, '=', (size_t)(pe - a));
         if (eq && eq - a == 3 && !memcmp(a, "key", 3)) {
-            if (q->nparts >= CONF_MAX_LIMITS || q->nparts >= q->limit->nkeys + 1)
+            if (q->nparts >= q->limit->nkeys) {
+                q->more = 1;
                 break;
+            }
             size_t n;
             char *v = decode(eq + 1, (size_t)(pe - eq - 1), &n);
             if (v == NULL)
@@ -220,11 +230,11 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
         }
         a = amp ? amp + 1 : tend;
     }
-    if (q->nparts != q->limit->nkeys)
+    if (q->nparts != q->limit->nkeys || q->more)
         return api_error(out, 400, "limit '%s' of route '%s' has a key of %d part%s; got %d%s",
                          q->limit->name, q->route->name, q->limit->nkeys,
-                         q->limit->nkeys == 1 ? "" : "s", q->nparts,
-                         q->nparts > q->limit->nkeys ? " or more" : "");
+                         q->limit->nkeys == 1 ? "" : "s", q->nparts + q->more,
+                         q->more ? " or more" : "");
     long kl = route_key_parts(q->conf, q->route, q->limit, (const char *const *)q->parts,
                               q->partlen, q->nparts, q->key);
     if (kl <= 0)
