@@ -3,7 +3,7 @@
 # `make lint` fails on any finding of cppcheck (Debian's 2.10) or clang-tidy
 # (the checks in .clang-tidy), and on any warning of a clang-14 build with
 # -Wall -Wextra -Werror. `make valgrind` runs one integration scenario
-# (tests/integration/test_hard_valgrind.py) with sluice under memcheck:
+# (tests/integration/test_valgrind.py) with sluice under memcheck:
 # zero errors and zero definite/indirect leaks, exit 0 after SIGTERM.
 
 CPPCHECK    ?= cppcheck
@@ -34,5 +34,5 @@ lint-clang:
 
 valgrind: $(BUILD)/sluice
 	@command -v valgrind >/dev/null || { echo "valgrind: not installed"; exit 1; }
-	SLUICE_BIN=$(abspath $(BUILD)/sluice) HARD_REQUIRE_VALGRIND=1 \
-	  $(PYTEST) -q -m slow tests/integration/test_hard_valgrind.py
+	SLUICE_BIN=$(abspath $(BUILD)/sluice) SLUICE_REQUIRE_VALGRIND=1 \
+	  $(PYTEST) -q -m slow tests/integration/test_valgrind.py

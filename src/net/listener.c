@@ -4,10 +4,12 @@
  * EAGAIN, EINTR or ECONNABORTED. Without one it only warns and leaves the
  * listener enabled: out of file descriptors, the socket stays readable and
  * the loop spins at 100% CPU writing a line per failed accept. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <netinet/in.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 
@@ -53,6 +55,50 @@ static void error_cb(struct evconnlistener *ev, void *arg)
     evconnlistener_disable(ev);
     struct timeval tv = clock_timeval(LISTENER_PAUSE_MS);
     evtimer_add(l->resume, &tv);
+}
+
+static int bound_socket(const struct sockaddr *sa, socklen_t len, int reuseport)
+{
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));   /* past TIME_WAIT */
+    if (reuseport)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    if (sa->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (bind(fd, sa, len) < 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+/* Linux refuses a bind without SO_REUSEPORT next to any listening socket on
+ * an overlapping address, whoever owns it (SO_REUSEADDR only lets it pass
+ * connections in TIME_WAIT). */
+int listener_check_free(const struct sockaddr *sa, socklen_t len)
+{
+    int fd = bound_socket(sa, len, 0);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog)
+{
+    int fd = bound_socket(sa, len, 1);
+    if (fd >= 0 && listen(fd, backlog) < 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
 }
 
 struct listener *listener_create(struct event_base *base, int fd, const char *who,

@@ -17,6 +17,21 @@
 struct event_base;
 struct listener;
 
+/* Listening sockets of the public listeners: one per worker and address,
+ * with SO_REUSEPORT so the kernel spreads connections between the workers.
+ * SO_REUSEPORT alone would also let another process (another sluice of the
+ * same user) join the group and take a share of the connections, so a
+ * process first checks each address with listener_check_free().
+ *
+ * 0 when nothing listens on sa: a bind there without SO_REUSEPORT succeeds
+ * (and is undone at once). -1 with errno otherwise: EADDRINUSE while any
+ * socket of any process listens on sa, or on a wildcard address of its port
+ * (or sa is a wildcard and something listens on one of its addresses). */
+int listener_check_free(const struct sockaddr *sa, socklen_t len);
+/* A non-blocking socket bound to sa with SO_REUSEADDR and SO_REUSEPORT
+ * (IPV6_V6ONLY for IPv6), listening with backlog; -1 with errno. */
+int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog);
+
 /* Called on the base's thread for each accepted connection; it owns fd. */
 typedef void (*listener_accept_fn)(void *arg, int fd, struct sockaddr *peer, int peerlen);
 

@@ -27,6 +27,7 @@
 #include "decide.h"
 #include "denycache.h"
 #include "http1.h"
+#include "log.h"
 #include "metrics.h"
 #include "resetbus.h"
 #include "route.h"
@@ -386,6 +387,23 @@ static void count_backend_error(const struct backend *b, const struct store_resu
 
 static void local_cb(void *arg, const struct store_result *res);
 
+/* The memory limiter could not decide (a limit it cannot compute): that is
+ * no outage on_error was written for, and passing would mean no limit at
+ * all, so the request gets the 503 limiter_unavailable, logged (at most once
+ * a second) and counted as decision="error". */
+static int memory_failed(struct decision *dec, const char *which)
+{
+    static struct log_every failures;
+    long n = log_every_second(&failures);
+    if (n)
+        log_error("decide: the memory limiter could not decide route '%s' (%s); answering "
+                  "503 (%ld such request%s since the last such line)", dec->rl.route->name,
+                  which, n, n == 1 ? "" : "s");
+    dec->have_limits = 0;
+    count_decision(dec, METRICS_ERROR);
+    return DECIDE_UNAVAILABLE;
+}
+
 /* The backend could not decide: on_error says what the request gets. */
 static int apply_on_error(struct decision *dec)
 {
@@ -403,8 +421,7 @@ static int apply_on_error(struct decision *dec)
             if (dec->call != NULL)
                 return DECIDE_PENDING;
         }
-        /* no local answer either: as allow */
-        __attribute__((fallthrough));
+        return memory_failed(dec, "on_error: local");
     default:        /* allow: forwarded without rate-limit fields */
         dec->have_limits = 0;
         count_decision(dec, METRICS_ERROR);
@@ -423,10 +440,8 @@ static void local_cb(void *arg, const struct store_result *res)
 {
     struct decision *dec = arg;
     dec->call = NULL;
-    if (res->status != STORE_OK) {      /* as allow */
-        dec->have_limits = 0;
-        count_decision(dec, METRICS_ERROR);
-        finish(dec, DECIDE_FORWARD);
+    if (res->status != STORE_OK) {
+        finish(dec, memory_failed(dec, "on_error: local"));
         return;
     }
     finish(dec, take_shaping(dec, res, apply_decision(dec, res, 0)));
@@ -438,6 +453,10 @@ static void backend_cb(void *arg, const struct store_result *res)
     dec->call = NULL;
     if (backend_store(dec->backend) != NULL)
         metrics_observe(METRICS_REDIS_SECONDS, clock_us() - dec->call_start_us);
+    if (res->status != STORE_OK && backend_store(dec->backend) == NULL) {
+        finish(dec, memory_failed(dec, "backend: memory"));
+        return;
+    }
     if (res->status != STORE_OK) {
         /* a timed-out script may still have taken slots: give them back */
         give_back(dec, dec->backend, concurrency_keys(dec), 0);
