@@ -156,7 +156,7 @@ def test_every_early_reject_carries_a_request_id(sluice, redis):
     """issue 18 item 10a: the answers sluice gives before a head is read
     (the parser's 400/414/431, the head timeout's 408) carry an
     X-Request-Id like every other answer (README: Request ids)."""
-    s = sluice(hard_conf(NOT_FOUND, client={"header_timeout": "1s"}, max_header_bytes=2048))
+    s = sluice(client_conf(NOT_FOUND, client={"header_timeout": "1s"}, max_header_bytes=2048))
     seen, answers = {}, {}
     for name, (status, data) in EARLY.items():
         with Conn(s.port, timeout_s=5) as c:
