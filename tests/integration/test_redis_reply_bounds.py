@@ -15,6 +15,7 @@ import threading
 import time
 
 from conftest import http_get, make_conf, rl_headers
+from test_redis_replies import HostileRedis, _Cmds
 
 ROUTES = """\
   - name: fw
@@ -32,23 +33,21 @@ ROUTES = """\
 INT64_MIN = -(1 << 63)
 
 
-class _Stream:
-    """RESP values read from a socket, each with its raw bytes."""
+class _Stream(_Cmds):
+    """RESP values read from a socket, each with its raw bytes; a read that
+    times out is tried again until stopping() (a value is never cut)."""
 
-    def __init__(self, sock):
-        self.sock, self.buf = sock, b""
+    def __init__(self, sock, stopping):
+        super().__init__(sock)
+        self.stopping = stopping
 
     def _fill(self):
-        data = self.sock.recv(65536)
-        if not data:
-            raise ConnectionError("closed")
-        self.buf += data
-
-    def _line(self):
-        while b"\r\n" not in self.buf:
-            self._fill()
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
+        while True:
+            try:
+                return super()._fill()
+            except socket.timeout:
+                if self.stopping():
+                    raise ConnectionError("stopping")
 
     def value(self):
         """(python value, raw bytes): arrays as lists, integers as ints,
@@ -82,90 +81,66 @@ def _ints(values):
     return b"*%d\r\n" % len(values) + b"".join(b":%d\r\n" % v for v in values)
 
 
-class RewritingRelay:
-    """Relays every connection to the real Redis; the reply to each
-    EVALSHA/EVAL that is an array of integers goes through rewrite(ints)
-    (which returns the integers to send, or None to leave it)."""
+class RewritingRelay(HostileRedis):
+    """Relays every connection to the real Redis (HostileRedis with nothing
+    hostile); the reply to each EVALSHA/EVAL that is an array of integers
+    goes through rewrite(ints) (which returns the integers to send, or None
+    to leave it)."""
 
     def __init__(self, relay_port, rewrite):
-        self.relay_port, self.rewrite = relay_port, rewrite
-        self.rewritten = 0
-        self.lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.lsock.bind(("127.0.0.1", 0))
-        self.port = self.lsock.getsockname()[1]
-        self.lsock.listen(16)
-        self.lsock.settimeout(0.2)
-        self.stopping = False
-        self.socks = []
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
+        self.rewrite, self.rewritten = rewrite, 0
+        super().__init__(None, relay_port)
 
-    def _spawn(self, fn, *args):
-        t = threading.Thread(target=fn, args=args, daemon=True)
+    def _relay(self, c):
+        try:
+            r = socket.create_connection(("127.0.0.1", self.relay_port), timeout=2.0)
+        except OSError:
+            c.close()
+            return
+        names = []              # command names in order, for their replies
+        cond = threading.Condition()
+        t = threading.Thread(target=self._down, args=(r, c, names, cond), daemon=True)
         self.threads.append(t)
         t.start()
-
-    def _accept(self):
-        while not self.stopping:
-            try:
-                c, _ = self.lsock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            try:
-                r = socket.create_connection(("127.0.0.1", self.relay_port), timeout=2.0)
-            except OSError:
-                c.close()
-                continue
-            self.socks += [c, r]
-            names = []              # command names in order, for their replies
-            cond = threading.Condition()
-            self._spawn(self._up, c, r, names, cond)
-            self._spawn(self._down, r, c, names, cond)
+        self._up(c, r, names, cond)
+        t.join(2.0)
+        c.close()
+        r.close()
 
     def _up(self, c, r, names, cond):
-        rd = _Stream(c)
-        c.settimeout(0.2)
-        try:
-            while not self.stopping:
-                try:
-                    v, raw = rd.value()
-                except socket.timeout:
-                    continue
-                with cond:
-                    names.append(v[0].upper() if isinstance(v, list) and v else b"")
-                    cond.notify()
-                r.sendall(raw)
-        except (OSError, ConnectionError):
-            pass
-        finally:
-            self._close(c, r)
+        def each(v, raw):
+            with cond:
+                names.append(v[0].upper() if isinstance(v, list) and v else b"")
+                cond.notify()
+            return raw
+        self._pipe(c, r, each)
 
     def _down(self, r, c, names, cond):
-        rd = _Stream(r)
-        r.settimeout(0.2)
+        def each(v, raw):
+            with cond:
+                cond.wait_for(lambda: names or self.stopping, timeout=2.0)
+                name = names.pop(0) if names else b""
+            if name in (b"EVALSHA", b"EVAL") and isinstance(v, list) and \
+                    all(isinstance(x, int) for x in v):
+                new = self.rewrite(list(v))
+                if new is not None:
+                    self.rewritten += 1
+                    return _ints(new)
+            return raw
+        self._pipe(r, c, each)
+
+    def _pipe(self, src, dst, each):
+        """RESP values from src to dst, each as each(value, raw) returns it."""
+        rd = _Stream(src, lambda: self.stopping)
+        src.settimeout(0.2)
         try:
             while not self.stopping:
-                try:
-                    v, raw = rd.value()
-                except socket.timeout:
-                    continue
-                with cond:
-                    cond.wait_for(lambda: names or self.stopping, timeout=2.0)
-                    name = names.pop(0) if names else b""
-                if name in (b"EVALSHA", b"EVAL") and isinstance(v, list) and \
-                        all(isinstance(x, int) for x in v):
-                    new = self.rewrite(list(v))
-                    if new is not None:
-                        raw = _ints(new)
-                        self.rewritten += 1
-                c.sendall(raw)
+                v, raw = rd.value()
+                dst.sendall(each(v, raw))
         except (OSError, ConnectionError):
             pass
         finally:
-            self._close(c, r)
+            self._close(src, dst)
 
     @staticmethod
     def _close(*socks):
@@ -174,15 +149,6 @@ class RewritingRelay:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-    def stop(self):
-        self.stopping = True
-        self.lsock.close()
-        self._close(*self.socks)
-        for t in self.threads:
-            t.join(3.0)
-        for s in self.socks:
-            s.close()
 
 
 def on_relay(sluice, redis, rewrite):
