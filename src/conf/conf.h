@@ -29,6 +29,9 @@ enum conf_backend { CONF_BACKEND_REDIS, CONF_BACKEND_MEMORY };
 enum conf_headers { CONF_HEADERS_FULL, CONF_HEADERS_IETF, CONF_HEADERS_LEGACY, CONF_HEADERS_NONE };
 /* Request fields whose names hold '_' (read as '-' by CGI-style upstreams). */
 enum conf_underscore { CONF_UNDERSCORE_DROP, CONF_UNDERSCORE_PASS, CONF_UNDERSCORE_REJECT };
+/* A limit's answer to a request lacking one of its key sources: counted
+ * under the client address (a key space of its own), 400, or not counted. */
+enum conf_missing_key { CONF_MISSING_IP, CONF_MISSING_DENY, CONF_MISSING_PASS };
 
 #define CONF_MAX_STATUS 600
 #define CONF_MAX_LIMITS 16             /* per route (store.h: STORE_MAX_LIMITS) */
@@ -112,6 +115,7 @@ struct conf_limit {
     char *message;              /* rejection "message" in the JSON body; NULL */
     struct conf_override *overrides;    /* per-key parameters; NULL */
     int noverrides;
+    enum conf_missing_key on_missing_key;   /* default ip */
 };
 
 /* upstreams.NAME.tls: present (even {}), the servers speak TLS. */
@@ -270,9 +274,11 @@ void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
 
 /* Parsers shared with tests: return 0 and set *out, or -1. */
 /* The RateLimit-Policy value of r's limits ("name";q=N;w=S, ... as
- * reply.c sends it), malloc'd, its length in *len: conf_load keeps it in
- * r->policy; reply.c builds it for a route put together otherwise. */
-char *conf_route_policy(const struct conf_route *r, size_t *len);
+ * reply.c sends it), malloc'd, its length in *len. q[i] and w_ms[i] are
+ * limit i's quota and window as applied (an override's), or both NULL for
+ * the configured ones: conf_load keeps that text in r->policy. */
+char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
+                        size_t *len);
 
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);

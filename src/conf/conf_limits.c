@@ -1,8 +1,9 @@
 /* sluice - conf_limits.c: the config sections about requests: routes (match
  * by path, path_regex, methods and host; upstream, cost, headers, upgrade),
- * their limits (algorithm, rate or window, keys, shadow, count_status,
- * overrides, lease, delay), allow lists (trusted_proxies, allow, a route's
- * allow) and paths. What routes share across keys is checked in conf_load.c. */
+ * their limits (algorithm, rate or window, keys, on_missing_key, shadow,
+ * count_status, overrides, lease, delay), allow lists (trusted_proxies,
+ * allow, a route's allow) and paths. What routes share across keys is
+ * checked in conf_load.c. */
 #include "conf.h"
 
 #include <ctype.h>
@@ -16,7 +17,8 @@
 
 /* ---- the RateLimit-Policy value */
 
-char *conf_route_policy(const struct conf_route *r, size_t *len)
+char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
+                        size_t *len)
 {
     size_t cap = 1, n = 0;
 
@@ -25,18 +27,18 @@ char *conf_route_policy(const struct conf_route *r, size_t *len)
     char *out = xcalloc(1, cap);
     for (int i = 0; i < r->nlimits; i++) {
         const struct conf_limit *l = &r->limits[i];
+        int64_t quota = q ? q[i] : l->params.limit, w = w_ms ? w_ms[i] : l->params.window_ms;
         if (i)
             n += (size_t)snprintf(out + n, cap - n, ", ");
         out[n++] = '"';
         n = (size_t)(esc_put(out + n, l->name, strlen(l->name), ESC_QUOTED) - out);
         out[n++] = '"';
-        n += (size_t)snprintf(out + n, cap - n, ";q=%lld", (long long)l->params.limit);
+        n += (size_t)snprintf(out + n, cap - n, ";q=%lld", (long long)quota);
         if (l->params.algo == LIMITER_CONCURRENCY)     /* draft-10's quota unit */
             n += (size_t)snprintf(out + n, cap - n, ";qu=\"concurrent-requests\"");
         else                    /* whole seconds, rounded up (reply_seconds) */
             n += (size_t)snprintf(out + n, cap - n, ";w=%lld",
-                                  (long long)(l->params.window_ms > 0 ?
-                                              (l->params.window_ms + 999) / 1000 : 0));
+                                  (long long)(w > 0 ? (w + 999) / 1000 : 0));
     }
     *len = n;
     return out;
@@ -616,6 +618,16 @@ static int h_limit_delay(struct ctx *x, struct node *k, struct node *v, void *ob
     return conf_scalar(x, v) ? 0 : -1;
 }
 
+static int h_limit_on_missing_key(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "ip", "deny", "pass" };
+    int i = 0;
+    if (conf_get_enum(x, v, names, 3, "ip, deny or pass", &i) < 0)
+        return -1;
+    ((struct limit_src *)obj)->l->on_missing_key = (enum conf_missing_key)i;
+    return 0;
+}
+
 static const struct key_def limit_keys[] = {
     { "name", h_limit_name, 1 },
     { "algorithm", h_limit_algorithm, 1 },
@@ -632,6 +644,7 @@ static const struct key_def limit_keys[] = {
     { "overrides", h_limit_overrides, 0 },
     { "lease", h_limit_lease, 0 },
     { "delay", h_limit_delay, 0 },
+    { "on_missing_key", h_limit_on_missing_key, 0 },
     { NULL, NULL, 0 },
 };
 

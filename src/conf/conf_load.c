@@ -304,7 +304,7 @@ static int check_route(struct ctx *x, int i)
         }
     }
     if (rc == 0)                /* written on every response: built once */
-        r->policy = conf_route_policy(r, &r->policy_len);
+        r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
     conf_path_pop(x, old);
     return rc;
 }
