@@ -82,6 +82,8 @@ struct conf_keysrc {
     char *arg;                  /* header/query/cookie name; NULL otherwise */
     size_t arglen;
     int capture;                /* CONF_KEY_CAPTURE: group 1..9 of path_regex */
+    int net;                    /* CONF_KEY_IP from ip/N: key the client's network */
+    int bits4, bits6;           /* with net: its prefix lengths (32, 128: whole) */
 };
 
 /* overrides: one key's parameters instead of the limit's own. parts are

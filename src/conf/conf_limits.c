@@ -427,13 +427,49 @@ static const struct { const char *word; enum conf_keysrc_kind kind; int has_arg;
     { "cookie", CONF_KEY_COOKIE, 1 }, { NULL, 0, 0 },
 };
 
-/* 0, or -1 for an unknown source, -2 for a bad capture number. capture:N
- * is checked against the route's path_regex in phase 3 (match may come
- * after limits in the file). */
+/* s[0..n) as a prefix length 0..max (one to three digits), or -1. */
+static int parse_prefix_bits(const char *s, size_t n, int max)
+{
+    int v = 0;
+    if (n == 0 || n > 3)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v <= max ? v : -1;
+}
+
+/* "N" or "N/M" after "ip/": the prefix lengths, or -1. ip/N with N <= 32
+ * is an IPv4 length (IPv6 clients keyed whole), with N > 32 an IPv6 one
+ * (IPv4 clients keyed whole); ip/N/M gives both. */
+static int parse_ip_prefix(const char *s, struct conf_keysrc *out)
+{
+    const char *slash = strchr(s, '/');
+    if (slash == NULL) {
+        int n = parse_prefix_bits(s, strlen(s), 128);
+        out->bits4 = n <= 32 ? n : 32;
+        out->bits6 = n <= 32 ? 128 : n;
+        return n;
+    }
+    out->bits4 = parse_prefix_bits(s, (size_t)(slash - s), 32);
+    out->bits6 = parse_prefix_bits(slash + 1, strlen(slash + 1), 128);
+    return out->bits4 < 0 || out->bits6 < 0 ? -1 : 0;
+}
+
+/* 0, or -1 for an unknown source, -2 for a bad capture number, -3 for a
+ * bad ip prefix. capture:N is checked against the route's path_regex in
+ * phase 3 (match may come after limits in the file). */
 static int parse_keysrc(const char *s, struct conf_keysrc *out)
 {
     const char *colon = strchr(s, ':');
     size_t wl = colon ? (size_t)(colon - s) : strlen(s);
+    if (!strncmp(s, "ip/", 3)) {
+        out->kind = CONF_KEY_IP;
+        out->net = 1;
+        return parse_ip_prefix(s + 3, out) < 0 ? -3 : 0;
+    }
     if (wl == 7 && !strncmp(s, "capture", 7)) {
         if (!colon || colon[1] < '1' || colon[1] > '0' + CONF_MAX_CAPTURES || colon[2])
             return -2;
@@ -473,9 +509,13 @@ static int h_limit_key(struct ctx *x, struct node *k, struct node *v, void *obj)
         if (s && rc == -2)
             conf_fail(x, v->kids[i], "bad key source '%s' (capture:N takes a group number "
                       "1..%d)", conf_show(s, sb), CONF_MAX_CAPTURES);
+        else if (s && rc == -3)
+            conf_fail(x, v->kids[i], "bad key source '%s' (ip/N takes a prefix length 0..128, "
+                      "ip/N/M an IPv4 length 0..32 and an IPv6 length 0..128)",
+                      conf_show(s, sb));
         else if (s && rc < 0)
-            conf_fail(x, v->kids[i], "bad key source '%s' (use ip, method, path, header:NAME, "
-                      "query:NAME or cookie:NAME)", conf_show(s, sb));
+            conf_fail(x, v->kids[i], "bad key source '%s' (use ip, ip/N, method, path, "
+                      "header:NAME, query:NAME or cookie:NAME)", conf_show(s, sb));
         conf_path_pop(x, old);
         if (rc < 0)
             return -1;
