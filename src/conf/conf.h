@@ -112,6 +112,7 @@ struct conf_limit {
     uint8_t count_status[CONF_MAX_STATUS];  /* 1 = counts */
     int status;                 /* rejection status, default 429 */
     char *message;              /* rejection "message" in the JSON body; NULL */
+    struct tzcal *tz;           /* calendar: true: its zone (params.tz); NULL */
     struct conf_override *overrides;    /* per-key parameters; NULL */
     int noverrides;
 };

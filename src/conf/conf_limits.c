@@ -375,6 +375,7 @@ struct limit_src {
     struct node *overrides, *overrides_k;
     struct node *limit_k, *window_k, *rate_k, *burst_k;       /* their keys */
     struct node *lease, *lease_k, *delay, *delay_k;           /* concurrency; delay */
+    struct node *calendar, *calendar_k, *timezone, *timezone_k;
 };
 
 static int h_limit_name(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -627,6 +628,23 @@ static int h_limit_delay(struct ctx *x, struct node *k, struct node *v, void *ob
     return conf_scalar(x, v) ? 0 : -1;
 }
 
+static int h_limit_calendar(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    int on;
+    if (conf_get_bool(x, v, &on) < 0)
+        return -1;
+    ls->calendar = on ? v : NULL, ls->calendar_k = k;
+    return 0;
+}
+
+static int h_limit_timezone(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->timezone = v, ls->timezone_k = k;
+    return conf_scalar(x, v) ? 0 : -1;
+}
+
 static const struct key_def limit_keys[] = {
     { "name", h_limit_name, 1 },
     { "algorithm", h_limit_algorithm, 1 },
@@ -643,6 +661,8 @@ static const struct key_def limit_keys[] = {
     { "overrides", h_limit_overrides, 0 },
     { "lease", h_limit_lease, 0 },
     { "delay", h_limit_delay, 0 },
+    { "calendar", h_limit_calendar, 0 },
+    { "timezone", h_limit_timezone, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -654,6 +674,44 @@ static int algo_from_name(const char *s, enum limiter_algo *out)
             return 0;
         }
     }
+    return -1;
+}
+
+/* calendar: true: a window of 1d, 1w, 1mo or 1y in timezone (UTC by
+ * default), for fixed_window only. */
+static int limit_calendar_params(struct ctx *x, struct limit_src *ls)
+{
+    static const struct { const char *w; enum tzcal_unit u; int64_t ms; } units[] = {
+        { "1d", TZCAL_DAY, 86400000LL }, { "1w", TZCAL_WEEK, 7 * 86400000LL },
+        { "1mo", TZCAL_MONTH, 30 * 86400000LL }, { "1y", TZCAL_YEAR, 365 * 86400000LL },
+    };
+    struct limiter_params *lp = &ls->l->params;
+    char sb[SHOW_BUF];
+    const char *why;
+    if (!ls->calendar)
+        return ls->timezone_k ? conf_fail_bare(x, ls->timezone_k, "'timezone' needs calendar: "
+                                               "true in %s", conf_where(x)) : 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(ls->window->str, units[i].w))
+            continue;
+        const char *zone = ls->timezone ? ls->timezone->str : "UTC";
+        ls->l->tz = tzcal_load(zone, &why);
+        if (ls->l->tz == NULL) {
+            size_t old = conf_path_push_key(x, "timezone");
+            conf_fail(x, ls->timezone, "%s '%s' (use an IANA name such as Europe/Berlin)", why,
+                      conf_show(zone, sb));
+            conf_path_pop(x, old);
+            return -1;
+        }
+        lp->cal = units[i].u;
+        lp->tz = ls->l->tz;
+        lp->window_ms = units[i].ms;
+        return 0;
+    }
+    size_t old = conf_path_push_key(x, "window");
+    conf_fail(x, ls->window, "bad calendar window '%s' (use 1d, 1w, 1mo or 1y)",
+              conf_show(ls->window->str, sb));
+    conf_path_pop(x, old);
     return -1;
 }
 
@@ -676,10 +734,12 @@ static int limit_window_params(struct ctx *x, struct node *m, struct limit_src *
     conf_path_pop(x, old);
     if (rc < 0)
         return -1;
+    lp->interval_us = 0;
+    if (ls->calendar || ls->timezone_k)
+        return limit_calendar_params(x, ls);
     old = conf_path_push_key(x, "window");
     rc = conf_get_duration(x, ls->window, &lp->window_ms);
     conf_path_pop(x, old);
-    lp->interval_us = 0;
     return rc;
 }
 
@@ -884,6 +944,11 @@ static int limit_shaping_keys(struct ctx *x, struct limit_src *ls, const char *a
     if (ls->delay_k && a != LIMITER_TOKEN_BUCKET && a != LIMITER_GCRA)
         return conf_fail_bare(x, ls->delay_k, "'delay' does not apply to %s in %s (only to "
                               "token_bucket and gcra)", an, conf_where(x));
+    if ((ls->calendar || ls->timezone_k) && a != LIMITER_FIXED_WINDOW)
+        return conf_fail_bare(x, ls->calendar ? ls->calendar_k : ls->timezone_k,
+                              "'%s' does not apply to %s in %s (only fixed_window windows "
+                              "follow the calendar)", ls->calendar ? "calendar" : "timezone",
+                              an, conf_where(x));
     if (ls->delay_k && ls->l->shadow)
         return conf_fail_bare(x, ls->delay_k, "'delay' does not apply to a shadow limit in %s",
                               conf_where(x));
