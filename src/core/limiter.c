@@ -478,6 +478,47 @@ void limiter_unconsumed(const struct limiter_state *s, const struct limiter_para
     r->retry_ms = 0;
 }
 
+static int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* The longest reset_ms or denial retry_ms a result of p may carry (see
+ * limiter_clamp() in limiter.h). */
+static int64_t max_time_ms(const struct limiter_params *p, int overridable)
+{
+    int64_t W = clamp64(p->window_ms, 0, LIMITER_MAX_TIME_MS), refill;
+    int64_t D = clamp64(p->delay_ms, 0, LIMITER_MAX_TIME_MS);
+    switch (p->algo) {
+    case LIMITER_FIXED_WINDOW:
+    case LIMITER_SLIDING_WINDOW:
+    case LIMITER_SLIDING_LOG:
+        return 2 * W;           /* sliding_window's count decays over the next
+                                 * window; an entry from a clock gone back */
+    case LIMITER_TOKEN_BUCKET:
+    case LIMITER_GCRA:
+        if (overridable || p->interval_us < 1 || p->limit < 0 ||
+            p->limit > LIMITER_EXACT_MAX / p->interval_us)
+            refill = LIMITER_MAX_TIME_MS;
+        else
+            refill = div_ceil(p->limit * p->interval_us, 1000);
+        return clamp64(refill, 0, LIMITER_MAX_TIME_MS) + D;
+    case LIMITER_CONCURRENCY:
+        return max64(W, 1000);
+    }
+    return 0;
+}
+
+void limiter_clamp(struct limiter_result *r, const struct limiter_params *p, int overridable)
+{
+    int64_t t = max_time_ms(p, overridable);
+    r->allowed = r->allowed != 0;
+    r->limit = overridable ? clamp64(r->limit, 0, LIMITER_MAX_LIMIT) : p->limit;
+    r->remaining = r->allowed ? clamp64(r->remaining, 0, max64(r->limit, 0)) : 0;
+    r->reset_ms = clamp64(r->reset_ms, 0, t);
+    r->retry_ms = clamp64(r->retry_ms, 0, r->allowed ? clamp64(p->delay_ms, 0, t) : t);
+}
+
 /* The writes of the Lua's d.write(), with the key's expiry. */
 void limiter_commit(struct limiter_state *s, const struct limiter_params *p,
                     int64_t cost, int64_t now_us)

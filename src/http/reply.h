@@ -20,6 +20,9 @@ struct reply_limits {
     const struct conf_route *route;
     int n;                                  /* limits decided */
     const struct conf_limit *limit[STORE_MAX_LIMITS];
+    /* the parameters applied: a config override's, or NULL (the limit's);
+     * a run-time override's limit comes back in r[].limit */
+    const struct limiter_params *params[STORE_MAX_LIMITS];
     struct limiter_result r[STORE_MAX_LIMITS];
     int shown;      /* index shown: least remaining, or the denying limit */
 };
@@ -62,7 +65,8 @@ void reply_error(struct evbuffer *out, int status, int keep_alive,
                  const char *request_id, size_t request_id_len);
 
 /* The same with the JSON error name given (NULL: the status's own), for
- * the 400s that say why: "ambiguous_key", "bad_host", "regex_limit". */
+ * the 400s that say why: "ambiguous_key", "missing_key", "bad_key", "bad_host",
+ * "regex_limit". */
 void reply_error_named(struct evbuffer *out, int status, const char *name, int keep_alive,
                        const char *request_id, size_t request_id_len);
 

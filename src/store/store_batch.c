@@ -420,7 +420,7 @@ void store_batch_parse(struct store_req *q, const long long *v, size_t at, int m
         r->allowed = rv >= 0;
         r->remaining = rv >= 0 ? rv : 0;
         r->reset_ms = e[1];
-        r->retry_ms = rv >= 0 ? 0 : rv < -INT64_MAX ? INT64_MAX : -rv;
+        r->retry_ms = rv >= 0 ? 0 : rv < -INT64_MAX ? INT64_MAX : -rv;     /* clamped below */
         if (!r->allowed && !(c->flags[li] & STORE_SHADOW))
             q->allowed = 0;
         if (marks)
@@ -429,9 +429,10 @@ void store_batch_parse(struct store_req *q, const long long *v, size_t at, int m
             r->retry_ms = e[x];
         if (c->params[li].delay_ms > 0)
             x++;
-        if (q->s->rc.overrides)
-            c->params[li].limit = e[x];
-        r->limit = c->params[li].limit;
+        r->limit = q->s->rc.overrides ? e[x] : c->params[li].limit;
+        /* the reply's numbers are Redis's word: bounded here, once */
+        limiter_clamp(r, &c->params[li], q->s->rc.overrides);
+        c->params[li].limit = r->limit;
     }
     if (marks) {
         q->time_s = v[0];

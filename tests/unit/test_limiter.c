@@ -369,6 +369,15 @@ static int run_case(const struct lcase *c, int64_t base_us)
         }
         int allowed = lrun_decide(&run, c, s->cost, s->slot, base_us + s->at_us, r);
         bad += lcase_compare(c, s, base_us, allowed, r);
+        for (int i = 0; i < c->nlimits; i++) {  /* the bounds hold every true answer */
+            struct limiter_result cl = r[i];
+            limiter_clamp(&cl, &c->p[i], 0);
+            if (memcmp(&cl, &r[i], sizeof(cl)) != 0) {
+                print_error("%s:%d: %s: limiter_clamp changed limit %d\n", LCASES_FILE,
+                            s->line, c->name, i);
+                bad++;
+            }
+        }
         if (!allowed)       /* a denied decision changes no state at all */
             bad += memcmp(before, run.st, (size_t)c->nlimits * sizeof(before[0])) != 0;
     }
@@ -551,10 +560,37 @@ static void test_log_ring(void **state)
     lrun_free(&run, 1);
 }
 
+/* A reply's numbers bounded by what the limit allows (a hostile Redis). */
+static void test_clamp(void **state)
+{
+    const struct limiter_params sw = { LIMITER_SLIDING_WINDOW, 5, 1000, 0, 0 };
+    const struct limiter_params gc = { LIMITER_GCRA, 4, 2000, 500000, 3000 };
+    const struct limiter_params conc = { LIMITER_CONCURRENCY, 2, 500, 0, 0 };
+    struct limiter_result r = { 0, 99, 77, INT64_MAX, INT64_MAX };
+    limiter_clamp(&r, &sw, 0);
+    assert_true(r.limit == 5 && r.remaining == 0 && r.reset_ms == 2000 && r.retry_ms == 2000);
+    r = (struct limiter_result){ 1, 5, INT64_MAX, INT64_MIN, INT64_MAX };
+    limiter_clamp(&r, &gc, 0);          /* refill 2000 ms, delay 3000 ms */
+    assert_true(r.limit == 4 && r.remaining == 4 && r.reset_ms == 0 && r.retry_ms == 3000);
+    r = (struct limiter_result){ 0, 5, -3, INT64_MAX, INT64_MAX };
+    limiter_clamp(&r, &gc, 0);
+    assert_true(r.remaining == 0 && r.reset_ms == 5000 && r.retry_ms == 5000);
+    r = (struct limiter_result){ 0, INT64_MAX, 0, 0, INT64_MAX };
+    limiter_clamp(&r, &gc, 1);          /* an override's interval is not known here */
+    assert_true(r.limit == LIMITER_MAX_LIMIT && r.retry_ms == LIMITER_MAX_TIME_MS + 3000);
+    r = (struct limiter_result){ 1, -7, 9, 9, 9 };
+    limiter_clamp(&r, &gc, 1);
+    assert_true(r.limit == 0 && r.remaining == 0 && r.retry_ms == 9);
+    r = (struct limiter_result){ 0, 2, 0, 9, INT64_MAX };
+    limiter_clamp(&r, &conc, 0);        /* a denial retries after 1 s, over a short lease */
+    assert_true(r.reset_ms == 9 && r.retry_ms == 1000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
+        cmocka_unit_test(test_clamp),
         cmocka_unit_test(test_check_changes_nothing),
         cmocka_unit_test(test_other_algorithm_reads_absent),
         cmocka_unit_test(test_expiry),
