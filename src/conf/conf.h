@@ -85,6 +85,8 @@ struct conf_keysrc {
     char *arg;                  /* header/query/cookie name; NULL otherwise */
     size_t arglen;
     int capture;                /* CONF_KEY_CAPTURE: group 1..9 of path_regex */
+    int net;                    /* CONF_KEY_IP from ip/N: key the client's network */
+    int bits4, bits6;           /* with net: its prefix lengths (32, 128: whole) */
 };
 
 /* overrides: one key's parameters instead of the limit's own. parts are
@@ -113,6 +115,7 @@ struct conf_limit {
     uint8_t count_status[CONF_MAX_STATUS];  /* 1 = counts */
     int status;                 /* rejection status, default 429 */
     char *message;              /* rejection "message" in the JSON body; NULL */
+    struct tzcal *tz;           /* calendar: true: its zone (params.tz); NULL */
     struct conf_override *overrides;    /* per-key parameters; NULL */
     int noverrides;
     enum conf_missing_key on_missing_key;   /* default ip */

@@ -28,6 +28,7 @@
 
 #include "conf_int.h"
 #include "regex.h"
+#include "tzcal.h"
 
 /* ---- phase 1: syntax, events -> node tree */
 
@@ -509,6 +510,7 @@ static void conf_free(struct conf *c)
             free(r->limits[j].keys);
             free(r->limits[j].name);
             free(r->limits[j].cost_header);
+            tzcal_free(r->limits[j].tz);
             free(r->limits[j].message);
             for (int k = 0; k < r->limits[j].noverrides; k++) {
                 struct conf_override *o = &r->limits[j].overrides[k];

@@ -179,14 +179,30 @@ static void log_add(struct limiter_state *s, int64_t thr_ms, int64_t now_ms, int
 
 /* ---- the algorithms: each mirrors its decide_* in limit.lua ---------------- */
 
+/* fixed_window's window holding now_ms: [*start, *end) and its index (a
+ * calendar window is known by its start). */
+static int64_t fixed_window(const struct limiter_params *p, int64_t now_ms, int64_t *start,
+                            int64_t *end)
+{
+    if (p->cal != TZCAL_NONE) {
+        int64_t b[4];
+        tzcal_bounds(p->tz, p->cal, now_ms, b);
+        *start = b[1], *end = b[2];
+        return b[1];
+    }
+    int64_t win = div_floor(now_ms, p->window_ms);
+    *start = win * p->window_ms, *end = *start + p->window_ms;
+    return win;
+}
+
 static void decide_fixed(const struct limiter_state *s, int is_live,
                          const struct limiter_params *p, int64_t c, int64_t now_us,
                          struct decision *d)
 {
-    int64_t L = p->limit, W = p->window_ms, now_ms = now_ms_of(now_us);
-    int64_t win = div_floor(now_ms, W);
+    int64_t L = p->limit, now_ms = now_ms_of(now_us), start, end;
+    int64_t win = fixed_window(p, now_ms, &start, &end);
     int64_t n = is_live && s->u.fixed.win == win ? s->u.fixed.n : 0;
-    int64_t reset = (win + 1) * W - now_ms;
+    int64_t reset = end - now_ms;
     d->ok = n + c <= L;
     d->reset = d->reset0 = reset;
     d->rem0 = max64(0, L - n);
@@ -195,7 +211,7 @@ static void decide_fixed(const struct limiter_state *s, int is_live,
         d->retry = 0;
     } else {
         d->rem = 0;
-        d->retry = c > L ? W : reset;
+        d->retry = c > L ? end - start : reset;
     }
 }
 
@@ -519,10 +535,10 @@ void limiter_commit(struct limiter_state *s, const struct limiter_params *p,
     s->algo = p->algo;
     switch (p->algo) {
     case LIMITER_FIXED_WINDOW: {
-        int64_t win = div_floor(now_ms, W);
+        int64_t start, end, win = fixed_window(p, now_ms, &start, &end);
         s->u.fixed.n = (is_live && s->u.fixed.win == win ? s->u.fixed.n : 0) + cost;
         s->u.fixed.win = win;
-        s->expire_ms = (win + 1) * W;
+        s->expire_ms = end;
         return;
     }
     case LIMITER_SLIDING_WINDOW: {

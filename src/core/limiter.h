@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include "tzcal.h"
+
 enum limiter_algo {
     LIMITER_FIXED_WINDOW,
     LIMITER_SLIDING_WINDOW,
@@ -36,6 +38,12 @@ struct limiter_params {
      * the lease (how long a slot stays taken without news), limit the
      * slots; interval_us is unused. */
     int64_t delay_ms;
+    /* fixed_window with calendar: true: the window is the day, week, month
+     * or year of zone tz holding now (window_ms is its nominal length, for
+     * checks and the policy header); TZCAL_NONE: windows since the epoch.
+     * The zone belongs to the config. */
+    enum tzcal_unit cal;
+    const struct tzcal *tz;
 };
 
 struct limiter_result {

@@ -23,6 +23,8 @@
 #define LCASE_DAY_MS 86400000LL
 /* 20000 days after the epoch (2024-10-04): a base with real-sized numbers */
 #define LCASE_EPOCH_US (20000LL * LCASE_DAY_MS * 1000)
+/* 400 Gregorian years: dates, weekdays and a zone's DST rule repeat */
+#define LCASE_400Y_US (146097LL * LCASE_DAY_MS * 1000)
 
 /* A step decides, or (concurrency) releases or renews a slot in every
  * concurrency limit of the case. */
@@ -44,6 +46,8 @@ struct lcase {
     struct limiter_params p[STORE_MAX_LIMITS];
     unsigned flags[STORE_MAX_LIMITS];       /* STORE_SHADOW, STORE_CHECK_ONLY */
     char key[STORE_MAX_LIMITS][16];         /* limits with one name share a key */
+    struct tzcal *tz[STORE_MAX_LIMITS];     /* cal=UNIT tz=ZONE: its zone */
+    int calendar;                           /* times are real: bases of 400 years */
     int slot[STORE_MAX_LIMITS];             /* the first limit with this key */
     struct lcase_step step[LCASE_STEPS_MAX];
 };
@@ -74,6 +78,23 @@ static int lcase_limit(struct lcase *c, char *rest)
         long long v;
         char key[16];
         int used = 0;
+        if (strncmp(tok, "cal=", 4) == 0) {
+            static const char *const units[] = { "day", "week", "month", "year" };
+            for (int u = 0; u < 4; u++)
+                if (strcmp(tok + 4, units[u]) == 0)
+                    p->cal = (enum tzcal_unit)(TZCAL_DAY + u);
+            if (p->cal == TZCAL_NONE)
+                return -1;
+            c->calendar = 1;
+            continue;
+        }
+        if (strncmp(tok, "tz=", 3) == 0) {
+            const char *why;
+            tzcal_free(c->tz[n]);
+            if ((c->tz[n] = tzcal_load(tok + 3, &why)) == NULL)
+                return -1;
+            continue;
+        }
         if (strncmp(tok, "key=", 4) == 0) {
             size_t len = strlen(tok + 4);
             if (len == 0 || len >= sizeof(c->key[n]))
@@ -90,12 +111,16 @@ static int lcase_limit(struct lcase *c, char *rest)
         else if (strcmp(key, "flags") == 0 && v >= 0 && v <= 3) c->flags[n] = (unsigned)v;
         else return -1;
     }
+    if ((p->cal != TZCAL_NONE) != (c->tz[n] != NULL))
+        return -1;                          /* cal= and tz= go together */
+    p->tz = c->tz[n];
     c->slot[n] = n;
     for (int i = n - 1; i >= 0; i--)
         if (strcmp(c->key[i], c->key[n]) == 0)
             c->slot[n] = c->slot[i];
     /* runners shift time by whole days: windows must stay aligned */
-    if (p->algo <= LIMITER_SLIDING_LOG && (p->window_ms < 1 || LCASE_DAY_MS % p->window_ms))
+    if (p->algo <= LIMITER_SLIDING_LOG && p->cal == TZCAL_NONE &&
+        (p->window_ms < 1 || LCASE_DAY_MS % p->window_ms))
         return -1;
     return 0;
 }
@@ -199,6 +224,21 @@ static int lcases_load(struct lcase **out)
             fail_msg("%s:%d: case %s has no steps", LCASES_FILE, cases[i].line, cases[i].name);
     *out = cases;
     return n;
+}
+
+static void lcases_free(struct lcase *cases, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < cases[i].nlimits; j++)
+            tzcal_free(cases[i].tz[j]);
+    free(cases);
+}
+
+/* The bases a case runs from: 0 and a realistic epoch, or 0 and 400 years
+ * (whose dates fall on the same weekdays) for a case of calendar windows. */
+static int64_t lcase_base(const struct lcase *c)
+{
+    return c->calendar ? LCASE_400Y_US : LCASE_EPOCH_US;
 }
 
 /* Compares one decision with the table; returns the mismatches (printed). */
@@ -352,11 +392,11 @@ static void test_table(void **state)
     assert_true(n >= 40);
     for (int i = 0; i < n; i++) {
         bad += run_case(&cases[i], 0);
-        bad += run_case(&cases[i], LCASE_EPOCH_US);
+        bad += run_case(&cases[i], lcase_base(&cases[i]));
         for (int j = 0; j < cases[i].nlimits; j++)
             per_algo[cases[i].p[j].algo]++;
     }
-    free(cases);
+    lcases_free(cases, n);
     for (int a = 0; a < 5; a++)
         assert_true(per_algo[a] >= 5);
     assert_int_equal(bad, 0);
