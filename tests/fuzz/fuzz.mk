@@ -33,9 +33,9 @@ FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 # The src/ modules each target links, and its longest input.
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
-FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter regex esc mem
-FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex esc sha1 mem
-FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex esc sha1 http1 mem
+FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter tzcal regex esc mem
+FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc sha1 mem
+FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc sha1 http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_OBJS_http1_differential := http1 http1_ref mem
