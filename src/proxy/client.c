@@ -68,6 +68,13 @@ static void client_free(struct client *c)
 
 /* ---- the client connection --------------------------------------------- */
 
+/* Reading heads: input up to a whole head plus pipelined requests (a body
+ * streaming upstream reads less: exchange.c's client_reads_fit). */
+static void client_read_heads(struct client *c)
+{
+    io_setwatermark(c->io, EV_READ, c->conf->client.max_header_bytes + CLIENT_INPUT_MAX);
+}
+
 /* The current request is over (answered and its body read): wait for the
  * next one, or close. */
 static void client_request_done(struct client *c)
@@ -83,6 +90,7 @@ static void client_request_done(struct client *c)
         return;
     }
     c->state = CS_HEAD;
+    client_read_heads(c);
     if (evbuffer_get_length(io_input(c->io)) == 0) {
         conn_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
         request_put(c->env, c->rq);     /* idle: no request state until the next head */
@@ -115,12 +123,6 @@ static int parse_head_answered(struct client *c)
     return !c->dead && c->state == CS_HEAD && evbuffer_get_length(in) < before;
 }
 
-/* The read mark outside a decision: a head and some pipelined input. */
-static size_t client_read_mark(const struct client *c)
-{
-    return c->conf->client.max_header_bytes + CLIENT_INPUT_MAX;
-}
-
 /* While a request waits for its decision, or a delay holds it, no more of
  * the client is read: what sluice keeps of its body is what came with the
  * head in the same read (one read, at most 16 KiB on a plain connection);
@@ -139,7 +141,7 @@ static void client_bound_input(struct client *c)
     }
     io_watch_end(c->io, 0);
     if (c->state != CS_TUNNEL)          /* a tunnel reads without a mark */
-        io_setwatermark(c->io, EV_READ, client_read_mark(c));
+        client_read_heads(c);           /* until a streaming body sets its own */
 }
 
 /* Do whatever the bytes in hand allow, until the state needs to wait. */
@@ -363,7 +365,7 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     /* A client that stops reading is dropped after idle_timeout. */
     struct timeval wt = clock_timeval(conf->client.idle_timeout_ms);
     io_set_timeouts(io, NULL, &wt);
-    io_setwatermark(io, EV_READ, client_read_mark(c));
+    client_read_heads(c);
     io_setwatermark(io, EV_WRITE, CONN_HIGH_WATER / 2);
     io_setcb(io, client_read_cb, client_write_cb, client_event_cb, c);
     io_enable(io, EV_READ);
