@@ -10,6 +10,7 @@ import hashlib
 import time
 
 from conftest import Conn, build_request, timed_get, wait_until
+from loadlib import proc_rss_kb
 from proxylib import metrics, mval, start_proxy
 
 ROUTES = """\
@@ -33,14 +34,6 @@ ROUTES = """\
 BODY = bytes(range(256)) * 240         # 61,440 bytes
 HELD = 200
 GONE = 300
-
-
-def rss_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS for %d" % pid)
 
 
 def delayed(s, route):
@@ -69,10 +62,10 @@ def held_growth_kb(s, key, body):
     stay open: closed by the caller)."""
     assert timed_get(s.port, "/long", [("X-Api-Key", key)])[0].status == 200
     time.sleep(0.3)
-    before = rss_kb(s.proc.pid)
+    before = proc_rss_kb(s.proc.pid)
     conns = hold(s, HELD, "/long", key, body)
     time.sleep(1.0)                                    # time to read more, if it would
-    return (rss_kb(s.proc.pid) - before) / HELD, conns
+    return (proc_rss_kb(s.proc.pid) - before) / HELD, conns
 
 
 def test_held_requests_keep_their_bodies_in_the_kernel(sluice):

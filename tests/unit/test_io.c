@@ -130,18 +130,27 @@ static void test_read_and_flush(void **state)
     close(sv[1]);
 }
 
+static char junk[5000];
+
+/* An io over a new pair, its reading stopped at a mark of 1000 bytes with
+ * 4000 more waiting in the socket. */
+static struct io *io_at_mark(int sv[2], struct seen *s)
+{
+    pair(sv);
+    struct io *io = io_new(base, sv[0], NULL);
+    io_setcb(io, read_cb, NULL, event_cb, s);
+    io_setwatermark(io, EV_READ, 1000);
+    io_enable(io, EV_READ);
+    assert_int_equal(write(sv[1], junk, sizeof(junk)), (ssize_t)sizeof(junk));
+    loop_count(20);
+    return io;
+}
+
 static void test_read_mark_stops_without_spin(void **state)
 {
     int sv[2];
-    pair(sv);
     struct seen s = { 0 };
-    struct io *io = io_new(base, sv[0], NULL);
-    io_setcb(io, read_cb, NULL, event_cb, &s);
-    io_setwatermark(io, EV_READ, 1000);
-    io_enable(io, EV_READ);
-    static char junk[5000];
-    assert_int_equal(write(sv[1], junk, sizeof(junk)), (ssize_t)sizeof(junk));
-    loop_count(20);
+    struct io *io = io_at_mark(sv, &s);
     size_t len = evbuffer_get_length(io_input(io));
     assert_int_equal(len, 1000);    /* never more than the mark allows */
     int reads = s.reads;
@@ -217,15 +226,8 @@ static void test_eof_reported_once(void **state)
 static void test_end_watch_sees_an_end_behind_unread_bytes(void **state)
 {
     int sv[2];
-    pair(sv);
     struct seen s = { 0 };
-    struct io *io = io_new(base, sv[0], NULL);
-    io_setcb(io, read_cb, NULL, event_cb, &s);
-    io_setwatermark(io, EV_READ, 1000);
-    io_enable(io, EV_READ);
-    static char junk[5000];
-    assert_int_equal(write(sv[1], junk, sizeof(junk)), (ssize_t)sizeof(junk));
-    loop_count(20);
+    struct io *io = io_at_mark(sv, &s);
     io_watch_end(io, 1);
     assert_int_equal(write(sv[1], junk, 100), 100);
     assert_true(loop_count(100) < 60);      /* more bytes: no spin, no event */
