@@ -12,6 +12,9 @@ import time
 from conftest import Conn, build_request, timed_get, wait_until
 from loadlib import proc_rss_kb
 from proxylib import metrics, mval, start_proxy
+from test_tls_listen import TLSConn
+from tls_listen_lib import start_tls
+from tlslib import CA
 
 ROUTES = """\
   - name: long
@@ -45,11 +48,11 @@ def clients(s):
     return mval(metrics(s.admin_port), "sluice_connections", side="client")
 
 
-def hold(s, n, path, key, body=None):
+def hold(s, n, path, key, body=None, connect=None):
     """n clients whose requests the delay holds (bounded wait for all n)."""
     conns = []
     for _ in range(n):
-        c = Conn(s.port, timeout_s=5)
+        c = connect() if connect else Conn(s.port, timeout_s=5)
         c.send(build_request("POST" if body else "GET", path, [("X-Api-Key", key)], body))
         conns.append(c)
     wait_until(lambda: delayed(s, path[1:]), timeout_s=20, until=lambda v: v >= n,
@@ -113,3 +116,26 @@ def test_held_clients_that_close_are_gone_and_give_their_reservations_back(sluic
     print("the next request for the key waited %.0f ms" % (t * 1000))
     assert r.status == 200
     assert t < 1.0, t
+
+
+def test_held_tls_clients_that_close_are_gone(sluice, tmp_path):
+    """The same over TLS, with a 60 KB body behind each head: 20 TLS
+    clients held up to 20 s (rate 1/s) close; their connections and
+    reservations are gone at once, so the next request waits at most the
+    one interval the first request took (before: behind all 20)."""
+    ca = CA(tmp_path)
+    leaf = ca.leaf("ec", "ec", ["api.test"])
+    s = start_tls(sluice, ROUTES, [leaf])
+    key = [("X-Api-Key", "tls")]
+    assert timed_get(s.port, "/long", key)[0].status == 200
+    base = clients(s)
+    conns = hold(s, 20, "/long", "tls", BODY, connect=lambda: TLSConn(s.tls_port, ca.root))
+    for c in conns:
+        c.close()
+    left, took = wait_until(lambda: clients(s), timeout_s=2.0, until=lambda v: v <= base)
+    assert left <= base, left
+    r, t = timed_get(s.port, "/long", key, timeout_s=3.0)
+    print("20 held TLS clients closed: gone after %.2f s; the next request waited %.0f ms"
+          % (took, t * 1000))
+    assert r.status == 200
+    assert t < 2.0, t
