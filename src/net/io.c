@@ -17,7 +17,9 @@
  *   event is armed (a write that needs a read and a read that needs a write
  *   included), the handshakes driven by the same events.
  * Both events are level-triggered and persistent; an event nothing can be
- * done for is not armed (never a spin on readiness we cannot serve). */
+ * done for is not armed (never a spin on readiness we cannot serve). A third,
+ * edge-triggered, watches a socket nothing reads for its peer's end
+ * (io_watch_end), armed only while the other two are not. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
