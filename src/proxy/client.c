@@ -7,6 +7,7 @@
  * (lifetime, write coalescing, watermarks) are conn.c's. What each request
  * does is request.c's, its upstream exchange exchange.c's; they reach back
  * here only through client_ops (conn.h). */
+#include <assert.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -31,6 +32,9 @@
 #include "route.h"
 #include "tls_server.h"
 #include "upstream.h"
+
+static_assert(CONF_MAX_HEADER_BYTES == HTTP1_MAX_HEAD_BYTES,
+              "client.max_header_bytes is bounded by what http1.c parses");
 
 /* Input kept from a client beyond the request being served (pipelining). */
 #define CLIENT_INPUT_MAX    (64 * 1024)
