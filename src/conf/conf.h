@@ -31,7 +31,7 @@ enum conf_headers { CONF_HEADERS_FULL, CONF_HEADERS_IETF, CONF_HEADERS_LEGACY, C
 enum conf_underscore { CONF_UNDERSCORE_DROP, CONF_UNDERSCORE_PASS, CONF_UNDERSCORE_REJECT };
 
 #define CONF_MAX_STATUS 600
-#define CONF_MAX_LIMITS 16             /* per route (store.h: STORE_MAX_LIMITS) */
+#define CONF_MAX_LIMITS 16             /* per route (backend.h: STORE_MAX_LIMITS) */
 /* client.max_header_bytes at most: the largest head http1.c parses
  * (http1.h: HTTP1_MAX_HEAD_BYTES, held equal in client.c) */
 #define CONF_MAX_HEADER_BYTES (80 * 1024)

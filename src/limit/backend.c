@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "mem.h"
 #include "memstore.h"
+#include "store.h"
 
 enum backend_kind { BACKEND_REDIS, BACKEND_MEMORY };
 

@@ -19,10 +19,50 @@
 #define SLUICE_BACKEND_H
 
 #include <stdint.h>
-#include "store.h"          /* struct store_limit, store_result, store_cb */
+#include "conf.h"
+#include "limiter.h"
+
+/* The decision types, which every backend takes and gives; their names are
+ * the Redis store's, the first backend. */
+#define STORE_MAX_LIMITS CONF_MAX_LIMITS
+
+/* One limit of a decision. key and params must stay valid until the
+ * decide call returns (the backend copies what it keeps). */
+struct store_limit {
+    const char *key;
+    size_t keylen;
+    const struct limiter_params *params;
+    int64_t cost;               /* units this request consumes, >= 1 */
+    unsigned flags;             /* STORE_SHADOW, STORE_CHECK_ONLY */
+    int64_t slot;               /* concurrency: this request's slot id (1..2^53-1),
+                                 * sent per request in the batch, out of the
+                                 * shared parameter set; 0 otherwise */
+};
+
+/* A shadow limit is decided and consumed like the others but its denial
+ * never denies the request. A check-only limit can deny but consumes
+ * nothing (count_status: it is consumed after the response, if at all). */
+#define STORE_SHADOW     1u
+#define STORE_CHECK_ONLY 2u
+
+/* STORE_OOM: Redis refused the script with -OOM (maxmemory reached under
+ * maxmemory-policy noeviction); any other error reply is STORE_ERROR. */
+enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT, STORE_OOM };
+
+struct store_result {
+    enum store_status status;
+    int allowed;                /* STORE_OK: every limit allowed */
+    int n;
+    struct limiter_result r[STORE_MAX_LIMITS];  /* in the order given */
+};
+
+/* Called exactly once per call not cancelled, never from inside the decide
+ * call. res is valid only during the call. */
+typedef void store_cb(void *arg, const struct store_result *res);
 
 struct event_base;
 struct memstore;
+struct store;
 struct backend;
 struct backend_call;
 

@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "store.h"
+#include "backend.h"
 
 struct memstore;
 
