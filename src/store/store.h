@@ -40,6 +40,10 @@ struct store *store_create(struct event_base *base, const struct conf_redis *rc)
 void store_destroy(struct store *s);   /* pending callbacks are not called; what it
                                         * owes is dropped (see store_drain) */
 
+/* A Redis backend (backend.h) on base: a store of its own (store_create),
+ * behind the backend contract; backend_destroy destroys the store. */
+struct backend *store_backend_create(struct event_base *base, const struct conf_redis *rc);
+
 /* Decide limits[0..n) (1 <= n <= STORE_MAX_LIMITS). While a connection is
  * being made the call waits for it (within redis.timeout, then
  * STORE_TIMEOUT). Returns NULL when the store is neither connected nor
