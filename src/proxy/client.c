@@ -196,8 +196,6 @@ static const struct conn_ops client_ops = {
     .log_end = client_log_end,
     .cancel = client_cancel,
     .up_resumed = client_up_resumed,
-    .forward = exchange_start,
-    .resume = exchange_resume,
     .free = client_free,
 };
 

@@ -21,6 +21,7 @@ struct io;
 struct event;
 struct event_base;
 struct upstream_conn;
+struct exchange_ops;
 struct request;
 struct conf;
 struct runtime;
@@ -71,8 +72,6 @@ struct conn_ops {
     void (*log_end)(struct client *c);      /* the request ends now: log it */
     void (*cancel)(struct client *c);       /* drop the decision in flight */
     void (*up_resumed)(struct client *c);   /* our output drained: move more */
-    void (*forward)(struct client *c);      /* allowed: the upstream exchange */
-    void (*resume)(struct client *c);       /* count_status answered: go on */
     void (*free)(struct client *c);         /* busy dropped to 0 while dead */
 };
 
@@ -106,6 +105,7 @@ struct client {
     struct request *rq;                 /* what the request computed; owned; NULL
                                          * while idle (request_get/put) */
     struct upstream_conn *up;
+    const struct exchange_ops *xops;    /* the request's, from exchange_start */
     int retried;
     int head_request;                   /* method HEAD: response has no body */
     int upgrade;                        /* Upgrade request on an upgrade route */

@@ -25,7 +25,7 @@
 #include "obuf.h"
 #include "reply.h"
 #include "runtime.h"
-#include "request.h"
+#include "request_state.h"
 #include "route.h"
 #include "upstream.h"
 
@@ -199,15 +199,16 @@ static void buffer_drop(struct client *c);
  * client's input until the response begins, so that it can be sent again on
  * a fresh connection if a kept-alive one turns out to be closed. A small
  * body is read whole first (CS_BUFFER), which calls here again with it. */
-void exchange_start(struct client *c)
+void exchange_start(struct client *c, const struct exchange_ops *ops)
 {
+    c->xops = ops;
     if (c->state != CS_BUFFER && buffer_wanted(c)) {
         buffer_begin(c);
         return;
     }
     if (pool_connect(c, NULL, 0) < 0) {
         buffer_drop(c);
-        request_answer(c, 502, c->req_done);  /* a body already read: close */
+        c->xops->answer(c, 502, c->req_done);  /* a body already read: close */
         return;
     }
     c->state = CS_PROXY;
@@ -218,7 +219,7 @@ void exchange_start(struct client *c)
         up_timeouts(c);
         return;
     }
-    request_drain_head(c);
+    c->xops->drain_head(c);
     buffer_send(c);
     if (c->req_done) {
         up_timeouts(c);
@@ -300,11 +301,11 @@ static int body_counted(struct client *c, int rc, size_t payload)
     if (c->rq->log)
         c->rq->log->bytes_in += payload;
     if (rc < 0) {
-        request_fail(c, 400);
+        c->xops->fail(c, 400);
         return -1;
     }
     if (max_body && c->body_bytes > max_body) {
-        request_fail(c, 413);
+        c->xops->fail(c, 413);
         return -1;
     }
     return 0;
@@ -333,7 +334,7 @@ void exchange_buffer_body(struct client *c)
         }
     }
     conn_timer(c, TM_NONE, 0);
-    exchange_start(c);
+    exchange_start(c, c->xops);
 }
 
 /* Behind the head: the body read so far, framed as streaming would have
@@ -495,7 +496,7 @@ static int interim_response(struct client *c, int status)
     if (left <= 0) {
         log_warn("exchange: upstream '%s' timed out after %d interim responses",
                  upstream_conf(uc->pool)->servers[uc->server].text, c->interims);
-        request_fail(c, 504);
+        c->xops->fail(c, 504);
         return -1;
     }
     struct timeval tv = clock_timeval(left);
@@ -525,7 +526,7 @@ static int read_response_head(struct client *c)
         if (rc != 0) {
             log_warn("exchange: bad response head from upstream '%s': closing it",
                      upstream_conf(uc->pool)->servers[uc->server].text);
-            request_fail(c, 502);
+            c->xops->fail(c, 502);
             return -1;
         }
         int status = uc->head.status;
@@ -542,23 +543,23 @@ static int read_response_head(struct client *c)
             /* a switch nobody asked for, or to a protocol not asked for */
             if (!c->upgrade ||
                 !h1write_upgrade_ok(data, &uc->head, r->upgrade_protos, r->nupgrade_protos)) {
-                request_fail(c, 502);
+                c->xops->fail(c, 502);
                 return -1;
             }
-            request_drain_head(c);
-            request_count_response(c, status);
+            c->xops->drain_head(c);
+            c->xops->count_response(c, status);
             write_response_head(c, data);
             evbuffer_drain(ui, uc->head.len);
             start_tunnel(c);
             return -1;
         }
-        if (c->rq->dec.count_call || request_consume_counted(c, status))
+        if (c->rq->dec.count_call || c->xops->consume_counted(c, status))
             return 0;   /* counted_done_cb resumes */
-        request_drain_head(c);  /* the request head is no longer needed for a retry */
-        request_count_response(c, status);
+        c->xops->drain_head(c);  /* the request head is no longer needed for a retry */
+        c->xops->count_response(c, status);
         size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
-        request_count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
+        c->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
         evbuffer_drain(ui, uc->head.len);
         c->resp_started = 1;
         if (uc->head.body == HTTP1_BODY_NONE)
@@ -582,11 +583,11 @@ void exchange_pump_response(struct client *c)
         size_t payload;
         int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->out_chunked,
                            CONN_HIGH_WATER - queued, &payload);
-        request_count_out(c, payload);
+        c->xops->count_out(c, payload);
         if (rc < 0) {
             log_warn("exchange: bad response body from upstream '%s': cutting the client",
                      upstream_conf(uc->pool)->servers[uc->server].text);
-            request_fail(c, 502);
+            c->xops->fail(c, 502);
             return;
         }
         if (rc == 1)
@@ -695,10 +696,10 @@ static void up_event_cb(struct io *io, short what, void *arg)
         int ok = pool_connect(c, uc->pool, 1) == 0;
         upstream_close(uc);
         if (ok) {
-            request_refresh_head(c);
+            c->xops->refresh_head(c);
             write_request_head(c, io_output(c->up->io));
         } else {
-            request_fail(c, 502);
+            c->xops->fail(c, 502);
             if (!c->dead)
                 c->ops->process(c);
         }
@@ -711,7 +712,7 @@ static void up_event_cb(struct io *io, short what, void *arg)
     else
         log_warn("exchange: upstream '%s' failed: %s", cu->servers[uc->server].text,
                  evutil_socket_error_to_string(io_errno(uc->io)));
-    request_fail(c, (what & IO_TIMEOUT) ? 504 : 502);
+    c->xops->fail(c, (what & IO_TIMEOUT) ? 504 : 502);
     if (!c->dead)
         c->ops->process(c);
 out:

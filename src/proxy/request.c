@@ -9,17 +9,19 @@
  *                                               │
  *            429 + headers ◀── denied ──────────┤
  *            on_error (allow / 503 / local) ◀── down
- *                                               ▼ allowed: c->ops->forward
+ *                                               ▼ allowed: exchange_start
  *        exchange.c: upstream pool (upstream) ◀── head + streamed body
  *                 │
  *                 └──▶ response head + rate-limit fields + streamed body ──▶ client
  *
  * Modules, each including only those below it (no cycles):
- *   worker ─▶ client ─▶ exchange ─▶ request ─▶ decide ─▶ backend ─▶ store, memstore
+ *   worker ─▶ client ─▶ request ─▶ exchange ─▶ decide ─▶ backend ─▶ store, memstore
  *                 └──────────┴───────────┴──▶ conn (struct client, lifetime, timer, flush)
- * A lower layer tells an upper one through c->ops (conn.h), set by client.c:
- * the request is allowed (forward), count_status answered (resume), it is
- * done (request_done), more input may be processed (process).
+ * A lower layer tells an upper one through pointers it was given: the
+ * exchange reports to the request through struct exchange_ops (exchange.h,
+ * request_exchange_ops here); the request tells client.c through c->ops
+ * (conn.h) that it is done (request_done) or more input may be processed
+ * (process).
  *
  * One request is handled at a time per connection (client.c); its state is
  * *c->rq, zeroed per head, so nothing it needs after a wait (the backend, the
@@ -38,6 +40,7 @@
 #include "conn.h"
 #include "conf.h"
 #include "decide.h"
+#include "exchange.h"
 #include "h1write.h"
 #include "http1.h"
 #include "io.h"
@@ -508,12 +511,23 @@ void request_head(struct client *c)
 
 
 
+/* What the exchange reports back to the request. */
+static const struct exchange_ops request_exchange_ops = {
+    .answer = request_answer,
+    .fail = request_fail,
+    .drain_head = request_drain_head,
+    .refresh_head = request_refresh_head,
+    .consume_counted = request_consume_counted,
+    .count_response = request_count_response,
+    .count_out = request_count_out,
+};
+
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
 {
     switch (verdict) {
     case DECIDE_FORWARD:
-        c->ops->forward(c);
+        exchange_start(c, &request_exchange_ops);
         break;
     case DECIDE_LIMITED:
         request_answer(c, 429, 0);
@@ -548,7 +562,7 @@ static void counted_cb(void *arg, int verdict)
     conn_enter(c);
     if (c->up)
         io_enable(c->up->io, EV_READ);
-    c->ops->resume(c);
+    exchange_resume(c);
     conn_leave(c);
 }
 
