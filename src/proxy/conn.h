@@ -21,7 +21,6 @@ struct io;
 struct event;
 struct event_base;
 struct upstream_conn;
-struct exchange_ops;
 struct request;
 struct conf;
 struct runtime;
@@ -105,30 +104,17 @@ struct client {
     struct request *rq;                 /* what the request computed; owned; NULL
                                          * while idle (request_get/put) */
     struct upstream_conn *up;
-    const struct exchange_ops *xops;    /* the request's, from exchange_start */
-    int retried;
     int head_request;                   /* method HEAD: response has no body */
-    int upgrade;                        /* Upgrade request on an upgrade route */
-    const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
     int req_done;                       /* request body fully read */
-    int resp_started;                   /* response head sent to client */
-    int resp_done;
     int keep_alive;                     /* connection stays open afterwards */
-    int out_chunked;                    /* response re-framed as chunked */
     int client_paused;                  /* reading stopped: upstream full */
     int up_paused;                      /* upstream reading stopped: client full */
     int heads_paused;                   /* pipelined heads wait: our output is full */
-    uint64_t body_bytes;                /* request payload so far */
     struct evbuffer *body;              /* CS_BUFFER: the payload read so far;
                                          * otherwise scratch for re-framing,
                                          * empty between calls (lazy) */
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
     int head_held;                      /* hbuf points into held */
-    int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
-    int64_t upstream_start_us;          /* when the request was forwarded */
-    int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
-    int interims;                       /* 1xx heads read for this request */
-    int interims_relayed;
 };
 
 void conn_enter(struct client *c);

@@ -142,7 +142,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
         .rid = c->rq->rid, .rid_len = c->rq->rid_len,
         .host = t, .host_len = strlen(t),
         .trusted = peer_trusted(c),
-        .upgrade = c->upgrade,
+        .upgrade = c->rq->upgrade,
         .underscore = c->conf->client.underscore_headers,
         .https = c->tls,
     };
@@ -162,8 +162,8 @@ static void up_timeouts(struct client *c)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
     struct timeval tv = clock_timeval(ms);
-    if (c->req_done && c->up_deadline_ms == 0)
-        c->up_deadline_ms = clock_ms() + ms;
+    if (c->req_done && c->rq->up_deadline_ms == 0)
+        c->rq->up_deadline_ms = clock_ms() + ms;
     io_set_timeouts(uc->io, c->req_done ? &tv : NULL, &tv);
 }
 
@@ -181,7 +181,7 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
     struct io *ub = c->up->io;
     io_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
     io_setwatermark(ub, EV_WRITE, CONN_HIGH_WATER / 2);
-    c->up_deadline_ms = 0;      /* counted on this connection */
+    c->rq->up_deadline_ms = 0;      /* counted on this connection */
     up_timeouts(c);
     /* Reading starts once connected; what is queued before goes out then,
      * later writes from conn_flush. */
@@ -201,25 +201,25 @@ static void buffer_drop(struct client *c);
  * body is read whole first (CS_BUFFER), which calls here again with it. */
 void exchange_start(struct client *c, const struct exchange_ops *ops)
 {
-    c->xops = ops;
+    c->rq->xops = ops;
     if (c->state != CS_BUFFER && buffer_wanted(c)) {
         buffer_begin(c);
         return;
     }
     if (pool_connect(c, NULL, 0) < 0) {
         buffer_drop(c);
-        c->xops->answer(c, 502, c->req_done);  /* a body already read: close */
+        c->rq->xops->answer(c, 502, c->req_done);  /* a body already read: close */
         return;
     }
     c->state = CS_PROXY;
-    c->upstream_start_us = clock_us();
+    c->rq->upstream_start_us = clock_us();
     write_request_head(c, io_output(c->up->io));
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
         up_timeouts(c);
         return;
     }
-    c->xops->drain_head(c);
+    c->rq->xops->drain_head(c);
     buffer_send(c);
     if (c->req_done) {
         up_timeouts(c);
@@ -264,7 +264,7 @@ static void buffer_drop(struct client *c)
  * when buffering began (the bound a head has too). */
 static void buffer_wait(struct client *c)
 {
-    int64_t left = c->buffer_until_ms - clock_ms();
+    int64_t left = c->rq->buffer_until_ms - clock_ms();
     int64_t ms = c->conf->client.body_timeout_ms;
     conn_timer(c, TM_BODY, left < 0 ? 0 : left < ms ? left : ms);
 }
@@ -282,7 +282,7 @@ static void buffer_begin(struct client *c)
     c->head_in_input = 0;
     c->head_held = 1;
     c->state = CS_BUFFER;
-    c->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
+    c->rq->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
     if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
         evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
     c->head.expect_continue = 0;
@@ -297,15 +297,15 @@ static void buffer_begin(struct client *c)
 static int body_counted(struct client *c, int rc, size_t payload)
 {
     uint64_t max_body = c->conf->client.max_body_bytes;
-    c->body_bytes += payload;
+    c->rq->body_bytes += payload;
     if (c->rq->log)
         c->rq->log->bytes_in += payload;
     if (rc < 0) {
-        c->xops->fail(c, 400);
+        c->rq->xops->fail(c, 400);
         return -1;
     }
-    if (max_body && c->body_bytes > max_body) {
-        c->xops->fail(c, 413);
+    if (max_body && c->rq->body_bytes > max_body) {
+        c->rq->xops->fail(c, 413);
         return -1;
     }
     return 0;
@@ -323,7 +323,7 @@ void exchange_buffer_body(struct client *c)
             c->req_done = 1;
             break;
         }
-        if (c->body_bytes > c->conf->client.buffer_body_bytes)
+        if (c->rq->body_bytes > c->conf->client.buffer_body_bytes)
             break;
         if (rc == 0) {
             if (c->eof)         /* the rest can never come */
@@ -334,7 +334,7 @@ void exchange_buffer_body(struct client *c)
         }
     }
     conn_timer(c, TM_NONE, 0);
-    exchange_start(c, c->xops);
+    exchange_start(c, c->rq->xops);
 }
 
 /* Behind the head: the body read so far, framed as streaming would have
@@ -421,7 +421,7 @@ static void write_response_head(struct client *c, const char *buf)
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
         if (c->head.minor >= 1)
-            c->out_chunked = 1;
+            c->rq->out_chunked = 1;
         else
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
     }
@@ -429,7 +429,7 @@ static void write_response_head(struct client *c, const char *buf)
         .rid = c->rq->rid, .rid_len = c->rq->rid_len,
         .limits = mode,
         .head_request = c->head_request,
-        .chunked = c->out_chunked,
+        .chunked = c->rq->out_chunked,
         .close = !c->keep_alive || c->eof,
         .keep_alive_10 = c->head.minor == 0,
     };
@@ -468,7 +468,7 @@ void exchange_tunnel_pump(struct client *c)
 static void start_tunnel(struct client *c)
 {
     c->state = CS_TUNNEL;
-    c->resp_started = 1;
+    c->rq->resp_started = 1;
     c->keep_alive = 0;
     conn_timer(c, TM_NONE, 0);
     io_set_timeouts(c->io, NULL, NULL);
@@ -484,19 +484,19 @@ static void start_tunnel(struct client *c)
 static int interim_response(struct client *c, int status)
 {
     struct upstream_conn *uc = c->up;
-    c->interims++;
+    c->rq->interims++;
     if (status == 100 && c->head.expect_continue &&
-        c->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
+        c->rq->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
         evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
-        c->interims_relayed++;
+        c->rq->interims_relayed++;
     }
-    if (c->up_deadline_ms == 0)
+    if (c->rq->up_deadline_ms == 0)
         return 0;           /* the request is still being sent */
-    int64_t left = c->up_deadline_ms - clock_ms();
+    int64_t left = c->rq->up_deadline_ms - clock_ms();
     if (left <= 0) {
         log_warn("exchange: upstream '%s' timed out after %d interim responses",
-                 upstream_conf(uc->pool)->servers[uc->server].text, c->interims);
-        c->xops->fail(c, 504);
+                 upstream_conf(uc->pool)->servers[uc->server].text, c->rq->interims);
+        c->rq->xops->fail(c, 504);
         return -1;
     }
     struct timeval tv = clock_timeval(left);
@@ -526,7 +526,7 @@ static int read_response_head(struct client *c)
         if (rc != 0) {
             log_warn("exchange: bad response head from upstream '%s': closing it",
                      upstream_conf(uc->pool)->servers[uc->server].text);
-            c->xops->fail(c, 502);
+            c->rq->xops->fail(c, 502);
             return -1;
         }
         int status = uc->head.status;
@@ -536,34 +536,34 @@ static int read_response_head(struct client *c)
                 return -1;
             continue;
         }
-        if (c->interims > 0)
+        if (c->rq->interims > 0)
             up_timeouts(c);     /* body reads get the whole timeout again */
         if (status == 101) {
             const struct conf_route *r = c->route;
             /* a switch nobody asked for, or to a protocol not asked for */
-            if (!c->upgrade ||
+            if (!c->rq->upgrade ||
                 !h1write_upgrade_ok(data, &uc->head, r->upgrade_protos, r->nupgrade_protos)) {
-                c->xops->fail(c, 502);
+                c->rq->xops->fail(c, 502);
                 return -1;
             }
-            c->xops->drain_head(c);
-            c->xops->count_response(c, status);
+            c->rq->xops->drain_head(c);
+            c->rq->xops->count_response(c, status);
             write_response_head(c, data);
             evbuffer_drain(ui, uc->head.len);
             start_tunnel(c);
             return -1;
         }
-        if (c->rq->dec.count_call || c->xops->consume_counted(c, status))
+        if (c->rq->dec.count_call || c->rq->xops->consume_counted(c, status))
             return 0;   /* counted_done_cb resumes */
-        c->xops->drain_head(c);  /* the request head is no longer needed for a retry */
-        c->xops->count_response(c, status);
+        c->rq->xops->drain_head(c);  /* the request head is no longer needed for a retry */
+        c->rq->xops->count_response(c, status);
         size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
-        c->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
+        c->rq->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
         evbuffer_drain(ui, uc->head.len);
-        c->resp_started = 1;
+        c->rq->resp_started = 1;
         if (uc->head.body == HTTP1_BODY_NONE)
-            c->resp_done = 1;
+            c->rq->resp_done = 1;
         return 1;
     }
 }
@@ -573,7 +573,7 @@ void exchange_pump_response(struct client *c)
     struct upstream_conn *uc = c->up;
     struct evbuffer *ui = io_input(uc->io);
     struct evbuffer *out = io_output(c->io);
-    while (!c->resp_done) {
+    while (!c->rq->resp_done) {
         size_t queued = evbuffer_get_length(out);
         if (queued > CONN_HIGH_WATER) {
             io_disable(uc->io, EV_READ);
@@ -581,17 +581,17 @@ void exchange_pump_response(struct client *c)
             return;
         }
         size_t payload;
-        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->out_chunked,
+        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->rq->out_chunked,
                            CONN_HIGH_WATER - queued, &payload);
-        c->xops->count_out(c, payload);
+        c->rq->xops->count_out(c, payload);
         if (rc < 0) {
             log_warn("exchange: bad response body from upstream '%s': cutting the client",
                      upstream_conf(uc->pool)->servers[uc->server].text);
-            c->xops->fail(c, 502);
+            c->rq->xops->fail(c, 502);
             return;
         }
         if (rc == 1)
-            c->resp_done = 1;
+            c->rq->resp_done = 1;
         else if (rc == 0)
             return;
     }
@@ -601,11 +601,11 @@ void exchange_pump_response(struct client *c)
  * clean, then serve the next request or close. */
 void exchange_maybe_finish(struct client *c)
 {
-    if (!c->req_done || !c->resp_done || c->state != CS_PROXY)
+    if (!c->req_done || !c->rq->resp_done || c->state != CS_PROXY)
         return;
     struct upstream_conn *uc = c->up;
     c->up = NULL;
-    int64_t up_us = clock_us() - c->upstream_start_us;
+    int64_t up_us = clock_us() - c->rq->upstream_start_us;
     metrics_observe(METRICS_UPSTREAM_SECONDS, up_us);
     if (c->rq->log)
         c->rq->log->upstream_us = up_us;
@@ -624,7 +624,7 @@ static void up_read_cb(struct io *io, void *arg)
         exchange_tunnel_pump(c);
         goto out;
     }
-    if (!c->resp_started && read_response_head(c) <= 0)
+    if (!c->rq->resp_started && read_response_head(c) <= 0)
         goto out;
     exchange_pump_response(c);
     if (!c->dead && c->up)
@@ -638,7 +638,7 @@ out:
 /* Carry on with a response that waited (count_status consumption). */
 void exchange_resume(struct client *c)
 {
-    if (!c->dead && c->up && !c->resp_started && read_response_head(c) > 0) {
+    if (!c->dead && c->up && !c->rq->resp_started && read_response_head(c) > 0) {
         exchange_pump_response(c);
         if (!c->dead && c->up)
             exchange_maybe_finish(c);
@@ -674,11 +674,11 @@ static void up_event_cb(struct io *io, short what, void *arg)
         conn_close_after_write(c);
         goto out;
     }
-    if ((what & IO_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
+    if ((what & IO_EOF) && c->rq->resp_started && uc->head.body == HTTP1_BODY_EOF) {
         exchange_pump_response(c);
-        if (!c->dead && !c->resp_done && http1_body_eof(uc->parser)) {
-            c->resp_done = 1;
-            if (c->out_chunked)
+        if (!c->dead && !c->rq->resp_done && http1_body_eof(uc->parser)) {
+            c->rq->resp_done = 1;
+            if (c->rq->out_chunked)
                 evbuffer_add(io_output(c->io), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);
             c->ops->process(c);
@@ -687,19 +687,19 @@ static void up_event_cb(struct io *io, short what, void *arg)
     }
     /* A kept-alive connection the server had closed: try once more on a
      * fresh one if nothing was sent back and the request can be resent. */
-    if (!c->resp_started && uc->reused && !c->retried && c->head_in_input &&
+    if (!c->rq->resp_started && uc->reused && !c->rq->retried && c->head_in_input &&
         !(what & IO_TIMEOUT)) {
         /* Borrow first: closing the last borrowed connection of a retired
          * pool frees the pool. */
         c->up = NULL;
-        c->retried = 1;
+        c->rq->retried = 1;
         int ok = pool_connect(c, uc->pool, 1) == 0;
         upstream_close(uc);
         if (ok) {
-            c->xops->refresh_head(c);
+            c->rq->xops->refresh_head(c);
             write_request_head(c, io_output(c->up->io));
         } else {
-            c->xops->fail(c, 502);
+            c->rq->xops->fail(c, 502);
             if (!c->dead)
                 c->ops->process(c);
         }
@@ -712,7 +712,7 @@ static void up_event_cb(struct io *io, short what, void *arg)
     else
         log_warn("exchange: upstream '%s' failed: %s", cu->servers[uc->server].text,
                  evutil_socket_error_to_string(io_errno(uc->io)));
-    c->xops->fail(c, (what & IO_TIMEOUT) ? 504 : 502);
+    c->rq->xops->fail(c, (what & IO_TIMEOUT) ? 504 : 502);
     if (!c->dead)
         c->ops->process(c);
 out:

@@ -302,8 +302,8 @@ void request_answer(struct client *c, int status, int close_after)
         reply_unavailable(tmp ? tmp : out, (c->rq->rt ? backend_retry_ms(runtime_backend(c->rq->rt)) : 0), conn,
                           rq->rid, rq->rid_len);
     else
-        reply_error_named(tmp ? tmp : out, status, c->error_name, conn, rq->rid, rq->rid_len);
-    c->error_name = NULL;
+        reply_error_named(tmp ? tmp : out, status, c->rq->error_name, conn, rq->rid, rq->rid_len);
+    c->rq->error_name = NULL;
     if (tmp) {
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
@@ -314,14 +314,14 @@ void request_answer(struct client *c, int status, int close_after)
     }
     request_count_response(c, status);
     request_count_out(c, evbuffer_get_length(out) - out_before);
-    c->resp_started = c->resp_done = 1;
+    c->rq->resp_started = c->rq->resp_done = 1;
     request_drain_head(c);
     if (!keep) {
         conn_close_after_write(c);
         return;
     }
     c->keep_alive = 1;
-    c->body_bytes = 0;
+    c->rq->body_bytes = 0;
     c->state = CS_DISCARD;
     if (c->head.body == HTTP1_BODY_NONE) {
         c->req_done = 1;
@@ -334,7 +334,7 @@ void request_answer(struct client *c, int status, int close_after)
 /* A local error answer that names its reason in the JSON body. */
 void request_answer_named(struct client *c, int status, const char *name, int close_after)
 {
-    c->error_name = name;
+    c->rq->error_name = name;
     request_answer(c, status, close_after);
 }
 
@@ -348,7 +348,7 @@ void request_fail(struct client *c, int status)
         upstream_close(c->up);
         c->up = NULL;
     }
-    if (!c->resp_started) {
+    if (!c->rq->resp_started) {
         request_answer(c, status, 1);     /* body state unknown: close */
     } else {
         conn_kill(c);
@@ -449,18 +449,12 @@ void request_head(struct client *c)
     }
     c->route = NULL;
     c->up = NULL;
-    c->retried = 0;
-    c->req_done = c->resp_started = c->resp_done = 0;
-    c->out_chunked = 0;
-    c->body_bytes = 0;
-    c->up_deadline_ms = 0;
-    c->interims = c->interims_relayed = 0;
+    c->req_done = 0;
     c->keep_alive = c->head.keep_alive && !env->stopping;
     c->state = CS_DECIDE;
 
     const struct http1_head *h = &c->head;
     c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
-    c->upgrade = 0;
     set_request_id(c);
     request_address(c);
     request_log_begin(c, 1);
@@ -495,9 +489,9 @@ void request_head(struct client *c)
     }
     /* Only the route's protocols (WebSocket by default) are tunnelled; any
      * other Upgrade (h2c) goes up as a plain request without it. */
-    c->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE &&
-                 h1write_upgrade_ok(c->hbuf, h, c->route->upgrade_protos,
-                                    c->route->nupgrade_protos);
+    c->rq->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE &&
+                     h1write_upgrade_ok(c->hbuf, h, c->route->upgrade_protos,
+                                        c->route->nupgrade_protos);
     uint64_t max_body = c->conf->client.max_body_bytes;
     if (max_body && h->body == HTTP1_BODY_LENGTH && h->content_length > max_body) {
         request_answer(c, 413, 1);
@@ -596,8 +590,8 @@ void request_discard_body(struct client *c)
     while (!c->req_done) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, NULL, &payload);
-        c->body_bytes += payload;
-        if (rc < 0 || c->body_bytes > REQUEST_DISCARD_MAX) {
+        c->rq->body_bytes += payload;
+        if (rc < 0 || c->rq->body_bytes > REQUEST_DISCARD_MAX) {
             conn_close_after_write(c);
             return;
         }

@@ -12,6 +12,8 @@
 #include "decide.h"
 #include "route.h"
 
+struct exchange_ops;
+
 /* A client's X-Request-Id is kept when it is this long at most and only
  * visible ASCII; otherwise sluice makes its own. */
 #define REQUEST_RID_MAX 128
@@ -48,6 +50,21 @@ struct request {
     char rid[REQUEST_RID_MAX + 1];      /* X-Request-Id, sent up and back */
     size_t rid_len;
     struct route_captures caps;         /* path_regex groups, into path */
+    int upgrade;                        /* Upgrade request on an upgrade route */
+    const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
+    uint64_t body_bytes;                /* request payload so far */
+    int resp_started;                   /* response head sent to client */
+    int resp_done;
+
+    /* The upstream exchange's (exchange.c), zeroed with the rest. */
+    const struct exchange_ops *xops;    /* the request's, from exchange_start */
+    int retried;
+    int out_chunked;                    /* response re-framed as chunked */
+    int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
+    int64_t upstream_start_us;          /* when the request was forwarded */
+    int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
+    int interims;                       /* 1xx heads read for this request */
+    int interims_relayed;
 };
 
 #endif
