@@ -79,7 +79,7 @@ static void client_request_done(struct client *c)
     decide_release(&c->rq->dec);    /* the response is sent: concurrency slots go back */
     request_log_end(c);
     request_drain_head(c);
-    c->route = NULL;
+    c->rq->route = NULL;
     runtime_release(c->rq->rt);  /* an idle connection holds no runtime */
     c->rq->rt = NULL;
     if (!c->keep_alive || c->eof || c->env->stopping) {
@@ -135,7 +135,7 @@ static void client_process(struct client *c)
                 continue;
             break;
         case CS_PROXY:
-            if (!c->req_done && c->up)
+            if (!c->rq->req_done && c->up)
                 exchange_pump_request(c);
             if (!c->dead && c->up)
                 exchange_maybe_finish(c);
@@ -252,7 +252,7 @@ static void client_event_cb(struct io *io, short what, void *arg)
         if (c->state == CS_TUNNEL && c->up)
             exchange_tunnel_pump(c);
         int waiting = c->state == CS_DECIDE ||
-                      (c->state == CS_PROXY && c->req_done);
+                      (c->state == CS_PROXY && c->rq->req_done);
         if (!waiting && c->state != CS_CLOSING)
             conn_kill(c);
     } else {
@@ -274,11 +274,8 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         conn_kill(c);
     } else if (c->timer_mode == TM_HEADER && c->state == CS_HEAD) {
         /* A head that does not arrive in time (slowloris): 408, close. */
-        c->head_in_input = 0;
-        c->route = NULL;
         decide_cancel(&client_request(c)->dec);
         request_reset(c->rq);  /* not the id of the request before */
-        c->head_request = 0;
         request_log_begin(c, 0);
         request_answer(c, 408, 1);
     } else if (c->timer_mode == TM_BODY && c->state == CS_BUFFER) {

@@ -98,14 +98,9 @@ struct client {
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
 
     /* The request in progress. */
-    const char *hbuf;                   /* head bytes while still in input */
-    int head_in_input;
-    const struct conf_route *route;
     struct request *rq;                 /* what the request computed; owned; NULL
                                          * while idle (request_get/put) */
     struct upstream_conn *up;
-    int head_request;                   /* method HEAD: response has no body */
-    int req_done;                       /* request body fully read */
     int keep_alive;                     /* connection stays open afterwards */
     int client_paused;                  /* reading stopped: upstream full */
     int up_paused;                      /* upstream reading stopped: client full */
@@ -114,7 +109,6 @@ struct client {
                                          * otherwise scratch for re-framing,
                                          * empty between calls (lazy) */
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
-    int head_held;                      /* hbuf points into held */
 };
 
 void conn_enter(struct client *c);

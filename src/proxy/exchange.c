@@ -147,7 +147,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
         .https = c->tls,
     };
     obuf_begin(&ob, dst, c->head.len + 512);
-    h1write_request(&ob, c->hbuf, &c->head, &o);
+    h1write_request(&ob, c->rq->hbuf, &c->head, &o);
     obuf_end(&ob);
 }
 
@@ -162,9 +162,9 @@ static void up_timeouts(struct client *c)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
     struct timeval tv = clock_timeval(ms);
-    if (c->req_done && c->rq->up_deadline_ms == 0)
+    if (c->rq->req_done && c->rq->up_deadline_ms == 0)
         c->rq->up_deadline_ms = clock_ms() + ms;
-    io_set_timeouts(uc->io, c->req_done ? &tv : NULL, &tv);
+    io_set_timeouts(uc->io, c->rq->req_done ? &tv : NULL, &tv);
 }
 
 /* Borrow a connection from pool p (the request's runtime's pool for the
@@ -172,7 +172,7 @@ static void up_timeouts(struct client *c)
 static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
 {
     if (p == NULL)
-        p = runtime_pool(c->rq->rt, c->route->upstream);
+        p = runtime_pool(c->rq->rt, c->rq->route->upstream);
     if (p == NULL)
         return -1;
     c->up = upstream_acquire(p, fresh);
@@ -208,20 +208,20 @@ void exchange_start(struct client *c, const struct exchange_ops *ops)
     }
     if (pool_connect(c, NULL, 0) < 0) {
         buffer_drop(c);
-        c->rq->xops->answer(c, 502, c->req_done);  /* a body already read: close */
+        c->rq->xops->answer(c, 502, c->rq->req_done);  /* a body already read: close */
         return;
     }
     c->state = CS_PROXY;
     c->rq->upstream_start_us = clock_us();
     write_request_head(c, io_output(c->up->io));
     if (c->head.body == HTTP1_BODY_NONE) {
-        c->req_done = 1;
+        c->rq->req_done = 1;
         up_timeouts(c);
         return;
     }
     c->rq->xops->drain_head(c);
     buffer_send(c);
-    if (c->req_done) {
+    if (c->rq->req_done) {
         up_timeouts(c);
         return;
     }
@@ -245,10 +245,10 @@ static int buffer_wanted(const struct client *c)
 /* The held head is written: let it go. */
 static void buffer_release_head(struct client *c)
 {
-    if (c->head_held) {
+    if (c->rq->head_held) {
         evbuffer_drain(c->held, evbuffer_get_length(c->held));
-        c->head_held = 0;
-        c->hbuf = NULL;
+        c->rq->head_held = 0;
+        c->rq->hbuf = NULL;
     }
 }
 
@@ -278,9 +278,9 @@ static void buffer_begin(struct client *c)
     buffer_drop(c);
     lazy_buffer(&c->body);
     evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->head.len);
-    c->hbuf = (const char *)evbuffer_pullup(c->held, -1);
-    c->head_in_input = 0;
-    c->head_held = 1;
+    c->rq->hbuf = (const char *)evbuffer_pullup(c->held, -1);
+    c->rq->head_in_input = 0;
+    c->rq->head_held = 1;
     c->state = CS_BUFFER;
     c->rq->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
     if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
@@ -320,7 +320,7 @@ void exchange_buffer_body(struct client *c)
         if (body_counted(c, rc, payload) < 0)
             return;
         if (rc == 1) {
-            c->req_done = 1;
+            c->rq->req_done = 1;
             break;
         }
         if (c->rq->body_bytes > c->conf->client.buffer_body_bytes)
@@ -351,7 +351,7 @@ static void buffer_send(struct client *c)
         evbuffer_add_buffer(uo, c->body);
     if (chunked && n > 0)
         evbuffer_add(uo, "\r\n", 2);
-    if (chunked && c->req_done)
+    if (chunked && c->rq->req_done)
         evbuffer_add(uo, "0\r\n\r\n", 5);
 }
 
@@ -361,7 +361,7 @@ void exchange_pump_request(struct client *c)
     struct evbuffer *uo = io_output(c->up->io);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
 
-    while (!c->req_done && c->up) {
+    while (!c->rq->req_done && c->up) {
         size_t queued = evbuffer_get_length(uo);
         if (queued > CONN_HIGH_WATER) {
             io_disable(c->io, EV_READ);
@@ -374,7 +374,7 @@ void exchange_pump_request(struct client *c)
         if (body_counted(c, rc, payload) < 0)
             return;
         if (rc == 1) {
-            c->req_done = 1;
+            c->rq->req_done = 1;
             up_timeouts(c);
             conn_timer(c, TM_NONE, 0);
         } else if (rc == 0) {
@@ -417,7 +417,7 @@ static void write_response_head(struct client *c, const char *buf)
 {
     const struct http1_head *h = &c->up->head;
     struct obuf ob;
-    enum conf_headers mode = c->rq->dec.have_limits ? c->route->headers : CONF_HEADERS_NONE;
+    enum conf_headers mode = c->rq->dec.have_limits ? c->rq->route->headers : CONF_HEADERS_NONE;
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
         if (c->head.minor >= 1)
@@ -428,7 +428,7 @@ static void write_response_head(struct client *c, const char *buf)
     struct h1write_resp o = {
         .rid = c->rq->rid, .rid_len = c->rq->rid_len,
         .limits = mode,
-        .head_request = c->head_request,
+        .head_request = c->rq->head_request,
         .chunked = c->rq->out_chunked,
         .close = !c->keep_alive || c->eof,
         .keep_alive_10 = c->head.minor == 0,
@@ -518,7 +518,7 @@ static int read_response_head(struct client *c)
         size_t n = len > EXCHANGE_RESP_HEAD_MAX + 1 ? EXCHANGE_RESP_HEAD_MAX + 1 : len;
         const char *data = (const char *)evbuffer_pullup(ui, (ssize_t)n);
         int rc = http1_head_feed(uc->parser, data, n, EXCHANGE_RESP_HEAD_MAX,
-                                 c->head_request, &uc->head);
+                                 c->rq->head_request, &uc->head);
         if (rc == 1)
             return 0;
         if (rc == 0)
@@ -539,7 +539,7 @@ static int read_response_head(struct client *c)
         if (c->rq->interims > 0)
             up_timeouts(c);     /* body reads get the whole timeout again */
         if (status == 101) {
-            const struct conf_route *r = c->route;
+            const struct conf_route *r = c->rq->route;
             /* a switch nobody asked for, or to a protocol not asked for */
             if (!c->rq->upgrade ||
                 !h1write_upgrade_ok(data, &uc->head, r->upgrade_protos, r->nupgrade_protos)) {
@@ -601,7 +601,7 @@ void exchange_pump_response(struct client *c)
  * clean, then serve the next request or close. */
 void exchange_maybe_finish(struct client *c)
 {
-    if (!c->req_done || !c->rq->resp_done || c->state != CS_PROXY)
+    if (!c->rq->req_done || !c->rq->resp_done || c->state != CS_PROXY)
         return;
     struct upstream_conn *uc = c->up;
     c->up = NULL;
@@ -687,7 +687,7 @@ static void up_event_cb(struct io *io, short what, void *arg)
     }
     /* A kept-alive connection the server had closed: try once more on a
      * fresh one if nothing was sent back and the request can be resent. */
-    if (!c->rq->resp_started && uc->reused && !c->rq->retried && c->head_in_input &&
+    if (!c->rq->resp_started && uc->reused && !c->rq->retried && c->rq->head_in_input &&
         !(what & IO_TIMEOUT)) {
         /* Borrow first: closing the last borrowed connection of a retired
          * pool frees the pool. */

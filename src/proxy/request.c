@@ -147,7 +147,7 @@ static void decide(struct client *c);
 
 static struct metrics_route *request_metrics(const struct client *c)
 {
-    return c->route ? c->route->metrics : metrics_unrouted();
+    return c->rq->route ? c->rq->route->metrics : metrics_unrouted();
 }
 
 /* The client's address as text, into the request: the peer's, computed
@@ -163,7 +163,7 @@ static void request_address(struct client *c)
         rq->ip_len = c->peer_len;
         return;
     }
-    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head,
+    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->rq->hbuf, &c->head,
                                  rq->ip);
 }
 
@@ -197,7 +197,7 @@ void request_log_end(struct client *c)
         .method = rq->method, .method_len = rq->method_len,
         .path = rq->target, .path_len = rq->target_len,
         .status = rq->status,
-        .route = c->route ? c->route->name : NULL,
+        .route = c->rq->route ? c->rq->route->name : NULL,
         .decision = c->rq->dec.decision >= 0 ? decisions[c->rq->dec.decision] : NULL,
         .limit = r ? rl->limit[rl->shown]->name : NULL,
         .remaining = r ? r->remaining : -1,
@@ -244,7 +244,7 @@ void request_log_begin(struct client *c, int parsed)
 
 static const char *hb(const struct client *c, struct http1_span s)
 {
-    return c->hbuf + s.off;
+    return c->rq->hbuf + s.off;
 }
 
 /* Reading more input may move bytes already in the buffer (libevent
@@ -252,17 +252,17 @@ static const char *hb(const struct client *c, struct http1_span s)
  * wait before its spans are read. */
 void request_refresh_head(struct client *c)
 {
-    if (c->head_in_input)
-        c->hbuf = (const char *)evbuffer_pullup(io_input(c->io),
+    if (c->rq->head_in_input)
+        c->rq->hbuf = (const char *)evbuffer_pullup(io_input(c->io),
                                                 (ssize_t)c->head.len);
 }
 
 void request_drain_head(struct client *c)
 {
-    if (c->head_in_input) {
+    if (c->rq->head_in_input) {
         evbuffer_drain(io_input(c->io), c->head.len);
-        c->head_in_input = 0;
-        c->hbuf = NULL;
+        c->rq->head_in_input = 0;
+        c->rq->hbuf = NULL;
     }
 }
 
@@ -294,7 +294,7 @@ void request_answer(struct client *c, int status, int close_after)
                body_discardable(&c->head);
     /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
-    struct evbuffer *tmp = c->head_request ? evbuffer_new() : NULL;
+    struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
     if (status == 429)
         reply_limited(tmp ? tmp : out, &rq->dec.rl, conn, rq->rid, rq->rid_len);
@@ -324,7 +324,7 @@ void request_answer(struct client *c, int status, int close_after)
     c->rq->body_bytes = 0;
     c->state = CS_DISCARD;
     if (c->head.body == HTTP1_BODY_NONE) {
-        c->req_done = 1;
+        c->rq->req_done = 1;
         c->ops->request_done(c);
     } else {        /* the rest of the body, with no gap over body_timeout */
         conn_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
@@ -382,8 +382,8 @@ static uint64_t request_random(struct conn_env *env)
  * from the worker's generator. */
 static void set_request_id(struct client *c)
 {
-    int i = http1_find(c->hbuf, &c->head, "x-request-id", 0);
-    if (i >= 0 && http1_find(c->hbuf, &c->head, "x-request-id", i + 1) < 0) {
+    int i = http1_find(c->rq->hbuf, &c->head, "x-request-id", 0);
+    if (i >= 0 && http1_find(c->rq->hbuf, &c->head, "x-request-id", i + 1) < 0) {
         const char *v = hb(c, c->head.h[i].value);
         size_t n = c->head.h[i].value.len;
         if (rid_acceptable(v, n)) {
@@ -424,13 +424,11 @@ void request_head(struct client *c)
     int rc = http1_head_feed(c->parser, data, n, max, 0, &c->head);
     if (rc == 1)
         return;
-    c->hbuf = data;
-    c->head_in_input = 1;
     decide_cancel(&c->rq->dec);      /* none can be pending between requests */
     request_reset(c->rq);
+    c->rq->hbuf = data;
+    c->rq->head_in_input = 1;
     if (rc != 0) {
-        c->route = NULL;
-        c->head_request = 0;
         request_log_begin(c, 0);
         request_answer(c, rc, 1);
         return;
@@ -447,20 +445,18 @@ void request_head(struct client *c)
         c->conf = env->conf;
         conf_retain(c->conf);
     }
-    c->route = NULL;
     c->up = NULL;
-    c->req_done = 0;
     c->keep_alive = c->head.keep_alive && !env->stopping;
     c->state = CS_DECIDE;
 
     const struct http1_head *h = &c->head;
-    c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
+    c->rq->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     set_request_id(c);
     request_address(c);
     request_log_begin(c, 1);
     /* Connection naming the framing or Host (smuggling), or a '_' name
      * under underscore_headers: reject. */
-    if (h1write_request_check(c->hbuf, h, c->conf->client.underscore_headers) != 0) {
+    if (h1write_request_check(c->rq->hbuf, h, c->conf->client.underscore_headers) != 0) {
         request_answer(c, 400, 1);
         return;
     }
@@ -477,21 +473,21 @@ void request_head(struct client *c)
         request_answer_named(c, 400, "bad_host", 1);
         return;
     }
-    c->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
+    c->rq->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
                            h->method.len, host, hostlen, &c->rq->caps);
-    if (c->route == NULL && c->rq->caps.over_limit) {
+    if (c->rq->route == NULL && c->rq->caps.over_limit) {
         regex_over_limit(c);
         return;
     }
-    if (c->route == NULL) {
+    if (c->rq->route == NULL) {
         request_answer(c, 404, 0);
         return;
     }
     /* Only the route's protocols (WebSocket by default) are tunnelled; any
      * other Upgrade (h2c) goes up as a plain request without it. */
-    c->rq->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE &&
-                     h1write_upgrade_ok(c->hbuf, h, c->route->upgrade_protos,
-                                        c->route->nupgrade_protos);
+    c->rq->upgrade = h->upgrade && c->rq->route->upgrade && h->body == HTTP1_BODY_NONE &&
+                     h1write_upgrade_ok(c->rq->hbuf, h, c->rq->route->upgrade_protos,
+                                        c->rq->route->nupgrade_protos);
     uint64_t max_body = c->conf->client.max_body_bytes;
     if (max_body && h->body == HTTP1_BODY_LENGTH && h->content_length > max_body) {
         request_answer(c, 413, 1);
@@ -577,9 +573,9 @@ static void decide(struct client *c)
     struct request *rq = c->rq;
     struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
                               c->env->base };
-    struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
-                             c->route->regex ? &rq->caps : NULL };
-    int v = decide_start(&rq->dec, &env, c->conf, c->route, &req, request_decided, c);
+    struct route_req req = { c->rq->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
+                             c->rq->route->regex ? &rq->caps : NULL };
+    int v = decide_start(&rq->dec, &env, c->conf, c->rq->route, &req, request_decided, c);
     if (v != DECIDE_PENDING)
         decided(c, v);
 }
@@ -587,7 +583,7 @@ static void decide(struct client *c)
 void request_discard_body(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
-    while (!c->req_done) {
+    while (!c->rq->req_done) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, NULL, &payload);
         c->rq->body_bytes += payload;
@@ -598,8 +594,9 @@ void request_discard_body(struct client *c)
         if (rc == 0)
             return;
         if (rc == 1) {
-            c->req_done = 1;
-            c->ops->request_done(c);
+            c->rq->req_done = 1;
+            c->ops->request_done(c);    /* may give c->rq back: done with it */
+            return;
         }
     }
 }

@@ -50,6 +50,12 @@ struct request {
     char rid[REQUEST_RID_MAX + 1];      /* X-Request-Id, sent up and back */
     size_t rid_len;
     struct route_captures caps;         /* path_regex groups, into path */
+    const char *hbuf;                   /* head bytes while still in input */
+    int head_in_input;
+    int head_held;                      /* hbuf points into the client's held */
+    const struct conf_route *route;
+    int head_request;                   /* method HEAD: response has no body */
+    int req_done;                       /* request body fully read */
     int upgrade;                        /* Upgrade request on an upgrade route */
     const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
     uint64_t body_bytes;                /* request payload so far */
