@@ -253,7 +253,11 @@ static int take_shaping(struct decision *dec, const struct store_result *res, in
 
 /* The keys of the route's limits, into the request's buffer, with
  * dec->rl.limit[]; returns how many count the request, -1 for a bad
- * cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice. */
+ * cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice,
+ * ROUTE_KEY_BAD for a capture refused, DECIDE_KEY_MISSING for a source
+ * absent under on_missing_key: deny. Absent under ip: the client address's
+ * own key (route_key_fallback), counted in the metrics. */
+#define DECIDE_KEY_MISSING (-100)
 static int build_keys(struct decision *dec, const struct conf *conf,
                       const struct conf_route *r, const struct route_req *req)
 {
@@ -263,9 +267,14 @@ static int build_keys(struct decision *dec, const struct conf *conf,
     for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
         const struct conf_limit *l = &r->limits[i];
         long klen = route_key(conf, r, l, req, key);
-        if (klen == ROUTE_KEY_AMBIGUOUS)
-            return ROUTE_KEY_AMBIGUOUS;
-        if (klen <= 0)      /* a key source is absent: not counted */
+        if (klen == ROUTE_KEY_AMBIGUOUS || klen == ROUTE_KEY_BAD)
+            return (int)klen;
+        if (klen == 0 && l->on_missing_key == CONF_MISSING_DENY)
+            return DECIDE_KEY_MISSING;
+        int fallback = klen == 0 && l->on_missing_key == CONF_MISSING_IP;
+        if (fallback)
+            klen = route_key_fallback(conf, r, l, req, key);
+        if (klen <= 0)      /* absent under pass, or too long: not counted */
             continue;
         int64_t cost = r->cost > 0 ? r->cost : 1;
         if (l->cost_header && decide_cost(req, l->cost_header, &cost) < 0)
@@ -284,8 +293,12 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         dec->rl.limit[n] = l;
         if (flags & STORE_CHECK_ONLY)
             dec->counted |= 1u << n;
+        if (fallback)
+            dec->fallback |= 1u << n;
         n++;
     }
+    for (unsigned f = dec->fallback; f != 0; f &= f - 1)  /* once the request counts */
+        metrics_count(METRICS_KEY_FALLBACKS);
     return n;
 }
 
@@ -485,7 +498,9 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
     }
     int n = build_keys(dec, conf, route, req);
     if (n < 0)
-        return n == ROUTE_KEY_AMBIGUOUS ? DECIDE_AMBIGUOUS : DECIDE_BAD_COST;
+        return n == ROUTE_KEY_AMBIGUOUS ? DECIDE_AMBIGUOUS :
+               n == ROUTE_KEY_BAD ? DECIDE_BAD_KEY :
+               n == DECIDE_KEY_MISSING ? DECIDE_MISSING_KEY : DECIDE_BAD_COST;
     dec->nkeys = dec->rl.n = n;
     if (n == 0) {
         count_decision(dec, METRICS_ALLOWED);

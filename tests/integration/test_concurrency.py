@@ -278,7 +278,7 @@ def reload_with_other_redis_timeout(s):
     assert "  timeout: 1s\n  prefix:" in text
     s.conf_path.write_text(text.replace("  timeout: 1s\n  prefix:", "  timeout: 900ms\n  prefix:"))
     s.proc.send_signal(signal.SIGHUP)
-    assert wait_for(lambda: "main: reloaded" in s.stderr, 5.0) is not None, s.stderr
+    assert wait_until(lambda: "main: reloaded" in s.stderr, 5.0)[0], s.stderr
 
 
 def own_keys(redis_port, name, key):
@@ -292,19 +292,19 @@ def test_slot_given_back_after_a_reload_that_replaced_redis(sluice, redis):
     import uuid
     k = uuid.uuid4().hex
     hdr = [("X-Api-Key", k)]
-    s = sluice(ops_conf(RELOAD_ROUTES))
+    s = sluice(proxy_conf(RELOAD_ROUTES))
     c = open_slow(s.port, 1500, hdr)
     try:
         def slots():
             now_ms = int(time.time() * 1000)
             return sum(int(redis_cmd(redis.port, "ZCOUNT", x, "(%d" % now_ms, "+inf"))
                        for x in own_keys(redis.port, b"reloadslot", k))
-        assert wait_for(lambda: slots() == 1, 2.0) is not None
+        assert wait_until(lambda: slots() == 1, 2.0)[0]
         reload_with_other_redis_timeout(s)
         assert c.read_response().status == 200
     finally:
         c.close()
-    assert wait_for(lambda: slots() == 0, 3.0) is not None, "the slot stayed taken"
+    assert wait_until(lambda: slots() == 0, 3.0)[0], "the slot stayed taken"
     assert http_get(s.port, "/slow/0", headers=hdr).status == 200
 
 
@@ -315,7 +315,7 @@ def test_reservation_refunded_after_a_reload_that_replaced_redis(sluice, redis):
     import uuid
     k = uuid.uuid4().hex
     hdr = [("X-Api-Key", k)]
-    s = sluice(ops_conf(RELOAD_ROUTES))
+    s = sluice(proxy_conf(RELOAD_ROUTES))
     assert http_get(s.port, "/held", headers=hdr).status == 200
 
     def tat():
@@ -324,7 +324,7 @@ def test_reservation_refunded_after_a_reload_that_replaced_redis(sluice, redis):
     first = tat()
     c = Conn(s.port, timeout_s=5)
     c.send(build_request("GET", "/held", hdr))
-    assert wait_for(lambda: tat() == first + 10000000, 2.0) is not None, (first, tat())
+    assert wait_until(lambda: tat() == first + 10000000, 2.0)[0], (first, tat())
     reload_with_other_redis_timeout(s)
     abort(c)
-    assert wait_for(lambda: tat() == first, 3.0) is not None, (first, tat())
+    assert wait_until(lambda: tat() == first, 3.0)[0], (first, tat())

@@ -14,7 +14,7 @@ import subprocess
 import uuid
 
 from conftest import Conn, build_request, free_port, sluice_bin, stop_process
-from opslib import ops_conf, start_ops
+from proxylib import proxy_conf, start_proxy
 from tls_listen_lib import start_tls, tls_listen_conf
 from tlslib import CA
 
@@ -69,8 +69,8 @@ def limits_seen(port, n=20):
 
 
 def test_second_sluice_on_a_held_address_exits(sluice, redis, tmp_path):
-    first = start_ops(sluice, routes(1000), workers=2)
-    text = ops_conf(routes(7), workers=2, admin_port=free_port())
+    first = start_proxy(sluice, routes(1000), workers=2)
+    text = proxy_conf(routes(7), workers=2, admin_port=free_port())
     rc, err = run_refused(tmp_path, fill(text, first.port, redis.port))
     assert rc == 1, (rc, err)
     assert "cannot listen on '127.0.0.1:%d': address in use" % first.port in err, err
@@ -105,8 +105,8 @@ def test_address_free_again_once_the_first_stops(sluice, redis):
     """The handover on one host: SIGTERM closes the first one's listeners at
     once (then it drains), and a new sluice takes the address, past the
     connections the first one left in TIME_WAIT."""
-    first = start_ops(sluice, routes(1000), workers=2)
+    first = start_proxy(sluice, routes(1000), workers=2)
     assert limits_seen(first.port, 4) == ["1000"] * 4
     assert stop_process(first.proc) == 0
-    second = sluice(ops_conf(routes(7), workers=2), listen_port=first.port)
+    second = sluice(proxy_conf(routes(7), workers=2), listen_port=first.port)
     assert limits_seen(second.port, 4) == ["7"] * 4

@@ -240,10 +240,10 @@ BIG_ROUTES = "".join(
 @pytest.mark.parametrize("mode", ["memory", "on_error_local"])
 def test_memory_limits_beyond_2_53_are_enforced(sluice, mode):
     if mode == "memory":
-        s = start_ops(sluice, BIG_ROUTES, top=MEMORY_TOP, wait_redis=False,
+        s = start_proxy(sluice, BIG_ROUTES, top=MEMORY_TOP, wait_redis=False,
                       redis_port=free_port())
     else:       # Redis down: the local limiter decides
-        s = start_ops(sluice, BIG_ROUTES, on_error="local", wait_redis=False,
+        s = start_proxy(sluice, BIG_ROUTES, on_error="local", wait_redis=False,
                       redis_port=free_port())
     for i, (lim, _, cost) in enumerate(BIG):
         for a in BIG_ALGOS:
