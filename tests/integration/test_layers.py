@@ -2,22 +2,19 @@
 # includes only go down them (tests/tools/layers.py, which reads the order
 # from src/README.md); no folder is missing from the list or its README.md.
 
+import importlib.util
 import os
-import subprocess
-import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.path.join(ROOT, "tests", "tools", "layers.py")
+_spec = importlib.util.spec_from_file_location(
+    "layers", os.path.join(ROOT, "tests", "tools", "layers.py"))
+layers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(layers)
 
 
-def layers(src):
-    return subprocess.run([sys.executable, SCRIPT, src], capture_output=True, text=True,
-                          timeout=30)
-
-
-def test_src_includes_only_go_down():
-    p = layers(os.path.join(ROOT, "src"))
-    assert p.returncode == 0 and p.stdout == "layers ok\n", p.stdout + p.stderr
+def test_src_includes_only_go_down(capsys):
+    assert layers.main(["layers.py", os.path.join(ROOT, "src")]) == 0
+    assert capsys.readouterr().out == "layers ok\n"
 
 
 def make_tree(tmp_path, order, files):
@@ -31,7 +28,7 @@ def make_tree(tmp_path, order, files):
         (tmp_path / path).write_text(text)
 
 
-def test_layer_script_reports_an_include_up(tmp_path):
+def test_layer_script_reports_an_include_up(tmp_path, capsys):
     # low/a.c includes high/b.h (up: refused); high/b.c includes low/a.h
     # (down) and its own b.h; <stdio.h> and unknown headers are not ours.
     make_tree(tmp_path, ["low", "high"], {
@@ -40,15 +37,15 @@ def test_layer_script_reports_an_include_up(tmp_path):
         "high/b.h": '#include "a.h"\n',
         "high/b.c": '#include "b.h"\n#include "a.h"\n',
     })
-    p = layers(str(tmp_path))
-    assert p.returncode == 1, p.stdout
-    assert p.stdout == "low/a.c:3: includes b.h (high/, above low/)\n", p.stdout
+    assert layers.main(["layers.py", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out == "low/a.c:3: includes b.h (high/, above low/)\n", out
 
 
-def test_layer_script_wants_every_folder_listed_and_described(tmp_path):
+def test_layer_script_wants_every_folder_listed_and_described(tmp_path, capsys):
     make_tree(tmp_path, ["low"], {"low/a.c": "", "extra/x.c": ""})
     (tmp_path / "low" / "README.md").unlink()
-    p = layers(str(tmp_path))
-    assert p.returncode == 1, p.stdout
-    assert "extra/: not listed in README.md\n" in p.stdout, p.stdout
-    assert "low/: no README.md\n" in p.stdout, p.stdout
+    assert layers.main(["layers.py", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "extra/: not listed in README.md\n" in out, out
+    assert "low/: no README.md\n" in out, out
