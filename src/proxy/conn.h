@@ -97,7 +97,10 @@ struct client {
     int handshaking;                    /* TLS handshake not done yet */
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
 
-    /* The request in progress. */
+    /* The request in progress: its state is *rq (request_state.h). What
+     * stays here is the exchange's upstream connection and the two sides'
+     * backpressure, which conn_flush and client.c reach also while idle
+     * (rq NULL), and buffers reused across requests. */
     struct request *rq;                 /* what the request computed; owned; NULL
                                          * while idle (request_get/put) */
     struct upstream_conn *up;

@@ -4,7 +4,9 @@
  * for each head (request_reset); it owns everything the request needs
  * after a suspension point (Redis, the upstream, a timer): its normalised
  * path, the client address, its id, the path_regex captures, the
- * access-log facts, and its keys and limit results (rq->dec, decide.h).
+ * access-log facts, its keys and limit results (rq->dec, decide.h), where
+ * its head is, its route, and how far its answer and its upstream exchange
+ * have gone (struct request in request_state.h).
  * The path and key buffers and the log facts are kept across requests and
  * grown as needed (freed by request_free), so a request allocates nothing
  * in the common case. A connection holds its request only while one is in
