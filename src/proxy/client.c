@@ -33,7 +33,7 @@
 #include "tls_server.h"
 #include "upstream.h"
 
-static_assert(CONF_MAX_HEADER_BYTES == HTTP1_MAX_HEAD_BYTES,
+static_assert(CONF_MAX_HEADER_BYTES == HTTP1_MAX_HEAD_BYTES, /* NOLINT(misc-redundant-expression) */
               "client.max_header_bytes is bounded by what http1.c parses");
 
 /* Input kept from a client beyond the request being served (pipelining). */
