@@ -46,8 +46,8 @@ static void client_free(struct client *c)
     struct conn_env *env = c->env;
     if (c->rq)
         decide_cancel(&c->rq->dec);
-    if (c->up)
-        upstream_close(c->up);
+    if (c->rq && c->rq->up)
+        upstream_close(c->rq->up);
     request_put(env, c->rq);
     if (c->prev)
         c->prev->next = c->next;
@@ -135,9 +135,9 @@ static void client_process(struct client *c)
                 continue;
             break;
         case CS_PROXY:
-            if (!c->rq->req_done && c->up)
+            if (!c->rq->req_done && c->rq->up)
                 exchange_pump_request(c);
-            if (!c->dead && c->up)
+            if (!c->dead && c->rq->up)
                 exchange_maybe_finish(c);
             break;
         case CS_BUFFER:
@@ -147,7 +147,7 @@ static void client_process(struct client *c)
             request_discard_body(c);
             break;
         case CS_TUNNEL:
-            if (c->up)
+            if (c->rq->up)
                 exchange_tunnel_pump(c);
             return;
         case CS_DECIDE:
@@ -176,7 +176,7 @@ static void client_up_resumed(struct client *c)
         exchange_tunnel_pump(c);
     } else {
         exchange_pump_response(c);
-        if (!c->dead && c->up)
+        if (!c->dead && c->rq->up)
             exchange_maybe_finish(c);
     }
     if (!c->dead)
@@ -249,7 +249,7 @@ static void client_event_cb(struct io *io, short what, void *arg)
          * down; it still gets the answer to a request already read. */
         c->eof = 1;
         c->keep_alive = 0;
-        if (c->state == CS_TUNNEL && c->up)
+        if (c->state == CS_TUNNEL && c->rq->up)
             exchange_tunnel_pump(c);
         int waiting = c->state == CS_DECIDE ||
                       (c->state == CS_PROXY && c->rq->req_done);

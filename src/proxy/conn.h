@@ -20,7 +20,6 @@ struct evbuffer;
 struct io;
 struct event;
 struct event_base;
-struct upstream_conn;
 struct request;
 struct conf;
 struct runtime;
@@ -97,13 +96,12 @@ struct client {
     int handshaking;                    /* TLS handshake not done yet */
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
 
-    /* The request in progress: its state is *rq (request_state.h). What
-     * stays here is the exchange's upstream connection and the two sides'
-     * backpressure, which conn_flush and client.c reach also while idle
-     * (rq NULL), and buffers reused across requests. */
+    /* The request in progress: its state is *rq (request_state.h), its
+     * upstream connection included. What stays here is the two sides'
+     * backpressure, which conn_flush reaches also while idle (rq NULL), and
+     * buffers reused across requests. */
     struct request *rq;                 /* what the request computed; owned; NULL
                                          * while idle (request_get/put) */
-    struct upstream_conn *up;
     int keep_alive;                     /* connection stays open afterwards */
     int client_paused;                  /* reading stopped: upstream full */
     int up_paused;                      /* upstream reading stopped: client full */

@@ -136,7 +136,7 @@ static int peer_trusted(const struct client *c)
 static void write_request_head(struct client *c, struct evbuffer *dst)
 {
     struct obuf ob;
-    const char *t = upstream_conf(c->up->pool)->servers[c->up->server].text;
+    const char *t = upstream_conf(c->rq->up->pool)->servers[c->rq->up->server].text;
     struct h1write_req o = {
         .peer = c->peer_text, .peer_len = c->peer_len,
         .rid = c->rq->rid, .rid_len = c->rq->rid_len,
@@ -157,7 +157,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
  * Until connected, the connect timeout set by the pool is in force. */
 static void up_timeouts(struct client *c)
 {
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     if (!uc->connected)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
@@ -175,10 +175,10 @@ static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
         p = runtime_pool(c->rq->rt, c->rq->route->upstream);
     if (p == NULL)
         return -1;
-    c->up = upstream_acquire(p, fresh);
-    if (c->up == NULL)
+    c->rq->up = upstream_acquire(p, fresh);
+    if (c->rq->up == NULL)
         return -1;
-    struct io *ub = c->up->io;
+    struct io *ub = c->rq->up->io;
     io_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
     io_setwatermark(ub, EV_WRITE, CONN_HIGH_WATER / 2);
     c->rq->up_deadline_ms = 0;      /* counted on this connection */
@@ -213,7 +213,7 @@ void exchange_start(struct client *c, const struct exchange_ops *ops)
     }
     c->state = CS_PROXY;
     c->rq->upstream_start_us = clock_us();
-    write_request_head(c, io_output(c->up->io));
+    write_request_head(c, io_output(c->rq->up->io));
     if (c->head.body == HTTP1_BODY_NONE) {
         c->rq->req_done = 1;
         up_timeouts(c);
@@ -341,7 +341,7 @@ void exchange_buffer_body(struct client *c)
  * framed it (as is, or as one chunk of ours and the last chunk when whole). */
 static void buffer_send(struct client *c)
 {
-    struct evbuffer *uo = io_output(c->up->io);
+    struct evbuffer *uo = io_output(c->rq->up->io);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
     size_t n = c->body ? evbuffer_get_length(c->body) : 0;
     buffer_release_head(c);
@@ -358,10 +358,10 @@ static void buffer_send(struct client *c)
 void exchange_pump_request(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
-    struct evbuffer *uo = io_output(c->up->io);
+    struct evbuffer *uo = io_output(c->rq->up->io);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
 
-    while (!c->rq->req_done && c->up) {
+    while (!c->rq->req_done && c->rq->up) {
         size_t queued = evbuffer_get_length(uo);
         if (queued > CONN_HIGH_WATER) {
             io_disable(c->io, EV_READ);
@@ -415,7 +415,7 @@ static void upstream_limits(const char *buf, const struct http1_head *h,
  * with its Upgrade field and Connection: upgrade. */
 static void write_response_head(struct client *c, const char *buf)
 {
-    const struct http1_head *h = &c->up->head;
+    const struct http1_head *h = &c->rq->up->head;
     struct obuf ob;
     enum conf_headers mode = c->rq->dec.have_limits ? c->rq->route->headers : CONF_HEADERS_NONE;
 
@@ -447,7 +447,7 @@ static void write_response_head(struct client *c, const char *buf)
 /* Move what each side has to the other. */
 void exchange_tunnel_pump(struct client *c)
 {
-    struct io *ub = c->up->io;
+    struct io *ub = c->rq->up->io;
     struct evbuffer *out = io_output(c->io);
     struct evbuffer *uo = io_output(ub);
     move_all(uo, io_input(c->io));
@@ -472,7 +472,7 @@ static void start_tunnel(struct client *c)
     c->keep_alive = 0;
     conn_timer(c, TM_NONE, 0);
     io_set_timeouts(c->io, NULL, NULL);
-    io_set_timeouts(c->up->io, NULL, NULL);
+    io_set_timeouts(c->rq->up->io, NULL, NULL);
     io_setwatermark(c->io, EV_READ, 0);
     exchange_tunnel_pump(c);
 }
@@ -483,7 +483,7 @@ static void start_tunnel(struct client *c)
  * Returns -1 when the time is up (answered). */
 static int interim_response(struct client *c, int status)
 {
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     c->rq->interims++;
     if (status == 100 && c->head.expect_continue &&
         c->rq->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
@@ -509,7 +509,7 @@ static int interim_response(struct client *c, int status)
  * (already handled). */
 static int read_response_head(struct client *c)
 {
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     struct evbuffer *ui = io_input(uc->io);
     for (;;) {
         size_t len = evbuffer_get_length(ui);
@@ -570,7 +570,7 @@ static int read_response_head(struct client *c)
 
 void exchange_pump_response(struct client *c)
 {
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     struct evbuffer *ui = io_input(uc->io);
     struct evbuffer *out = io_output(c->io);
     while (!c->rq->resp_done) {
@@ -603,8 +603,8 @@ void exchange_maybe_finish(struct client *c)
 {
     if (!c->rq->req_done || !c->rq->resp_done || c->state != CS_PROXY)
         return;
-    struct upstream_conn *uc = c->up;
-    c->up = NULL;
+    struct upstream_conn *uc = c->rq->up;
+    c->rq->up = NULL;
     int64_t up_us = clock_us() - c->rq->upstream_start_us;
     metrics_observe(METRICS_UPSTREAM_SECONDS, up_us);
     if (c->rq->log)
@@ -627,7 +627,7 @@ static void up_read_cb(struct io *io, void *arg)
     if (!c->rq->resp_started && read_response_head(c) <= 0)
         goto out;
     exchange_pump_response(c);
-    if (!c->dead && c->up)
+    if (!c->dead && c->rq->up)
         exchange_maybe_finish(c);
     if (!c->dead)
         c->ops->process(c);
@@ -638,9 +638,9 @@ out:
 /* Carry on with a response that waited (count_status consumption). */
 void exchange_resume(struct client *c)
 {
-    if (!c->dead && c->up && !c->rq->resp_started && read_response_head(c) > 0) {
+    if (!c->dead && c->rq->up && !c->rq->resp_started && read_response_head(c) > 0) {
         exchange_pump_response(c);
-        if (!c->dead && c->up)
+        if (!c->dead && c->rq->up)
             exchange_maybe_finish(c);
     }
     if (!c->dead)
@@ -659,7 +659,7 @@ static void up_write_cb(struct io *io, void *arg)
 static void up_event_cb(struct io *io, short what, void *arg)
 {
     struct client *c = arg;
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     const struct conf_upstream *cu = upstream_conf(uc->pool);
     conn_enter(c);
     if (what & IO_CONNECTED) {
@@ -670,7 +670,7 @@ static void up_event_cb(struct io *io, short what, void *arg)
     if (c->state == CS_TUNNEL) {
         exchange_tunnel_pump(c);
         upstream_close(uc);
-        c->up = NULL;
+        c->rq->up = NULL;
         conn_close_after_write(c);
         goto out;
     }
@@ -691,13 +691,13 @@ static void up_event_cb(struct io *io, short what, void *arg)
         !(what & IO_TIMEOUT)) {
         /* Borrow first: closing the last borrowed connection of a retired
          * pool frees the pool. */
-        c->up = NULL;
+        c->rq->up = NULL;
         c->rq->retried = 1;
         int ok = pool_connect(c, uc->pool, 1) == 0;
         upstream_close(uc);
         if (ok) {
             c->rq->xops->refresh_head(c);
-            write_request_head(c, io_output(c->up->io));
+            write_request_head(c, io_output(c->rq->up->io));
         } else {
             c->rq->xops->fail(c, 502);
             if (!c->dead)

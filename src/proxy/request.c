@@ -345,9 +345,9 @@ void request_answer_named(struct client *c, int status, const char *name, int cl
 void request_fail(struct client *c, int status)
 {
     decide_release(&c->rq->dec);    /* the upstream failed: its slots go back now */
-    if (c->up) {
-        upstream_close(c->up);
-        c->up = NULL;
+    if (c->rq->up) {
+        upstream_close(c->rq->up);
+        c->rq->up = NULL;
     }
     if (!c->rq->resp_started) {
         request_answer(c, status, 1);     /* body state unknown: close */
@@ -446,7 +446,6 @@ void request_head(struct client *c)
         c->conf = env->conf;
         conf_retain(c->conf);
     }
-    c->up = NULL;
     c->keep_alive = c->head.keep_alive && !env->stopping;
     c->state = CS_DECIDE;
 
@@ -557,8 +556,8 @@ static void counted_cb(void *arg, int verdict)
 {
     struct client *c = arg;
     conn_enter(c);
-    if (c->up)
-        io_enable(c->up->io, EV_READ);
+    if (c->rq->up)
+        io_enable(c->rq->up->io, EV_READ);
     exchange_resume(c);
     conn_leave(c);
 }
@@ -571,7 +570,7 @@ int request_consume_counted(struct client *c, int status)
 {
     if (!decide_count_status(&c->rq->dec, status, counted_cb, c))
         return 0;
-    io_disable(c->up->io, EV_READ);
+    io_disable(c->rq->up->io, EV_READ);
     return 1;
 }
 

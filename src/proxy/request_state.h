@@ -13,6 +13,7 @@
 #include "route.h"
 
 struct exchange_ops;
+struct upstream_conn;
 
 /* A client's X-Request-Id is kept when it is this long at most and only
  * visible ASCII; otherwise sluice makes its own. */
@@ -63,6 +64,7 @@ struct request {
     int resp_done;
 
     /* The upstream exchange's (exchange.c), zeroed with the rest. */
+    struct upstream_conn *up;           /* borrowed from the route's pool; owned */
     const struct exchange_ops *xops;    /* the request's, from exchange_start */
     int retried;
     int out_chunked;                    /* response re-framed as chunked */
