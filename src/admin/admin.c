@@ -12,7 +12,6 @@
  * Reading stops while an answer is being written, so a peer that pipelines
  * requests without reading its answers holds one answer at most. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +29,7 @@
 #include "http1.h"
 #include "listener.h"
 #include "log.h"
+#include "loopthread.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
@@ -47,10 +47,9 @@ struct admin_conn {
 };
 
 struct admin {
-    pthread_t thread;
-    struct event_base *base;
+    struct loopthread *loop;
+    struct event_base *base;    /* the loop's */
     struct listener *listener;
-    struct event *stop_ev;
     struct admin_console *console;  /* /api/top, /api/stats, the dashboard */
     struct admin_conn *conns;   /* every open connection */
     int nconns;
@@ -328,18 +327,6 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     conn_timer(c, idle_ms);
 }
 
-static void *admin_main(void *arg)
-{
-    struct admin *a = arg;
-    event_base_dispatch(a->base);
-    return NULL;
-}
-
-static void stop_cb(evutil_socket_t fd, short what, void *arg)
-{
-    event_base_loopexit(((struct admin *)arg)->base, NULL);
-}
-
 static void admin_free(struct admin *a)
 {
     for (struct admin_conn *c = a->conns, *next; c; c = next) {
@@ -348,10 +335,7 @@ static void admin_free(struct admin *a)
     }
     listener_destroy(a->listener);
     admin_console_destroy(a->console);
-    if (a->stop_ev)
-        event_free(a->stop_ev);
-    if (a->base)
-        event_base_free(a->base);
+    loopthread_destroy(a->loop);
     free(a);
 }
 
@@ -362,9 +346,10 @@ struct admin *admin_start(const struct conf *conf)
     const char *step = "event base";
     int fd = -1, one = 1;
     admin_reload(a, conf);
-    a->base = event_base_new();
-    if (a->base == NULL)
+    a->loop = loopthread_create(NULL, NULL);
+    if (a->loop == NULL)
         goto fail;
+    a->base = loopthread_base(a->loop);
     step = "listen";
     fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -378,8 +363,7 @@ struct admin *admin_start(const struct conf *conf)
         goto fail;
     a->console = admin_console_create(a->base, conf);
     step = "thread";
-    a->stop_ev = event_new(a->base, -1, 0, stop_cb, a);
-    if (a->stop_ev == NULL || pthread_create(&a->thread, NULL, admin_main, a) != 0)
+    if ((errno = loopthread_start(a->loop)) != 0)
         goto fail;
     log_info("admin: serving /metrics /healthz /readyz /api/top /api/stats / on %s (at most %d connections, "
              "%d-byte heads)", addr->text, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_HEAD_BYTES);
@@ -408,7 +392,6 @@ void admin_stop(struct admin *a)
 {
     if (a == NULL)
         return;
-    event_active(a->stop_ev, EV_TIMEOUT, 0);
-    pthread_join(a->thread, NULL);
+    loopthread_stop(a->loop);
     admin_free(a);
 }
