@@ -43,8 +43,8 @@ struct rconn_tls_conf {
     int verify;                 /* 0: no verification at all */
 };
 
-/* A TLS client context for every connection of one store. NULL with *why
- * set (a static string or one in whybuf) when a file does not load. */
+/* A TLS client context for every connection of one store (tls_client.h's).
+ * NULL with the reason in whybuf when a file does not load. */
 struct rconn_tls *rconn_tls_create(const struct rconn_tls_conf *tc, char *whybuf,
                                    size_t whylen);
 void rconn_tls_destroy(struct rconn_tls *t);
