@@ -25,16 +25,17 @@ FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXT
 # Our harnesses are held to the house warnings; src/ is built by gcc with
 # -Werror already, so clang's extra opinions on it do not stop a fuzz run.
 FUZZ_HFLAGS   := $(FUZZ_BASE) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
-# conf*.o parse only (TLS files and contexts are confcheck.o's): no OpenSSL.
-FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 libevent libpcre2-8 2>/dev/null) -lpthread -lm
+# conf*.o parse only (TLS files and contexts are confcheck.o's); libcrypto
+# is route.o's SHA-1 of long key parts.
+FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 libevent libpcre2-8 libcrypto 2>/dev/null) -lpthread -lm
 FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 
 # The src/ modules each target links, and its longest input.
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
 FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter regex mem
-FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex sha1 mem
-FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex sha1 http1 mem
+FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex mem
+FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_LEN_http1_request    := 8192
