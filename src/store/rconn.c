@@ -211,7 +211,8 @@ static void rconn_release(struct rconn *c)
     if (c->reader != NULL)
         redisReaderFree(c->reader);
     evbuffer_free(c->early);
-    event_free(c->fail_ev);
+    if (c->fail_ev != NULL)             /* none on a detached one */
+        event_free(c->fail_ev);
     free(c->fifo);
     free(c->host);
     free(c);
@@ -432,6 +433,14 @@ static const char *rconn_deliver(struct rconn *c)
     return NULL;
 }
 
+/* Bytes from the server: into the reader, and every whole reply out. */
+static const char *rconn_take(struct rconn *c, const char *data, size_t len)
+{
+    if (redisReaderFeed(c->reader, data, len) != REDIS_OK)
+        return "protocol error";
+    return rconn_deliver(c);
+}
+
 static void rconn_read_cb(struct bufferevent *bev, void *arg)
 {
     struct rconn *c = arg;
@@ -441,12 +450,8 @@ static void rconn_read_cb(struct bufferevent *bev, void *arg)
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
-        if (redisReaderFeed(c->reader, v.iov_base, v.iov_len) != REDIS_OK) {
-            why = "protocol error";
-            break;
-        }
+        why = rconn_take(c, v.iov_base, v.iov_len);
         evbuffer_drain(in, v.iov_len);
-        why = rconn_deliver(c);
     }
     if (c->freeing) {
         rconn_fail_pending(c);
@@ -637,6 +642,33 @@ struct rconn *rconn_connect(struct event_base *base, struct evdns_base *dns,
     /* a numeric host or one in /etc/hosts is answered before this returns */
     c->dns_req = evdns_getaddrinfo(dns, host, ps, &hints, rconn_dns_cb, c);
     return c;
+}
+
+struct rconn *rconn_detached(void)
+{
+    struct rconn *c = mem_calloc(1, sizeof(*c));
+    c->host = mem_strndup("detached", 8);
+    c->early = evbuffer_new();
+    c->reader = rconn_reader_new(c);
+    if (c->early == NULL || c->reader == NULL) {
+        log_error("rconn: out of memory for a detached connection");
+        abort();
+    }
+    return c;
+}
+
+const char *rconn_feed(struct rconn *c, const char *data, size_t len)
+{
+    if (c->dead)
+        return c->why;
+    const char *why = rconn_take(c, data, len);
+    if (why != NULL) {
+        if (why != c->why)
+            snprintf(c->why, sizeof(c->why), "%s", why);
+        rconn_fail_pending(c);          /* as rconn_end, without the owner's callback */
+        return c->why;
+    }
+    return NULL;
 }
 
 /* ---- sending -------------------------------------------------------------- */

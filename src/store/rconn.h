@@ -59,6 +59,15 @@ struct rconn *rconn_connect(struct event_base *base, struct evdns_base *dns,
 void *rconn_data(const struct rconn *c);
 void rconn_free(struct rconn *c);
 
+/* A connection that never connects, for the reply fuzzer: sends queue as
+ * usual, and rconn_feed() gives it bytes as if read from the server (whole
+ * replies go to their callbacks, through the same reader and bounds).
+ * NULL, or why a real connection would end: this one is then dead (what
+ * waits had its NULL reply; sends are refused). rconn_free() frees it, and
+ * must not be called from one of its callbacks. */
+struct rconn *rconn_detached(void);
+const char *rconn_feed(struct rconn *c, const char *data, size_t len);
+
 /* 1 while a name lookup is in flight. Freeing c then cancels it, and evdns
  * delivers the cancel from the loop later: dns must outlive that. */
 int rconn_resolving(const struct rconn *c);
