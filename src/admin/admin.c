@@ -344,18 +344,15 @@ struct admin *admin_start(const struct conf *conf)
     const struct conf_addr *addr = &conf->admin_listen;
     struct admin *a = mem_calloc(1, sizeof(*a));
     const char *step = "event base";
-    int fd = -1, one = 1;
+    int fd = -1;
     admin_reload(a, conf);
     a->loop = loopthread_create(NULL, NULL);
     if (a->loop == NULL)
         goto fail;
     a->base = loopthread_base(a->loop);
     step = "listen";
-    fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd = listener_socket((const struct sockaddr *)&addr->ss, addr->sslen, 128, 0);
     if (fd < 0)
-        goto fail;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, (const struct sockaddr *)&addr->ss, addr->sslen) < 0 || listen(fd, 128) < 0)
         goto fail;
     a->listener = listener_create(a->base, fd, "admin", addr->text, accept_cb, a);
     fd = -1;                    /* the listener's now, or closed */

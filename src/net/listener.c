@@ -1,13 +1,16 @@
-/* sluice - listener.c: accept with a pause on EMFILE and friends.
+/* sluice - listener.c: listening sockets, and accept with a pause on
+ * EMFILE and friends.
  *
  * libevent calls the error callback when accept() fails with anything but
  * EAGAIN, EINTR or ECONNABORTED. Without one it only warns and leaves the
  * listener enabled: out of file descriptors, the socket stays readable and
  * the loop spins at 100% CPU writing a line per failed accept. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <netinet/in.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 
@@ -53,6 +56,26 @@ static void error_cb(struct evconnlistener *ev, void *arg)
     evconnlistener_disable(ev);
     struct timeval tv = clock_timeval(LISTENER_PAUSE_MS);
     evtimer_add(l->resume, &tv);
+}
+
+int listener_socket(const struct sockaddr *sa, socklen_t salen, int backlog, int flags)
+{
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (flags & LISTENER_REUSEPORT)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    if ((flags & LISTENER_V6ONLY) && sa->sa_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    if (bind(fd, sa, salen) < 0 || listen(fd, backlog) < 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
 }
 
 struct listener *listener_create(struct event_base *base, int fd, const char *who,

@@ -17,6 +17,15 @@
 struct event_base;
 struct listener;
 
+/* listener_socket's flags. */
+#define LISTENER_REUSEPORT 1    /* SO_REUSEPORT: one socket per worker on one address */
+#define LISTENER_V6ONLY    2    /* an IPv6 address takes no IPv4 connections */
+
+/* A non-blocking, close-on-exec TCP socket with SO_REUSEADDR (and flags),
+ * bound to sa and listening with backlog; -1 with errno set. The one maker
+ * of listening sockets: the workers' listeners and the admin endpoint. */
+int listener_socket(const struct sockaddr *sa, socklen_t salen, int backlog, int flags);
+
 /* Called on the base's thread for each accepted connection; it owns fd. */
 typedef void (*listener_accept_fn)(void *arg, int fd, struct sockaddr *peer, int peerlen);
 

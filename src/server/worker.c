@@ -80,25 +80,6 @@ static void listens_close(struct worker *w, int all)
     }
 }
 
-static int listen_socket(const struct conf_addr *a)
-{
-    int fd = socket(a->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    if (a->ss.ss_family == AF_INET6)
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-    if (bind(fd, (const struct sockaddr *)&a->ss, a->sslen) < 0 || listen(fd, 4096) < 0) {
-        int err = errno;
-        close(fd);
-        errno = err;
-        return -1;
-    }
-    return fd;
-}
-
 static void reload_cb(evutil_socket_t fd, short what, void *arg);
 static void stop_cb(evutil_socket_t fd, short what, void *arg);
 
@@ -187,7 +168,8 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         wl->index = w->nlistens;
         wl->addr = mem_strndup(cl->addr.text, strlen(cl->addr.text));
         addr = cl->addr.text;
-        int fd = listen_socket(&cl->addr);
+        int fd = listener_socket((const struct sockaddr *)&cl->addr.ss, cl->addr.sslen, 4096,
+                                 LISTENER_REUSEPORT | LISTENER_V6ONLY);
         if (fd < 0)
             goto fail;
         wl->l = listener_create(w->env.base, fd, who, cl->addr.text, accept_cb, wl);
