@@ -28,6 +28,7 @@
 #include "clock.h"
 #include "http1.h"
 #include "listener.h"
+#include "list.h"
 #include "log.h"
 #include "loopthread.h"
 #include "mem.h"
@@ -43,7 +44,7 @@ struct admin_conn {
     int in_head;                /* a head's first byte has come */
     int answering;              /* an answer is queued; reads wait for it */
     int keep_alive;             /* after that answer */
-    struct admin_conn *prev, *next;
+    struct list_link link;      /* on the admin's conns */
 };
 
 struct admin {
@@ -51,7 +52,7 @@ struct admin {
     struct event_base *base;    /* the loop's */
     struct listener *listener;
     struct admin_console *console;  /* /api/top, /api/stats, the dashboard */
-    struct admin_conn *conns;   /* every open connection */
+    struct list conns;          /* every open connection */
     int nconns;
     _Atomic int on_error;
     _Atomic int64_t header_timeout_ms;
@@ -63,12 +64,7 @@ static struct log_every refused_log;
 static void conn_free(struct admin_conn *c)
 {
     struct admin *a = c->a;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        a->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    list_unlink(&a->conns, &c->link);
     a->nconns--;
     event_free(c->timer);
     bufferevent_free(c->bev);
@@ -312,10 +308,7 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     c->timer = evtimer_new(a->base, timer_cb, c);
     if (c->timer == NULL)
         abort();
-    c->next = a->conns;
-    if (a->conns)
-        a->conns->prev = c;
-    a->conns = c;
+    list_push(&a->conns, &c->link);
     a->nconns++;
 
     int64_t idle_ms = atomic_load(&a->idle_timeout_ms);
@@ -329,8 +322,9 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 
 static void admin_free(struct admin *a)
 {
-    for (struct admin_conn *c = a->conns, *next; c; c = next) {
-        next = c->next;
+    for (struct admin_conn *c = LIST_ITEM(a->conns.first, struct admin_conn, link), *next; c;
+         c = next) {
+        next = LIST_ITEM(c->link.next, struct admin_conn, link);
         conn_free(c);
     }
     listener_destroy(a->listener);

@@ -12,14 +12,14 @@
 #include "backend.h"
 #include "clock.h"
 #include "mem.h"
+#include "list.h"
 #include "memstore.h"
 
 enum backend_kind { BACKEND_REDIS, BACKEND_MEMORY };
 
 struct backend_call {
     struct backend *b;
-    struct backend_call *next;          /* free list, or pending list */
-    struct backend_call *prev;
+    struct list_link link;              /* on the free list or the pending list */
     struct event *ev;                   /* made active once decided */
     struct store_call *scall;           /* Redis: the store's call */
     store_cb *cb;
@@ -32,8 +32,8 @@ struct backend {
     struct event_base *base;
     struct store *store;                /* Redis */
     struct memstore *mem;               /* memory, not owned */
-    struct backend_call *free_calls;
-    struct backend_call *pending;       /* memory calls awaiting their callback */
+    struct list free_calls;
+    struct list pending;                /* memory calls awaiting their callback */
 };
 
 struct backend *backend_redis(struct event_base *base, const struct conf_redis *rc)
@@ -57,29 +57,22 @@ struct backend *backend_memory(struct event_base *base, struct memstore *m)
 static void call_unlink(struct backend_call *c)
 {
     struct backend *b = c->b;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        b->pending = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
-    c->next = b->free_calls;
-    b->free_calls = c;
+    list_unlink(&b->pending, &c->link);
+    list_push(&b->free_calls, &c->link);
 }
 
 void backend_destroy(struct backend *b)
 {
     if (b == NULL)
         return;
-    while (b->pending) {
-        struct backend_call *c = b->pending;
+    while (b->pending.first) {
+        struct backend_call *c = LIST_ITEM(b->pending.first, struct backend_call, link);
         event_del(c->ev);
         call_unlink(c);
     }
-    while (b->free_calls) {
-        struct backend_call *c = b->free_calls;
-        b->free_calls = c->next;
+    while (b->free_calls.first) {
+        struct backend_call *c = LIST_ITEM(b->free_calls.first, struct backend_call, link);
+        list_unlink(&b->free_calls, &c->link);
         if (c->ev)
             event_free(c->ev);
         free(c);
@@ -109,9 +102,9 @@ struct backend_call *backend_decide(struct backend *b, const struct store_limit 
          * out store calls under the backend's name. */
         return (struct backend_call *)store_decide(b->store, limits, n, cb, arg);
     }
-    struct backend_call *c = b->free_calls;
+    struct backend_call *c = LIST_ITEM(b->free_calls.first, struct backend_call, link);
     if (c) {
-        b->free_calls = c->next;
+        list_unlink(&b->free_calls, &c->link);
     } else {
         c = mem_calloc(1, sizeof(*c));
         c->b = b;
@@ -121,11 +114,7 @@ struct backend_call *backend_decide(struct backend *b, const struct store_limit 
     c->arg = arg;
     if (memstore_decide(b->mem, limits, n, clock_wall_us(), &c->res) != 0)
         c->res.status = STORE_ERROR;
-    c->prev = NULL;
-    c->next = b->pending;
-    if (b->pending)
-        b->pending->prev = c;
-    b->pending = c;
+    list_push(&b->pending, &c->link);
     event_active(c->ev, 0, 0);
     return c;
 }

@@ -166,7 +166,8 @@ void store_kick_waiting(struct store *s)
                 event_active(c->req[i].wait_ev, EV_TIMEOUT, 0);
             }
     }
-    for (struct store_req *q = s->refunds; q != NULL; q = q->next)
+    for (struct store_req *q = LIST_ITEM(s->refunds.first, struct store_req, refund); q != NULL;
+         q = LIST_ITEM(q->refund.next, struct store_req, refund))
         if (q->wait_ev != NULL && evtimer_pending(q->wait_ev, NULL)) {
             event_del(q->wait_ev);
             event_active(q->wait_ev, EV_TIMEOUT, 0);
@@ -250,13 +251,7 @@ static void store_refund_release(struct store_req *q)
 
 static void store_refund_free(struct store_req *q)
 {
-    struct store *s = q->s;
-    if (q->prev != NULL)
-        q->prev->next = q->next;
-    else
-        s->refunds = q->next;
-    if (q->next != NULL)
-        q->next->prev = q->prev;
+    list_unlink(&q->s->refunds, &q->refund);
     store_refund_release(q);
 }
 
@@ -285,10 +280,7 @@ static void store_refund(struct store_call *c, const struct store_req *g)
         marks[i] = g->mark[k[i]];
     }
     store_batch_encode_evalsha(q, c, refund_lua_sha, li, n, times, 2, marks);
-    q->next = s->refunds;
-    if (s->refunds != NULL)
-        s->refunds->prev = q;
-    s->refunds = q;
+    list_push(&s->refunds, &q->refund);
     if (req_dispatch(q) != 0) {
         q->done = 1;
         store_req_settle(q);
@@ -318,10 +310,7 @@ void store_give_back(struct store *s, const struct store_limit *l)
     q->slot = s->mode == STORE_CLUSTER ? store_slot(l->key, l->keylen) : -1;
     q->deadline_ms = clock_ms() + STORE_REFUND_BUDGET_MS;
     store_batch_encode_evalsha(q, &tmp, refund_lua_sha, li, 1, times, 2, marks);
-    q->next = s->refunds;
-    if (s->refunds != NULL)
-        s->refunds->prev = q;
-    s->refunds = q;
+    list_push(&s->refunds, &q->refund);
     if (req_dispatch(q) != 0) {
         q->done = 1;
         store_req_settle(q);
@@ -832,11 +821,11 @@ void store_destroy(struct store *s)
     }
     for (int i = 0; i < nall; i++)
         store_node_free(all[i]);
-    for (struct store_req *q = s->refunds, *next; q != NULL; q = next) {
-        next = q->next;
+    while (s->refunds.first != NULL) {
+        struct store_req *q = LIST_ITEM(s->refunds.first, struct store_req, refund);
+        list_unlink(&s->refunds, &q->refund);
         store_refund_release(q);
     }
-    s->refunds = NULL;
     while (s->all_calls != NULL) {
         struct store_call *c = s->all_calls;
         s->all_calls = c->all_next;
