@@ -34,8 +34,13 @@ OBJS     := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(SRCS))) \
 LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
 UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
-DEBS     := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
-            libhttp-parser-dev libpcre2-dev libcmocka-dev redis-server python3-pytest python3-requests curl
+# What building sluice needs; `make run` installs only these and what the demo
+# runs (tests/run-demo.sh: redis-server, Debian's python3 for the echo
+# upstream, curl to try it). `make test` installs the whole test toolchain.
+BUILD_DEBS := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
+            libhttp-parser-dev libpcre2-dev libssl-dev
+RUN_DEBS := $(BUILD_DEBS) redis-server python3 curl
+DEBS     := $(BUILD_DEBS) libcmocka-dev redis-server python3-pytest python3-requests curl
 # ab -k: an HTTP/1.0 keep-alive client for the integration tests
 DEBS     += apache2-utils
 # promtool: test_metrics and the dashboard tests check /metrics scrapes and
@@ -47,11 +52,11 @@ DEBS     += python3-yaml
 DEBS     += chromium
 # TLS listeners: OpenSSL 3 (openssl CLI for the tests' certificates), and
 # testssl.sh for the scanner test (test_tls_scan.py, slow)
-DEBS     += libssl-dev openssl testssl.sh
+DEBS     += openssl testssl.sh
 # TLS to upstreams (nginx with ssl is the TLS upstream of test_tls_upstream) and to Redis
 DEBS     += nginx
 
-.PHONY: all deps run test test-unit test-integration test-slow clean
+.PHONY: all deps run-deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.
 .SECONDARY:
 
@@ -98,13 +103,21 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testlib.h $(BUILD)/tests/t
 $(BUILD)/tests/testlib.o: tests/unit/testlib.c tests/unit/testlib.h | $(BUILD)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-# Installs only what is missing (dpkg -s is quick); needs root, as on CI.
-deps:
-	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(call install_missing,PACKAGES): installs only those of PACKAGES that are
+# missing (dpkg -s is quick); needs root, as on CI.
+define install_missing
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEBS))
+
+run-deps:
+	$(call install_missing,$(RUN_DEBS))
 
 test: deps
 	$(MAKE) all
@@ -123,7 +136,9 @@ test-slow: deps $(BUILD)/sluice
 	SLUICE_BIN=$(abspath $(BUILD)/sluice) $(PYTEST) -q -m slow tests/integration
 	$(MAKE) fuzz-smoke
 
-run: deps all
+# The demo's ports come from DEMO_PORT, DEMO_REDIS_PORT, DEMO_UPSTREAM_PORT and
+# DEMO_ADMIN_PORT (tests/run-demo.sh), e.g. `make run DEMO_PORT=8081`.
+run: run-deps all
 	tests/run-demo.sh $(BUILD)/sluice conf/sluice.yaml
 
 clean:

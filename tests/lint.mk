@@ -5,7 +5,7 @@
 # -Wall -Wextra -Werror. It installs what is missing first (the build's
 # packages, then cppcheck, clang-tidy and clang-14), as `make test` does;
 # .ci/run runs it before the tests. `make valgrind` runs one integration scenario
-# (tests/integration/test_hard_valgrind.py) with sluice under memcheck:
+# (tests/integration/test_valgrind.py) with sluice under memcheck:
 # zero errors and zero definite/indirect leaks, exit 0 after SIGTERM.
 
 CPPCHECK    ?= cppcheck
@@ -45,5 +45,5 @@ lint-clang:
 
 valgrind: $(BUILD)/sluice
 	@command -v valgrind >/dev/null || { echo "valgrind: not installed"; exit 1; }
-	SLUICE_BIN=$(abspath $(BUILD)/sluice) HARD_REQUIRE_VALGRIND=1 \
-	  $(PYTEST) -q -m slow tests/integration/test_hard_valgrind.py
+	SLUICE_BIN=$(abspath $(BUILD)/sluice) SLUICE_REQUIRE_VALGRIND=1 \
+	  $(PYTEST) -q -m slow tests/integration/test_valgrind.py

@@ -2,10 +2,16 @@
 # sluice - MIT licence.
 # run-demo.sh BIN CONF: the `make run` demo. Starts a throwaway redis-server
 # on 127.0.0.1:6379 and the echo upstream on 127.0.0.1:9000, then sluice with
-# CONF until Ctrl-C, SIGTERM or sluice's own exit. Without redis-server it
+# CONF on 127.0.0.1:8080 until Ctrl-C, SIGTERM or sluice's own exit. Without redis-server it
 # runs conf/standalone.yaml (the in-process memory backend) instead, and a
 # CONF with `backend: memory` needs no Redis either. Everything it started is
 # stopped by PID on the way out; nothing else is touched.
+#
+# The ports come from the environment, today's defaults in brackets:
+# DEMO_PORT (8080), DEMO_REDIS_PORT (6379), DEMO_UPSTREAM_PORT (9000) and
+# DEMO_ADMIN_PORT (9901, conf/standalone.yaml's admin endpoint). They reach
+# the config as SLUICE_LISTEN, SLUICE_REDIS_URL, SLUICE_UPSTREAM and
+# SLUICE_ADMIN_LISTEN, which conf/sluice.yaml and conf/standalone.yaml read.
 set -uo pipefail
 
 if [ $# -ne 2 ]; then
@@ -15,8 +21,10 @@ fi
 BIN=$1
 CONF=$2
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-REDIS_PORT=6379
-UPSTREAM_PORT=9000
+PORT=${DEMO_PORT:-8080}
+REDIS_PORT=${DEMO_REDIS_PORT:-6379}
+UPSTREAM_PORT=${DEMO_UPSTREAM_PORT:-9000}
+ADMIN_PORT=${DEMO_ADMIN_PORT:-9901}
 PYTHON=/usr/bin/python3     # Debian's, whatever python3 is first on PATH
 
 REDIS_PID=""
@@ -64,6 +72,15 @@ trap cleanup EXIT
 # wait returns early on these; the EXIT trap then stops everything.
 trap 'exit 0' INT TERM
 
+for p in "$PORT" "$REDIS_PORT" "$UPSTREAM_PORT" "$ADMIN_PORT"; do
+    [[ "$p" =~ ^[0-9]{1,5}$ ]] && [ "$p" -ge 1 ] && [ "$p" -le 65535 ] ||
+        die "'$p' is not a port (DEMO_PORT, DEMO_REDIS_PORT, DEMO_UPSTREAM_PORT, DEMO_ADMIN_PORT: 1..65535)"
+done
+export SLUICE_LISTEN=127.0.0.1:$PORT
+export SLUICE_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
+export SLUICE_UPSTREAM=127.0.0.1:$UPSTREAM_PORT
+export SLUICE_ADMIN_LISTEN=127.0.0.1:$ADMIN_PORT
+
 [ -x "$BIN" ] || die "no executable '$BIN' (run make first)"
 [ -r "$CONF" ] || die "cannot read config '$CONF'"
 [ -x "$PYTHON" ] || die "$PYTHON is missing (apt-get install python3)"
@@ -80,8 +97,9 @@ if [ "$USE_REDIS" = 1 ] && ! command -v redis-server >/dev/null; then
 fi
 
 [ "$USE_REDIS" = 1 ] && port_busy "$REDIS_PORT" &&
-    die "port $REDIS_PORT is already in use; stop the Redis (or whatever) listening there and retry"
-port_busy "$UPSTREAM_PORT" && die "port $UPSTREAM_PORT is already in use; the demo upstream needs it"
+    die "port $REDIS_PORT is already in use; stop the Redis (or whatever) listening there, or set DEMO_REDIS_PORT"
+port_busy "$UPSTREAM_PORT" && die "port $UPSTREAM_PORT is already in use; the demo upstream needs it (set DEMO_UPSTREAM_PORT)"
+port_busy "$PORT" && die "port $PORT is already in use; sluice needs it (set DEMO_PORT)"
 
 if [ "$USE_REDIS" = 1 ]; then
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
@@ -102,7 +120,7 @@ else
     TRY_PATH=/api               # conf/standalone.yaml: burst 10 there, 60/min elsewhere
 fi
 # One curl for 15 requests (URL globbing): fast enough to outrun a refill.
-echo "run-demo: try it: curl -s -o /dev/null -w '%{http_code}\n' 'http://127.0.0.1:8080$TRY_PATH?[1-15]'   (Ctrl-C stops everything)"
+echo "run-demo: try it: curl -s -o /dev/null -w '%{http_code}\n' 'http://127.0.0.1:$PORT$TRY_PATH?[1-15]'   (Ctrl-C stops everything)"
 
 # sluice runs in the background so that this shell can take SIGTERM while
 # waiting; sluice sets its own SIGINT/SIGTERM handlers.

@@ -262,6 +262,8 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
         p = ACCESSLOG_PUT_LIT(p, ",\"delay_ms\":");
         p = accesslog_put_i64(p, e->delay_ms);
     }
+    if (e->key_fallback)
+        p = ACCESSLOG_PUT_LIT(p, ",\"key_fallback\":true");
     p = ACCESSLOG_PUT_LIT(p, "}\n");
     if ((size_t)(p - buf) > bound)
         abort();        /* the bound above is wrong: never write past it */

@@ -42,6 +42,8 @@ struct accesslog_entry {
     const char *tls;            /* NUL-terminated TLS version ("TLSv1.3");
                                  * NULL or "" on a plain connection: "" */
     int64_t delay_ms;           /* a delayed request's wait; written only when > 0 */
+    int key_fallback;           /* a limit counted it under the client address
+                                 * (on_missing_key: ip); written only when set */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

@@ -29,6 +29,9 @@ enum conf_backend { CONF_BACKEND_REDIS, CONF_BACKEND_MEMORY };
 enum conf_headers { CONF_HEADERS_FULL, CONF_HEADERS_IETF, CONF_HEADERS_LEGACY, CONF_HEADERS_NONE };
 /* Request fields whose names hold '_' (read as '-' by CGI-style upstreams). */
 enum conf_underscore { CONF_UNDERSCORE_DROP, CONF_UNDERSCORE_PASS, CONF_UNDERSCORE_REJECT };
+/* A limit's answer to a request lacking one of its key sources: counted
+ * under the client address (a key space of its own), 400, or not counted. */
+enum conf_missing_key { CONF_MISSING_IP, CONF_MISSING_DENY, CONF_MISSING_PASS };
 
 #define CONF_MAX_STATUS 600
 #define CONF_MAX_LIMITS 16             /* per route (store.h: STORE_MAX_LIMITS) */
@@ -112,6 +115,7 @@ struct conf_limit {
     char *message;              /* rejection "message" in the JSON body; NULL */
     struct conf_override *overrides;    /* per-key parameters; NULL */
     int noverrides;
+    enum conf_missing_key on_missing_key;   /* default ip */
 };
 
 /* upstreams.NAME.tls: present (even {}), the servers speak TLS. */

@@ -1,8 +1,9 @@
 /* sluice - conf_limits.c: the config sections about requests: routes (match
  * by path, path_regex, methods and host; upstream, cost, headers, upgrade),
- * their limits (algorithm, rate or window, keys, shadow, count_status,
- * overrides, lease, delay), allow lists (trusted_proxies, allow, a route's
- * allow) and paths. What routes share across keys is checked in conf_load.c. */
+ * their limits (algorithm, rate or window, keys, on_missing_key, shadow,
+ * count_status, overrides, lease, delay), allow lists (trusted_proxies,
+ * allow, a route's allow) and paths. What routes share across keys is
+ * checked in conf_load.c. */
 #include "conf.h"
 
 #include <ctype.h>
@@ -589,6 +590,16 @@ static int h_limit_delay(struct ctx *x, struct node *k, struct node *v, void *ob
     return conf_scalar(x, v) ? 0 : -1;
 }
 
+static int h_limit_on_missing_key(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "ip", "deny", "pass" };
+    int i = 0;
+    if (conf_get_enum(x, v, names, 3, "ip, deny or pass", &i) < 0)
+        return -1;
+    ((struct limit_src *)obj)->l->on_missing_key = (enum conf_missing_key)i;
+    return 0;
+}
+
 static const struct key_def limit_keys[] = {
     { "name", h_limit_name, 1 },
     { "algorithm", h_limit_algorithm, 1 },
@@ -605,6 +616,7 @@ static const struct key_def limit_keys[] = {
     { "overrides", h_limit_overrides, 0 },
     { "lease", h_limit_lease, 0 },
     { "delay", h_limit_delay, 0 },
+    { "on_missing_key", h_limit_on_missing_key, 0 },
     { NULL, NULL, 0 },
 };
 

@@ -92,7 +92,12 @@ int limiter_valid(const struct limiter_params *p, int64_t cost)
     default:
         return -1;
     }
-    if (unit < 1 || unit > LIMITER_EXACT_MAX || p->limit > LIMITER_EXACT_MAX / unit)
+    /* token_bucket and gcra multiply limit by interval_us in integers (the
+     * refill time, at most 3650 days at load); the window algorithms never
+     * multiply limit by window_ms in integers (sliding_window does it in
+     * doubles, as the Lua), so 1e9 per 3650 days is fine for them */
+    if (unit < 1 || unit > LIMITER_EXACT_MAX || p->limit > LIMITER_EXACT_MAX ||
+        (unit == p->interval_us && p->limit > LIMITER_EXACT_MAX / unit))
         return -1;
     if (p->delay_ms < 0 || p->delay_ms > LIMITER_EXACT_MAX / 1000 ||
         (p->delay_ms > 0 && p->algo != LIMITER_TOKEN_BUCKET && p->algo != LIMITER_GCRA))
@@ -209,21 +214,28 @@ static void sliding_counts(const struct limiter_state *s, int is_live, int64_t c
     }
 }
 
+/* sliding_window computes in doubles in the Lua's order: limit x window
+ * reaches 1e9 x 3650 days (3e20 ms, beyond int64), and beyond 2^53 the Lua's
+ * doubles round, so the C rounds the same way. Below 2^53 every value is an
+ * exact integer either way. */
 struct sliding {
-    int64_t L, W, now_ms, cur, elapsed, pc, decay;
+    int64_t now_ms, cur, elapsed, pc;
+    double L, W, LW, decay;
 };
 
 static int64_t sliding_remaining(const struct sliding *w, int64_t count)
 {
-    return max64(0, div_floor(w->L * w->W - w->decay - count * w->W, w->W));
+    double rem = floor((w->LW - w->decay - (double)count * w->W) / w->W);
+    return rem < 0 ? 0 : (int64_t)rem;
 }
 
 static int64_t sliding_reset(const struct sliding *w, int64_t count)
 {
+    int64_t W = (int64_t)w->W;
     if (count > 0)
-        return (w->cur + 2) * w->W - w->now_ms;
+        return (w->cur + 2) * W - w->now_ms;
     if (w->pc > 0)
-        return (w->cur + 1) * w->W - w->now_ms;
+        return (w->cur + 1) * W - w->now_ms;
     return 0;
 }
 
@@ -231,29 +243,36 @@ static int64_t sliding_reset(const struct sliding *w, int64_t count)
  * count decayed, else in the next one, where today's count decays. */
 static int64_t sliding_retry(const struct sliding *w, int64_t cc, int64_t c)
 {
-    int64_t L = w->L, W = w->W;
-    if (c > L)
-        return W;
-    if (w->pc > 0 && cc + c <= L) {
-        int64_t at = div_ceil(W * (w->pc + cc + c - L), w->pc);
+    double L = w->L, W = w->W, pc = (double)w->pc, ccd = (double)cc, cd = (double)c;
+    if (cd > L)
+        return (int64_t)W;
+    if (w->pc > 0 && ccd + cd <= L) {
+        double at = ceil(W * (pc + ccd + cd - L) / pc);
         if (at < W)
-            return atleast1(at - w->elapsed);
+            return atleast1((int64_t)at - w->elapsed);
     }
-    int64_t e = cc > 0 ? max64(0, div_ceil(W * (cc + c - L), cc)) : 0;
-    return atleast1((w->cur + 1) * W + e - w->now_ms);
+    double e = 0;
+    if (cc > 0) {
+        e = ceil(W * (ccd + cd - L) / ccd);
+        if (e < 0)
+            e = 0;
+    }
+    return atleast1((int64_t)((double)((w->cur + 1) * (int64_t)W) + e - (double)w->now_ms));
 }
 
 static void decide_sliding(const struct limiter_state *s, int is_live,
                            const struct limiter_params *p, int64_t c, int64_t now_us,
                            struct decision *d)
 {
-    struct sliding w = { .L = p->limit, .W = p->window_ms, .now_ms = now_ms_of(now_us) };
+    struct sliding w = { .now_ms = now_ms_of(now_us), .L = (double)p->limit,
+                         .W = (double)p->window_ms };
     int64_t cc;
-    w.cur = div_floor(w.now_ms, w.W);
+    w.LW = w.L * w.W;
+    w.cur = div_floor(w.now_ms, p->window_ms);
     sliding_counts(s, is_live, w.cur, &cc, &w.pc);
-    w.elapsed = w.now_ms - w.cur * w.W;
-    w.decay = w.pc * (w.W - w.elapsed);     /* the previous count's weight, times W */
-    d->ok = c <= w.L && w.decay + (cc + c) * w.W <= w.L * w.W;
+    w.elapsed = w.now_ms - w.cur * p->window_ms;
+    w.decay = (double)w.pc * (w.W - (double)w.elapsed);  /* the previous count's weight, times W */
+    d->ok = (double)c <= w.L && w.decay + (double)(cc + c) * w.W <= w.LW;
     d->rem0 = sliding_remaining(&w, cc);
     d->reset0 = sliding_reset(&w, cc);
     if (d->ok) {

@@ -443,6 +443,9 @@ void metrics_render(struct evbuffer *out)
     render_counter(out, "sluice_deny_cache_hits_total",
                    "Requests denied from the deny cache without a Redis call.",
                    METRICS_DENY_CACHE_HITS);
+    render_counter(out, "sluice_key_fallbacks_total",
+                   "Limit keys counted under the client address: a key source was absent.",
+                   METRICS_KEY_FALLBACKS);
     render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
                 &hists[METRICS_REDIS_SECONDS]);
     render_batch(out);

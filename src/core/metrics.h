@@ -28,6 +28,7 @@ enum metrics_counter {
     METRICS_RELOADS_OK, METRICS_RELOADS_FAILED,
     METRICS_REDIS_REDIRECTS_ASK, METRICS_REDIS_REDIRECTS_MOVED,    /* cluster redirects followed */
     METRICS_ACCESS_LOG_DROPPED,     /* lines a writer was too far behind for */
+    METRICS_KEY_FALLBACKS,          /* a key source absent: counted by client address */
     METRICS_NCOUNTERS
 };
 /* Why a decision got no answer from Redis (sluice_redis_errors_total{reason}). */

@@ -62,7 +62,8 @@ void reply_error(struct evbuffer *out, int status, int keep_alive,
                  const char *request_id, size_t request_id_len);
 
 /* The same with the JSON error name given (NULL: the status's own), for
- * the 400s that say why: "ambiguous_key", "bad_host", "regex_limit". */
+ * the 400s that say why: "ambiguous_key", "missing_key", "bad_key", "bad_host",
+ * "regex_limit". */
 void reply_error_named(struct evbuffer *out, int status, const char *name, int keep_alive,
                        const char *request_id, size_t request_id_len);
 

@@ -482,11 +482,12 @@ static void route_sink_put(struct route_sink *k, const char *p, size_t n)
 }
 
 /* One part, located in the request but not yet copied. */
-enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_QUERY, ROUTE_PART_COOKIE };
+enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_QUERY, ROUTE_PART_COOKIE, ROUTE_PART_NUMBER };
 
 struct route_part {
     enum route_part_kind kind;
-    const char *p;              /* SPAN: the bytes; QUERY, COOKIE: the raw value */
+    const char *p;              /* SPAN: the bytes; QUERY, COOKIE: the raw value;
+                                 * NUMBER: a capture route_number_span took */
     size_t n;
 };
 
@@ -518,12 +519,160 @@ static unsigned char route_qnext(const char *s, size_t n, size_t *i)
     return route_pctnext(s, n, i);
 }
 
+/* ---- numeric captures ---- */
+
+/* The first code point of each run of ten decimal digits (Unicode 14's Nd,
+ * every run 0..9 in order): Python's int() reads all of them, so "\uff17"
+ * (a full-width 7) is 7 to a Flask or Django upstream. */
+static const long route_digit_zero[] = {
+    0x30, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6,
+    0xD66, 0xDE6, 0xE50, 0xED0, 0xF20, 0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0,
+    0x1A80, 0x1A90, 0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0, 0xA900, 0xA9D0,
+    0xA9F0, 0xAA50, 0xABF0, 0xFF10, 0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136,
+    0x111D0, 0x112F0, 0x11450, 0x114D0, 0x11650, 0x116C0, 0x11730, 0x118E0, 0x11950,
+    0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0, 0x16B50, 0x1D7CE, 0x1D7D8, 0x1D7E2,
+    0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0,
+};
+
+/* The digit's value, or -1: a binary search for the last run starting at
+ * or before cp (a capture may hold thousands of code points). */
+static int route_digit(long cp)
+{
+    size_t lo = 0, hi = sizeof route_digit_zero / sizeof route_digit_zero[0];
+    if (cp >= '0' && cp <= '9')
+        return (int)(cp - '0');
+    if (cp < route_digit_zero[1])
+        return -1;
+    while (hi - lo > 1) {               /* route_digit_zero[lo] <= cp */
+        size_t mid = lo + (hi - lo) / 2;
+        if (route_digit_zero[mid] <= cp)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return cp < route_digit_zero[lo] + 10 ? (int)(cp - route_digit_zero[lo]) : -1;
+}
+
+/* What Python's int() strips around a number: str.isspace() but for
+ * U+001C..U+001F. */
+static int route_space(long cp)
+{
+    return (cp >= 0x09 && cp <= 0x0d) || cp == 0x20 || cp == 0x85 ||
+           cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+/* The code point at s[*i] of well-formed UTF-8, *i moved past it; -1 (and
+ * one byte) for anything else. */
+static long route_utf8(const char *s, size_t n, size_t *i)
+{
+    const unsigned char *u = (const unsigned char *)s + *i;
+    size_t left = n - *i, len;
+    long cp, min;
+    if (u[0] < 0x80) {
+        (*i)++;
+        return u[0];
+    }
+    if (u[0] >= 0xc2 && u[0] <= 0xdf)
+        len = 2, cp = u[0] & 0x1f, min = 0x80;
+    else if (u[0] >= 0xe0 && u[0] <= 0xef)
+        len = 3, cp = u[0] & 0x0f, min = 0x800;
+    else if (u[0] >= 0xf0 && u[0] <= 0xf4)
+        len = 4, cp = u[0] & 0x07, min = 0x10000;
+    else
+        len = 0, cp = -1, min = 0;
+    if (len == 0 || len > left) {
+        (*i)++;
+        return -1;
+    }
+    for (size_t k = 1; k < len; k++) {
+        if ((u[k] & 0xc0) != 0x80) {
+            (*i)++;
+            return -1;
+        }
+        cp = cp << 6 | (u[k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+        (*i)++;
+        return -1;
+    }
+    *i += len;
+    return cp;
+}
+
+/* A capture an int() reads as a number: whitespace around it, one '+' or
+ * '-', decimal digits of any script with single '_' between them. 1 with
+ * the span from the sign to the last digit, 0 when it is not one. */
+static int route_number_span(const char *s, size_t n, size_t *off, size_t *len)
+{
+    enum { LEAD, SIGN, DIGIT, UNDERSCORE, TRAIL } st = LEAD;
+    size_t i = 0, from = 0, to = 0;
+    while (i < n) {
+        size_t at = i;
+        long cp = route_utf8(s, n, &i);
+        if (route_space(cp) && (st == LEAD || st == DIGIT || st == TRAIL)) {
+            st = st == LEAD ? LEAD : TRAIL;
+        } else if ((cp == '+' || cp == '-') && st == LEAD) {
+            st = SIGN;
+            from = at;
+        } else if (route_digit(cp) >= 0 && st != TRAIL) {
+            if (st == LEAD)
+                from = at;
+            st = DIGIT;
+            to = i;
+        } else if (cp == '_' && st == DIGIT) {
+            st = UNDERSCORE;
+        } else {
+            return 0;
+        }
+    }
+    if (st != DIGIT && st != TRAIL)
+        return 0;
+    *off = from;
+    *len = to - from;
+    return 1;
+}
+
+/* A number's key: '-' when negative, its ASCII digits without leading zeros
+ * ("+007", " \uff17\n" and "7" are all "7"; "-0" is "0"). */
+static void route_number_emit(const char *s, size_t n, struct route_sink *k)
+{
+    char chunk[64];
+    size_t used = 0, i = 0;
+    int started = 0;
+    for (size_t j = 0; j < n && !started;)
+        started = route_digit(route_utf8(s, n, &j)) > 0;
+    if (!started) {
+        route_sink_put(k, "0", 1);
+        return;
+    }
+    if (s[0] == '-')
+        chunk[used++] = '-';
+    started = 0;
+    while (i < n) {
+        int d = route_digit(route_utf8(s, n, &i));
+        if (d < 0 || (d == 0 && !started))
+            continue;                   /* the sign, '_', a leading zero */
+        started = 1;
+        chunk[used++] = (char)('0' + d);
+        if (used == sizeof chunk) {
+            route_sink_put(k, chunk, used);
+            used = 0;
+        }
+    }
+    route_sink_put(k, chunk, used);
+}
+
 /* A cookie value decodes %XX but keeps '+': Express and most cookie
  * libraries decode it so, and "a%2Bb" must key as "a+b". */
 static void route_part_emit(const struct route_part *pt, struct route_sink *k)
 {
     if (pt->kind == ROUTE_PART_SPAN) {
         route_sink_put(k, pt->p, pt->n);
+        return;
+    }
+    if (pt->kind == ROUTE_PART_NUMBER) {
+        route_number_emit(pt->p, pt->n, k);
         return;
     }
     char chunk[64];
@@ -581,8 +730,9 @@ static void route_put_part(struct route_out *o, const struct route_part *pt)
     route_part_emit(pt, &k);
 }
 
-/* How often a key source occurs: absent, once, or more (ambiguous). */
-enum route_seen { ROUTE_ABSENT, ROUTE_ONCE, ROUTE_TWICE };
+/* How often a key source occurs: absent, once, or more (ambiguous); or
+ * present in a form refused (a capture with a control byte). */
+enum route_seen { ROUTE_ABSENT, ROUTE_ONCE, ROUTE_TWICE, ROUTE_BAD };
 
 /* The field of a header key source, under any spelling route_keyname_is
  * takes for it: its value into *v. Two such fields are ambiguous: sluice
@@ -601,21 +751,66 @@ static enum route_seen route_find_header(const struct route_req *req, const char
     }
     return seen;
 }
-/* The query name equals want after decoding it. */
-static int route_qname_is(const char *s, size_t n, const char *want, size_t wantlen)
+/* A ']' in the rest of a name, decoded, before a decoded NUL. */
+static int route_name_closes(const char *s, size_t n, size_t i)
+{
+    while (i < n) {
+        unsigned char ch = route_qnext(s, n, &i);
+        if (ch == ']' || ch == '\0')
+            return ch == ']';
+    }
+    return 0;
+}
+
+static unsigned char route_name_fold(unsigned char ch)
+{
+    return ch == ' ' || ch == '.' || ch == '[' ? '_' : ch;
+}
+
+/* The raw query parameter or cookie name s[0..n) names want, read as PHP
+ * reads names (Rack, Go and Python decode them the same way and fold
+ * nothing, so each of their names is PHP's too): %XX and '+' decoded, a
+ * decoded NUL ends the name, leading spaces dropped, ' ' and '.' are '_';
+ * a '[' with a ']' after it makes an array of the name before it (another
+ * name), one without is '_' and so are ' ', '.' and '[' after it (PHP 8).
+ * want is folded the same way, so "query:api.key" is PHP's api_key. */
+static int route_name_is(const char *s, size_t n, const char *want, size_t wantlen)
 {
     size_t i = 0, k = 0;
+    int lead = 1, opened = 0;
     while (i < n) {
-        if (k == wantlen || route_qnext(s, n, &i) != (unsigned char)want[k])
+        unsigned char ch = route_qnext(s, n, &i);
+        if (ch == '\0')
+            break;
+        if (lead && ch == ' ')
+            continue;
+        lead = 0;
+        if (ch == '[' && !opened) {
+            if (route_name_closes(s, n, i))
+                return 0;
+            opened = 1;
+        }
+        if (k == wantlen || route_name_fold(ch) != route_name_fold((unsigned char)want[k]))
             return 0;
         k++;
     }
     return k == wantlen;
 }
 
-/* The parameter named name in the raw query of the target; its raw value
- * (decoded later, while it is written) into *v. Twice is ambiguous: Flask
- * reads the first, PHP and Rails the last. */
+/* The end of the pair that starts s[0..n): the first of seps, or n. */
+static size_t route_pair_len(const char *s, size_t n, const char *seps)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != '\0' && strchr(seps, s[i]) != NULL)
+            return i;
+    return n;
+}
+
+/* The parameter named name (route_name_is) in the raw query of the
+ * target, pairs split at '&' and at ';' (Rack 2, Go before 1.17, Python
+ * before 3.9.2); its raw value (decoded later, while it is written) into
+ * *v. Twice, under any spelling, is ambiguous: Flask reads the first, PHP
+ * and Rails the last. */
 static enum route_seen route_find_query(const struct route_req *req, const char *name,
                                         size_t namelen, const char **v, size_t *vlen)
 {
@@ -632,29 +827,30 @@ static enum route_seen route_find_query(const struct route_req *req, const char 
         qlen = (size_t)(hash - q);
 
     for (;;) {
-        const char *amp = memchr(q, '&', qlen);
-        size_t plen = amp != NULL ? (size_t)(amp - q) : qlen;
+        size_t plen = route_pair_len(q, qlen, "&;");
         const char *eq = memchr(q, '=', plen);
         size_t nlen = eq != NULL ? (size_t)(eq - q) : plen;
-        if (plen > 0 && route_qname_is(q, nlen, name, namelen)) {
+        if (plen > 0 && route_name_is(q, nlen, name, namelen)) {
             if (seen == ROUTE_ONCE)
                 return ROUTE_TWICE;
             *v = eq != NULL ? eq + 1 : q + plen;
             *vlen = eq != NULL ? plen - nlen - 1 : 0;
             seen = ROUTE_ONCE;
         }
-        if (amp == NULL)
+        if (plen == qlen)
             break;
-        q = amp + 1;
+        q += plen + 1;
         qlen -= plen + 1;
     }
     return seen;
 }
 
-/* The cookie named name (exact, case-sensitive) in the Cookie field(s):
- * "a=1; b=2". Its value with surrounding whitespace and one pair of
- * DQUOTEs (RFC 6265's quoted form) taken off; %XX is decoded as it is
- * written. Twice, in one field or across two, is ambiguous. */
+/* The cookie named name in the Cookie field(s): "a=1; b=2", and split at
+ * ',' too ("a=1, b=2": RFC 2109, Rack 2); its name read as route_name_is
+ * reads it (PHP before 8.0 and Rack 2 decode cookie names, PHP folds them).
+ * Its value with surrounding whitespace and one pair of DQUOTEs (RFC 6265's
+ * quoted form) taken off; %XX is decoded as it is written. Twice, in one
+ * field or across two, is ambiguous. */
 static enum route_seen route_find_cookie(const struct route_req *req, const char *name,
                                          size_t namelen, const char **v, size_t *vlen)
 {
@@ -666,15 +862,14 @@ static enum route_seen route_find_cookie(const struct route_req *req, const char
         size_t n;
         route_header_value(req->buf, req->h, i, &s, &n);
         while (n > 0) {
-            const char *semi = memchr(s, ';', n);
-            size_t plen = semi != NULL ? (size_t)(semi - s) : n;
+            size_t plen = route_pair_len(s, n, ";,");
             const char *eq = memchr(s, '=', plen);
             if (eq != NULL) {
                 const char *cn = s, *cv = eq + 1;
                 size_t cnlen = (size_t)(eq - s), cvlen = plen - cnlen - 1;
                 route_trim(&cn, &cnlen);
                 route_trim(&cv, &cvlen);
-                if (cnlen == namelen && memcmp(cn, name, namelen) == 0) {
+                if (route_name_is(cn, cnlen, name, namelen)) {
                     if (seen == ROUTE_ONCE)
                         return ROUTE_TWICE;
                     if (cvlen >= 2 && cv[0] == '"' && cv[cvlen - 1] == '"') {
@@ -686,13 +881,41 @@ static enum route_seen route_find_cookie(const struct route_req *req, const char
                     seen = ROUTE_ONCE;
                 }
             }
-            if (semi == NULL)
+            if (plen == n)
                 break;
-            s = semi + 1;
+            s += plen + 1;
             n -= plen + 1;
         }
     }
     return seen;
+}
+
+/* A path key's length: without trailing '/' (a prefix route meets /a and
+ * /a/ alike) and trailing ASCII whitespace (%20, %0A...), "/" staying. */
+static size_t route_path_key_len(const char *p, size_t n)
+{
+    while (n > 1 && (p[n - 1] == '/' || (p[n - 1] <= ' ' && route_space(p[n - 1]))))
+        n--;
+    return n;
+}
+
+/* A capture: a number (route_number_span) keys as its value; anything
+ * else as its bytes, and one holding a control byte is refused. */
+static enum route_seen route_capture(const char *p, size_t n, struct route_part *pt)
+{
+    size_t off, len;
+    if (route_number_span(p, n, &off, &len)) {
+        pt->kind = ROUTE_PART_NUMBER;
+        pt->p = p + off;
+        pt->n = len;
+        return ROUTE_ONCE;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] < 0x20 || p[i] == 0x7f)
+            return ROUTE_BAD;
+    pt->p = p;
+    pt->n = n;
+    return ROUTE_ONCE;
 }
 
 /* Locate key source ks in the request. */
@@ -712,7 +935,7 @@ static enum route_seen route_locate(const struct conf_keysrc *ks, const struct r
         return ROUTE_ONCE;
     case CONF_KEY_PATH:
         pt->p = req->path;
-        pt->n = req->pathlen;
+        pt->n = route_path_key_len(req->path, req->pathlen);
         return req->path != NULL ? ROUTE_ONCE : ROUTE_ABSENT;
     case CONF_KEY_HEADER:
         return route_find_header(req, ks->arg, ks->arglen, &pt->p, &pt->n);
@@ -728,9 +951,8 @@ static enum route_seen route_locate(const struct conf_keysrc *ks, const struct r
         if (req->caps == NULL || ks->capture >= req->caps->n ||
             !(req->caps->set & (1u << ks->capture)))
             return ROUTE_ABSENT;
-        pt->p = req->path + req->caps->off[ks->capture];
-        pt->n = req->caps->len[ks->capture];
-        return ROUTE_ONCE;
+        return route_capture(req->path + req->caps->off[ks->capture],
+                             req->caps->len[ks->capture], pt);
     }
     abort();                            /* conf.c only makes the kinds above */
 }
@@ -773,6 +995,8 @@ long route_key(const struct conf *c, const struct conf_route *r,
         enum route_seen seen = route_locate(&l->keys[i], req, &pt);
         if (seen == ROUTE_TWICE)
             return ROUTE_KEY_AMBIGUOUS;
+        if (seen == ROUTE_BAD)
+            return ROUTE_KEY_BAD;
         absent |= seen == ROUTE_ABSENT;
     }
     if (absent)
@@ -786,9 +1010,24 @@ long route_key(const struct conf *c, const struct conf_route *r,
     return route_key_close(&o, out);
 }
 
+/* "!ip|" cannot start the parts of route_key's keys (each starts with its
+ * length), so no key value can reach the fallback's counter. */
+long route_key_fallback(const struct conf *c, const struct conf_route *r,
+                        const struct conf_limit *l, const struct route_req *req, char *out)
+{
+    struct route_out o = { .p = out };
+    struct route_part pt = { .kind = ROUTE_PART_SPAN, .p = req->ip,
+                             .n = req->ip != NULL ? req->iplen : 0 };
+    route_key_open(&o, c, r, l);
+    route_put(&o, "!ip|", 4);
+    route_put_part(&o, &pt);
+    return route_key_close(&o, out);
+}
+
 /* The key route_key() writes for a request whose key sources give exactly
  * parts[0..n) (decoded values: a query parameter or cookie as the upstream
- * reads it): config overrides and the admin API name keys this way. */
+ * reads it; a path or a numeric capture in any of the spellings route_key
+ * folds): config overrides and the admin API name keys this way. */
 long route_key_parts(const struct conf *c, const struct conf_route *r,
                      const struct conf_limit *l, const char *const *parts,
                      const size_t *lens, int n, char *out)
@@ -803,6 +1042,10 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
         pt.kind = ROUTE_PART_SPAN;
         pt.p = parts[i];
         pt.n = lens[i];
+        if (l->keys[i].kind == CONF_KEY_PATH)
+            pt.n = route_path_key_len(pt.p, pt.n);
+        else if (l->keys[i].kind == CONF_KEY_CAPTURE)
+            route_capture(parts[i], lens[i], &pt);      /* refused: its bytes */
         route_put_part(&o, &pt);
     }
     return route_key_close(&o, out);

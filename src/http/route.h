@@ -83,16 +83,28 @@ struct route_req {
 
 /* Write the Redis key of limit l of route r for this request into
  * out[ROUTE_MAX_KEY]. Returns its length, 0 when a key source is absent from
- * the request (the limit does not count it), -1 when it would not fit, or
+ * the request (l->on_missing_key says what then), -1 when it would not fit,
  * ROUTE_KEY_AMBIGUOUS when a source is given twice (two fields of the header,
  * under any '-'/'_' spelling; the query parameter twice; the cookie twice),
- * which upstreams resolve differently: the request gets a 400. A header
- * source matches its name with ASCII case and '-' versus '_' ignored; a
- * cookie value is taken without DQUOTEs and with %XX decoded. */
+ * which upstreams resolve differently, or ROUTE_KEY_BAD for a capture holding
+ * a control byte: the request gets a 400. A header source matches its name
+ * with ASCII case and '-' versus '_' ignored; query and cookie names are
+ * matched as PHP reads them (%XX, '+', '.', ' ', '['; route.c), query pairs
+ * split at '&' and ';', cookies at ';' and ','; a cookie value is taken
+ * without DQUOTEs and with %XX decoded; a path key without trailing '/' and
+ * whitespace; a capture that is a number (whitespace around, a sign, digits
+ * of any script) as its ASCII value without leading zeros. */
 #define ROUTE_KEY_AMBIGUOUS (-2)
+#define ROUTE_KEY_BAD       (-3)
 long route_key(const struct conf *c, const struct conf_route *r,
                const struct conf_limit *l, const struct route_req *req,
                char *out);
+
+/* The key limit l counts a request under when one of its key sources is
+ * absent and on_missing_key is ip: the client address, in a key space no
+ * route_key() key can reach. Returns its length, or -1. */
+long route_key_fallback(const struct conf *c, const struct conf_route *r,
+                        const struct conf_limit *l, const struct route_req *req, char *out);
 
 /* The key of limit l of route r for the key values parts[0..n), one per
  * key source, as the client sends them: the key route_key() makes for such

@@ -82,6 +82,11 @@ void backend_destroy(struct backend *b)
     free(b);
 }
 
+int backend_drain(struct backend *b, void (*done)(void *arg), void *arg)
+{
+    return b->store != NULL ? store_drain(b->store, done, arg) : 0;
+}
+
 /* The memory call's decision is due: the call goes back to the pool before
  * its callback runs, so the callback may decide again. */
 static void memory_answer(evutil_socket_t fd, short what, void *arg)

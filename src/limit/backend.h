@@ -36,6 +36,11 @@ struct backend *backend_memory(struct event_base *base, struct memstore *m);
 
 /* Pending calls are dropped without their callbacks. */
 void backend_destroy(struct backend *b);
+/* The owner is done with b: 0 when b owes nothing (destroy it now); 1 when a
+ * Redis backend still has give-backs or refunds queued (store_drain): done(arg)
+ * then runs from the loop once they are answered, bounded in time, and the
+ * owner destroys b then (or earlier, dropping them). */
+int backend_drain(struct backend *b, void (*done)(void *arg), void *arg);
 
 struct backend_call *backend_decide(struct backend *b, const struct store_limit *limits,
                                     int n, store_cb *cb, void *arg);

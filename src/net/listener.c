@@ -1,5 +1,4 @@
-/* sluice - listener.c: listening sockets, and accept with a pause on
- * EMFILE and friends.
+/* sluice - listener.c: accept with a pause on EMFILE and friends.
  *
  * libevent calls the error callback when accept() fails with anything but
  * EAGAIN, EINTR or ECONNABORTED. Without one it only warns and leaves the
@@ -58,18 +57,42 @@ static void error_cb(struct evconnlistener *ev, void *arg)
     evtimer_add(l->resume, &tv);
 }
 
-int listener_socket(const struct sockaddr *sa, socklen_t salen, int backlog, int flags)
+static int bound_socket(const struct sockaddr *sa, socklen_t len, int flags)
 {
     int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));   /* past TIME_WAIT */
     if (flags & LISTENER_REUSEPORT)
         setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
     if ((flags & LISTENER_V6ONLY) && sa->sa_family == AF_INET6)
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
-    if (bind(fd, sa, salen) < 0 || listen(fd, backlog) < 0) {
+    if (bind(fd, sa, len) < 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
+/* Linux refuses a bind without SO_REUSEPORT next to any listening socket on
+ * an overlapping address, whoever owns it (SO_REUSEADDR only lets it pass
+ * connections in TIME_WAIT). */
+int listener_check_free(const struct sockaddr *sa, socklen_t len)
+{
+    int fd = bound_socket(sa, len, LISTENER_V6ONLY);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog, int flags)
+{
+    int fd = bound_socket(sa, len, flags);
+    if (fd >= 0 && listen(fd, backlog) < 0) {
         int err = errno;
         close(fd);
         errno = err;

@@ -17,14 +17,25 @@
 struct event_base;
 struct listener;
 
-/* listener_socket's flags. */
+/* Listening sockets of the public listeners: one per worker and address,
+ * with SO_REUSEPORT so the kernel spreads connections between the workers.
+ * SO_REUSEPORT alone would also let another process (another sluice of the
+ * same user) join the group and take a share of the connections, so a
+ * process first checks each address with listener_check_free().
+ *
+ * 0 when nothing listens on sa: a bind there without SO_REUSEPORT succeeds
+ * (and is undone at once). -1 with errno otherwise: EADDRINUSE while any
+ * socket of any process listens on sa, or on a wildcard address of its port
+ * (or sa is a wildcard and something listens on one of its addresses). */
+int listener_check_free(const struct sockaddr *sa, socklen_t len);
+/* listener_socket's flags: the public listeners take both, the admin
+ * endpoint neither. */
 #define LISTENER_REUSEPORT 1    /* SO_REUSEPORT: one socket per worker on one address */
 #define LISTENER_V6ONLY    2    /* an IPv6 address takes no IPv4 connections */
 
-/* A non-blocking, close-on-exec TCP socket with SO_REUSEADDR (and flags),
- * bound to sa and listening with backlog; -1 with errno set. The one maker
- * of listening sockets: the workers' listeners and the admin endpoint. */
-int listener_socket(const struct sockaddr *sa, socklen_t salen, int backlog, int flags);
+/* The one maker of listening sockets: non-blocking, close-on-exec, bound to
+ * sa with SO_REUSEADDR and flags, listening with backlog; -1 with errno. */
+int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog, int flags);
 
 /* Called on the base's thread for each accepted connection; it owns fd. */
 typedef void (*listener_accept_fn)(void *arg, int fd, struct sockaddr *peer, int peerlen);

@@ -27,6 +27,7 @@
 #include "decide.h"
 #include "denycache.h"
 #include "http1.h"
+#include "log.h"
 #include "metrics.h"
 #include "resetbus.h"
 #include "route.h"
@@ -252,7 +253,11 @@ static int take_shaping(struct decision *dec, const struct store_result *res, in
 
 /* The keys of the route's limits, into the request's buffer, with
  * dec->rl.limit[]; returns how many count the request, -1 for a bad
- * cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice. */
+ * cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice,
+ * ROUTE_KEY_BAD for a capture refused, DECIDE_KEY_MISSING for a source
+ * absent under on_missing_key: deny. Absent under ip: the client address's
+ * own key (route_key_fallback), counted in the metrics. */
+#define DECIDE_KEY_MISSING (-100)
 static int build_keys(struct decision *dec, const struct conf *conf,
                       const struct conf_route *r, const struct route_req *req)
 {
@@ -262,9 +267,14 @@ static int build_keys(struct decision *dec, const struct conf *conf,
     for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
         const struct conf_limit *l = &r->limits[i];
         long klen = route_key(conf, r, l, req, key);
-        if (klen == ROUTE_KEY_AMBIGUOUS)
-            return ROUTE_KEY_AMBIGUOUS;
-        if (klen <= 0)      /* a key source is absent: not counted */
+        if (klen == ROUTE_KEY_AMBIGUOUS || klen == ROUTE_KEY_BAD)
+            return (int)klen;
+        if (klen == 0 && l->on_missing_key == CONF_MISSING_DENY)
+            return DECIDE_KEY_MISSING;
+        int fallback = klen == 0 && l->on_missing_key == CONF_MISSING_IP;
+        if (fallback)
+            klen = route_key_fallback(conf, r, l, req, key);
+        if (klen <= 0)      /* absent under pass, or too long: not counted */
             continue;
         int64_t cost = r->cost > 0 ? r->cost : 1;
         if (l->cost_header && decide_cost(req, l->cost_header, &cost) < 0)
@@ -283,8 +293,12 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         dec->rl.limit[n] = l;
         if (flags & STORE_CHECK_ONLY)
             dec->counted |= 1u << n;
+        if (fallback)
+            dec->fallback |= 1u << n;
         n++;
     }
+    for (unsigned f = dec->fallback; f != 0; f &= f - 1)  /* once the request counts */
+        metrics_count(METRICS_KEY_FALLBACKS);
     return n;
 }
 
@@ -385,6 +399,23 @@ static void count_backend_error(const struct backend *b, const struct store_resu
 
 static void local_cb(void *arg, const struct store_result *res);
 
+/* The memory limiter could not decide (a limit it cannot compute): that is
+ * no outage on_error was written for, and passing would mean no limit at
+ * all, so the request gets the 503 limiter_unavailable, logged (at most once
+ * a second) and counted as decision="error". */
+static int memory_failed(struct decision *dec, const char *which)
+{
+    static struct log_every failures;
+    long n = log_every_second(&failures);
+    if (n)
+        log_error("decide: the memory limiter could not decide route '%s' (%s); answering "
+                  "503 (%ld such request%s since the last such line)", dec->rl.route->name,
+                  which, n, n == 1 ? "" : "s");
+    dec->have_limits = 0;
+    count_decision(dec, METRICS_ERROR);
+    return DECIDE_UNAVAILABLE;
+}
+
 /* The backend could not decide: on_error says what the request gets. */
 static int apply_on_error(struct decision *dec)
 {
@@ -402,8 +433,7 @@ static int apply_on_error(struct decision *dec)
             if (dec->call != NULL)
                 return DECIDE_PENDING;
         }
-        /* no local answer either: as allow */
-        __attribute__((fallthrough));
+        return memory_failed(dec, "on_error: local");
     default:        /* allow: forwarded without rate-limit fields */
         dec->have_limits = 0;
         count_decision(dec, METRICS_ERROR);
@@ -422,10 +452,8 @@ static void local_cb(void *arg, const struct store_result *res)
 {
     struct decision *dec = arg;
     dec->call = NULL;
-    if (res->status != STORE_OK) {      /* as allow */
-        dec->have_limits = 0;
-        count_decision(dec, METRICS_ERROR);
-        finish(dec, DECIDE_FORWARD);
+    if (res->status != STORE_OK) {
+        finish(dec, memory_failed(dec, "on_error: local"));
         return;
     }
     finish(dec, take_shaping(dec, res, apply_decision(dec, res, 0)));
@@ -437,6 +465,10 @@ static void backend_cb(void *arg, const struct store_result *res)
     dec->call = NULL;
     if (backend_store(dec->backend) != NULL)
         metrics_observe(METRICS_REDIS_SECONDS, clock_us() - dec->call_start_us);
+    if (res->status != STORE_OK && backend_store(dec->backend) == NULL) {
+        finish(dec, memory_failed(dec, "backend: memory"));
+        return;
+    }
     if (res->status != STORE_OK) {
         /* a timed-out script may still have taken slots: give them back */
         give_back(dec, dec->backend, concurrency_keys(dec), 0);
@@ -466,7 +498,9 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
     }
     int n = build_keys(dec, conf, route, req);
     if (n < 0)
-        return n == ROUTE_KEY_AMBIGUOUS ? DECIDE_AMBIGUOUS : DECIDE_BAD_COST;
+        return n == ROUTE_KEY_AMBIGUOUS ? DECIDE_AMBIGUOUS :
+               n == ROUTE_KEY_BAD ? DECIDE_BAD_KEY :
+               n == DECIDE_KEY_MISSING ? DECIDE_MISSING_KEY : DECIDE_BAD_COST;
     dec->nkeys = dec->rl.n = n;
     if (n == 0) {
         count_decision(dec, METRICS_ALLOWED);

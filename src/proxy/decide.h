@@ -50,6 +50,8 @@ struct decision {
     int have_limits;
     int decision;                       /* enum metrics_decision, or -1 */
     unsigned counted;                   /* bit i: key i waits for count_status */
+    unsigned fallback;                  /* bit i: key i is the client address's
+                                         * (a source absent, on_missing_key: ip) */
     const struct conf *conf;
     struct backend *backend;            /* its runtime's (Redis or memory) */
     struct backend *call_b;             /* the one that made call */
@@ -91,6 +93,8 @@ enum decide_verdict {
     DECIDE_UNAVAILABLE,     /* on_error: deny -> 503 */
     DECIDE_BAD_COST,        /* 400: a bad cost_header */
     DECIDE_AMBIGUOUS,       /* 400 ambiguous_key */
+    DECIDE_MISSING_KEY,     /* 400 missing_key: on_missing_key: deny */
+    DECIDE_BAD_KEY,         /* 400 bad_key: a capture with a control byte */
 };
 
 /* The verdict of a pending decision, once, from the event loop; never after

@@ -204,6 +204,7 @@ void request_log_end(struct client *c)
         .request_id = c->rq->rid, .request_id_len = c->rq->rid_len,
         .tls = c->tls_version,
         .delay_ms = c->rq->dec.wait_ms,
+        .key_fallback = c->rq->dec.fallback != 0,
     };
     accesslog_write(c->env->alog, &e);
 }
@@ -523,6 +524,12 @@ static void decided(struct client *c, int verdict)
         break;
     case DECIDE_AMBIGUOUS:      /* the connection stays open: the head itself was fine */
         request_answer_named(c, 400, "ambiguous_key", 0);
+        break;
+    case DECIDE_MISSING_KEY:
+        request_answer_named(c, 400, "missing_key", 0);
+        break;
+    case DECIDE_BAD_KEY:
+        request_answer_named(c, 400, "bad_key", 0);
         break;
     case DECIDE_BAD_COST:
         request_answer_named(c, 400, NULL, 0);

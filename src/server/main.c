@@ -2,6 +2,7 @@
  *
  * The main thread loads the config, starts the workers and then only
  * waits for signals; all traffic is served on the workers' threads. */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "clock.h"
 #include "conf.h"
 #include "confcheck.h"
+#include "listener.h"
 #include "log.h"
 #include "mem.h"
 #include "memstore.h"
@@ -189,6 +191,17 @@ static int serve(struct main_state *ms)
     for (int i = 0; i < 4; i++)
         evsignal_add(sigs[i], NULL);
 
+    /* Every worker binds each address with SO_REUSEPORT, which another
+     * process of the same user could share unnoticed: first make sure no
+     * one listens there, and serve nothing if someone does. */
+    for (int i = 0; i < conf->nlistens; i++) {
+        const struct conf_addr *a = &conf->listens[i].addr;
+        if (listener_check_free((const struct sockaddr *)&a->ss, a->sslen) != 0) {
+            log_error("main: cannot listen on '%s': %s", a->text, errno == EADDRINUSE ?
+                      "address in use (another process listens there)" : strerror(errno));
+            goto out;
+        }
+    }
     for (; n < conf->workers; n++) {
         workers[n] = worker_create(n, conf, ms->mem, ms->alog);
         if (workers[n] == NULL)

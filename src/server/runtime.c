@@ -3,7 +3,8 @@
  *
  * A reload makes a new runtime and retires the old one; the old one goes
  * when its count drops to zero, from its own event, so the free never runs
- * inside a store or client callback that released it. */
+ * inside a store or client callback that released it, and, when it is the
+ * last on its Redis backend, once that has sent what it owes. */
 #include <assert.h>
 #include <stdlib.h>
 #include <event2/event.h>
@@ -69,11 +70,26 @@ static void runtime_free(struct runtime *rt)
     free(rt);
 }
 
+static void drained_cb(void *arg)
+{
+    runtime_free(arg);
+}
+
 static void free_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct runtime *rt = arg;
-    if (rt->refs == 0)      /* nobody took it again in between */
-        runtime_free(rt);
+    if (rt->refs != 0)      /* somebody took it again in between */
+        return;
+    /* The last runtime on its backend: the slots and reservations its
+     * requests gave back reach Redis before the connection closes (a lost
+     * one would stay taken until its lease ends); the runtime stays in the
+     * worker's list meanwhile. */
+    if (rt->backend->refs == 1 && !rt->draining) {
+        rt->draining = 1;
+        if (backend_drain(rt->backend->b, drained_cb, rt))
+            return;
+    }
+    runtime_free(rt);
 }
 
 struct runtime *runtime_create(struct event_base *base, struct conf *conf,

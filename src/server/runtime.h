@@ -18,7 +18,10 @@
  *     same (store_same_conf), so a reload that does not touch redis keeps
  *     its connection; the backend goes with the last runtime using it.
  * The last release never frees at once (it may come from inside a store
- * callback): it makes the runtime's own event active and the loop frees it.
+ * callback): it makes the runtime's own event active and the loop frees it;
+ * a runtime that is the last on its Redis backend first lets it send the
+ * give-backs and refunds its requests queued (backend_drain, bounded by
+ * 2 s + redis.timeout), so a reload loses no concurrency slot.
  * The runtimes of a worker form a list, newest first, from the current one;
  * runtime_destroy_all() frees them all once the worker's loop has ended
  * (the runtime made by worker_create on the main thread is only used by the
@@ -39,6 +42,7 @@ struct runtime_backend;
 struct runtime {
     int refs;                       /* worker's thread only */
     int retired;                    /* a reload replaced it */
+    int draining;                   /* released; its backend sends what it owes */
     struct conf *conf;              /* retained */
     struct upstream_pool **pools;   /* one per conf->upstreams[i] */
     struct runtime_backend *backend;

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/random.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <event2/event.h>
 #include <event2/thread.h>

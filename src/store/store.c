@@ -251,8 +251,36 @@ static void store_refund_release(struct store_req *q)
 
 static void store_refund_free(struct store_req *q)
 {
-    list_unlink(&q->s->refunds, &q->refund);
+    struct store *s = q->s;
+    list_unlink(&s->refunds, &q->refund);
     store_refund_release(q);
+    if (s->refunds.first == NULL && s->drain_done != NULL)   /* a draining store owes nothing now */
+        event_active(s->drain_ev, EV_TIMEOUT, 0);
+}
+
+static void store_drain_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct store *s = arg;
+    void (*done)(void *) = s->drain_done;
+    if (s->refunds.first != NULL)
+        log_warn("store: closing with give-backs unanswered after %lld ms; Redis keeps "
+                 "those slots until their leases end",
+                 (long long)(STORE_REFUND_BUDGET_MS + s->rc.timeout_ms));
+    s->drain_done = NULL;
+    done(s->drain_arg);             /* may free s */
+}
+
+int store_drain(struct store *s, void (*done)(void *arg), void *arg)
+{
+    assert(s->in_user_cb == 0 && s->drain_done == NULL && done != NULL);
+    if (s->refunds.first == NULL)
+        return 0;
+    s->drain_done = done;
+    s->drain_arg = arg;
+    s->drain_ev = store_timer(s, store_drain_cb, s);
+    struct timeval tv = clock_timeval(STORE_REFUND_BUDGET_MS + s->rc.timeout_ms);
+    event_add(s->drain_ev, &tv);
+    return 1;
 }
 
 /* Give back what an allowing group consumed, because another group denied:
@@ -843,6 +871,8 @@ void store_destroy(struct store *s)
         free(x);
     }
     event_free(s->flush_ev);
+    if (s->drain_ev != NULL)
+        event_free(s->drain_ev);
     free(s->slot_open);
     free(s->enc);
     free(s->bcmd);

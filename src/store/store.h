@@ -73,7 +73,8 @@ typedef void store_cb(void *arg, const struct store_result *res);
 
 /* Connects in the background; never blocks. rc is copied. */
 struct store *store_create(struct event_base *base, const struct conf_redis *rc);
-void store_destroy(struct store *s);   /* pending callbacks are not called */
+void store_destroy(struct store *s);   /* pending callbacks are not called; what it
+                                        * owes is dropped (see store_drain) */
 
 /* Decide limits[0..n) (1 <= n <= STORE_MAX_LIMITS). While a connection is
  * being made the call waits for it (within redis.timeout, then
@@ -93,6 +94,18 @@ int store_connected(const struct store *s);
  * held (delayed) token_bucket or gcra request reserved when its client went
  * away. Dropped when the store is not connected: a slot's lease ends it. */
 void store_give_back(struct store *s, const struct store_limit *l);
+
+/* The owner is done with s (every call answered or cancelled) but s may
+ * still owe Redis give-backs and refunds it has queued: a reload that
+ * replaced the store must not drop them, or Redis keeps those concurrency
+ * slots and reservations until their leases end. Returns 0 when s owes
+ * nothing (free it now). Else 1: s stays connected until every one is
+ * answered or given up, at most 2 s (a refund's own budget) + redis.timeout,
+ * and then
+ * done(arg) runs once, from the loop, outside the store's callbacks; the
+ * caller then frees s with store_destroy() (which may also come first:
+ * done is then never called). Not from inside a store callback. */
+int store_drain(struct store *s, void (*done)(void *arg), void *arg);
 
 /* Whether s's readiness counts in the process-wide gauge behind /readyz and
  * sluice_redis_connected (on from store_create). A store a reload replaced

@@ -207,6 +207,9 @@ struct store {
     int refresh_wanted;
     struct store_call *free_calls, *all_calls;
     struct list refunds;
+    struct event *drain_ev;         /* store_drain(): all answered, or its time is up */
+    void (*drain_done)(void *arg);
+    void *drain_arg;
     uint64_t redirects[2];          /* ask, moved: this store's */
     int64_t redirect_logged_ms[2];
     int64_t oom_logged_ms;

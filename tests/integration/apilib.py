@@ -5,10 +5,9 @@
 # test_admin_api.py.
 
 import json
-import time
 
 from conftest import free_port, http_get, wait_port
-from opslib import metrics, mval, ops_conf
+from proxylib import metrics, mval, proxy_conf
 
 TOKEN = "s3cret-token"
 
@@ -39,7 +38,7 @@ def start_api(sluice, routes, token=TOKEN, workers=1, top=""):
     """sluice with an admin port; admin.token comes from the environment
     (${SLUICE_TEST_TOKEN}) unless token is None (no admin.token at all)."""
     admin_port = free_port()
-    text = ops_conf(routes, workers=workers, top=top)
+    text = proxy_conf(routes, workers=workers, top=top)
     admin = "admin:\n  listen: 127.0.0.1:%d\n" % admin_port
     if token is not None:
         admin += "  token: ${SLUICE_TEST_TOKEN}\n"
@@ -58,13 +57,3 @@ def start_pair(sluice, routes, token=TOKEN, workers=1, top=""):
 
 def deny_hits(s):
     return mval(metrics(s.admin_port), "sluice_deny_cache_hits_total")
-
-
-def poll(fn, timeout_s):
-    """fn() until truthy or timeout; returns (value, seconds taken)."""
-    t0 = time.monotonic()
-    while True:
-        v = fn()
-        if v or time.monotonic() - t0 > timeout_s:
-            return v, time.monotonic() - t0
-        time.sleep(0.01)

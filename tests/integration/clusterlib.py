@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 
-from conftest import RedisError, free_port, redis_cmd, stop_process, http_get
+from conftest import RedisError, free_port, redis_cmd, stop_process, http_get, wait_until
 
 START_TIMEOUT_S = 20.0
 
@@ -50,15 +50,6 @@ def _ping(port):
         return False
 
 
-def _wait(pred, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise RuntimeError("timed out waiting for " + what)
-
-
 class Cluster:
     """masters x (1 + replicas) cluster-enabled redis-servers."""
 
@@ -86,7 +77,7 @@ class Cluster:
                      "--logfile", "redis-%d.log" % p,
                      "--dir", str(self.workdir)], self.workdir)
             for p in self.ports:
-                _wait(lambda p=p: _ping(p), 5.0, "redis-server on %d" % p)
+                wait_until(lambda p=p: _ping(p), 5.0, step_s=0.05, what="redis-server on %d" % p)
             create = subprocess.run(
                 ["redis-cli", "--cluster", "create"] +
                 ["127.0.0.1:%d" % p for p in self.ports] +
@@ -94,7 +85,7 @@ class Cluster:
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
             if create.returncode != 0:
                 raise RuntimeError("cluster create failed:\n" + create.stdout.decode())
-            _wait(self.healthy, START_TIMEOUT_S, "the cluster to be ok")
+            wait_until(self.healthy, START_TIMEOUT_S, step_s=0.05, what="the cluster to be ok")
         except Exception:
             self.stop()
             raise
@@ -242,10 +233,10 @@ class SentinelSet:
     def start(self):
         try:
             self._redis(self.master_port, [])
-            _wait(lambda: _ping(self.master_port), 5.0, "the master")
+            wait_until(lambda: _ping(self.master_port), 5.0, step_s=0.05, what="the master")
             self._redis(self.replica_port, ["--replicaof", "127.0.0.1", str(self.master_port)])
-            _wait(lambda: _ping(self.replica_port), 5.0, "the replica")
-            _wait(self._replica_synced, 10.0, "the replica to sync")
+            wait_until(lambda: _ping(self.replica_port), 5.0, step_s=0.05, what="the replica")
+            wait_until(self._replica_synced, 10.0, step_s=0.05, what="the replica to sync")
             for p in self.sentinel_ports:
                 conf = self.workdir / ("sentinel-%d.conf" % p)
                 conf.write_text(
@@ -260,12 +251,13 @@ class SentinelSet:
                      if self.password else ""))
                 self.procs[p] = _spawn(["redis-server", str(conf), "--sentinel"], self.workdir)
             for p in self.sentinel_ports:
-                _wait(lambda p=p: self._sentinel_cmd(p, "PING") == "PONG", 5.0,
-                      "sentinel on %d" % p)
+                wait_until(lambda p=p: self._sentinel_cmd(p, "PING") == "PONG", 5.0,
+                           step_s=0.05, what="sentinel on %d" % p)
             # A sentinel learns the replicas from the master's INFO, which it
             # polls every 10 s: 15 s left one poll of slack, and a slow
             # replication start (seen once in test-slow) missed it.
-            _wait(self._sentinels_see_replica, 35.0, "the sentinels to know the replica")
+            wait_until(self._sentinels_see_replica, 35.0, step_s=0.05,
+                       what="the sentinels to know the replica")
         except Exception:
             self.stop()
             raise

@@ -24,6 +24,7 @@ UPSTREAM_PY = os.path.join(ROOT, "tests", "upstream.py")
 PYTHON = "/usr/bin/python3"
 START_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 5.0
+WAIT_STEP_S = 0.02
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -48,18 +49,38 @@ def free_port():
     return port
 
 
+def wait_until(probe, timeout_s=START_TIMEOUT_S, until=bool, step_s=WAIT_STEP_S,
+               proc=None, what=None):
+    """The tests' one wait: call probe() every step_s until until(value) holds,
+    timeout_s has passed or proc (a Popen) has exited. Returns (value, seconds
+    taken): the first value until() accepted, else the last one read. With
+    `what`, a timeout raises AssertionError("timed out waiting for WHAT")
+    instead. probe runs at least once, the last time after the deadline."""
+    t0 = time.monotonic()
+    while True:
+        value = probe()
+        took = time.monotonic() - t0
+        if until(value):
+            return value, took
+        if took >= timeout_s or (proc is not None and proc.poll() is not None):
+            if what is not None:
+                raise AssertionError("timed out waiting for %s (%.1f s); last: %r"
+                                     % (what, took, value))
+            return value, took
+        time.sleep(step_s)
+
+
+def port_open(port, host="127.0.0.1"):
+    try:
+        socket.create_connection((host, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
 def wait_port(port, proc=None, timeout_s=START_TIMEOUT_S, host="127.0.0.1"):
     """True once host:port accepts; False on timeout or process exit."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            return False
-        try:
-            socket.create_connection((host, port), timeout=0.2).close()
-            return True
-        except OSError:
-            time.sleep(0.03)
-    return False
+    return wait_until(lambda: port_open(port, host), timeout_s, step_s=0.03, proc=proc)[0]
 
 
 def stop_process(proc, sig=signal.SIGTERM, timeout_s=STOP_TIMEOUT_S):
@@ -189,15 +210,13 @@ def wait_script_loaded(port, before, timeout_s=START_TIMEOUT_S):
     LOAD or a script: the spec's per-connection handshake, after which sluice
     decides through Redis. Without it the first requests would meet on_error
     while sluice is still connecting (slow under sanitizers)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        clients = redis_clients(port) or {}
-        for cid, cmd in clients.items():
-            if cid not in before and (cmd.startswith("script") or cmd.startswith("eval")):
-                time.sleep(0.05)    # the reply is on its way to sluice
-                return True
-        time.sleep(0.02)
-    return False
+    def loaded():
+        return any(cid not in before and (cmd.startswith("script") or cmd.startswith("eval"))
+                   for cid, cmd in (redis_clients(port) or {}).items())
+    if not wait_until(loaded, timeout_s)[0]:
+        return False
+    time.sleep(0.05)    # the reply is on its way to sluice
+    return True
 
 
 class RedisServer:
@@ -215,17 +234,15 @@ class RedisServer:
              "--loglevel", "warning", "--daemonize", "no"] + self.extra_args +
             (["--requirepass", self.password] if self.password else []),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
+        auth = [("AUTH", self.password)] if self.password else []
+
+        def pong():
             try:
-                auth = [("AUTH", self.password)] if self.password else []
-                if redis_cmds(self.port, auth + [("PING",)], timeout_s=0.5)[-1] == "PONG":
-                    return self
+                return redis_cmds(self.port, auth + [("PING",)], timeout_s=0.5)[-1] == "PONG"
             except (OSError, ConnectionError, RedisError):
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
+                return False
+        if wait_until(pong, START_TIMEOUT_S, step_s=0.05, proc=self.proc)[0]:
+            return self
         self.stop()
         raise RuntimeError("redis-server did not start on port %d" % self.port)
 
@@ -545,6 +562,28 @@ def http_get(port, target, method="GET", headers=None, body=None, host="localhos
     with Conn(port, timeout_s) as c:
         c.send(build_request(method, target, headers, body, host))
         return c.read_response(head_request=(method == "HEAD"))
+
+
+def served_again(port, path, timeout_s=3.0):
+    """True once GET path answers 200 (bounded); connection errors are retried."""
+    def status():
+        try:
+            return http_get(port, path, timeout_s=1).status
+        except (OSError, EOFError):
+            return None
+    return wait_until(status, timeout_s, until=lambda st: st == 200, step_s=0.1)[0] == 200
+
+
+def read_log(path, want, timeout_s=3.0, keep=None):
+    """The access log's lines, parsed (those keep(entry) accepts), once there
+    are at least `want` of them or timeout_s has passed."""
+    def read():
+        if not os.path.exists(path):
+            return []
+        with open(path, "rb") as f:
+            entries = [json.loads(ln) for ln in f.read().split(b"\n") if ln.strip()]
+        return [e for e in entries if keep is None or keep(e)]
+    return wait_until(read, timeout_s, until=lambda lines: len(lines) >= want, step_s=0.03)[0]
 
 
 def timed_get(port, target="/", headers=None, timeout_s=10.0):

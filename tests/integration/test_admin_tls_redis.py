@@ -8,8 +8,8 @@
 
 import time
 
-from apilib import TOKEN, api, poll
-from conftest import free_port, http_get, wait_port
+from apilib import TOKEN, api
+from conftest import free_port, http_get, wait_port, wait_until
 from test_redis_tls import certs, tls_conf, tls_redis, wait_decided  # noqa: F401 (fixtures)
 
 PATH = "/api/limits/r/two"
@@ -49,7 +49,7 @@ def test_reset_reaches_the_deny_cache_over_tls(sluice, tls_redis, certs):
     assert statuses(s, "flood", 4) == [200, 200, 429, 429]       # the last from the deny cache
     st, doc, _ = api(s, "POST", PATH + "/reset?key=flood")
     assert st == 200, (st, doc, s.stderr[-2000:])
-    ok, took = poll(lambda: http_get(s.port, "/x", headers=[("X-K", "flood")]).status == 200,
+    ok, took = wait_until(lambda: http_get(s.port, "/x", headers=[("X-K", "flood")]).status == 200,
                     1.0)
     assert ok, "a reset key still denied after %.2f s:\n%s" % (took, s.stderr[-2000:])
     assert "reset subscriber lost" not in s.stderr

@@ -26,8 +26,8 @@ import pytest
 from batchlib import batch_args, split_reply
 from conftest import (Conn, RedisError, build_request, http_get, parallel,
                       redis_with_limit_script,
-                      redis_cmd, redis_cmds, redis_keys)
-from opslib import metrics, mval, start_ops
+                      redis_cmd, redis_cmds, redis_keys, wait_until)
+from proxylib import metrics, mval, start_proxy, wait_metric
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -262,21 +262,12 @@ ROUTES = """\
 N_CONNS = 40
 
 
-def wait_clients(admin_port, n, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if mval(metrics(admin_port), "sluice_connections", side="client") >= n:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def stop_and_wait(pid, timeout_s=5.0):
     """SIGSTOP pid and wait until every thread of it is stopped: kill()
     returns before the target has stopped."""
     os.kill(pid, signal.SIGSTOP)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def stopped():
         states = []
         for tid in os.listdir("/proc/%d/task" % pid):
             try:
@@ -284,10 +275,8 @@ def stop_and_wait(pid, timeout_s=5.0):
                     states.append(f.read().rsplit(")", 1)[1].split()[0])
             except OSError:
                 pass
-        if states and all(st in ("T", "t") for st in states):
-            return
-        time.sleep(0.005)
-    raise AssertionError("sluice did not stop")
+        return states and all(st in ("T", "t") for st in states)
+    wait_until(stopped, timeout_s, step_s=0.005, what="sluice to stop")
 
 
 def one_turn(s, path, keys):
@@ -295,7 +284,8 @@ def one_turn(s, path, keys):
     let it go: it reads them all in one loop turn. The statuses, in order."""
     conns = [Conn(s.port, timeout_s=10) for _ in keys]
     try:
-        assert wait_clients(s.admin_port, len(keys)), "sluice did not accept them"
+        assert wait_metric(s.admin_port, "sluice_connections", len(keys), side="client") \
+            >= len(keys), "sluice did not accept them"
         try:
             stop_and_wait(s.proc.pid)
             for c, k in zip(conns, keys):
@@ -317,7 +307,7 @@ def batches(admin_port):
 
 @pytest.mark.parametrize("path", ["/sl", "/tb", "/gcra"])
 def test_one_batch_of_one_key_admits_exactly_the_limit(sluice, redis, path):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     key = uuid.uuid4().hex
     n0, sum0, small0 = batches(s.admin_port)
     got = one_turn(s, path, [key] * N_CONNS)
@@ -330,7 +320,7 @@ def test_one_batch_of_one_key_admits_exactly_the_limit(sluice, redis, path):
 
 
 def test_noscript_on_a_batch_reloads_and_answers_all(sluice, redis):
-    s = start_ops(sluice, ROUTES, on_error="deny")
+    s = start_proxy(sluice, ROUTES, on_error="deny")
     assert http_get(s.port, "/wide", headers=[("X-K", "warm")]).status == 200
     redis_cmd(redis.port, "SCRIPT", "FLUSH")
     n0, sum0, _ = batches(s.admin_port)
@@ -345,7 +335,7 @@ def test_noscript_on_a_batch_reloads_and_answers_all(sluice, redis):
 
 
 def test_keys_of_a_batch_all_have_a_ttl(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     one_turn(s, "/wide", ["t%d" % i for i in range(N_CONNS)])
     one_turn(s, "/sl", ["t%d" % (i % 4) for i in range(N_CONNS)])
     keys = [k for k in redis_keys(redis.port) if k.startswith(b"itest:")]
@@ -359,7 +349,7 @@ def test_keys_of_a_batch_all_have_a_ttl(sluice, redis):
 def test_four_proxies_200_clients_one_key_exact(sluice, redis, path):
     routes = ROUTES.replace("limit: 5,", "limit: 50,").replace("burst: 5,", "burst: 50,")
     # no deny cache: every request is decided by Redis, in the batches
-    proxies = [start_ops(sluice, routes, workers=2, redis_timeout="2s",
+    proxies = [start_proxy(sluice, routes, workers=2, redis_timeout="2s",
                          top="deny_cache: { max_keys: 0 }\n") for _ in range(4)]
     key = uuid.uuid4().hex
     results = parallel([lambda i=i: http_get(proxies[i % 4].port, path, headers=[("X-K", key)],

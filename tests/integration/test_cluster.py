@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from conftest import Conn, build_request, http_get, parallel, redis_cmd, redis_time_s, \
-    sleep_until_redis_phase
+    sleep_until_redis_phase, wait_until
 from clusterlib import Cluster, Load, redirect_counts
 
 pytestmark = pytest.mark.slow
@@ -95,13 +95,13 @@ def cluster(tmp_path_factory):
 
 def start_on_cluster(sluice, cluster, **kw):
     s = sluice(cluster_conf(cluster, **kw), redis_port=cluster.masters()[0], wait_redis=False)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:      # connected: a limited route answers with headers
-        r = http_get(s.port, "/fw", headers=[("X-K", "warm-%s" % uuid.uuid4().hex)])
-        if r.status == 200 and r.header("X-RateLimit-Limit") is not None:
-            return s
-        time.sleep(0.1)
-    pytest.fail("sluice did not reach the cluster; stderr:\n" + s.stderr[-3000:])
+    # connected: a limited route answers with headers
+    def limited(r):
+        return r.status == 200 and r.header("X-RateLimit-Limit") is not None
+    r, _ = wait_until(lambda: http_get(s.port, "/fw", headers=[("X-K", "warm-%s" % uuid.uuid4().hex)]),
+                      10, until=limited, step_s=0.1)
+    assert limited(r), "sluice did not reach the cluster; stderr:\n" + s.stderr[-3000:]
+    return s
 
 
 def statuses(port, path, key, n, extra=()):
@@ -220,9 +220,7 @@ def test_slot_migration_under_load(cluster, sluice):
     time.sleep(1.0)
     cluster.migrate_slot(slot, src, dst, between=lambda: time.sleep(1.0))
     during = len(load.results)
-    deadline = time.monotonic() + 30
-    while len(load.results) < 450 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: len(load.results) >= 450, 30, step_s=0.1)
     results = load.stop()
     assert cluster.owner(slot) == dst
     failed = [r for r in results if r[1] not in (200, 429)]
@@ -258,18 +256,14 @@ def test_master_killed_under_load(tmp_path, sluice):
         time.sleep(1.0)
         killed_at = time.monotonic()
         c.kill(victim)
-        promoted_at = None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        def owner():
             try:
-                owner = c.owner(slot)
+                return c.owner(slot)
             except Exception:
-                owner = None
-            if owner is not None and owner != victim:
-                promoted_at = time.monotonic()
-                break
-            time.sleep(0.05)
-        assert promoted_at is not None, "no replica was promoted"
+                return None
+        wait_until(owner, 20, until=lambda o: o is not None and o != victim, step_s=0.05,
+                   what="a replica to be promoted")
+        promoted_at = time.monotonic()
         time.sleep(4.0)
         results = load.stop()
         after = [r for r in results if r[0] > promoted_at]

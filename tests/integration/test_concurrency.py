@@ -5,7 +5,6 @@
 # process). Real processes only: one redis-server, two sluice processes on
 # it, and the tests' upstream with its slow path (/slow/MS).
 
-import json
 import socket
 import struct
 import time
@@ -13,8 +12,8 @@ import time
 import pytest
 
 from conftest import (Conn, build_request, free_port, http_get, make_conf, parallel,
-                      redis_cmd, redis_keys, stop_process, timed_get)
-from opslib import ops_conf, top_keys
+                      read_log, redis_cmd, redis_keys, stop_process, timed_get, wait_until)
+from proxylib import proxy_conf, top_keys
 
 ROUTES = """\
   - name: exports
@@ -28,7 +27,7 @@ KEY = [("X-Api-Key", "k1")]
 
 
 def conf(lease="30s", backend=None, admin=None, access_log=None):
-    return ops_conf(ROUTES.replace("@LEASE@", lease), admin_port=admin,
+    return proxy_conf(ROUTES.replace("@LEASE@", lease), admin_port=admin,
                     top=top_keys(backend=backend, access_log=access_log))
 
 
@@ -45,16 +44,6 @@ def held(redis_port):
     for k in slot_keys(redis_port):
         n += int(redis_cmd(redis_port, "ZCOUNT", k, "(%d" % now_ms, "+inf"))
     return n
-
-
-def wait_for(pred, timeout_s, step_s=0.01):
-    """Poll pred until true; returns the seconds it took, or None."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if pred():
-            return time.monotonic() - t0
-        time.sleep(step_s)
-    return None
 
 
 def open_slow(port, ms, headers=KEY):
@@ -93,8 +82,7 @@ def test_ten_at_once_over_two_proxies(sluice, redis):
         assert r.header("RateLimit-Policy") == '"exports";q=3;qu="concurrent-requests"'
         assert r.header("RateLimit") in ('"exports";r=0', '"exports";r=1', '"exports";r=2')
     # every slot went back when its response ended
-    took = wait_for(lambda: held(redis.port) == 0, 1.0)
-    assert took is not None, "slots still held after the responses"
+    assert wait_until(lambda: held(redis.port) == 0, 1.0)[0], "slots still held after the responses"
     r = http_get(a.port, "/slow/0", headers=KEY)
     assert r.status == 200 and r.header("RateLimit") == '"exports";r=2'
     # another key has its own slots; a request without the key is not counted
@@ -108,14 +96,14 @@ def test_slots_come_back_when_responses_end(sluice, redis):
     s = sluice(conf())
     held_conns = [open_slow(s.port, 600) for _ in range(3)]
     try:
-        assert wait_for(lambda: held(redis.port) == 3, 2.0) is not None
+        assert wait_until(lambda: held(redis.port) == 3, 2.0)[0]
         assert http_get(s.port, "/slow/0", headers=KEY).status == 429
         t0 = time.monotonic()
         for c in held_conns:
             assert c.read_response().status == 200
         ended = time.monotonic()
-        took = wait_for(lambda: held(redis.port) == 0, 1.0, 0.002)
-        assert took is not None
+        ok, took = wait_until(lambda: held(redis.port) == 0, 1.0, step_s=0.002)
+        assert ok
         print("release after the responses ended: %.1f ms (responses took %.3f s)"
               % (took * 1000, ended - t0))
         assert http_get(s.port, "/slow/0", headers=KEY).status == 200
@@ -129,17 +117,16 @@ def test_slots_come_back_when_clients_go_away(sluice, redis):
     b = sluice(conf())
     conns = [open_slow(a.port, 8000) for _ in range(3)]
     try:
-        assert wait_for(lambda: held(redis.port) == 3, 2.0) is not None
+        assert wait_until(lambda: held(redis.port) == 3, 2.0)[0]
         assert http_get(b.port, "/slow/0", headers=KEY).status == 429
         t0 = time.monotonic()
         for c in conns:
             abort(c)
-        took = wait_for(lambda: http_get(b.port, "/slow/0", headers=KEY).status == 200, 1.0,
-                        0.02)
+        ok, _ = wait_until(lambda: http_get(b.port, "/slow/0", headers=KEY).status == 200, 1.0)
         print("slot free on the other proxy %.1f ms after the clients went away"
               % ((time.monotonic() - t0) * 1000))
-        assert took is not None, "slots not back within 1 s of the clients' reset"
-        assert wait_for(lambda: held(redis.port) == 0, 1.0) is not None
+        assert ok, "slots not back within 1 s of the clients' reset"
+        assert wait_until(lambda: held(redis.port) == 0, 1.0)[0]
     finally:
         for c in conns:
             c.close()
@@ -150,7 +137,7 @@ def test_upstream_failure_gives_the_slot_back(sluice, redis):
     s = sluice(make_conf(routes))
     for _ in range(5):          # 502 each time: no slot may stay taken
         assert http_get(s.port, "/slow/0", headers=KEY).status == 502
-    assert wait_for(lambda: held(redis.port) == 0, 1.0) is not None
+    assert wait_until(lambda: held(redis.port) == 0, 1.0)[0]
 
 
 def test_memory_backend_same_limits(sluice, redis, tmp_path):
@@ -165,13 +152,7 @@ def test_memory_backend_same_limits(sluice, redis, tmp_path):
     body = http_get(admin, "/metrics").body.decode()
     assert 'sluice_requests_total{route="exports",decision="allowed"} 3' in body
     assert 'sluice_requests_total{route="exports",decision="limited"} 7' in body
-    lines = []
-    for _ in range(100):
-        lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] \
-            if log.exists() else []
-        if len(lines) >= 10:
-            break
-        time.sleep(0.02)
+    lines = read_log(log, 10)
     assert sorted((x["status"], x["decision"], x["limit"]) for x in lines) == \
         [(200, "allowed", "exports")] * 3 + [(429, "limited", "exports")] * 7
     for r, t in out:
@@ -185,9 +166,7 @@ def test_memory_backend_same_limits(sluice, redis, tmp_path):
         assert http_get(s.port, "/slow/0", headers=KEY).status == 429
         for c in conns:
             abort(c)
-        took = wait_for(lambda: http_get(s.port, "/slow/0", headers=KEY).status == 200, 1.0,
-                        0.02)
-        assert took is not None
+        assert wait_until(lambda: http_get(s.port, "/slow/0", headers=KEY).status == 200, 1.0)[0]
     finally:
         for c in conns:
             c.close()
@@ -213,7 +192,7 @@ def test_lease_renewed_while_running_and_lost_with_a_killed_proxy(sluice, redis)
     b = sluice(conf(lease="2s"))
     conns = [open_slow(a.port, 20000) for _ in range(3)]
     try:
-        assert wait_for(lambda: held(redis.port) == 3, 2.0) is not None
+        assert wait_until(lambda: held(redis.port) == 3, 2.0)[0]
         time.sleep(3.0)             # past the lease: renewed, still held
         assert held(redis.port) == 3
         assert http_get(b.port, "/slow/0", headers=KEY).status == 429
@@ -221,11 +200,11 @@ def test_lease_renewed_while_running_and_lost_with_a_killed_proxy(sluice, redis)
         a.proc.wait(5)
         t0 = time.monotonic()
         assert http_get(b.port, "/slow/0", headers=KEY).status == 429   # not before the lease
-        took = wait_for(lambda: http_get(b.port, "/slow/0", headers=KEY).status == 200, 4.0,
-                        0.05)
+        ok, took = wait_until(lambda: http_get(b.port, "/slow/0", headers=KEY).status == 200, 4.0,
+                              step_s=0.05)
         print("slots of the killed proxy free again %.2f s after SIGKILL (lease 2 s)" %
               (time.monotonic() - t0))
-        assert took is not None and took <= 2.5
+        assert ok and took <= 2.5
     finally:
         for c in conns:
             c.close()
@@ -247,10 +226,10 @@ UPGRADE = [("Connection", "Upgrade"), ("Upgrade", "websocket"),
 def test_websocket_tunnel_holds_its_slot_while_open(sluice, redis):
     """lease 1s: an open tunnel renews its slot (every ~0.33 s) and holds it
     past the lease; closing it gives the slot back."""
-    from opslib import TinyUpstream, read_head, recv_exact, start_ops
+    from proxylib import TinyUpstream, read_head, recv_exact, start_proxy
     tiny = TinyUpstream()
     try:
-        s = start_ops(sluice, WS_ROUTES, extra_upstreams={"tiny": tiny.port})
+        s = start_proxy(sluice, WS_ROUTES, extra_upstreams={"tiny": tiny.port})
         c = Conn(s.port, timeout_s=5)
         c.send(build_request("GET", "/ws", UPGRADE + KEY))
         status, _ = read_head(c)
@@ -263,11 +242,89 @@ def test_websocket_tunnel_holds_its_slot_while_open(sluice, redis):
         c.send(b"ping")                             # the tunnel still works
         assert recv_exact(c, 4) == b"ping"
         c.close()
-        took = wait_for(lambda: held(redis.port) == 0, 1.0)
-        assert took is not None, "the tunnel's slot stayed taken after it closed"
+        assert wait_until(lambda: held(redis.port) == 0, 1.0)[0], \
+            "the tunnel's slot stayed taken after it closed"
         c2 = Conn(s.port, timeout_s=5)
         c2.send(build_request("GET", "/ws", UPGRADE + KEY))
         assert read_head(c2)[0] == 101
         c2.close()
     finally:
         tiny.stop()
+
+
+# ---- a reload that replaces the Redis connection -------------------------
+
+RELOAD_ROUTES = """\
+  - name: rl
+    match: { path: /slow }
+    upstream: api
+    limits:
+      - { name: reloadslot, algorithm: concurrency, limit: 1, key: ["header:X-Api-Key"] }
+  - name: held
+    match: { path: /held }
+    upstream: api
+    limits:
+      - { name: reloadheld, algorithm: gcra, rate: 1/10s, burst: 1, delay: 15s,
+          key: ["header:X-Api-Key"] }
+"""
+
+
+def reload_with_other_redis_timeout(s):
+    """SIGHUP with a changed redis.timeout: the workers' stores are replaced;
+    the old ones keep only the requests started before. Returns when the
+    reload is logged."""
+    import signal
+    text = s.conf_path.read_text()
+    assert "  timeout: 1s\n  prefix:" in text
+    s.conf_path.write_text(text.replace("  timeout: 1s\n  prefix:", "  timeout: 900ms\n  prefix:"))
+    s.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: "main: reloaded" in s.stderr, 5.0)[0], s.stderr
+
+
+def own_keys(redis_port, name, key):
+    return [k for k in redis_keys(redis_port) if name in k and key.encode() in k]
+
+
+def test_slot_given_back_after_a_reload_that_replaced_redis(sluice, redis):
+    """The request in flight ends on the old runtime, whose store is freed
+    with it: its slot's give-back must reach Redis first (it was dropped, and
+    the key got 429 until the lease ended, 15 s here)."""
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(proxy_conf(RELOAD_ROUTES))
+    c = open_slow(s.port, 1500, hdr)
+    try:
+        def slots():
+            now_ms = int(time.time() * 1000)
+            return sum(int(redis_cmd(redis.port, "ZCOUNT", x, "(%d" % now_ms, "+inf"))
+                       for x in own_keys(redis.port, b"reloadslot", k))
+        assert wait_until(lambda: slots() == 1, 2.0)[0]
+        reload_with_other_redis_timeout(s)
+        assert c.read_response().status == 200
+    finally:
+        c.close()
+    assert wait_until(lambda: slots() == 0, 3.0)[0], "the slot stayed taken"
+    assert http_get(s.port, "/slow/0", headers=hdr).status == 200
+
+
+def test_reservation_refunded_after_a_reload_that_replaced_redis(sluice, redis):
+    """gcra 1 per 10 s, delay 15 s: the second request is held 10 s with its
+    reservation taken (TAT + 10 s). Its client goes away after a reload that
+    replaced the store: the refund must reach Redis through the old one."""
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(proxy_conf(RELOAD_ROUTES))
+    assert http_get(s.port, "/held", headers=hdr).status == 200
+
+    def tat():
+        keys = own_keys(redis.port, b"reloadheld", k)
+        return int(redis_cmd(redis.port, "GET", keys[0])) if keys else None
+    first = tat()
+    c = Conn(s.port, timeout_s=5)
+    c.send(build_request("GET", "/held", hdr))
+    assert wait_until(lambda: tat() == first + 10000000, 2.0)[0], (first, tat())
+    reload_with_other_redis_timeout(s)
+    abort(c)
+    assert wait_until(lambda: tat() == first, 3.0)[0], (first, tat())

@@ -13,10 +13,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
-from conftest import free_port, http_get, sluice_bin
-from opslib import mval, metrics, start_ops
+from conftest import free_port, http_get, sluice_bin, wait_until
+from proxylib import mval, metrics, start_proxy
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "tests", "tools", "include_cycles.py")
@@ -89,13 +88,11 @@ def statuses(s, path, key, n):
 
 
 def wait_reload(s, before, result, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        m = metrics(s.admin_port)
-        if mval(m, "sluice_config_reloads_total", result=result) > before:
-            return m
-        time.sleep(0.05)
-    raise AssertionError("no reload with result %s; stderr:\n%s" % (result, s.stderr))
+    m, _ = wait_until(lambda: metrics(s.admin_port), timeout_s, step_s=0.05,
+                      until=lambda m: mval(m, "sluice_config_reloads_total", result=result) > before)
+    assert mval(m, "sluice_config_reloads_total", result=result) > before, \
+        "no reload with result %s; stderr:\n%s" % (result, s.stderr)
+    return m
 
 
 def place(text, needle):
@@ -105,7 +102,7 @@ def place(text, needle):
 
 
 def test_reload_runs_the_whole_check_all_or_nothing(sluice, redis):
-    s = start_ops(sluice, ROUTES, prefix="layers1:")
+    s = start_proxy(sluice, ROUTES, prefix="layers1:")
     good = s.conf_path.read_text()
     assert statuses(s, "/r", "vip", 2) == [200, 429]
     assert http_get(s.port, "/new").status == 404

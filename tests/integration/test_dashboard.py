@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 import pytest
 
 from conftest import http_get
-from opslib import start_ops, statuses
+from proxylib import start_proxy, statuses
 
 CHROMIUM_TIMEOUT_S = 40
 ROUTES = """\
@@ -124,7 +124,7 @@ def png_size(path):
 @pytest.fixture
 def console(sluice):
     # a prefix of its own: the hostile key is the same in every test
-    s = start_ops(sluice, ROUTES, workers=2, prefix="dash-%s:" % uuid.uuid4().hex[:8])
+    s = start_proxy(sluice, ROUTES, workers=2, prefix="dash-%s:" % uuid.uuid4().hex[:8])
     key = uuid.uuid4().hex[:8]
     # api: 3 allowed, then the hostile key limited 12 times
     assert statuses(s.port, "/api/x", 15, [("X-K", HOSTILE)]) == [200] * 3 + [429] * 12

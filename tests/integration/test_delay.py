@@ -6,14 +6,13 @@
 # on one redis-server; the tests' upstream records when each request arrived
 # ("arrived" in its echo).
 
-import json
 import re
 import socket
 import struct
 import time
 
-from conftest import Conn, build_request, free_port, http_get, parallel, timed_get
-from opslib import ops_conf, top_keys
+from conftest import Conn, build_request, free_port, http_get, parallel, read_log, timed_get
+from proxylib import proxy_conf, top_keys
 
 ROUTES = """\
   - name: warm
@@ -30,7 +29,7 @@ KEY = [("X-Api-Key", "k1")]
 
 
 def conf(algo="gcra", backend=None, access_log=None, admin=None):
-    return ops_conf(ROUTES.replace("@ALGO@", algo), admin_port=admin,
+    return proxy_conf(ROUTES.replace("@ALGO@", algo), admin_port=admin,
                     top=top_keys(backend=backend, access_log=access_log))
 
 
@@ -133,14 +132,7 @@ def test_token_bucket_delay_and_metrics_and_log(sluice, redis, tmp_path):
     assert 'sluice_requests_total{route="smooth",decision="delayed"} 4' in body
     assert re.search(r"^sluice_delay_seconds_count 4$", body, re.M), body[-2000:]
     assert "sluice_delay_seconds_bucket{le=" in body
-    lines = []
-    for _ in range(100):
-        lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] \
-            if log.exists() else []
-        lines = [x for x in lines if x["route"] == "smooth"]
-        if len(lines) >= 5:
-            break
-        time.sleep(0.02)
+    lines = read_log(log, 5, keep=lambda x: x["route"] == "smooth")
     assert len(lines) == 5
     delayed = sorted(x["delay_ms"] for x in lines if x["decision"] == "delayed")
     assert len(delayed) == 4 and [x["decision"] for x in lines].count("allowed") == 1

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from opslib import metrics_text, mval, parse_metrics, start_ops, statuses
+from proxylib import metrics_text, mval, parse_metrics, start_proxy, statuses
 
 DASHBOARD = os.path.join(ROOT, "docs", "grafana", "sluice.json")
 ALERTS = os.path.join(ROOT, "docs", "prometheus", "alerts.yml")
@@ -183,7 +183,7 @@ def check_exprs(exprs, scrape):
 def scrape(sluice, own_redis, tmp_path):
     """/metrics of a sluice that saw allowed, limited (Redis, then the deny
     cache), regex-limited, unrouted and Redis-down traffic."""
-    s = start_ops(sluice, ROUTES, redis_port=own_redis.port,
+    s = start_proxy(sluice, ROUTES, redis_port=own_redis.port,
                   top="access_log: %s\n" % (tmp_path / "access.log"))
     key = uuid.uuid4().hex
     assert statuses(s.port, "/lim", 5, [("X-K", key)]) == [200, 200, 429, 429, 429]

@@ -37,13 +37,15 @@ ROUTES = """\
     match: { path: /aon }
     upstream: api
     limits:
-      - { name: A, algorithm: fixed_window, limit: 2, window: 1h, key: ["header:X-User"] }
+      - { name: A, algorithm: fixed_window, limit: 2, window: 1h, key: ["header:X-User"],
+          on_missing_key: pass }
       - { name: B, algorithm: fixed_window, limit: 100, window: 1h, key: ["header:X-K"] }
   - name: aon2
     match: { path: /aon2 }
     upstream: api
     limits:
-      - { name: A, algorithm: sliding_log, limit: 2, window: 10s, key: ["header:X-User"] }
+      - { name: A, algorithm: sliding_log, limit: 2, window: 10s, key: ["header:X-User"],
+          on_missing_key: pass }
       - { name: B, algorithm: token_bucket, rate: 1/s, burst: 50, key: ["header:X-K"] }
       - { name: C, algorithm: gcra, rate: 1/s, burst: 50, key: ["header:X-K"] }
       - { name: D, algorithm: sliding_window, limit: 100, window: 10s, key: ["header:X-K"] }
@@ -177,7 +179,7 @@ def test_denied_request_consumes_nothing(proxy, path):
             r = send(c, path, [("X-K", key), ("X-User", "u1")])
             assert r.status == 429
             assert r.json()["limit"] == "A"
-        # no X-User: only the ip-less B..D limits count this request, and they
+        # no X-User: A passes it (on_missing_key: pass), only B..D count it, and they
         # show that only the 2 allowed requests were taken from them
         r = send(c, path, [("X-K", key)])
         assert r.status == 200, r

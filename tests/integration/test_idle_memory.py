@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import make_conf
-from hardlib import proc_rss_kb
+from loadlib import proc_rss_kb
 
 pytestmark = pytest.mark.slow
 

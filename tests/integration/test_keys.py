@@ -1,8 +1,9 @@
 # sluice - tests/integration/test_keys.py: routing, key sources, X-Forwarded-For, TTLs.
 #
 # Which rule and which counter a request meets: path normalisation tricks,
-# methods and host, each key source, an absent key source, the client address
-# behind trusted and untrusted peers, and the Redis keys sluice leaves behind.
+# methods and host, each key source, an absent key source (counted under the
+# client address), the client address behind trusted and untrusted peers, and
+# the Redis keys sluice leaves behind.
 
 import uuid
 
@@ -196,13 +197,12 @@ def test_key_joined_sources(proxy):
 @pytest.mark.parametrize("target,headers", [
     ("/kh", None), ("/kq", None), ("/kq?other=1", None), ("/kc", None),
     ("/kc", [("Cookie", "a=1")]), ("/kj?b=1", None), ("/kj", [("X-A", "1")])])
-def test_absent_key_source_is_not_counted(proxy, target, headers):
-    for _ in range(6):
+def test_absent_key_source_counts_under_the_address(proxy, target, headers):
+    # on_missing_key: ip (the default); test_key_spellings.py has deny and pass
+    for left in ("1", "0"):
         r = get(proxy.port, target, headers)
-        assert r.status == 200, r
-        h = rl_headers(r)
-        assert "X-RateLimit-Remaining" not in h, r
-        assert "RateLimit" not in h, r
+        assert r.status == 200 and r.header("X-RateLimit-Remaining") == left, r
+    assert get(proxy.port, target, headers).status == 429
 
 
 def test_hostile_key_values_stay_separate(proxy):

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import time
 
-from opslib import start_ops
+from proxylib import start_proxy
 
 ROUTES = """\
   - name: r
@@ -29,13 +29,13 @@ def backlog(port):
 def test_listeners_keep_their_backlog(sluice, redis):
     with open("/proc/sys/net/core/somaxconn") as f:
         somaxconn = int(f.read())
-    s = start_ops(sluice, ROUTES, workers=1)
+    s = start_proxy(sluice, ROUTES, workers=1)
     assert backlog(s.port) == min(4096, somaxconn)
     assert backlog(s.admin_port) == min(128, somaxconn)
 
 
 def test_burst_of_connects_beyond_128_is_accepted_at_once(sluice, redis):
-    s = start_ops(sluice, ROUTES, workers=1)
+    s = start_proxy(sluice, ROUTES, workers=1)
     socks = []
     t0 = time.monotonic()
     try:

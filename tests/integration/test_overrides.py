@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from apilib import api, deny_hits, get_k, poll, start_api, start_pair
-from conftest import http_get, redis_cmd
+from apilib import api, deny_hits, get_k, start_api, start_pair
+from conftest import http_get, redis_cmd, wait_until
 
 ROUTES = """\
   - name: r
@@ -102,7 +102,7 @@ def test_runtime_override_bucket_rate_and_ttl(sluice, redis):
     st = admitted((a, b), "/b", "zed", 3)
     assert st == [200, 200, 200], st
     # refilled at 100/s, not 1/h: a denied one passes again within a second
-    assert poll(lambda: get_k(b, "/b", "zed") == 200 or None, 1.5)[0]
+    assert wait_until(lambda: get_k(b, "/b", "zed") == 200 or None, 1.5)[0]
     # without a ttl the override stays until deleted
     code, doc, _ = api(a, "PUT", "/api/limits/r/fw/override?key=k2", {"limit": 9})
     assert code == 200 and doc["ttl_ms"] is None, doc
@@ -121,8 +121,8 @@ def test_reset_reaches_both_deny_caches(sluice, redis):
     code, doc, _ = api(a, "POST", "/api/limits/r/fw/reset?key=eve")
     assert code == 200 and doc["reset"] is True and doc["existed"] is True, doc
     t0 = time.monotonic()
-    ok_a, _ = poll(lambda: get_k(a, "/r", "eve") == 200 or None, 1.0)
-    ok_b, _ = poll(lambda: get_k(b, "/r", "eve") == 200 or None, 1.0)
+    ok_a, _ = wait_until(lambda: get_k(a, "/r", "eve") == 200 or None, 1.0)
+    ok_b, _ = wait_until(lambda: get_k(b, "/r", "eve") == 200 or None, 1.0)
     took = time.monotonic() - t0
     print("reset: passed again on both proxies %.3f s after the POST" % took)
     assert ok_a and ok_b and took < 1.0, took
@@ -137,7 +137,7 @@ def test_override_write_clears_deny_caches(sluice, redis):
         assert [get_k(s, "/r", "max") for _ in range(2)] == [429, 429]
     code, doc, _ = api(b, "PUT", "/api/limits/r/fw/override?key=max", {"limit": 3})
     assert code == 200, doc
-    ok, _ = poll(lambda: get_k(a, "/r", "max") == 200 or None, 1.0)
+    ok, _ = wait_until(lambda: get_k(a, "/r", "max") == 200 or None, 1.0)
     assert ok, "a still denies max from its deny cache"
 
 
@@ -224,7 +224,7 @@ def test_cluster_override_and_reset(sluice, tmp_path):
             procs.append(s)
         a, b = procs
         for s in procs:         # connected: a decision answers with rate-limit fields
-            ok, _ = poll(lambda: http_get(s.port, "/b", headers=[("X-K", "warm")])
+            ok, _ = wait_until(lambda: http_get(s.port, "/b", headers=[("X-K", "warm")])
                          .header("X-RateLimit-Limit"), 10.0)
             assert ok, s.stderr[-2000:]
         # keys on several slots, so some are on masters the seed is not
@@ -234,12 +234,12 @@ def test_cluster_override_and_reset(sluice, tmp_path):
             assert [get_k(s, "/r", k) for s in (a, b)] == [429, 429]
             code, doc, _ = api(a, "PUT", "/api/limits/r/fw/override?key=" + k, {"limit": 3})
             assert code == 200, doc
-            assert poll(lambda: get_k(b, "/r", k) == 200 or None, 1.0)[0], k
+            assert wait_until(lambda: get_k(b, "/r", k) == 200 or None, 1.0)[0], k
             assert get_k(a, "/r", k) == 429
             code, doc, _ = api(b, "GET", "/api/limits/r/fw?key=" + k)
             assert doc["source"] == "runtime" and doc["remaining"] == 0, doc
             code, doc, _ = api(b, "POST", "/api/limits/r/fw/reset?key=" + k)
             assert code == 200 and doc["existed"] is True, doc
-            assert poll(lambda: get_k(a, "/r", k) == 200 or None, 1.0)[0], k
+            assert wait_until(lambda: get_k(a, "/r", k) == 200 or None, 1.0)[0], k
     finally:
         c.stop()

@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, http_get, make_conf, redis_cmd, rl_headers, timed_get
+from conftest import (Conn, build_request, http_get, make_conf, redis_cmd, rl_headers, timed_get,
+                      wait_until)
 
 ROUTES = """\
   - name: r
@@ -34,13 +35,9 @@ def assert_limiting(port, key):
 
 def wait_limiting_resumes(port, timeout_s=8.0):
     """Poll (bounded) until a decision comes from Redis again; returns seconds."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        r, _ = get(port, uuid.uuid4().hex)
-        if "X-RateLimit-Limit" in rl_headers(r):
-            return time.monotonic() - t0
-        time.sleep(0.1)
-    pytest.fail("limiting did not resume within %.0f s of Redis coming back" % timeout_s)
+    return wait_until(lambda: "X-RateLimit-Limit" in rl_headers(get(port, uuid.uuid4().hex)[0]),
+                      timeout_s, step_s=0.1,
+                      what="limiting to resume after Redis came back")[1]
 
 
 def test_redis_down_allow_then_back(sluice, own_redis):

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import (HERE, ROOT, Conn, build_request, free_port, make_conf,
-                      parallel, rl_headers, timed_get, wait_port)
+                      parallel, rl_headers, timed_get, wait_port, wait_until)
 
 ROUTES = """\
   - name: r
@@ -156,9 +156,7 @@ def test_redis_name_resolves_without_blocking(sluice, own_redis, slow_resolver):
         time.sleep(0.3)
         own_redis.start()
         before = limited[0]
-        deadline = time.monotonic() + 3.0
-        while limited[0] == before and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: limited[0] != before, 3.0, step_s=0.05)
         time.sleep(0.3)
     finally:
         stop.set()

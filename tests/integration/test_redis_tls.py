@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import (RedisError, _resp_encode, _RespReader, free_port, http_get, make_conf,
-                      rl_headers, stop_process, sluice_bin)
+                      rl_headers, stop_process, sluice_bin, wait_until)
 from tlslib import make_ca, make_cert
 
 ROUTES = """\
@@ -54,13 +54,13 @@ class TlsRedis:
              "--tls-ca-cert-file", certs["ca.crt"],
              "--tls-auth-clients", "yes" if auth_clients else "no"] + list(extra),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        def pong():
             try:
-                if self.cmd("PING") == "PONG":
-                    return
+                return self.cmd("PING") == "PONG"
             except (OSError, ConnectionError):
-                time.sleep(0.05)
+                return False
+        if wait_until(pong, 5, step_s=0.05)[0]:
+            return
         self.stop()
         raise RuntimeError("TLS redis-server did not start")
 
@@ -100,14 +100,9 @@ def tls_conf(certs, port, tls_yaml, on_error="deny", scheme="rediss"):
 
 def wait_decided(port, timeout_s=5.0):
     """Poll (bounded) until a request is decided by Redis; returns it or the last."""
-    deadline = time.monotonic() + timeout_s
-    r = None
-    while time.monotonic() < deadline:
-        r = http_get(port, "/x", headers=[("X-K", "probe-%f" % time.monotonic())])
-        if "X-RateLimit-Limit" in rl_headers(r):
-            return r
-        time.sleep(0.05)
-    return r
+    return wait_until(lambda: http_get(port, "/x", headers=[("X-K", "probe-%f" % time.monotonic())]),
+                      timeout_s, until=lambda r: "X-RateLimit-Limit" in rl_headers(r),
+                      step_s=0.05)[0]
 
 
 def assert_limiting(port, key):
@@ -220,10 +215,8 @@ def test_tls_cluster(sluice, tls_redis, certs, tmp_path):
     red = tls_redis(port=port, extra=["--cluster-enabled", "yes", "--tls-cluster", "yes",
                                       "--cluster-config-file", str(tmp_path / "nodes.conf")])
     assert red.cmd("CLUSTER", "ADDSLOTSRANGE", "0", "16383") == "OK"
-    deadline = time.monotonic() + 10
-    while b"cluster_state:ok" not in red.cmd("CLUSTER", "INFO"):
-        assert time.monotonic() < deadline, "the one-node cluster did not become ok"
-        time.sleep(0.05)
+    wait_until(lambda: b"cluster_state:ok" in red.cmd("CLUSTER", "INFO"), 10, step_s=0.05,
+               what="the one-node cluster to become ok")
     conf = make_conf(ROUTES, on_error="deny").replace(
         "  url: redis://127.0.0.1:@REDIS_PORT@/0\n",
         "  cluster: [127.0.0.1:%d]\n  tls:\n    ca_file: %s\n" % (port, certs["ca.crt"]))
@@ -250,15 +243,12 @@ def test_tls_sentinel(sluice, tls_redis, certs, tmp_path):
     try:
         probe = TlsRedis.__new__(TlsRedis)
         probe.port, probe.certs = sport, certs
-        deadline = time.monotonic() + 10
-        while True:
+        def master_known():
             try:
-                if probe.cmd("SENTINEL", "get-master-addr-by-name", "tlsmaster"):
-                    break
+                return probe.cmd("SENTINEL", "get-master-addr-by-name", "tlsmaster")
             except (OSError, ConnectionError, RedisError):
-                pass
-            assert time.monotonic() < deadline, "the TLS sentinel did not answer"
-            time.sleep(0.05)
+                return None
+        wait_until(master_known, 10, step_s=0.05, what="the TLS sentinel to answer")
         conf = make_conf(ROUTES, on_error="deny").replace(
             "  url: redis://127.0.0.1:@REDIS_PORT@/0\n",
             "  sentinel:\n    master: tlsmaster\n    nodes: [127.0.0.1:%d]\n"

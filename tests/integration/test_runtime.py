@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from conftest import Conn, build_request, free_port, http_get, redis_clients, redis_keys
-from opslib import metrics, mval, start_ops, wait_metric
+from conftest import (Conn, build_request, free_port, http_get, redis_clients, redis_keys,
+                      wait_until)
+from proxylib import metrics, mval, start_proxy, wait_metric
 
 ROUTES = """\
   - name: lim
@@ -43,12 +44,8 @@ def sluice_conns(redis_port):
 
 def wait_conns(redis_port, want, timeout_s=WAIT_S):
     """Poll (bounded) until sluice holds `want` connections; the last count."""
-    deadline = time.monotonic() + timeout_s
-    n = sluice_conns(redis_port)
-    while n != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        n = sluice_conns(redis_port)
-    return n
+    return wait_until(lambda: sluice_conns(redis_port), timeout_s, until=lambda n: n == want,
+                      step_s=0.05)[0]
 
 
 def reload(s, text):
@@ -78,12 +75,7 @@ def readyz(s):
 
 
 def wait_readyz(s, want, timeout_s=WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    st = readyz(s)
-    while st != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        st = readyz(s)
-    return st
+    return wait_until(lambda: readyz(s), timeout_s, until=lambda st: st == want, step_s=0.05)[0]
 
 
 def connected(s):
@@ -91,12 +83,7 @@ def connected(s):
 
 
 def wait_connected(s, want, timeout_s=WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    v = connected(s)
-    while v != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-        v = connected(s)
-    return v
+    return wait_until(lambda: connected(s), timeout_s, until=lambda v: v == want, step_s=0.05)[0]
 
 
 def close_get(port, path):
@@ -104,7 +91,7 @@ def close_get(port, path):
 
 
 def test_six_reloads_leave_only_the_current_connections(sluice, own_redis):
-    s = start_ops(sluice, ROUTES, workers=2, redis_port=own_redis.port)
+    s = start_proxy(sluice, ROUTES, workers=2, redis_port=own_redis.port)
     base = s.conf_path.read_text()
     assert wait_conns(own_redis.port, 2) == 2
     for i in range(6):
@@ -118,7 +105,7 @@ def test_six_reloads_leave_only_the_current_connections(sluice, own_redis):
 
 
 def test_reload_to_dead_redis_is_not_ready_and_back(sluice, own_redis):
-    s = start_ops(sluice, ROUTES, workers=2, redis_port=own_redis.port, on_error="deny")
+    s = start_proxy(sluice, ROUTES, workers=2, redis_port=own_redis.port, on_error="deny")
     base = s.conf_path.read_text()
     assert readyz(s) == 200
     assert wait_connected(s, 2) == 2
@@ -147,7 +134,7 @@ def _to_cluster(text, port):
 
 
 def _section_change_is_noticed(sluice, own_redis, change):
-    s = start_ops(sluice, ROUTES, workers=2, redis_port=own_redis.port, on_error="deny")
+    s = start_proxy(sluice, ROUTES, workers=2, redis_port=own_redis.port, on_error="deny")
     base = s.conf_path.read_text()
     assert wait_conns(own_redis.port, 2) == 2
     # nothing answers there: the new backend never connects
@@ -173,7 +160,7 @@ def test_request_in_flight_keeps_its_runtime_until_it_ends(sluice, own_redis):
     """A slow request decided before a reload finishes on its old runtime;
     that runtime's Redis connection closes when the request ends, even though
     its keep-alive connection stays open."""
-    s = start_ops(sluice, ROUTES, workers=1, redis_port=own_redis.port)
+    s = start_proxy(sluice, ROUTES, workers=1, redis_port=own_redis.port)
     base = s.conf_path.read_text()
     assert wait_conns(own_redis.port, 1) == 1
     with Conn(s.port) as c:
@@ -201,7 +188,7 @@ def test_reload_to_a_live_sentinel_and_back(sluice, own_redis, tmp_path):
     from clusterlib import SentinelSet
     ss = SentinelSet(tmp_path).start()
     try:
-        s = start_ops(sluice, ROUTES, workers=2, redis_port=own_redis.port, on_error="deny")
+        s = start_proxy(sluice, ROUTES, workers=2, redis_port=own_redis.port, on_error="deny")
         base = s.conf_path.read_text()
         assert wait_conns(own_redis.port, 2) == 2
         text = re.sub(r"(?m)^  url: .*$", "  sentinel:\n    master: mymaster\n    nodes: [%s]"

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import http_get
+from conftest import http_get, wait_until
 from clusterlib import Load, SentinelSet
 
 pytestmark = pytest.mark.slow
@@ -51,12 +51,9 @@ def limited(port, key):
 
 def wait_limiting(port, timeout_s):
     """Seconds until a fresh key gets 200 200 200 429 with headers, or None."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if limited(port, uuid.uuid4().hex) == [(200, True)] * 3 + [(429, True)]:
-            return time.monotonic() - t0
-        time.sleep(0.1)
-    return None
+    ok, took = wait_until(lambda: limited(port, uuid.uuid4().hex) == [(200, True)] * 3 + [(429, True)],
+                          timeout_s, step_s=0.1)
+    return took if ok else None
 
 
 def test_sentinel_follows_failover(tmp_path, sluice):
@@ -70,16 +67,14 @@ def test_sentinel_follows_failover(tmp_path, sluice):
                     max_requests=100000, max_s=40, pause_s=0.02).start()
         killed_at = time.monotonic()
         ss.kill(ss.master_port)
-        switched_at = None
-        while time.monotonic() - killed_at < 30:
+        def master():
             try:
-                if ss.master() == ss.replica_port:
-                    switched_at = time.monotonic()
-                    break
+                return ss.master()
             except Exception:
-                pass
-            time.sleep(0.05)
-        assert switched_at is not None, "the sentinels did not fail over"
+                return None
+        wait_until(master, 30, until=lambda m: m == ss.replica_port, step_s=0.05,
+                   what="the sentinels to fail over")
+        switched_at = time.monotonic()
         resume_s = wait_limiting(s.port, 10)
         results = load.stop()
         errors = [r for r in results if r[1] not in (200, 429)]

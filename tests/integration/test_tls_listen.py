@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from conftest import Conn, build_request, free_port, sluice_bin
-from opslib import metrics, mval, wait_metric
+from conftest import Conn, build_request, free_port, read_log, sluice_bin, wait_until
+from proxylib import metrics, mval, wait_metric
 from tls_listen_lib import start_tls, tls_listen_conf
 from tlslib import CA
 
@@ -137,13 +137,7 @@ def test_keep_alive_forwarded_proto_and_access_log(sluice, redis, pki, tmp_path)
     assert p.returncode == 0, p.stderr
     err = p.stderr.decode()
     assert "Re-using existing connection" in err and "ALPN: server accepted http/1.1" in err, err
-    deadline = time.monotonic() + 3
-    lines = []
-    while time.monotonic() < deadline:
-        lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
-        if len(lines) >= 6:
-            break
-        time.sleep(0.05)
+    lines = read_log(log, 6)
     by_path = {x["path"]: x["tls"] for x in lines}
     assert by_path["/ka/0"] == "TLSv1.3" and by_path["/ka/2"] == "TLSv1.3", lines
     assert by_path["/plain"] == "", lines
@@ -317,9 +311,7 @@ def test_sighup_reloads_certificates_under_load(sluice, redis, pki, tmp_path):
             os.kill(s.proc.pid, signal.SIGHUP)
             wait_reload(s, before + 1)
         # Enough handshakes around the reloads, also under a sanitizer.
-        deadline = time.monotonic() + 10
-        while results["ok"] < 30 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: results["ok"] >= 30, 10, step_s=0.05)
     finally:
         stop.set()
         for t in threads:
@@ -337,9 +329,7 @@ def test_sighup_reloads_certificates_under_load(sluice, redis, pki, tmp_path):
     shutil.copyfile(first[1], live[1] + ".tmp")
     os.replace(live[1] + ".tmp", live[1])
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 5
-    while "reload failed" not in s.stderr and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: "reload failed" in s.stderr, 5, step_s=0.05)
     want = "%s:6:11: listen[1].tls.certificates[0]: key_file '%s' does not match" % (
         s.conf_path, live[1])
     assert want in s.stderr, s.stderr

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from conftest import Conn, build_request, free_port, stop_process, wait_port, http_get
-from opslib import LoopbackServer
+from conftest import Conn, build_request, free_port, stop_process, wait_port, wait_until, http_get
+from proxylib import LoopbackServer
 from tlslib import OPENSSL, make_ca, make_cert, make_key
 
 NGINX = "/usr/sbin/nginx"
@@ -112,14 +112,11 @@ http {
         """[(connection, requests_on_it, reused, protocol, client_verify,
         uri, sni)] of the requests whose uri starts with prefix, once there are
         count of them (nginx logs after it answered), or after 2 s."""
-        deadline = time.monotonic() + 2
-        while True:
+        def read():
             with open(self.log) as f:
                 out = [ln.split() for ln in f.read().splitlines() if ln.strip()]
-            out = [ln for ln in out if len(ln) == 7 and ln[5].startswith(prefix)]
-            if len(out) >= count or time.monotonic() > deadline:
-                return out
-            time.sleep(0.02)
+            return [ln for ln in out if len(ln) == 7 and ln[5].startswith(prefix)]
+        return wait_until(read, 2, until=lambda out: len(out) >= count)[0]
 
     def stop(self):
         stop_process(self.proc)
@@ -564,13 +561,9 @@ def reload(s, text):
     failed = metrics(s).count('result="error"} 1')
     s.conf_path.write_text(text)
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        m = metrics(s)
-        if reloads_ok(s) > before or m.count('result="error"} 1') > failed:
-            return reloads_ok(s) > before
-        time.sleep(0.05)
-    raise AssertionError("no reload seen")
+    wait_until(lambda: reloads_ok(s) > before or metrics(s).count('result="error"} 1') > failed,
+               5, step_s=0.05, what="a reload")
+    return reloads_ok(s) > before
 
 
 def test_reload_builds_new_contexts_in_flight_keep_theirs(sluice, pki):

@@ -21,9 +21,9 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, free_port, http_get, wait_port
-from hardlib import proc_rss_kb
-from opslib import metrics, mval, ops_conf, start_ops, statuses
+from conftest import Conn, build_request, free_port, http_get, wait_port, wait_until
+from loadlib import proc_rss_kb
+from proxylib import metrics, mval, proxy_conf, start_proxy, statuses
 
 ROUTES = """\
   - name: lim
@@ -83,7 +83,7 @@ def pipeline(port, path, keys, expect=b"HTTP/1.1 429 "):
 
 
 def test_top_names_the_flooded_key_first(sluice):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     flood, others = "flood-" + uuid.uuid4().hex[:8], ["calm-%d-%s" % (i, uuid.uuid4().hex[:6])
                                                        for i in range(5)]
     # the flood over a few connections (the kernel spreads them over both
@@ -111,7 +111,7 @@ def test_top_names_the_flooded_key_first(sluice):
 
 
 def test_top_escapes_and_bounds_client_keys(sluice):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     hostile = 'a"b\\c<img src=x onerror=alert(1)>\tz' + uuid.uuid4().hex[:6]
     latin = "caf\xe9-" + uuid.uuid4().hex[:6]           # a byte >= 0x80
     long_key = "L" * 200 + uuid.uuid4().hex              # over the 160 bytes kept
@@ -134,7 +134,7 @@ def test_top_escapes_and_bounds_client_keys(sluice):
 
 
 def test_stats_fields_and_counts(sluice, tmp_path):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     key = uuid.uuid4().hex
     # 2 allowed then 6 limited: the first by Redis, then the deny cache
     assert statuses(s.port, "/lim", 8, [("X-K", key)]) == [200] * 2 + [429] * 6
@@ -160,14 +160,24 @@ def test_stats_fields_and_counts(sluice, tmp_path):
     assert hits >= 1 and st["deny_cache"]["hits_total"] == hits
     assert st["deny_cache"]["hits_window"] == hits
     assert st["workers"] == 2
-    assert st["connections"]["client"] >= 0 and st["connections"]["upstream"] >= 0
+    # The connection gauges: one client connection held open now (statuses()
+    # closed its own), and the idle upstream connections the workers keep.
+    with Conn(s.port) as held:
+        held.send(build_request("GET", "/free"))
+        assert held.read_response().status == 200
+        conns, _ = wait_until(lambda: api(s.admin_port, "/api/stats")["connections"],
+                              until=lambda c: c["client"] == 1)
+    assert conns["client"] == 1, conns
+    assert 1 <= conns["upstream"] <= 2, conns        # one keep-alive pool per worker
     redis = st["redis"]
     assert redis["backend"] == "redis" and redis["state"] == "up" and redis["connected"] == 2
     lat = redis["latency_ms"]
     assert lat["samples"] >= 3 and 0 < lat["p50"] <= lat["p99"] < 1000, lat
     assert st["top"][0]["key"] == [key] and st["top"][0]["count"] == 6
     cfg = st["config"]
-    assert cfg["last_reload"] == {"ok": True, "at": cfg["last_reload"]["at"], "error": None}
+    last = cfg["last_reload"]
+    assert set(last) == {"ok", "at", "error"} and last["ok"] is True and last["error"] is None
+    assert abs(last["at"] - mval(ms, "sluice_config_last_reload_timestamp_seconds")) < 0.01
     assert abs(cfg["loaded_at"] - time.time()) < 60 and 0 < cfg["load_ms"] < 5000
     assert mval(ms, "sluice_config_last_reload_success") == 1
     loaded = mval(ms, "sluice_config_load_timestamp_seconds")
@@ -178,10 +188,8 @@ def test_stats_fields_and_counts(sluice, tmp_path):
     s.conf_path.write_text(good + "  - name: [broken\n")
     time.sleep(0.05)
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 5
-    while api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"]:
-        assert time.monotonic() < deadline, "the failed reload never showed"
-        time.sleep(0.05)
+    wait_until(lambda: not api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"], 5,
+               step_s=0.05, what="the failed reload to show")
     bad = api(s.admin_port, "/api/stats")["config"]
     assert bad["last_reload"]["error"] and str(s.conf_path) in bad["last_reload"]["error"]
     assert bad["loaded_at"] == cfg["loaded_at"] and bad["reloads"]["failed"] == 1
@@ -192,16 +200,14 @@ def test_stats_fields_and_counts(sluice, tmp_path):
     # fixed: ok again
     s.conf_path.write_text(good)
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 5
-    while not api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"]:
-        assert time.monotonic() < deadline, "the good reload never showed"
-        time.sleep(0.05)
+    wait_until(lambda: api(s.admin_port, "/api/stats")["config"]["last_reload"]["ok"], 5,
+               step_s=0.05, what="the good reload to show")
     assert mval(metrics(s.admin_port), "sluice_config_last_reload_success") == 1
     assert statuses(s.port, "/free", 1) == [200]
 
 
 def test_stats_on_the_memory_backend_and_head(sluice):
-    s = start_ops(sluice, ROUTES, top="backend: memory\n", wait_redis=False,
+    s = start_proxy(sluice, ROUTES, top="backend: memory\n", wait_redis=False,
                   redis_port=free_port())
     assert statuses(s.port, "/lim", 3, [("X-K", "m")]) == [200, 200, 429]
     st = api(s.admin_port, "/api/stats")
@@ -219,7 +225,7 @@ def test_summary_memory_is_fixed(sluice, nkeys):
     among them (1 in 26): the summary stays at 2 x 64 counters per worker,
     the flooded key stays first, and RSS stays flat."""
     admin_port = free_port()
-    text = ops_conf(DENY_ROUTES, workers=2, admin_port=admin_port,
+    text = proxy_conf(DENY_ROUTES, workers=2, admin_port=admin_port,
                     top="backend: memory\nmemory: { max_keys: 2000 }\n"
                         "deny_cache: { max_keys: 2000 }\n")
     # Under ASan, freed memory waits in a 256 MB quarantine: RSS would

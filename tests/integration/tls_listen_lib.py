@@ -3,14 +3,14 @@
 # TLS listener, and a sluice started on it. Their certificates: tlslib.CA.
 
 from conftest import free_port
-from opslib import ops_conf
+from proxylib import proxy_conf
 
 
 def tls_listen_conf(routes, certs, tls_port, min_version=None, **kw):
-    """ops_conf() whose listen: is the plain @LISTEN_PORT@ (first, so the
+    """proxy_conf() whose listen: is the plain @LISTEN_PORT@ (first, so the
     factory waits on it) and a TLS listener on tls_port with certs, a list
     of (cert_file, key_file)."""
-    text = ops_conf(routes, **kw)
+    text = proxy_conf(routes, **kw)
     entries = "".join("        - { cert_file: %s, key_file: %s }\n" % c for c in certs)
     listen = ("listen:\n  - 127.0.0.1:@LISTEN_PORT@\n  - address: 127.0.0.1:%d\n    tls:\n"
               "%s      certificates:\n%s"

@@ -244,6 +244,23 @@ static void test_on_error_local(void **state)
     teardown(fx);
 }
 
+/* A limit the memory limiter cannot compute (here a window of 0, which the
+ * config never gives): its error is a 503 counted as an error, never a
+ * request passed without a limit, under backend: memory and under
+ * on_error: local (even with on_error's fallback being allow). */
+static void test_memory_error_is_503(void **state)
+{
+    for (int redis = 0; redis < 2; redis++) {
+        struct fixture *fx = setup(redis ? "local" : "allow", redis);
+        struct conf_route *r = (struct conf_route *)route_named(fx->conf, "one");
+        r->limits[0].params.window_ms = 0;
+        assert_int_equal(decide_path(fx, "one", "/one"), DECIDE_UNAVAILABLE);
+        assert_false(fx->dec.have_limits);
+        assert_int_equal(fx->dec.decision, METRICS_ERROR);
+        teardown(fx);
+    }
+}
+
 static void test_cancelled_call_never_calls_back(void **state)
 {
     static const struct http1_head empty_head = { .host = -1 };
@@ -272,6 +289,7 @@ int main(void)
         cmocka_unit_test(test_on_error_deny),
         cmocka_unit_test(test_on_error_allow),
         cmocka_unit_test(test_on_error_local),
+        cmocka_unit_test(test_memory_error_is_503),
         cmocka_unit_test(test_cancelled_call_never_calls_back),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

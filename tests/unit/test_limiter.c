@@ -444,6 +444,51 @@ static void test_huge_cost(void **state)
     }
 }
 
+/* Window limits whose limit x window_ms is beyond 2^53 (and, at the config's
+ * bounds, 1e9 per 3650 days, beyond int64): valid, and counted exactly as
+ * limit.lua counts them: L pass, the next is denied until the window moves,
+ * and half a window later sliding_window's previous L weigh L/2. */
+static void test_large_windows(void **state)
+{
+    static const int64_t lw[][2] = {
+        { 5000000, 30LL * 86400000 }, { 300000, 365LL * 86400000 },
+        { 1000000000, 3650LL * 86400000 },
+    };
+    static const enum limiter_algo algos[] = { LIMITER_FIXED_WINDOW, LIMITER_SLIDING_WINDOW,
+                                               LIMITER_SLIDING_LOG };
+    for (int i = 0; i < 3; i++)
+        for (int a = 0; a < 3; a++) {
+            int64_t L = lw[i][0], W = lw[i][1], t0 = 5 * W * 1000;   /* a window's start */
+            struct limiter_params p = { algos[a], L, W, 0 };
+            struct limiter_state s;
+            struct limiter_result r;
+            struct lrun run;
+            assert_int_equal(limiter_valid(&p, 1), 0);
+            limiter_state_init(&s, malloc(sizeof(struct limiter_log_entry)), 1);
+            assert_true(limiter_check(&s, &p, L - 1, t0, &r));
+            assert_int_equal(r.remaining, 1);
+            lrun_room(&s);
+            limiter_commit(&s, &p, L - 1, t0);
+            assert_true(limiter_check(&s, &p, 1, t0 + 1000, &r));
+            assert_int_equal(r.remaining, 0);
+            lrun_room(&s);
+            limiter_commit(&s, &p, 1, t0 + 1000);
+            assert_false(limiter_check(&s, &p, 1, t0 + 2000, &r));
+            assert_int_equal(r.remaining, 0);
+            assert_int_equal(r.limit, L);
+            assert_true(r.retry_ms >= 1 && r.retry_ms <= 2 * W);    /* sliding: next window + decay */
+            if (algos[a] == LIMITER_SLIDING_WINDOW) {
+                assert_true(limiter_check(&s, &p, 1, t0 + W * 1000 + W * 500, &r));
+                assert_int_equal(r.remaining, L / 2 - 1);
+            }
+            run.st[0] = s;
+            lrun_free(&run, 1);
+        }
+    /* token_bucket and gcra still need limit x interval_us within 2^53 */
+    struct limiter_params b = { LIMITER_GCRA, 1000000000, 0, 10000000 };
+    assert_int_equal(limiter_valid(&b, 1), -1);
+}
+
 /* The ring stays sorted through growth, wrap-around and a clock gone back. */
 static void test_log_ring(void **state)
 {
@@ -475,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_expiry),
         cmocka_unit_test(test_valid),
         cmocka_unit_test(test_huge_cost),
+        cmocka_unit_test(test_large_windows),
         cmocka_unit_test(test_log_ring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

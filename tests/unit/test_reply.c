@@ -85,7 +85,7 @@ static struct limiter_result *fx_limit(struct fixture *f, const char *name, int6
     return &f->rl.r[i];
 }
 
-/* The README's example: one limit, 10 per minute, denied for 14.2 s more. */
+/* The example in docs/algorithms.md (Responses): one limit, 10 per minute, denied for 14.2 s more. */
 static void fx_readme(struct fixture *f, enum conf_headers mode)
 {
     fx_init(f, "default", mode);

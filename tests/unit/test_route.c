@@ -709,6 +709,15 @@ static const struct key_case key_cases[] = {
     { "PATCH /a HTTP/1.1\r\n\r\n", { { CONF_KEY_METHOD, NULL, 0 } }, 1, "sluice:{r|l|5:PATCH}" },
     { "GET /a/./b/%63?x=1 HTTP/1.1\r\n\r\n", { { CONF_KEY_PATH, NULL, 0 } }, 1,
       "sluice:{r|l|6:/a/b/c}" },
+    /* a path key without trailing '/' and whitespace, as a prefix route meets it */
+    { "GET /a/b/ HTTP/1.1\r\n\r\n", { { CONF_KEY_PATH, NULL, 0 } }, 1, "sluice:{r|l|4:/a/b}" },
+    { "GET /a/b%20 HTTP/1.1\r\n\r\n", { { CONF_KEY_PATH, NULL, 0 } }, 1,
+      "sluice:{r|l|4:/a/b}" },
+    { "GET /a/b/%20/%09%0A HTTP/1.1\r\n\r\n", { { CONF_KEY_PATH, NULL, 0 } }, 1,
+      "sluice:{r|l|4:/a/b}" },
+    { "GET /a%20b HTTP/1.1\r\n\r\n", { { CONF_KEY_PATH, NULL, 0 } }, 1,
+      "sluice:{r|l|4:/a b}" },
+    { "GET /%20 HTTP/1.1\r\n\r\n", { { CONF_KEY_PATH, NULL, 0 } }, 1, "sluice:{r|l|1:/}" },
     { "GET /a HTTP/1.1\r\n\r\n", { { CONF_KEY_IP, NULL, 0 }, { CONF_KEY_METHOD, NULL, 0 } },
       2, "sluice:{r|l|9:192.0.2.13:GET}" },
     { "GET /a HTTP/1.1\r\n\r\n", { { 0 } }, 0, "sluice:{r|l|}" },
@@ -772,6 +781,33 @@ static const struct key_case key_cases[] = {
     { "GET /p HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
     { "GET /p? HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
     { "GET /id=1 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "id") }, 1, NULL },
+    /* names as PHP reads them; ';' splits pairs as Rack 2 and old Go and Python do */
+    { "GET /p?api.key=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?api+key=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?api%20key=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?api[key=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?+%20api_key=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?api_key%00x=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?x=1;api_key=K;y=2 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?a[b.c=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "a_b_c") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?api_key=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api.key") }, 1,
+      "sluice:{r|l|1:K}" },
+    { "GET /p?api_key=1&api.key=2 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      AMBIG },
+    { "GET /p?api_key=1;api_key=2 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1,
+      AMBIG },
+    /* an array of another name, and names that stay other names */
+    { "GET /p?api[key]=K&api_key[]=J&apikey=1&api__key=2 HTTP/1.1\r\n\r\n",
+      { KS(CONF_KEY_QUERY, "api_key") }, 1, NULL },
+    { "GET /p?api_key%2Ex=K HTTP/1.1\r\n\r\n", { KS(CONF_KEY_QUERY, "api_key") }, 1, NULL },
     /* cookie */
     { "GET / HTTP/1.1\r\nCookie: a=1; sid=xyz; sid=2\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") },
       1, AMBIG },
@@ -807,6 +843,17 @@ static const struct key_case key_cases[] = {
     { "GET / HTTP/1.1\r\nX-Cookie: sid=1\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1, NULL },
     { "GET / HTTP/1.1\r\nCookie: ;;; \r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1, NULL },
     { "GET /?sid=1 HTTP/1.1\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1, NULL },
+    /* names decoded (PHP, Rack); ',' splits as ';' (RFC 2109, Rack 2) */
+    { "GET / HTTP/1.1\r\nCookie: %73id=q\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|1:q}" },
+    { "GET / HTTP/1.1\r\nCookie: x=1, sid=q\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|1:q}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=q,x=1\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      "sluice:{r|l|1:q}" },
+    { "GET / HTTP/1.1\r\nCookie: s.id=q\r\n\r\n", { KS(CONF_KEY_COOKIE, "s_id") }, 1,
+      "sluice:{r|l|1:q}" },
+    { "GET / HTTP/1.1\r\nCookie: sid=1, %73id=2\r\n\r\n", { KS(CONF_KEY_COOKIE, "sid") }, 1,
+      AMBIG },
 };
 
 static void test_key_table(void **state)
@@ -953,6 +1000,80 @@ static void test_key_too_long(void **state)
     key_conf.redis.prefix = "sluice:";
 }
 
+/* capture:1 of a path whose group is the whole path after "/u/": a number
+ * keys as its value, a control byte elsewhere is refused. */
+static long capture_key(const char *path, char *out)
+{
+    struct conf_keysrc ks[] = { { CONF_KEY_CAPTURE, NULL, 0, 1 } };
+    struct conf_limit l = { .name = "l", .keys = ks, .nkeys = 1 };
+    struct http1_head h = { 0 };
+    struct route_captures caps = { .n = 2, .set = 3, .off = { 0, 3 },
+                                   .len = { strlen(path), strlen(path) - 3 } };
+    struct route_req req = { .buf = "", .h = &h, .ip = "192.0.2.1", .iplen = 9,
+                             .path = path, .pathlen = strlen(path), .caps = &caps };
+    return route_key(&key_conf, &key_route, &l, &req, out);
+}
+
+static void test_key_capture_numbers(void **state)
+{
+    static const struct { const char *path, *want; } cases[] = {
+        { "/u/7", "sluice:{r|l|1:7}" },
+        { "/u/7\n", "sluice:{r|l|1:7}" },
+        { "/u/ 7 ", "sluice:{r|l|1:7}" },
+        { "/u/\xef\xbc\x97", "sluice:{r|l|1:7}" },            /* U+FF17 */
+        { "/u/\xd9\xa7", "sluice:{r|l|1:7}" },                /* U+0667 */
+        { "/u/007", "sluice:{r|l|1:7}" },
+        { "/u/+7", "sluice:{r|l|1:7}" },
+        { "/u/\xe3\x80\x80" "7\xc2\xa0", "sluice:{r|l|1:7}" },   /* U+3000, U+00A0 */
+        { "/u/1_000", "sluice:{r|l|4:1000}" },
+        { "/u/-7", "sluice:{r|l|2:-7}" },
+        { "/u/-0", "sluice:{r|l|1:0}" },
+        { "/u/000", "sluice:{r|l|1:0}" },
+        { "/u/\xef\xbc\x91\xef\xbc\x90", "sluice:{r|l|2:10}" },
+        /* not numbers: their bytes */
+        { "/u/7a", "sluice:{r|l|2:7a}" },
+        { "/u/1__0", "sluice:{r|l|4:1__0}" },
+        { "/u/_1", "sluice:{r|l|2:_1}" },
+        { "/u/1_", "sluice:{r|l|2:1_}" },
+        { "/u/+", "sluice:{r|l|1:+}" },
+        { "/u/7 7", "sluice:{r|l|3:7 7}" },
+        { "/u/", "sluice:{r|l|0:}" },
+        { "/u/\xef\xbc", "sluice:{r|l|2:\xef\xbc}" },
+        { "/u/ali\xc3\xa7" "e", "sluice:{r|l|6:ali\xc3\xa7" "e}" },
+    };
+    char out[ROUTE_MAX_KEY];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        long n = capture_key(cases[i].path, out);
+        if (n != (long)strlen(cases[i].want) || strcmp(out, cases[i].want) != 0)
+            fail_msg("case %zu: expected '%s', got %ld '%s'", i, cases[i].want, n,
+                     n > 0 ? out : "");
+    }
+    static const char *const refused[] = { "/u/7\nx", "/u/a\tb", "/u/\x7f", "/u/x\n",
+                                           "/u/\x1c" "7" };    /* int() refuses U+001C */
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        assert_int_equal(capture_key(refused[i], out), ROUTE_KEY_BAD);
+
+    /* an override or the admin API names the key in any of these spellings */
+    struct conf_keysrc ks[] = { { CONF_KEY_CAPTURE, NULL, 0, 1 }, { CONF_KEY_PATH, NULL, 0 } };
+    struct conf_limit l = { .name = "l", .keys = ks, .nkeys = 2 };
+    const char *parts[] = { "+007", "/a/b/ " };
+    size_t lens[] = { 4, 6 };
+    assert_int_equal(route_key_parts(&key_conf, &key_route, &l, parts, lens, 2, out), 22);
+    assert_string_equal(out, "sluice:{r|l|1:74:/a/b}");
+}
+
+/* An absent source under on_missing_key: ip: the address, after "!ip|". */
+static void test_key_fallback(void **state)
+{
+    struct conf_limit l = { .name = "l" };
+    struct http1_head h = { 0 };
+    struct route_req req = { .buf = "", .h = &h, .ip = "192.0.2.1", .iplen = 9 };
+    char out[ROUTE_MAX_KEY];
+    long n = route_key_fallback(&key_conf, &key_route, &l, &req, out);
+    assert_string_equal(out, "sluice:{r|l|!ip|9:192.0.2.1}");
+    assert_int_equal(n, (long)strlen(out));
+}
+
 /* Prefix first, then the hash tag around everything that varies. */
 static void test_key_shape(void **state)
 {
@@ -1049,6 +1170,8 @@ int main(void)
         cmocka_unit_test(test_key_long_parts),
         cmocka_unit_test(test_key_too_long),
         cmocka_unit_test(test_key_shape),
+        cmocka_unit_test(test_key_capture_numbers),
+        cmocka_unit_test(test_key_fallback),
         cmocka_unit_test(test_with_http1_parser),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

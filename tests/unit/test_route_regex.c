@@ -77,7 +77,7 @@ struct sem_case {
 };
 
 static const struct sem_case sem_cases[] = {
-    /* Unanchored unless it says ^ / $ (README: "not anchored unless it says ^"). */
+    /* Unanchored unless it says ^ / $ (docs/configuration.md: "not anchored unless it says ^"). */
     { "/login", "/a/login/b", 0, 1, NULL },
     { "^/login", "/a/login", 0, 0, NULL },
     { "/login$", "/a/login", 0, 1, NULL },

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_framing.py: framing and rewriting (issue 9,
+# sluice - tests/integration/test_framing.py: framing and rewriting (issue 9,
 # items 1, 2, 10 and 11).
 #
 # Request smuggling through `Connection: Content-Length` (and Transfer-Encoding,
@@ -6,7 +6,7 @@
 # the process (a stray CRLF before the status line), interim responses without
 # end, and the fields sluice rewrites on the way up (underscores, Forwarded and
 # friends from untrusted peers, Upgrade: h2c) and down (101, 204, 304). Each
-# hostile upstream is a raw-socket server in this process (opslib.LoopbackServer)
+# hostile upstream is a raw-socket server in this process (proxylib.LoopbackServer)
 # that records every request head it read and answers with scripted bytes.
 
 import time
@@ -14,8 +14,8 @@ import time
 import pytest
 
 from conftest import Conn, make_conf
-from hardlib import hard_conf, proc_cpu_s
-from opslib import LoopbackServer
+from loadlib import client_conf, proc_cpu_s
+from proxylib import LoopbackServer
 
 ROUTES = """\
   - name: all
@@ -435,7 +435,7 @@ def test_underscore_fields_dropped_by_default(scripted):
 @pytest.mark.parametrize("mode,status,forwarded", [("pass", 200, True), ("reject", 400, False),
                                                    ("drop", 200, False)])
 def test_underscore_headers_modes(scripted, mode, status, forwarded):
-    up, proxy = scripted(ok, conf=hard_conf(ROUTES, client={"underscore_headers": mode}))
+    up, proxy = scripted(ok, conf=client_conf(ROUTES, client={"underscore_headers": mode}))
     with Conn(proxy.port, timeout_s=3) as c:
         c.send(b"GET /x HTTP/1.1\r\nHost: x\r\nX_Api_Key: k\r\n\r\n")
         assert c.read_response().status == status

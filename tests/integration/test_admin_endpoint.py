@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_admin.py: the admin endpoint.
+# sluice - tests/integration/test_admin_endpoint.py: the admin endpoint.
 #
 # /healthz, /readyz (Redis up, Redis down under on_error deny and allow),
 # every metric name of issue 3 in a parseable exposition, counters that move
@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, free_port, http_get
-from opslib import (has_series, metrics, metrics_text, mval, parse_metrics, series,
-                    start_ops, statuses, wait_metric)
+from conftest import Conn, build_request, free_port, http_get, wait_until
+from proxylib import (has_series, metrics, metrics_text, mval, parse_metrics, series,
+                    start_proxy, statuses, wait_metric)
 
 ROUTES = """\
   - name: m
@@ -62,7 +62,7 @@ def hist_ok(ms, name):
 
 
 def test_healthz_readyz_and_not_public(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     assert http_get(s.admin_port, "/healthz").status == 200
     assert http_get(s.admin_port, "/readyz").status == 200
     # the admin paths are not on the public listener: no route matches there
@@ -71,7 +71,7 @@ def test_healthz_readyz_and_not_public(sluice, redis):
 
 
 def test_every_metric_name_and_type(sluice, redis):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     statuses(s.port, "/m", 4, [("X-K", uuid.uuid4().hex)])
     text = metrics_text(s.admin_port)
     for name, kind in NAMES.items():
@@ -90,7 +90,7 @@ def test_every_metric_name_and_type(sluice, redis):
 
 
 def test_counters_are_exact(sluice, redis):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     b = metrics(s.admin_port)
     n_ok, n_limited = 3, 4
     got = statuses(s.port, "/m", n_ok + n_limited, [("X-K", uuid.uuid4().hex)])
@@ -118,7 +118,7 @@ def test_counters_are_exact(sluice, redis):
 
 
 def test_shadow_limited_counter(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     b = metrics(s.admin_port)
     got = statuses(s.port, "/sh", 4, [("X-K", uuid.uuid4().hex)])
     assert got == [200] * 4
@@ -130,7 +130,7 @@ def test_shadow_limited_counter(sluice, redis):
 
 def test_error_decisions_and_redis_errors(sluice):
     # Redis never reachable, on_error allow: forwarded, counted as error
-    s = start_ops(sluice, ROUTES, redis_port=free_port(), wait_redis=False)
+    s = start_proxy(sluice, ROUTES, redis_port=free_port(), wait_redis=False)
     b = metrics(s.admin_port)
     got = statuses(s.port, "/m", 5, [("X-K", uuid.uuid4().hex)])
     assert got == [200] * 5
@@ -141,7 +141,7 @@ def test_error_decisions_and_redis_errors(sluice):
 
 
 def test_connection_gauges(sluice, redis):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     base = mval(metrics(s.admin_port), "sluice_connections", side="client")
     conns = [Conn(s.port) for _ in range(5)]
     try:
@@ -154,16 +154,13 @@ def test_connection_gauges(sluice, redis):
     finally:
         for c in conns:
             c.close()
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        if mval(metrics(s.admin_port), "sluice_connections", side="client") == base:
-            break
-        time.sleep(0.05)
-    assert mval(metrics(s.admin_port), "sluice_connections", side="client") == base
+    n, _ = wait_until(lambda: mval(metrics(s.admin_port), "sluice_connections", side="client"), 3,
+                      until=lambda n: n == base, step_s=0.05)
+    assert n == base
 
 
 def test_reload_counters(sluice, redis):
-    s = start_ops(sluice, ROUTES)
+    s = start_proxy(sluice, ROUTES)
     b = metrics(s.admin_port)
     os.kill(s.proc.pid, signal.SIGHUP)
     assert wait_metric(s.admin_port, "sluice_config_reloads_total",
@@ -180,31 +177,22 @@ def test_reload_counters(sluice, redis):
 
 
 def test_readyz_redis_down_on_error_deny(sluice, own_redis):
-    s = start_ops(sluice, ROUTES, on_error="deny", redis_port=own_redis.port)
+    s = start_proxy(sluice, ROUTES, on_error="deny", redis_port=own_redis.port)
     assert http_get(s.admin_port, "/readyz").status == 200
     own_redis.stop()
-    deadline = time.monotonic() + 5
-    code = None
-    while time.monotonic() < deadline:
-        code = http_get(s.admin_port, "/readyz").status
-        if code == 503:
-            break
-        time.sleep(0.05)
+    code, _ = wait_until(lambda: http_get(s.admin_port, "/readyz").status, 5,
+                         until=lambda code: code == 503, step_s=0.05)
     assert code == 503
     assert http_get(s.admin_port, "/healthz").status == 200
     own_redis.start()
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline:
-        code = http_get(s.admin_port, "/readyz").status
-        if code == 200:
-            break
-        time.sleep(0.1)
+    code, _ = wait_until(lambda: http_get(s.admin_port, "/readyz").status, 8,
+                         until=lambda code: code == 200, step_s=0.1)
     assert code == 200
 
 
 @pytest.mark.parametrize("on_error", ["allow", "local"])
 def test_readyz_redis_down_serving_anyway(sluice, own_redis, on_error):
-    s = start_ops(sluice, ROUTES, on_error=on_error, redis_port=own_redis.port)
+    s = start_proxy(sluice, ROUTES, on_error=on_error, redis_port=own_redis.port)
     own_redis.stop()
     time.sleep(0.3)
     statuses(s.port, "/m", 1, [("X-K", "x")])     # let sluice notice

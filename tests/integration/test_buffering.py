@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_buffers.py: what a slow or stalled peer
+# sluice - tests/integration/test_buffering.py: what a slow or stalled peer
 # may cost (issue 9, items 8, 9 and part of 11).
 #
 # A small request body is read whole before an upstream connection is taken
@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from conftest import Conn, build_request, make_conf
-from hardlib import hard_conf, proc_rss_kb, report
-from opslib import LoopbackServer
+from conftest import Conn, build_request, make_conf, wait_until
+from loadlib import client_conf, proc_rss_kb, report
+from proxylib import LoopbackServer
 
 ROUTES = """\
   - name: all
@@ -163,15 +163,6 @@ def drip(c, pieces, gap_s, check):
         c.send(p)
 
 
-def wait_for(pred, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
-
-
 def test_small_body_dripped_takes_no_upstream_connection(sluice, redis, rec_upstream):
     up = rec_upstream
     s = sluice(make_conf(ROUTES), upstream_port=up.port)
@@ -227,12 +218,12 @@ def test_large_body_streams(sluice, redis, rec_upstream):
     """Above buffer_body_bytes (by Content-Length) the body streams: the
     upstream has the head while the body is still on its way."""
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": "4k"}), upstream_port=up.port)
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": "4k"}), upstream_port=up.port)
     body = bytes(range(256)) * 40       # 10240 bytes
     with Conn(s.port) as c:
         c.send(b"POST /big HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
                + body[:1000])
-        assert wait_for(lambda: len(up.requests) == 1), "the head did not stream upstream"
+        assert wait_until(lambda: len(up.requests) == 1)[0], "the head did not stream upstream"
         c.send(body[1000:])
         assert c.read_response().status == 200
     assert up.requests[0]["raw"] == body
@@ -240,7 +231,7 @@ def test_large_body_streams(sluice, redis, rec_upstream):
 
 def test_chunked_body_growing_past_the_limit_streams(sluice, redis, rec_upstream):
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": "1k"}), upstream_port=up.port)
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": "1k"}), upstream_port=up.port)
     parts = [b"a" * 600, b"b" * 600, b"c" * 600]
     with Conn(s.port) as c:
         c.send(b"POST /grow HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -248,7 +239,7 @@ def test_chunked_body_growing_past_the_limit_streams(sluice, redis, rec_upstream
         time.sleep(0.3)
         assert up.accepts == [], "600 bytes of a chunked body are under the 1k limit"
         c.send(b"258\r\n" + parts[1] + b"\r\n")
-        assert wait_for(lambda: len(up.requests) == 1), "1200 bytes did not start streaming"
+        assert wait_until(lambda: len(up.requests) == 1)[0], "1200 bytes did not start streaming"
         c.send(b"258\r\n" + parts[2] + b"\r\n0\r\n\r\n")
         assert c.read_response().status == 200
     raw = up.requests[0]["raw"]
@@ -257,10 +248,10 @@ def test_chunked_body_growing_past_the_limit_streams(sluice, redis, rec_upstream
 
 def test_buffering_off_streams_as_before(sluice, redis, rec_upstream):
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": "0"}), upstream_port=up.port)
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": "0"}), upstream_port=up.port)
     with Conn(s.port) as c:
         c.send(b"POST /d HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\na")
-        assert wait_for(lambda: len(up.requests) == 1), "buffering is off: the head streams"
+        assert wait_until(lambda: len(up.requests) == 1)[0], "buffering is off: the head streams"
         c.send(b"bc")
         assert c.read_response().status == 200
     assert up.requests[0]["raw"] == b"abc"
@@ -271,7 +262,7 @@ def test_buffered_body_has_an_overall_bound(sluice, redis, rec_upstream):
     in within header_timeout: a drip that never stalls long enough for the
     first still ends in a 408, and nothing reached the upstream."""
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "1s", "body_timeout": "5s"}),
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "1s", "body_timeout": "5s"}),
                upstream_port=up.port)
     with Conn(s.port) as c:
         c.send(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nx")
@@ -326,7 +317,7 @@ def test_one_byte_chunks_are_coalesced(sluice, redis, rec_upstream, buffer_bytes
     body is buffered, about one per read when it streams."""
     n = 3000
     up = rec_upstream
-    s = sluice(hard_conf(ROUTES, client={"buffer_body_bytes": buffer_bytes}),
+    s = sluice(client_conf(ROUTES, client={"buffer_body_bytes": buffer_bytes}),
                upstream_port=up.port)
     with Conn(s.port) as c:
         c.send(b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -391,16 +382,14 @@ class SinkUpstream(LoopbackServer):
 def wait_settled(value, timeout_s=30.0, quiet_s=1.0, slack=64):
     """Poll value() until it has not moved by more than slack for quiet_s
     (bounded by timeout_s); returns its last reading."""
-    deadline = time.monotonic() + timeout_s
-    last, since = value(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
+    moved = {"value": value(), "at": time.monotonic()}
+
+    def quiet():
         now = value()
-        if abs(now - last) > slack:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return now
-    return value()
+        if abs(now - moved["value"]) > slack:
+            moved["value"], moved["at"] = now, time.monotonic()
+        return now, time.monotonic() - moved["at"] >= quiet_s
+    return wait_until(quiet, timeout_s, until=lambda q: q[1], step_s=0.2)[0][0]
 
 
 def wait_rss_settled(pid):
@@ -430,9 +419,7 @@ def test_clients_that_never_read_cost_little(sluice, redis):
             k = small_rcvbuf_socket(s.port)
             k.sendall(build_request("GET", "/big%d" % i))
             socks.append(k)
-        deadline = time.monotonic() + 10
-        while up.started < STALLED + 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: up.started >= STALLED + 1, 10, step_s=0.1)
         # every path is full (kernel buffers, then sluice's) once the
         # upstream's writers all block
         wait_settled(lambda: up.sent, slack=0)

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_keys.py: keys that upstreams read differently (issue 9, item 10).
+# sluice - tests/integration/test_key_forms.py: keys that upstreams read differently (issue 9, item 10).
 #
 # Each case first spends the plain form's quota (two pass, the third gets a
 # 429), then sends a variant that some upstream stack reads as the same key:

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_memory.py: the embedded limiter.
+# sluice - tests/integration/test_memory_backend.py: the embedded limiter.
 #
 # `backend: memory` against the same seed cases as the Redis algorithms, timed
 # against this host's clock (the proxy's clock, which the memory backend
@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, free_port, redis_keys
-from opslib import metrics, mval, start_ops, statuses
+from conftest import Conn, build_request, free_port, redis_keys, wait_until
+from proxylib import metrics, mval, start_proxy, statuses
 
 ROUTES = """\
   - name: fw
@@ -55,7 +55,7 @@ MEMORY_TOP = "backend: memory\nmemory: { max_keys: 10000 }\n"
 def mem(sluice):
     # the Redis url points at a port with nothing on it: the memory backend
     # must not need Redis at all
-    return start_ops(sluice, ROUTES, workers=2, top=MEMORY_TOP, wait_redis=False,
+    return start_proxy(sluice, ROUTES, workers=2, top=MEMORY_TOP, wait_redis=False,
                      redis_port=free_port())
 
 
@@ -175,7 +175,7 @@ LOCAL_ROUTES = """\
 
 
 def test_on_error_local_limits_while_redis_is_down(sluice, own_redis):
-    s = start_ops(sluice, LOCAL_ROUTES, on_error="local", redis_port=own_redis.port)
+    s = start_proxy(sluice, LOCAL_ROUTES, on_error="local", redis_port=own_redis.port)
     before = metrics(s.admin_port)
     own_redis.stop()
     hdr = key()
@@ -189,22 +189,16 @@ def test_on_error_local_limits_while_redis_is_down(sluice, own_redis):
 
     # Redis back: decisions return to it (a key appears there), bounded
     own_redis.start()
-    deadline = time.monotonic() + 8.0
     fresh = key()
-    while time.monotonic() < deadline:
-        statuses(s.port, "/loc", 1, key())
-        if redis_keys(own_redis.port):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("decisions never went back to Redis")
+    wait_until(lambda: statuses(s.port, "/loc", 1, key()) and redis_keys(own_redis.port), 8.0,
+               step_s=0.1, what="decisions to go back to Redis")
     assert statuses(s.port, "/loc", 4, fresh) == [200, 200, 200, 429]
 
 
 def test_memory_limit_shared_by_all_workers(mem):
     """20 fresh connections (spread over both workers by SO_REUSEPORT) on one
     key: the memory limiter is one for the process, so exactly 5 pass."""
-    from opslib import series
+    from proxylib import series
     hdr = key()
     b = metrics(mem.admin_port)
     got = [statuses(mem.port, "/sl", 1, hdr)[0] for _ in range(20)]
@@ -218,7 +212,7 @@ def test_memory_limit_shared_by_all_workers(mem):
 def test_memory_many_keys_bounded(sluice):
     """More distinct keys than memory.max_keys: the process stays up and a
     fresh key is still limited exactly."""
-    s = start_ops(sluice, ROUTES, top="backend: memory\nmemory: { max_keys: 50 }\n",
+    s = start_proxy(sluice, ROUTES, top="backend: memory\nmemory: { max_keys: 50 }\n",
                   wait_redis=False, redis_port=free_port())
     with Conn(s.port) as c:
         for i in range(300):
@@ -226,3 +220,46 @@ def test_memory_many_keys_bounded(sluice):
             assert c.read_response().status == 200
     assert statuses(s.port, "/sl", 7, key()) == [200] * 5 + [429] * 2
     assert s.proc.poll() is None
+
+
+# Limits whose limit x window_ms is beyond 2^53 (5,000,000 per 30 days,
+# 300,000 per 365 days): the memory limiter counts them as Redis does. Each
+# request costs X-Cost units, so the quota is spent in a few requests.
+BIG = [(5000000, "30d", 1000000), (300000, "365d", 300000)]
+BIG_ALGOS = ["fixed_window", "sliding_window", "sliding_log"]
+BIG_ROUTES = "".join(
+    "  - name: big%d%s\n"
+    "    match: { path: /big%d/%s }\n"
+    "    upstream: api\n"
+    "    limits:\n"
+    "      - { name: big, algorithm: %s, limit: %d, window: %s, key: [\"header:X-K\"],\n"
+    "          cost_header: X-Cost }\n" % (i, a.replace("_", ""), i, a, a, lim, win)
+    for i, (lim, win, _) in enumerate(BIG) for a in BIG_ALGOS)
+
+
+@pytest.mark.parametrize("mode", ["memory", "on_error_local"])
+def test_memory_limits_beyond_2_53_are_enforced(sluice, mode):
+    if mode == "memory":
+        s = start_proxy(sluice, BIG_ROUTES, top=MEMORY_TOP, wait_redis=False,
+                      redis_port=free_port())
+    else:       # Redis down: the local limiter decides
+        s = start_proxy(sluice, BIG_ROUTES, on_error="local", wait_redis=False,
+                      redis_port=free_port())
+    for i, (lim, _, cost) in enumerate(BIG):
+        for a in BIG_ALGOS:
+            hdr = key()
+            with Conn(s.port) as c:
+                for n in range(lim // cost):
+                    c.send(build_request("GET", "/big%d/%s" % (i, a), hdr + [("X-Cost", str(cost))]))
+                    r = c.read_response()
+                    assert r.status == 200, (a, lim, n, r)
+                    assert r.header("X-RateLimit-Limit") == str(lim), (a, lim, r.headers)
+                    assert r.header("X-RateLimit-Remaining") == str(lim - (n + 1) * cost), \
+                        (a, lim, r.headers)
+                c.send(build_request("GET", "/big%d/%s" % (i, a), hdr))
+                r = c.read_response()
+                assert r.status == 429, (a, lim, r)
+                assert r.header("X-RateLimit-Limit") == str(lim), (a, lim, r.headers)
+                assert r.header("X-RateLimit-Remaining") == "0"
+                assert int(r.header("Retry-After")) >= 1
+    assert "could not decide" not in s.stderr

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_misc.py: issue 9, Redis full, memory eviction, 503.
+# sluice - tests/integration/test_limiter_pressure.py: issue 9, Redis full, memory eviction, 503.
 #
 # A redis-server at maxmemory under noeviction (filled past it): every
 # decision that writes fails with -OOM, sluice counts it as
@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from conftest import Conn, RedisError, RedisServer, build_request, free_port, redis_cmd
-from opslib import metrics, mval, start_ops
+from proxylib import metrics, mval, start_proxy
 
 LIMITED = """\
   - name: lim
@@ -84,7 +84,7 @@ def full_redis(tmp_path):
 
 
 def start_on(sluice, redis_port, on_error):
-    return start_ops(sluice, LIMITED, on_error=on_error, redis_port=redis_port,
+    return start_proxy(sluice, LIMITED, on_error=on_error, redis_port=redis_port,
                      top="memory: { max_keys: 1000 }\n")
 
 
@@ -136,7 +136,7 @@ def test_redis_full_counts_oom_and_applies_on_error(sluice, full_redis):
 
 def test_redis_error_reasons_exposed(sluice, redis):
     """Every reason has a series from the start, beside the unlabelled total."""
-    s = start_ops(sluice, LIMITED)
+    s = start_proxy(sluice, LIMITED)
     ms = metrics(s.admin_port)
     assert ("sluice_redis_errors_total", ()) in ms
     for reason in ("oom", "timeout", "unavailable", "error"):
@@ -184,7 +184,7 @@ FLOOD = 400
 
 def test_memory_flood_keeps_denied_keys(sluice):
     # 32 keys: two stripes of 16; the flood puts about 200 new keys in each
-    s = start_ops(sluice, MEMORY_ROUTES, top="backend: memory\nmemory: { max_keys: 32 }\n",
+    s = start_proxy(sluice, MEMORY_ROUTES, top="backend: memory\nmemory: { max_keys: 32 }\n",
                   wait_redis=False, redis_port=free_port())
     tag = uuid.uuid4().hex
     with Conn(s.port) as c:
@@ -212,7 +212,7 @@ def test_deny_cache_flood_still_denied(sluice, redis):
     """The deny cache is an LRU of denials: a flood of other denied keys
     pushes key A out of a 4-entry cache, and A's next request is asked of
     Redis, which still denies it (the cache only saves calls)."""
-    s = start_ops(sluice, LIMITED, top="deny_cache: { max_keys: 4 }\n")
+    s = start_proxy(sluice, LIMITED, top="deny_cache: { max_keys: 4 }\n")
     tag = uuid.uuid4().hex
     a = [("X-K", tag + ":A")]
     assert [r.status for r in responses(s.port, "/lim", 3, a)] == [200, 200, 429]
@@ -231,7 +231,7 @@ def test_deny_cache_flood_still_denied(sluice, redis):
 # ------------------------------------------------------- 503 Retry-After ----
 
 def test_unavailable_503_has_retry_after(sluice):
-    s = start_ops(sluice, LIMITED, on_error="deny", redis_port=free_port(), wait_redis=False)
+    s = start_proxy(sluice, LIMITED, on_error="deny", redis_port=free_port(), wait_redis=False)
     got = responses(s.port, "/lim", 3, [("X-K", uuid.uuid4().hex)])
     assert [r.status for r in got] == [503] * 3, got
     for r in got:

@@ -1,4 +1,5 @@
-# sluice - tests/integration/hardlib.py: helpers for the hardening tests (issue 4).
+# sluice - tests/integration/loadlib.py: load, process figures and failing
+# peers, for the tests of client limits, faults, scale and memory.
 #
 # Config with the client limits and max_connections, process figures read
 # from /proc (CPU time, RSS, open fds), Redis INFO commandstats, a bounded
@@ -13,7 +14,7 @@ import subprocess
 import threading
 import time
 
-from opslib import LoopbackServer
+from proxylib import LoopbackServer
 from conftest import (PYTHON, UPSTREAM_PY, Conn, build_request, make_conf, redis_cmd,
                       stop_process, wait_port)
 
@@ -22,7 +23,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # --------------------------------------------------------------- config ----
 
-def hard_conf(routes, client=None, top=None, workers=1, **kw):
+def client_conf(routes, client=None, top=None, workers=1, **kw):
     """make_conf() plus `client:` keys (dict name -> YAML scalar) and
     top-level keys (dict), e.g. client={"header_timeout": "1s"},
     top={"max_connections": 20}."""

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_hard_limits.py: the client limits give clear answers.
+# sluice - tests/integration/test_client_limits.py: the client limits give clear answers.
 #
 # max_body_bytes (413, Content-Length and chunked), the 100-field head limit
 # at its edge, header_timeout against a slowloris client (408, then close),
@@ -14,8 +14,8 @@ import urllib.parse
 
 import pytest
 
-from conftest import Conn, build_request, http_get, redis_cmd, redis_keys
-from hardlib import commandstats, hard_conf, proc_cpu_s, proc_fds, report
+from conftest import Conn, build_request, http_get, redis_cmd, redis_keys, served_again
+from loadlib import commandstats, client_conf, proc_cpu_s, proc_fds, report
 
 PASS_ALL = """\
   - name: all
@@ -46,7 +46,7 @@ PER_KEY = """\
 
 @pytest.fixture
 def body_proxy(sluice, redis):
-    return sluice(hard_conf(PASS_ALL, client={"max_body_bytes": 1000}))
+    return sluice(client_conf(PASS_ALL, client={"max_body_bytes": 1000}))
 
 
 def test_body_at_limit_passes(body_proxy):
@@ -100,7 +100,7 @@ def test_chunked_under_limit_passes(body_proxy):
 # ---------------------------------------------------------- head fields ----
 
 def test_hundred_fields_pass_hundred_and_one_is_431(sluice, redis, upstream):
-    s = sluice(hard_conf(PASS_ALL))
+    s = sluice(client_conf(PASS_ALL))
     ok = [("X-F%d" % i, "1") for i in range(99)]            # + Host = 100 fields
     r = http_get(s.port, "/fields", headers=ok)
     assert r.status == 200, r
@@ -116,7 +116,7 @@ def test_hundred_fields_pass_hundred_and_one_is_431(sluice, redis, upstream):
 # ------------------------------------------------------------- timeouts ----
 
 def test_slowloris_cut_off_by_header_timeout(sluice, redis):
-    s = sluice(hard_conf(PASS_ALL, client={"header_timeout": "1s", "idle_timeout": "10s"}))
+    s = sluice(client_conf(PASS_ALL, client={"header_timeout": "1s", "idle_timeout": "10s"}))
     head = b"GET /slow HTTP/1.1\r\nHost: x\r\nX-Drip: " + b"d" * 200
     sock = socket.create_connection(("127.0.0.1", s.port), timeout=5)
     got, t_first, t_end, sent = b"", None, None, 0
@@ -165,7 +165,7 @@ def test_slowloris_cut_off_by_header_timeout(sluice, redis):
 
 
 def test_idle_keepalive_connection_closed_after_idle_timeout(sluice, redis):
-    s = sluice(hard_conf(PASS_ALL, client={"idle_timeout": "1s"}))
+    s = sluice(client_conf(PASS_ALL, client={"idle_timeout": "1s"}))
     with Conn(s.port) as c:
         c.send(build_request("GET", "/a"))
         assert c.read_response().status == 200
@@ -180,7 +180,7 @@ def test_idle_keepalive_connection_closed_after_idle_timeout(sluice, redis):
 
 
 def test_never_sending_anything_is_closed_too(sluice, redis):
-    s = sluice(hard_conf(PASS_ALL, client={"idle_timeout": "1s", "header_timeout": "1s"}))
+    s = sluice(client_conf(PASS_ALL, client={"idle_timeout": "1s", "header_timeout": "1s"}))
     with Conn(s.port) as c:
         t0 = time.monotonic()
         assert c.is_closed(wait_s=3.0)
@@ -214,7 +214,7 @@ def _open_and_probe(port, n, wait_s):
 
 
 def test_max_connections_extra_closed_existing_served_no_spin(sluice, redis):
-    s = sluice(hard_conf(PASS_ALL, top={"max_connections": 20}))
+    s = sluice(client_conf(PASS_ALL, top={"max_connections": 20}))
     held = [Conn(s.port) for _ in range(20)]
     try:
         for c in held:
@@ -241,7 +241,7 @@ def test_max_connections_extra_closed_existing_served_no_spin(sluice, redis):
 
 
 def test_out_of_file_descriptors_no_busy_loop(sluice, redis):
-    s = sluice(hard_conf(PASS_ALL))
+    s = sluice(client_conf(PASS_ALL))
     held = [Conn(s.port) for _ in range(3)]
     for c in held:
         c.send(build_request("GET", "/warm"))
@@ -272,22 +272,13 @@ def test_out_of_file_descriptors_no_busy_loop(sluice, redis):
             c.close()
     subprocess.run(["prlimit", "--pid", str(s.proc.pid), "--nofile=4096:"],
                    check=True, timeout=5)
-    deadline, status = time.monotonic() + 3.0, None
-    while time.monotonic() < deadline:
-        try:
-            status = http_get(s.port, "/back", timeout_s=1).status
-        except (OSError, EOFError):
-            status = None
-        if status == 200:
-            break
-        time.sleep(0.1)
-    assert status == 200, "sluice does not serve again once fds are free"
+    assert served_again(s.port, "/back"), "sluice does not serve again once fds are free"
 
 
 # --------------------------------------------------------- Redis keys ----
 
 def test_long_key_parts_are_hashed_and_bounded(sluice, redis):
-    s = sluice(hard_conf(PER_KEY, prefix="hk:"))
+    s = sluice(client_conf(PER_KEY, prefix="hk:"))
     big_a = "a" * 10240
     big_b = "a" * 10239 + "b"                # same first 10 KB but one byte
     exact = "e" * 256                        # at the limit: kept as is
@@ -320,7 +311,7 @@ def _commands(stats):
 
 
 def test_hostile_key_bytes_change_neither_command_nor_key(sluice, redis):
-    s = sluice(hard_conf(PER_KEY, prefix="inj:"))
+    s = sluice(client_conf(PER_KEY, prefix="inj:"))
     # the commands a plain decision makes, as the baseline
     redis_cmd(redis.port, "CONFIG", "RESETSTAT")
     assert http_get(s.port, "/k", headers=[("X-K", "plain")]).status == 200

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_conn.py: a client connection after
+# sluice - tests/integration/test_keepalive_pipelining.py: a client connection after
 # sluice's own answers (issue 9, items 4 to 6).
 #
 # Pipelined requests behind a locally answered one (404, 429 from the deny
@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import Conn, build_request, free_port, http_get, redis_cmd
-from hardlib import hard_conf, proc_cpu_s, report
+from loadlib import client_conf, proc_cpu_s, report
 
 ROUTES = """\
   - name: ok
@@ -54,7 +54,7 @@ def get(target, rid, headers=(), body=None, method="GET", version="HTTP/1.1"):
 # ------------------------------------------------ item 4: pipelining ----
 
 def test_pipelined_requests_after_local_answers_are_served_at_once(sluice, redis):
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "5s", "idle_timeout": "10s"}))
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "5s", "idle_timeout": "10s"}))
     # Deny the /lim key once through Redis: later /lim requests stop at the
     # deny cache, answered before sluice returns to the event loop.
     with Conn(s.port) as c:
@@ -89,7 +89,7 @@ def test_many_pipelined_404s_are_all_answered(sluice, redis):
     # More local answers in the input than one pass of the connection's loop
     # handles (1000): Redis is paused while the first request waits for its
     # decision, so the whole batch is read before sluice answers any of it.
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "5s"}))
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "5s"}))
     n = 2200
     batch = get("/lim", "first")
     batch += b"".join(b"GET /n%d HTTP/1.1\r\nHost: h\r\n\r\n" % i for i in range(n))
@@ -107,7 +107,7 @@ def test_many_pipelined_404s_are_all_answered(sluice, redis):
 
 
 def test_pipelined_after_redis_denial_and_proxied_response(sluice, redis):
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "5s"}))
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "5s"}))
     # /ok proxied, /lim allowed then denied by Redis (asynchronous), each
     # followed by requests sluice answers at once.
     seq = [("/ok", 200), ("/nope", 404), ("/lim", 200), ("/nope", 404), ("/lim", 429),
@@ -130,7 +130,7 @@ def test_pipelined_after_redis_denial_and_proxied_response(sluice, redis):
 
 
 def test_real_header_timeout_408_does_not_carry_previous_request_id(sluice, redis):
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "1s", "idle_timeout": "10s"}))
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "1s", "idle_timeout": "10s"}))
     with Conn(s.port, timeout_s=3.0) as c:
         c.send(get("/nope", "previous-id"))
         r = c.read_response()
@@ -148,7 +148,7 @@ def ka10(target, rid="k"):
 
 
 def test_http10_keepalive_gets_keepalive_on_own_answers(sluice, redis):
-    s = sluice(hard_conf(ROUTES))
+    s = sluice(client_conf(ROUTES))
     with Conn(s.port, timeout_s=3.0) as c:
         for target, status in [("/lim", 200), ("/lim", 429), ("/lim", 429), ("/nope", 404),
                                ("/cost", 200), ("/ok", 200)]:
@@ -163,7 +163,7 @@ def test_http10_keepalive_gets_keepalive_on_own_answers(sluice, redis):
 
 
 def test_http10_without_keepalive_own_answer_closes(sluice, redis):
-    s = sluice(hard_conf(ROUTES))
+    s = sluice(client_conf(ROUTES))
     http_get(s.port, "/lim")
     with Conn(s.port, timeout_s=3.0) as c:
         c.send(get("/lim", "x", version="HTTP/1.0"))
@@ -174,7 +174,7 @@ def test_http10_without_keepalive_own_answer_closes(sluice, redis):
 
 
 def test_http10_keepalive_503_when_limiter_down(sluice, redis):
-    s = sluice(hard_conf(ROUTES, on_error="deny", redis_timeout="200ms"),
+    s = sluice(client_conf(ROUTES, on_error="deny", redis_timeout="200ms"),
                redis_port=free_port(), wait_redis=False)
     with Conn(s.port, timeout_s=3.0) as c:
         for _ in range(2):
@@ -206,7 +206,7 @@ def ab_figure(out, name):
 
 
 def test_ab_keepalive_runs_through_rejections(sluice, redis):
-    s = sluice(hard_conf(FIVE))
+    s = sluice(client_conf(FIVE))
     rc, out, secs = ab_run(s.port, "/five", 50)
     complete, non2xx = ab_figure(out, "Complete requests"), ab_figure(out, "Non-2xx responses")
     keepalive = ab_figure(out, "Keep-Alive requests")
@@ -221,7 +221,7 @@ def test_ab_keepalive_runs_through_rejections(sluice, redis):
 def test_head_request_gets_our_answer_without_body(sluice, redis):
     # A body after the head of a HEAD's answer would be read as the start of
     # the next response by a keep-alive client.
-    s = sluice(hard_conf(ROUTES))
+    s = sluice(client_conf(ROUTES))
     http_get(s.port, "/lim")
     with Conn(s.port, timeout_s=3.0) as c:
         c.send(get("/nope", "h1", method="HEAD") + get("/lim", "h2", method="HEAD") +
@@ -294,7 +294,7 @@ def drip_figures(name, head, step, big, control):
 def test_dripped_head_tail_costs_what_small_heads_cost(sluice, redis):
     # A 63 KB head whose last 10 KB drips 2 bytes per send: 5 k reads, each
     # of which re-parsed 53-63 KB (about 0.4 s of CPU more than the control).
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "20s"}, max_header_bytes=65536))
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "20s"}, max_header_bytes=65536))
     head = padded_head(90, 690)
     assert 62000 < len(head) < 65536
     big, control = drip_vs_control(s, head, 2, at_once=len(head) - 10000)
@@ -311,7 +311,7 @@ def test_dripped_15k_head_two_bytes_per_send(sluice, redis):
     # The issue's figure: a 15 KB head, 2 bytes per send (7.5 k reads). The
     # parser's share (about 0.1 s before the fix) is of the order of the
     # per-read floor, so three rounds are summed against three controls.
-    s = sluice(hard_conf(ROUTES, client={"header_timeout": "20s"}))
+    s = sluice(client_conf(ROUTES, client={"header_timeout": "20s"}))
     head = padded_head(60, 240)
     assert 15000 <= len(head) < 16384
     extra = control = 0.0

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_reload.py: change without downtime.
+# sluice - tests/integration/test_reload.py: change without downtime.
 #
 # SIGHUP while a threaded keep-alive load generator runs: a valid file applies
 # (a lowered limit bites new keys) and an invalid one is reported as
@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from conftest import Conn, build_request, http_get, wait_port
-from opslib import LoadGen, metrics, mval, start_ops, statuses, wait_metric
+from proxylib import LoadGen, metrics, mval, start_proxy, statuses, wait_metric
 
 
 def routes(probe_limit):
@@ -56,7 +56,7 @@ def reload_under_load(s, new_text, result):
 
 
 def test_sighup_valid_file_under_load(sluice, redis):
-    s = start_ops(sluice, routes(100), workers=2)
+    s = start_proxy(sluice, routes(100), workers=2)
     assert probe(s.port, 4) == [200] * 4
     new = s.conf_path.read_text().replace("limit: 100,", "limit: 2,")
     assert "limit: 2," in new
@@ -70,7 +70,7 @@ def test_sighup_valid_file_under_load(sluice, redis):
 
 
 def test_sighup_invalid_file_under_load(sluice, redis):
-    s = start_ops(sluice, routes(100), workers=2)
+    s = start_proxy(sluice, routes(100), workers=2)
     good = s.conf_path.read_text()
     lines = good.split("\n")
     # a lowered limit (would bite if applied) and an unknown key on line 3
@@ -87,7 +87,7 @@ def test_sighup_invalid_file_under_load(sluice, redis):
 
 
 def test_many_reloads_lose_no_request(sluice, redis):
-    s = start_ops(sluice, routes(100), workers=2)
+    s = start_proxy(sluice, routes(100), workers=2)
     b = metrics(s.admin_port)
     gen = LoadGen(s.port, "/load", conns=6, duration_s=8.0).start()
     for _ in range(10):
@@ -103,7 +103,7 @@ def test_many_reloads_lose_no_request(sluice, redis):
 
 def test_sighup_changed_upstream_and_inflight_request_finishes(sluice, redis):
     """A request in flight under the old config finishes after a reload."""
-    s = start_ops(sluice, routes(100))
+    s = start_proxy(sluice, routes(100))
     with Conn(s.port) as c:
         c.send(build_request("GET", "/slow/800"))
         time.sleep(0.2)
@@ -116,7 +116,7 @@ def test_sighup_changed_upstream_and_inflight_request_finishes(sluice, redis):
 
 
 def test_sigterm_finishes_slow_request_then_exits_0(sluice, redis):
-    s = start_ops(sluice, routes(100))
+    s = start_proxy(sluice, routes(100))
     c2 = None
     with Conn(s.port) as c:
         c.send(build_request("GET", "/slow/1500"))
@@ -143,7 +143,7 @@ def test_sigterm_finishes_slow_request_then_exits_0(sluice, redis):
 
 
 def test_sigterm_shutdown_timeout_bounds_the_wait(sluice, redis):
-    s = start_ops(sluice, routes(100), top="shutdown_timeout: 1s\n")
+    s = start_proxy(sluice, routes(100), top="shutdown_timeout: 1s\n")
     with Conn(s.port, timeout_s=10) as c:
         c.send(build_request("GET", "/slow/6000"))
         time.sleep(0.3)
@@ -156,7 +156,7 @@ def test_sigterm_shutdown_timeout_bounds_the_wait(sluice, redis):
 
 
 def test_sigint_idle_exits_0_quickly(sluice, redis):
-    s = start_ops(sluice, routes(100))
+    s = start_proxy(sluice, routes(100))
     assert http_get(s.port, "/load").status == 200
     t0 = time.monotonic()
     os.kill(s.proc.pid, signal.SIGINT)
@@ -169,7 +169,7 @@ def test_sigint_idle_exits_0_quickly(sluice, redis):
 def test_reload_soak_valid_and_invalid_alternating(sluice, redis):
     """20 keep-alive clients for ~12 s while the file flips between valid and
     invalid every 0.5 s: no failed request, every reload counted."""
-    s = start_ops(sluice, routes(100), workers=2)
+    s = start_proxy(sluice, routes(100), workers=2)
     good = s.conf_path.read_text()
     bad = "no_such_key: 1\n" + good
     b = metrics(s.admin_port)

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_limits.py: the limits people ask for.
+# sluice - tests/integration/test_limit_options.py: the limits people ask for.
 #
 # count_status, allow (route and top level), path_regex with capture:N,
 # shadow, cost and cost_header, per-limit status and message, `headers:`
@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, http_get, rl_headers
-from opslib import TinyUpstream, metrics, mval, start_ops, statuses
+from conftest import Conn, build_request, http_get, read_log, rl_headers
+from proxylib import TinyUpstream, metrics, mval, start_proxy, statuses
 
 ROUTES = """\
   - name: cs
@@ -114,7 +114,7 @@ def tiny():
 @pytest.fixture
 def proxy(sluice, redis, tiny, tmp_path):
     log = tmp_path / "access.log"
-    s = start_ops(sluice, ROUTES, workers=2, top="access_log: %s\n" % log,
+    s = start_proxy(sluice, ROUTES, workers=2, top="access_log: %s\n" % log,
                   extra_upstreams={"tiny": tiny.port})
     s.log_path = log
     return s
@@ -161,7 +161,7 @@ def test_route_allow_bypasses_limits(proxy):
 
 
 def test_top_level_allow_bypasses_every_limit(sluice, redis, tiny):
-    s = start_ops(sluice, ROUTES, top="allow: [127.0.0.1/32]\n",
+    s = start_proxy(sluice, ROUTES, top="allow: [127.0.0.1/32]\n",
                   extra_upstreams={"tiny": tiny.port})
     key = [k()]
     assert statuses(s.port, "/notallowed", 5, key) == [200] * 5
@@ -198,17 +198,7 @@ def test_shadow_never_rejects_but_reports(proxy):
             - mval(b, "sluice_requests_total", route="shadow", decision="shadow_limited")) == 3
     assert (mval(a, "sluice_requests_total", route="shadow", decision="limited")
             - mval(b, "sluice_requests_total", route="shadow", decision="limited")) == 0
-    import json
-    import time
-    deadline = time.monotonic() + 3
-    lines = []
-    while time.monotonic() < deadline:
-        if proxy.log_path.exists():
-            lines = [json.loads(x) for x in proxy.log_path.read_text().splitlines()
-                     if '"/shadow"' in x]
-            if len(lines) >= 4:
-                break
-        time.sleep(0.03)
+    lines = read_log(proxy.log_path, 4, keep=lambda e: e["path"] == "/shadow")
     assert [e["decision"] for e in lines] == ["allowed"] + ["shadow_limited"] * 3
 
 

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_admin.py: issue 9, item 3 (and a piece of 11).
+# sluice - tests/integration/test_connection_bounds.py: issue 9, item 3 (and a piece of 11).
 #
 # The admin endpoint is bounded like the public one: a head flood is cut with
 # RSS flat, a body is refused unread, idle and dripping connections are
@@ -20,8 +20,8 @@ import time
 import pytest
 
 from conftest import (SANITIZER_MARKS, Conn, build_request, free_port, http_get, sluice_bin,
-                      stop_process, wait_port)
-from hardlib import hard_conf, proc_cpu_s, proc_fds, proc_rss_kb, report
+                      served_again, stop_process, wait_port, wait_until)
+from loadlib import client_conf, proc_cpu_s, proc_fds, proc_rss_kb, report
 
 ADMIN_MAX_CONNECTIONS = 64
 EMFILE_TEXT = "Too many open files"
@@ -39,7 +39,7 @@ def admin_conf(admin_port, client=None, top=None):
     t = dict(MEMORY)
     t["admin"] = "{ listen: 127.0.0.1:%d }" % admin_port
     t.update(top or {})
-    return hard_conf(PASS_ALL, client=client, top=t)
+    return client_conf(PASS_ALL, client=client, top=t)
 
 
 def start_admin(sluice, client=None, top=None):
@@ -132,19 +132,6 @@ def closed_by_peer(sock, wait_s):
         return sock.recv(65536) == b""
     except OSError:
         return True
-
-
-def served_again(port, path, timeout_s=3.0):
-    deadline, status = time.monotonic() + timeout_s, None
-    while time.monotonic() < deadline:
-        try:
-            status = http_get(port, path, timeout_s=1).status
-        except (OSError, EOFError):
-            status = None
-        if status == 200:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # ------------------------------------------------------------- head size ----
@@ -310,7 +297,7 @@ def test_fds_exhausted_no_spin_few_lines_then_serves(limited):
 
 
 def test_public_accept_backoff_logs_once_a_second(sluice):
-    s = sluice(hard_conf(PASS_ALL, top=MEMORY), wait_redis=False)
+    s = sluice(client_conf(PASS_ALL, top=MEMORY), wait_redis=False)
     assert http_get(s.port, "/warm").status == 200
     limit = proc_fds(s.proc.pid) + 5
     subprocess.run(["prlimit", "--pid", str(s.proc.pid), "--nofile=%d:" % limit],
@@ -342,7 +329,7 @@ CLAMP = re.compile(r"max_connections (\d+)(?: \(unlimited\))? needs more file de
 
 
 def test_max_connections_clamped_to_nofile_with_warning(limited):
-    s = limited(hard_conf(PASS_ALL, top=dict(MEMORY, max_connections=10000)), (256, 256))
+    s = limited(client_conf(PASS_ALL, top=dict(MEMORY, max_connections=10000)), (256, 256))
     m = CLAMP.search(s.stderr)
     assert m, "no clamp warning:\n" + s.stderr
     asked, nofile, fit = (int(g) for g in m.groups())
@@ -371,14 +358,12 @@ def test_max_connections_clamped_to_nofile_with_warning(limited):
     s.conf_path.write_text(s.conf_path.read_text().replace("max_connections: 10000",
                                                            "max_connections: 20000"))
     os.kill(s.proc.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline and len(CLAMP.findall(s.stderr)) < 2:
-        time.sleep(0.05)
+    wait_until(lambda: len(CLAMP.findall(s.stderr)) >= 2, 3.0, step_s=0.05)
     again = CLAMP.findall(s.stderr)
     assert len(again) == 2 and again[1] == ("20000", "256", str(fit)), again
 
 
 def test_soft_nofile_raised_towards_hard_instead_of_clamping(limited):
-    s = limited(hard_conf(PASS_ALL, top=dict(MEMORY, max_connections=100)), (64, 1024))
+    s = limited(client_conf(PASS_ALL, top=dict(MEMORY, max_connections=100)), (64, 1024))
     assert "raised the open file limit (RLIMIT_NOFILE) from 64 to" in s.stderr, s.stderr
     assert not CLAMP.search(s.stderr), s.stderr

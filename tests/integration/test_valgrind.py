@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_hard_valgrind.py: one scenario under valgrind memcheck.
+# sluice - tests/integration/test_valgrind.py: one scenario under valgrind memcheck.
 #
 # sluice runs under `valgrind --leak-check=full` with two workers, an access
 # log and an admin listener, and gets a few hundred varied requests (allowed,
@@ -93,7 +93,7 @@ def traffic(port):
 
 def test_valgrind_memcheck_clean(redis_server, upstream, tmp_path):
     if shutil.which("valgrind") is None:
-        if os.environ.get("HARD_REQUIRE_VALGRIND"):
+        if os.environ.get("SLUICE_REQUIRE_VALGRIND"):
             pytest.fail("valgrind is not installed")
         pytest.skip("valgrind is not installed")
     from conftest import redis_cmd, sluice_bin

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_sec_regex.py: path_regex costs bounded CPU
+# sluice - tests/integration/test_regex_cost.py: path_regex costs bounded CPU
 # per request (issue 9, item 7).
 #
 # Routes with backtracking-prone patterns (an unanchored "/re/(.*)/login", the
@@ -12,8 +12,8 @@
 import time
 
 from conftest import Conn, build_request, redis_keys
-from hardlib import proc_cpu_s, report
-from opslib import metrics, mval, start_ops
+from loadlib import proc_cpu_s, report
+from proxylib import metrics, mval, start_proxy
 
 MAX_HEAD = 65536
 CPU_PER_REQUEST_S = 0.020
@@ -76,7 +76,7 @@ def _hostile(s, name, target, host="localhost"):
 
 
 def _start(sluice):
-    return start_ops(sluice, ROUTES, max_header_bytes=MAX_HEAD)
+    return start_proxy(sluice, ROUTES, max_header_bytes=MAX_HEAD)
 
 
 def test_unanchored_dotstar_on_long_path(sluice, redis):

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_redis_lean.py: Redis replies bounded, Sentinel for the
+# sluice - tests/integration/test_redis_replies.py: Redis replies bounded, Sentinel for the
 # admin API and the reset subscriber, decisions parsed without reply objects.
 #
 # A hostile "Redis" (a raw socket in this file that answers sluice's
@@ -21,8 +21,7 @@ import pytest
 
 from conftest import (RedisServer, free_port, http_get, make_conf, redis_cmd,
                       redis_with_limit_script, rl_headers,
-                      stop_process, wait_port)
-from apilib import poll
+                      stop_process, wait_port, wait_until)
 
 ROUTES = """\
   - name: r
@@ -194,18 +193,12 @@ def hostile_case(sluice, redis, hostile, trickle=b"", budget=0):
         s = sluice(make_conf(ROUTES, on_error="deny", redis_timeout="2s"),
                    redis_port=fake.port, wait_redis=False)
         # the handshake goes to the fake: wait (bounded) for it to be done
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if "connected" in s.stderr:
-                break
-            time.sleep(0.02)
+        wait_until(lambda: "connected" in s.stderr, 5)
         rss0 = rss_kib(s.proc.pid)
         t0 = time.monotonic()
         r = http_get(s.port, "/x", headers=[("X-K", "h")], timeout_s=10)
         took = time.monotonic() - t0
-        deadline = time.monotonic() + 5
-        while fake.closed_at is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: fake.closed_at is not None, 5)
         assert s.proc.poll() is None, s.stderr[-3000:]
         grew = rss_kib(s.proc.pid) - rss0
         return took, r.status, grew, fake, s      # the caller stops the fake
@@ -217,13 +210,10 @@ def hostile_case(sluice, redis, hostile, trickle=b"", budget=0):
 def relays_again(s, fake, timeout_s=5.0):
     """After the hostile reply: sluice reconnects (through the fake, now a
     relay) and decides in Redis again (the rate-limit fields say so)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        r = http_get(s.port, "/x", headers=[("X-K", "after")], timeout_s=5)
-        if r.status == 200 and rl_headers(r).get("X-RateLimit-Limit") == "1000000":
-            return True
-        time.sleep(0.1)
-    return False
+    def relayed(r):
+        return r.status == 200 and rl_headers(r).get("X-RateLimit-Limit") == "1000000"
+    return relayed(wait_until(lambda: http_get(s.port, "/x", headers=[("X-K", "after")], timeout_s=5),
+                              timeout_s, until=relayed, step_s=0.1)[0])
 
 
 # 8 MB of one-integer elements: about 18 bytes of hiredis reply objects per
@@ -288,15 +278,15 @@ class OneSentinel:
         self.proc = subprocess.Popen(["redis-server", str(conf), "--sentinel"],
                                      cwd=str(self.workdir), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def master_known():
             try:
-                if redis_cmd(self.port, "SENTINEL", "get-master-addr-by-name",
-                             self.name, timeout_s=0.5):
-                    return self
+                return redis_cmd(self.port, "SENTINEL", "get-master-addr-by-name",
+                                 self.name, timeout_s=0.5)
             except Exception:
-                pass
-            time.sleep(0.05)
+                return None
+        if wait_until(master_known, 10, step_s=0.05)[0]:
+            return self
         self.stop()
         raise RuntimeError("the sentinel did not start")
 
@@ -361,14 +351,14 @@ def override_and_reset(a, b, key, master_port):
     code, doc = api(b, "GET", "/api/limits/r/fw?key=" + key)
     assert code == 200 and doc["params"]["limit"] == 3, (code, doc)
     # the override's write reached b's deny cache: one more passes there
-    ok, _ = poll(lambda: get_k(b, key) == 200 or None, 1.0)
+    ok, _ = wait_until(lambda: get_k(b, key) == 200 or None, 1.0)
     assert ok, "b still denies %s from its deny cache" % key
     assert get_k(a, key) == 429
     code, doc = api(b, "POST", "/api/limits/r/fw/reset?key=" + key)
     assert code == 200 and doc["reset"] is True and doc["existed"] is True, (code, doc)
     t0 = time.monotonic()
-    ok_a, _ = poll(lambda: get_k(a, key) == 200 or None, 1.0)
-    ok_b, _ = poll(lambda: get_k(b, key) == 200 or None, 1.0)
+    ok_a, _ = wait_until(lambda: get_k(a, key) == 200 or None, 1.0)
+    ok_b, _ = wait_until(lambda: get_k(b, key) == 200 or None, 1.0)
     took = time.monotonic() - t0
     print("sentinel reset: passed again on both proxies %.3f s after the POST" % took)
     assert ok_a and ok_b and took < 1.0, took
@@ -395,15 +385,15 @@ def test_sentinel_admin_api_and_reset_follow_failover(tmp_path, sluice):
         b = sentinel_api(sluice, ss.sentinel_ports, ss.master_port)
         override_and_reset(a, b, "before", ss.master_port)
         ss.kill(ss.master_port)
-        ok, took = poll(lambda: ss.master() == ss.replica_port, 30.0)
+        ok, took = wait_until(lambda: ss.master() == ss.replica_port, 30.0)
         assert ok, "the sentinels did not fail over"
         # both stores follow (+switch-master): decisions in Redis again
         for s in (a, b):
-            ok, _ = poll(lambda: http_get(s.port, "/r", headers=[("X-K", "warm")])
+            ok, _ = wait_until(lambda: http_get(s.port, "/r", headers=[("X-K", "warm")])
                          .header("X-RateLimit-Limit") is not None or None, 10.0)
             assert ok, s.stderr[-3000:]
         # the subscribers' new subscription counted as a reset: give it a moment
-        ok, _ = poll(lambda: all("reset subscriber: sentinel master 'mymaster' is "
+        ok, _ = wait_until(lambda: all("reset subscriber: sentinel master 'mymaster' is "
                                  "127.0.0.1:%d" % ss.replica_port in s.stderr
                                  for s in (a, b)) or None, 5.0)
         assert ok, (a.stderr[-2000:], b.stderr[-2000:])

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_workers.py: workers and the deny cache.
+# sluice - tests/integration/test_workers.py: workers and the deny cache.
 #
 # `workers: 2` with many connections: every worker serves (the per-worker
 # counter on the admin endpoint) and the totals are exact across threads.
@@ -9,7 +9,7 @@ import threading
 import uuid
 
 from conftest import Conn, build_request
-from opslib import metrics, mval, script_calls, series, start_ops
+from proxylib import metrics, mval, script_calls, series, start_proxy
 
 ROUTES = """\
   - name: w
@@ -55,7 +55,7 @@ def run_parallel(port, path, conns, per_conn, headers=None):
 
 
 def test_two_workers_both_serve_and_counts_are_exact(sluice, redis):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     before = metrics(s.admin_port)
     n_conns, per_conn = 24, 10
     got = run_parallel(s.port, "/w", n_conns, per_conn)
@@ -78,13 +78,13 @@ def test_two_workers_both_serve_and_counts_are_exact(sluice, redis):
 
 
 def test_workers_auto_starts(sluice, redis):
-    s = start_ops(sluice, ROUTES, workers="auto")
+    s = start_proxy(sluice, ROUTES, workers="auto")
     got = run_parallel(s.port, "/w", 8, 5)
     assert got == [200] * 40
 
 
 def test_deny_cache_flood_costs_few_redis_calls(sluice, redis):
-    s = start_ops(sluice, ROUTES, workers=2)
+    s = start_proxy(sluice, ROUTES, workers=2)
     key = uuid.uuid4().hex
     hdr = [("X-K", key)]
     with Conn(s.port) as c:

@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_ops_upgrade.py: Upgrade (WebSocket) tunnelling.
+# sluice - tests/integration/test_upgrade.py: Upgrade (WebSocket) tunnelling.
 #
 # On a route with `upgrade: true`, a request with Connection: Upgrade and
 # Upgrade: websocket gets the upstream's 101, then bytes flow both ways
@@ -7,13 +7,12 @@
 # Upgrade field is hop-by-hop and never reaches the upstream.
 
 import os
-import time
 import uuid
 
 import pytest
 
-from conftest import Conn, build_request
-from opslib import TinyUpstream, metrics, mval, read_head, recv_exact, start_ops
+from conftest import Conn, build_request, wait_until
+from proxylib import TinyUpstream, metrics, mval, read_head, recv_exact, start_proxy
 
 ROUTES = """\
   - name: ws
@@ -40,7 +39,7 @@ def tiny():
 
 @pytest.fixture
 def proxy(sluice, redis, tiny):
-    return start_ops(sluice, ROUTES, workers=2, extra_upstreams={"tiny": tiny.port})
+    return start_proxy(sluice, ROUTES, workers=2, extra_upstreams={"tiny": tiny.port})
 
 
 def open_tunnel(port, key):
@@ -104,13 +103,9 @@ def test_tunnel_closes_when_client_closes(proxy):
     assert recv_exact(c, 6) == b"hello\n"
     c.close()
     # the upstream side is released: the gauge returns to what it was
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        ms = metrics(proxy.admin_port)
-        if mval(ms, "sluice_connections", side="client") == 0:
-            break
-        time.sleep(0.05)
-    assert mval(metrics(proxy.admin_port), "sluice_connections", side="client") == 0
+    n, _ = wait_until(lambda: mval(metrics(proxy.admin_port), "sluice_connections", side="client"),
+                      3, until=lambda n: n == 0, step_s=0.05)
+    assert n == 0
     assert proxy.proc.poll() is None
 
 

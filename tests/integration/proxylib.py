@@ -1,4 +1,5 @@
-# sluice - tests/integration/opslib.py: helpers for the operations tests (issue 3).
+# sluice - tests/integration/proxylib.py: sluice with its admin endpoint, for
+# the tests of operators' keys, metrics, reload, workers and the like.
 #
 # Config with the operator's top-level keys (workers, admin, access_log...),
 # a Prometheus text parser for the admin endpoint, Redis INFO commandstats,
@@ -12,14 +13,12 @@ import threading
 import time
 
 from conftest import (Conn, build_request, free_port, http_get, make_conf, redis_cmd,
-                      wait_port)
-
-POLL_S = 0.02
+                      wait_port, wait_until)
 
 
 # --------------------------------------------------------------- config ----
 
-def ops_conf(routes, workers=1, top="", admin_port=None, extra_upstreams=None, **kw):
+def proxy_conf(routes, workers=1, top="", admin_port=None, extra_upstreams=None, **kw):
     """make_conf() plus top-level operator keys. `top` is raw YAML (each line
     at column 0, ending in a newline); extra_upstreams is {name: port}."""
     text = make_conf(routes, **kw)
@@ -35,16 +34,16 @@ def ops_conf(routes, workers=1, top="", admin_port=None, extra_upstreams=None, *
 
 
 def top_keys(**keys):
-    """Top-level `key: value` lines for ops_conf(top=...), the ones not None."""
+    """Top-level `key: value` lines for proxy_conf(top=...), the ones not None."""
     return "".join("%s: %s\n" % (k, v) for k, v in keys.items() if v)
 
 
-def start_ops(sluice, routes, workers=1, top="", admin=True, wait_redis=True,
+def start_proxy(sluice, routes, workers=1, top="", admin=True, wait_redis=True,
               redis_port=None, upstream_port=None, extra_upstreams=None, **kw):
     """Start sluice with an admin listener; returns the Sluice with
     .admin_port set (None when admin=False)."""
     admin_port = free_port() if admin else None
-    text = ops_conf(routes, workers=workers, top=top, admin_port=admin_port,
+    text = proxy_conf(routes, workers=workers, top=top, admin_port=admin_port,
                     extra_upstreams=extra_upstreams, **kw)
     s = sluice(text, wait_redis=wait_redis, redis_port=redis_port,
                upstream_port=upstream_port)
@@ -101,14 +100,8 @@ def series(ms, name):
 
 def wait_metric(admin_port, name, at_least, timeout_s=5.0, **labels):
     """Poll until the series reaches at_least; returns the last value."""
-    deadline = time.monotonic() + timeout_s
-    v = None
-    while time.monotonic() < deadline:
-        v = mval(metrics(admin_port), name, **labels)
-        if v >= at_least:
-            return v
-        time.sleep(0.05)
-    return v
+    return wait_until(lambda: mval(metrics(admin_port), name, **labels), timeout_s,
+                      until=lambda v: v >= at_least, step_s=0.05)[0]
 
 
 # ---------------------------------------------------------------- redis ----

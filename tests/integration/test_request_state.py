@@ -1,4 +1,4 @@
-# sluice - tests/integration/test_request_object.py: a request owns what it
+# sluice - tests/integration/test_request_state.py: a request owns what it
 # computed (issue 10).
 #
 # The defects of per-request state kept on the connection and in worker
@@ -13,8 +13,8 @@ import signal
 import time
 
 from conftest import Conn, build_request, redis_cmd
-from opslib import ops_conf, start_ops, wait_metric, metrics, mval
-from hardlib import hard_conf
+from proxylib import proxy_conf, start_proxy, wait_metric, metrics, mval
+from loadlib import client_conf
 
 IP_LIMIT = """\
   - name: ip1
@@ -30,11 +30,11 @@ def test_reload_lowering_max_header_bytes_while_a_long_path_waits_on_redis(sluic
     lowers client.max_header_bytes to 1 kB; Redis then denies it. The
     denial fills the deny cache from the request's own keys: no write into
     the worker's (resized) scratch, no sanitizer report, a 429."""
-    s = start_ops(sluice, IP_LIMIT, redis_timeout="5s", max_header_bytes=32768)
+    s = start_proxy(sluice, IP_LIMIT, redis_timeout="5s", max_header_bytes=32768)
     with Conn(s.port) as c:       # the one allowed request: the key now denies in Redis
         c.send(build_request("GET", "/r/first"))
         assert c.read_response().status == 200
-    lowered = ops_conf(IP_LIMIT, admin_port=s.admin_port, redis_timeout="5s",
+    lowered = proxy_conf(IP_LIMIT, admin_port=s.admin_port, redis_timeout="5s",
                        max_header_bytes=1024)
     text = (lowered.replace("@LISTEN_PORT@", str(s.port))
             .replace("@REDIS_PORT@", str(redis.port)))
@@ -82,7 +82,7 @@ NOT_FOUND = """\
 def test_discarded_body_times_out_after_body_timeout(sluice, redis):
     """A POST answered 404 whose announced body never comes: the connection
     closes after client.body_timeout instead of staying open."""
-    s = sluice(hard_conf(NOT_FOUND, client={"body_timeout": "1s", "idle_timeout": "30s"}))
+    s = sluice(client_conf(NOT_FOUND, client={"body_timeout": "1s", "idle_timeout": "30s"}))
     with Conn(s.port, timeout_s=5) as c:
         c.send(build_request("POST", "/nowhere", headers=[("Content-Length", "100")]))
         t0 = time.monotonic()
@@ -97,7 +97,7 @@ def test_discarded_body_times_out_after_body_timeout(sluice, redis):
 def test_discarded_body_does_not_hold_up_sigterm(sluice, redis):
     """SIGTERM while a connection waits for the rest of a discarded body:
     sluice exits within body_timeout, not after shutdown_timeout."""
-    s = sluice(hard_conf(NOT_FOUND, client={"body_timeout": "1s", "idle_timeout": "30s"},
+    s = sluice(client_conf(NOT_FOUND, client={"body_timeout": "1s", "idle_timeout": "30s"},
                          top={"shutdown_timeout": "20s"}))
     with Conn(s.port, timeout_s=5) as c:
         c.send(build_request("POST", "/nowhere", headers=[("Content-Length", "100")]))
@@ -118,7 +118,7 @@ def test_408_does_not_carry_the_previous_request_id(sluice, redis):
     """On one keep-alive connection: a request with X-Request-Id, then a head
     that never ends: the 408 has an id of its own (or none), never the one
     before."""
-    s = sluice(hard_conf(NOT_FOUND, client={"header_timeout": "1s"}))
+    s = sluice(client_conf(NOT_FOUND, client={"header_timeout": "1s"}))
     with Conn(s.port, timeout_s=5) as c:
         c.send(build_request("GET", "/only", headers=[("X-Request-Id", "first-request-id")]))
         r1 = c.read_response()
