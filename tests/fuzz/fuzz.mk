@@ -42,7 +42,7 @@ FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_r
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_OBJS_redis_reply     := rconn store_util tls_client log mem
-FUZZ_OBJS_admin_api       := admin_api memstore kvtable limiter route addr regex http1 esc \
+FUZZ_OBJS_admin_api       := admin_api memstore kvtable list limiter route addr regex http1 esc \
                              conf conf_value conf_tls conf_net conf_redis conf_limits conf_load \
                              resetbus loopthread store_sync store_sub store_util rconn tls_client \
                              metrics log mem
