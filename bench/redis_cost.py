@@ -4,7 +4,9 @@
 #
 # Starts its own redis-server on a free 127.0.0.1 port, loads
 # src/store/scripts/limit.lua (and, with --before FILE, an older limit.lua beside
-# it: the per-request protocol of before issue 11, one request per call) and
+# it: the per-request protocol of before issue 11, one request per call;
+# with --baseline FILE, another limit.lua of today's batch protocol, e.g.
+# main's, measured with the same batches in the same rounds) and
 # two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same for
 # three keys, TIME read once), then drives each with redis-benchmark (-c 64
 # -P 16, EVALSHA with the keys and arguments sluice's store.c sends, one key
@@ -16,14 +18,20 @@
 # (redis-benchmark draws every __rand_int__ apart), so no batch gains from
 # two requests sharing a key. Before each scenario it flushes the data and
 # resets INFO commandstats; after it, it reads cmdstat_evalsha's usec and
-# calls: usec per decision = usec / (calls x batch size). A run is --rounds
+# calls: usec per decision = usec / (calls x batch size). That usec is wall
+# time inside Redis, so a loaded machine that preempts Redis mid-script
+# inflates it; beside it, the redis-server process's own CPU time (utime +
+# stime from /proc) over the scenario, per decision, which preemption does
+# not inflate (it also counts Redis' network I/O and expiry of the keys).
+# A run is --rounds
 # such rounds; it reports each scenario's median (the machine may be shared:
 # medians of short interleaved rounds are what stays stable). Every reply is
 # checked first (one call by hand: allowing decisions, no error), and INFO
 # errorstats must stay empty. The redis-server is stopped by PID at the end,
 # also on error, SIGINT and SIGTERM. Standard library only.
 #
-# Prints, per run, usec per decision and the ratios the issue asks for:
+# Prints, per run, usec per decision (then the same for CPU usec) and the
+# ratios the issue asks for:
 #   one limit:    sluice (fixed_window) / minimal          target <= 1.0
 #   three limits: sluice (token_bucket, gcra, fixed_window) / minimal  <= 2.0
 #                 (and / minimal x3, the same script over three keys)
@@ -199,6 +207,10 @@ def scenarios(shas, batches):
         sc.append(("sluice_1_before", sluice_args(shas["before"], [FIXED]), 1))
         sc.append(("sluice_3_before", sluice_args(shas["before"], [BUCKET, GCRA, FIXED]), 1))
     for b in batches:
+        if "baseline" in shas:
+            sc.append(("sluice_1_baseline_b%d" % b, sluice_args(shas["baseline"], [FIXED], b), b))
+            sc.append(("sluice_3_baseline_b%d" % b,
+                       sluice_args(shas["baseline"], [BUCKET, GCRA, FIXED], b), b))
         sc.append(("sluice_1_after_b%d" % b, sluice_args(shas["after"], [FIXED], b), b))
         sc.append(("sluice_3_after_b%d" % b,
                    sluice_args(shas["after"], [BUCKET, GCRA, FIXED], b), b))
@@ -230,26 +242,39 @@ def commandstat(conn, cmd):
     return int(m.group(1)), int(m.group(2))
 
 
-def run_one(conn, port, args, requests, clients, pipeline, keyspace, batch=1):
+def cpu_seconds(pid):
+    """utime + stime of a process (Linux /proc), in seconds."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_one(conn, pid, port, args, requests, clients, pipeline, keyspace, batch=1):
+    """(EVALSHA usec, redis-server CPU usec) per decision of one scenario."""
     conn.call("FLUSHALL")
     conn.call("CONFIG", "RESETSTAT")
+    cpu0 = cpu_seconds(pid)
     cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", str(clients),
            "-P", str(pipeline), "-n", str(requests), "-r", str(keyspace), "-q"] + args
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
                    timeout=300)
+    cpu = cpu_seconds(pid) - cpu0
     errors = conn.call("INFO", "errorstats").decode()
     if "errorstat_" in errors:
         raise RuntimeError("errors during the run: %s" % errors.strip())
     calls, usec = commandstat(conn, "evalsha")
     if calls < requests:
         raise RuntimeError("only %d of %d calls counted" % (calls, requests))
-    return usec / (calls * batch)
+    return usec / (calls * batch), cpu * 1e6 / (calls * batch)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--script", default=os.path.join(ROOT, "src", "store", "scripts", "limit.lua"))
     ap.add_argument("--before", help="an older limit.lua to measure beside --script")
+    ap.add_argument("--baseline",
+                    help="another limit.lua of today's batch protocol (an older commit's)"
+                    " measured beside --script in the same rounds, one key per limit")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5,
                     help="interleaved rounds per run; a run reports each scenario's median")
@@ -284,6 +309,9 @@ def main():
                     "minimal3": conn.call("SCRIPT", "LOAD", MINIMAL3).decode()}
             with open(opt.script, "rb") as f:
                 shas["after"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
+            if opt.baseline:
+                with open(opt.baseline, "rb") as f:
+                    shas["baseline"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
             if opt.before:
                 with open(opt.before, "rb") as f:
                     shas["before"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
@@ -296,20 +324,28 @@ def main():
                      opt.requests, opt.keyspace, opt.rounds))
             print("script: %s%s" % (opt.script, "; before: " + opt.before if opt.before else ""))
             table = {name: [] for name, _, _ in sc}
+            ctable = {name: [] for name, _, _ in sc}
             for run in range(opt.runs):
                 rounds = {name: [] for name, _, _ in sc}
+                crounds = {name: [] for name, _, _ in sc}
                 for _ in range(opt.rounds):
                     for name, args, b in sc:
                         # calls of b decisions: as many decisions as the others
                         n = max(100, opt.requests // b)
-                        rounds[name].append(run_one(conn, port, args, n, opt.clients,
-                                                    opt.pipeline, opt.keyspace, b))
+                        usec, cpu = run_one(conn, proc.pid, port, args, n, opt.clients,
+                                            opt.pipeline, opt.keyspace, b)
+                        rounds[name].append(usec)
+                        crounds[name].append(cpu)
                 for name in rounds:
                     table[name].append(statistics.median(rounds[name]))
+                    ctable[name].append(statistics.median(crounds[name]))
                 print_run(run + 1, {k: v[-1] for k, v in table.items()}, opt.batches)
+                print_run(run + 1, {k: v[-1] for k, v in ctable.items()}, opt.batches, "cpu")
             if opt.runs > 1:
                 print_run("median", {k: statistics.median(v) for k, v in table.items()},
                           opt.batches)
+                print_run("median", {k: statistics.median(v) for k, v in ctable.items()},
+                          opt.batches, "cpu")
     except KeyboardInterrupt:
         return 130
     finally:
@@ -317,14 +353,23 @@ def main():
     return 0
 
 
-def print_run(label, us, batches):
+def ratio(a, b):
+    """a / b; nan when b is 0 (a CPU time below the clock tick's resolution)."""
+    return a / b if b else float("nan")
+
+
+def print_run(label, us, batches, kind="usec"):
     m = us["minimal"]
-    parts = ["run %s: usec/decision minimal %.2f, minimal_x3 %.2f" % (label, m, us["minimal_x3"])]
-    tags = (["before"] if "sluice_1_before" in us else []) + ["after_b%d" % b for b in batches]
+    parts = ["run %s: %s/decision minimal %.2f, minimal_x3 %.2f"
+             % (label, kind, m, us["minimal_x3"])]
+    tags = (["before"] if "sluice_1_before" in us else []) + \
+        (["baseline_b%d" % b for b in batches] if "sluice_1_baseline_b%d" % batches[0] in us
+         else []) + ["after_b%d" % b for b in batches]
     for tag in tags:
         s1, s3 = us["sluice_1_" + tag], us["sluice_3_" + tag]
         parts.append("  %-9s 1 limit %.2f (%.2fx minimal)  3 limits %.2f (%.2fx minimal,"
-                     " %.2fx minimal_x3)" % (tag, s1, s1 / m, s3, s3 / m, s3 / us["minimal_x3"]))
+                     " %.2fx minimal_x3)" % (tag, s1, ratio(s1, m), s3, ratio(s3, m),
+                                             ratio(s3, us["minimal_x3"])))
     print("\n".join(parts), flush=True)
 
 

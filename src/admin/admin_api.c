@@ -25,6 +25,7 @@
 #include "clock.h"
 #include "conf.h"
 #include "esc.h"
+#include "mem.h"
 #include "memstore.h"
 #include "resetbus.h"
 #include "route.h"
@@ -57,9 +58,9 @@ struct api_req {
     const struct conf_route *route;
     const struct conf_limit *limit;
     enum { OP_STATE, OP_OVERRIDE, OP_RESET } op;
-    char *parts[CONF_MAX_LIMITS];       /* decoded key values (mem_alloc'd) */
-    size_t partlen[CONF_MAX_LIMITS];
-    int nparts;
+    char **parts;                       /* decoded key values (malloc'd), */
+    size_t *partlen;                    /* room for the limit's nkeys */
+    int nparts, more;                   /* more: the query gave more than nkeys */
     char key[ROUTE_MAX_KEY];
     size_t keylen;
     const struct conf_override *cfg;    /* the key's config override, or NULL */
@@ -152,6 +153,10 @@ static void req_free(struct api_req *q)
 {
     for (int i = 0; i < q->nparts; i++)
         free(q->parts[i]);
+    free(q->parts);
+    free(q->partlen);
+    q->parts = NULL;
+    q->partlen = NULL;
     q->nparts = 0;
 }
 
@@ -194,7 +199,10 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
         return api_error(out, 404, "not found: use %s/ROUTE/LIMIT[/override|/reset]?key=...",
                          ADMIN_API_PREFIX);
 
-    /* ?key=V&key=V2: the key's parts, in order */
+    /* ?key=V&key=V2: the key's parts, in order (config does not bound
+     * how many sources a key has) */
+    q->parts = mem_calloc((size_t)q->limit->nkeys, sizeof(*q->parts));
+    q->partlen = mem_calloc((size_t)q->limit->nkeys, sizeof(*q->partlen));
     const char *t = data + h->target.off, *tend = t + h->target.len;
     const char *qs = memchr(t, '?', h->target.len);
     for (const char *a = qs ? qs + 1 : tend; a < tend;) {
@@ -202,8 +210,10 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
         const char *pe = amp ? amp : tend;
         const char *eq = memchr(a, '=', (size_t)(pe - a));
         if (eq && eq - a == 3 && !memcmp(a, "key", 3)) {
-            if (q->nparts >= CONF_MAX_LIMITS || q->nparts >= q->limit->nkeys + 1)
+            if (q->nparts >= q->limit->nkeys) {
+                q->more = 1;
                 break;
+            }
             size_t n;
             char *v = decode(eq + 1, (size_t)(pe - eq - 1), &n);
             if (v == NULL)
@@ -221,11 +231,11 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
         }
         a = amp ? amp + 1 : tend;
     }
-    if (q->nparts != q->limit->nkeys)
+    if (q->nparts != q->limit->nkeys || q->more)
         return api_error(out, 400, "limit '%s' of route '%s' has a key of %d part%s; got %d%s",
                          q->limit->name, q->route->name, q->limit->nkeys,
-                         q->limit->nkeys == 1 ? "" : "s", q->nparts,
-                         q->nparts > q->limit->nkeys ? " or more" : "");
+                         q->limit->nkeys == 1 ? "" : "s", q->nparts + q->more,
+                         q->more ? " or more" : "");
     long kl = route_key_parts(q->conf, q->route, q->limit, (const char *const *)q->parts,
                               q->partlen, q->nparts, q->key);
     if (kl <= 0)
@@ -465,6 +475,9 @@ static void put_params(struct evbuffer *out, const struct limiter_params *p)
     if (p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA)
         evbuffer_add_printf(out, "{\"burst\": %lld, \"interval_us\": %lld}",
                             (long long)p->limit, (long long)p->interval_us);
+    else if (p->algo == LIMITER_CONCURRENCY)     /* window_ms is the slots' lease */
+        evbuffer_add_printf(out, "{\"limit\": %lld, \"lease_ms\": %lld}",
+                            (long long)p->limit, (long long)p->window_ms);
     else
         evbuffer_add_printf(out, "{\"limit\": %lld, \"window_ms\": %lld}",
                             (long long)p->limit, (long long)p->window_ms);
@@ -537,7 +550,10 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
             return api_error(out, 500, "the memory limiter refused the check");
         r = res.r[0];
     } else {
-        char ok[ROUTE_MAX_KEY + 8], num[10][24];
+        /* the integers after "d 1": algo L W I 1 1 ref cost, then the
+         * slot (concurrency) and the override key's index (admin.token) */
+        enum { STATE_NV = 8 + 1 + 1, STATE_ARGC = 5 + 2 + STATE_NV };
+        char ok[ROUTE_MAX_KEY + 8], num[STATE_NV][24];
         size_t oklen;
         ovr_key(q, ok, &oklen);
         /* limit.lua's batch protocol, one request of one limit, check only:
@@ -546,15 +562,18 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
          * overrides: nor does this */
         int ro = q->conf->redis.overrides, nk = ro ? 2 : 1;
         int conc = cp->algo == LIMITER_CONCURRENCY;
-        int64_t v[9] = { cp->algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
-                         STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
+        int64_t v[STATE_NV] = { cp->algo, cp->limit, cp->window_ms,
+                                conc ? 0 : cp->interval_us, 1, 1,
+                                STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
         int nv = 8;
         if (conc)
             v[nv++] = 9007199254740991LL;       /* a slot id no request has: 2^53 - 1 */
         if (ro)
             v[nv++] = 2;                        /* KEYS[2] is the override key */
-        const char *argv[16] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key, ok };
-        size_t lens[16] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
+        assert(nv <= STATE_NV && 5 + nk + nv <= STATE_ARGC);
+        const char *argv[STATE_ARGC] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key,
+                                         ok };
+        size_t lens[STATE_ARGC] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
         argv[3 + nk] = "d", lens[3 + nk] = 1;
         argv[4 + nk] = "1", lens[4 + nk] = 1;
         for (int i = 0; i < nv; i++) {
@@ -578,14 +597,16 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
         r.allowed = got >= 0;
         r.remaining = got >= 0 ? got : 0;
         r.reset_ms = rep[0].ints[3];
-        r.retry_ms = got >= 0 ? 0 : -got;
+        r.retry_ms = got >= 0 ? 0 : got < -INT64_MAX ? INT64_MAX : -got;
+        r.limit = ro ? rep[0].ints[4] : cp->limit;
+        limiter_clamp(&r, cp, ro);
         if (ro && rep[1].type == STORE_SYNC_STR &&
             parse_ovr(rep[1].str, rep[1].len, cp, &eff) == 0) {
             runtime = 1;
             ttl_ms = rep[2].type == STORE_SYNC_INT && rep[2].integer >= 0 ? rep[2].integer : -1;
         }
         if (ro)
-            eff.limit = rep[0].ints[4];
+            eff.limit = r.limit;
     }
     put_head(out, q);
     evbuffer_add_printf(out, ", \"source\": \"%s\", \"params\": ",

@@ -85,6 +85,8 @@ struct conf_keysrc {
     char *arg;                  /* header/query/cookie name; NULL otherwise */
     size_t arglen;
     int capture;                /* CONF_KEY_CAPTURE: group 1..9 of path_regex */
+    int net;                    /* CONF_KEY_IP from ip/N: key the client's network */
+    int bits4, bits6;           /* with net: its prefix lengths (32, 128: whole) */
 };
 
 /* overrides: one key's parameters instead of the limit's own. parts are
@@ -113,6 +115,7 @@ struct conf_limit {
     uint8_t count_status[CONF_MAX_STATUS];  /* 1 = counts */
     int status;                 /* rejection status, default 429 */
     char *message;              /* rejection "message" in the JSON body; NULL */
+    struct tzcal *tz;           /* calendar: true: its zone (params.tz); NULL */
     struct conf_override *overrides;    /* per-key parameters; NULL */
     int noverrides;
     enum conf_missing_key on_missing_key;   /* default ip */
@@ -168,6 +171,9 @@ struct conf_route {
     int upgrade;                /* tunnel Upgrade requests after a 101 */
     char **upgrade_protos;      /* protocols tunnelled; NULL: websocket only */
     int nupgrade_protos;
+    char *policy;               /* the RateLimit-Policy value of its limits,
+                                 * built once by conf_load (NULL otherwise) */
+    size_t policy_len;
 };
 
 struct conf_redis {
@@ -270,6 +276,13 @@ void conf_release(struct conf *c);
 void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
 
 /* Parsers shared with tests: return 0 and set *out, or -1. */
+/* The RateLimit-Policy value of r's limits ("name";q=N;w=S, ... as
+ * reply.c sends it), malloc'd, its length in *len. q[i] and w_ms[i] are
+ * limit i's quota and window as applied (an override's), or both NULL for
+ * the configured ones: conf_load keeps that text in r->policy. */
+char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
+                        size_t *len);
+
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);
 /* A bucket's (token_bucket, gcra) time per token for a rate of count per

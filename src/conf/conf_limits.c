@@ -12,7 +12,37 @@
 #include <string.h>
 
 #include "conf_int.h"
+#include "esc.h"
 #include "regex.h"
+
+/* ---- the RateLimit-Policy value */
+
+char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
+                        size_t *len)
+{
+    size_t cap = 1, n = 0;
+
+    for (int i = 0; i < r->nlimits; i++)
+        cap += ESC_MAX(strlen(r->limits[i].name)) + 96;
+    char *out = xcalloc(1, cap);
+    for (int i = 0; i < r->nlimits; i++) {
+        const struct conf_limit *l = &r->limits[i];
+        int64_t quota = q ? q[i] : l->params.limit, w = w_ms ? w_ms[i] : l->params.window_ms;
+        if (i)
+            n += (size_t)snprintf(out + n, cap - n, ", ");
+        out[n++] = '"';
+        n = (size_t)(esc_put(out + n, l->name, strlen(l->name), ESC_QUOTED) - out);
+        out[n++] = '"';
+        n += (size_t)snprintf(out + n, cap - n, ";q=%lld", (long long)quota);
+        if (l->params.algo == LIMITER_CONCURRENCY)     /* draft-10's quota unit */
+            n += (size_t)snprintf(out + n, cap - n, ";qu=\"concurrent-requests\"");
+        else                    /* whole seconds, rounded up (reply_seconds) */
+            n += (size_t)snprintf(out + n, cap - n, ";w=%lld",
+                                  (long long)(w > 0 ? (w + 999) / 1000 : 0));
+    }
+    *len = n;
+    return out;
+}
 
 /* ---- allow lists: trusted_proxies, allow */
 
@@ -378,6 +408,7 @@ struct limit_src {
     struct node *overrides, *overrides_k;
     struct node *limit_k, *window_k, *rate_k, *burst_k;       /* their keys */
     struct node *lease, *lease_k, *delay, *delay_k;           /* concurrency; delay */
+    struct node *calendar, *calendar_k, *timezone, *timezone_k;
 };
 
 static int h_limit_name(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -430,13 +461,49 @@ static const struct { const char *word; enum conf_keysrc_kind kind; int has_arg;
     { "cookie", CONF_KEY_COOKIE, 1 }, { NULL, 0, 0 },
 };
 
-/* 0, or -1 for an unknown source, -2 for a bad capture number. capture:N
- * is checked against the route's path_regex in phase 3 (match may come
- * after limits in the file). */
+/* s[0..n) as a prefix length 0..max (one to three digits), or -1. */
+static int parse_prefix_bits(const char *s, size_t n, int max)
+{
+    int v = 0;
+    if (n == 0 || n > 3)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v <= max ? v : -1;
+}
+
+/* "N" or "N/M" after "ip/": the prefix lengths, or -1. ip/N with N <= 32
+ * is an IPv4 length (IPv6 clients keyed whole), with N > 32 an IPv6 one
+ * (IPv4 clients keyed whole); ip/N/M gives both. */
+static int parse_ip_prefix(const char *s, struct conf_keysrc *out)
+{
+    const char *slash = strchr(s, '/');
+    if (slash == NULL) {
+        int n = parse_prefix_bits(s, strlen(s), 128);
+        out->bits4 = n <= 32 ? n : 32;
+        out->bits6 = n <= 32 ? 128 : n;
+        return n;
+    }
+    out->bits4 = parse_prefix_bits(s, (size_t)(slash - s), 32);
+    out->bits6 = parse_prefix_bits(slash + 1, strlen(slash + 1), 128);
+    return out->bits4 < 0 || out->bits6 < 0 ? -1 : 0;
+}
+
+/* 0, or -1 for an unknown source, -2 for a bad capture number, -3 for a
+ * bad ip prefix. capture:N is checked against the route's path_regex in
+ * phase 3 (match may come after limits in the file). */
 static int parse_keysrc(const char *s, struct conf_keysrc *out)
 {
     const char *colon = strchr(s, ':');
     size_t wl = colon ? (size_t)(colon - s) : strlen(s);
+    if (!strncmp(s, "ip/", 3)) {
+        out->kind = CONF_KEY_IP;
+        out->net = 1;
+        return parse_ip_prefix(s + 3, out) < 0 ? -3 : 0;
+    }
     if (wl == 7 && !strncmp(s, "capture", 7)) {
         if (!colon || colon[1] < '1' || colon[1] > '0' + CONF_MAX_CAPTURES || colon[2])
             return -2;
@@ -476,9 +543,13 @@ static int h_limit_key(struct ctx *x, struct node *k, struct node *v, void *obj)
         if (s && rc == -2)
             conf_fail(x, v->kids[i], "bad key source '%s' (capture:N takes a group number "
                       "1..%d)", conf_show(s, sb), CONF_MAX_CAPTURES);
+        else if (s && rc == -3)
+            conf_fail(x, v->kids[i], "bad key source '%s' (ip/N takes a prefix length 0..128, "
+                      "ip/N/M an IPv4 length 0..32 and an IPv6 length 0..128)",
+                      conf_show(s, sb));
         else if (s && rc < 0)
-            conf_fail(x, v->kids[i], "bad key source '%s' (use ip, method, path, header:NAME, "
-                      "query:NAME or cookie:NAME)", conf_show(s, sb));
+            conf_fail(x, v->kids[i], "bad key source '%s' (use ip, ip/N, method, path, "
+                      "header:NAME, query:NAME or cookie:NAME)", conf_show(s, sb));
         conf_path_pop(x, old);
         if (rc < 0)
             return -1;
@@ -590,6 +661,23 @@ static int h_limit_delay(struct ctx *x, struct node *k, struct node *v, void *ob
     return conf_scalar(x, v) ? 0 : -1;
 }
 
+static int h_limit_calendar(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    int on;
+    if (conf_get_bool(x, v, &on) < 0)
+        return -1;
+    ls->calendar = on ? v : NULL, ls->calendar_k = k;
+    return 0;
+}
+
+static int h_limit_timezone(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->timezone = v, ls->timezone_k = k;
+    return conf_scalar(x, v) ? 0 : -1;
+}
+
 static int h_limit_on_missing_key(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     static const char *const names[] = { "ip", "deny", "pass" };
@@ -616,6 +704,8 @@ static const struct key_def limit_keys[] = {
     { "overrides", h_limit_overrides, 0 },
     { "lease", h_limit_lease, 0 },
     { "delay", h_limit_delay, 0 },
+    { "calendar", h_limit_calendar, 0 },
+    { "timezone", h_limit_timezone, 0 },
     { "on_missing_key", h_limit_on_missing_key, 0 },
     { NULL, NULL, 0 },
 };
@@ -628,6 +718,44 @@ static int algo_from_name(const char *s, enum limiter_algo *out)
             return 0;
         }
     }
+    return -1;
+}
+
+/* calendar: true: a window of 1d, 1w, 1mo or 1y in timezone (UTC by
+ * default), for fixed_window only. */
+static int limit_calendar_params(struct ctx *x, struct limit_src *ls)
+{
+    static const struct { const char *w; enum tzcal_unit u; int64_t ms; } units[] = {
+        { "1d", TZCAL_DAY, 86400000LL }, { "1w", TZCAL_WEEK, 7 * 86400000LL },
+        { "1mo", TZCAL_MONTH, 30 * 86400000LL }, { "1y", TZCAL_YEAR, 365 * 86400000LL },
+    };
+    struct limiter_params *lp = &ls->l->params;
+    char sb[SHOW_BUF];
+    const char *why;
+    if (!ls->calendar)
+        return ls->timezone_k ? conf_fail_bare(x, ls->timezone_k, "'timezone' needs calendar: "
+                                               "true in %s", conf_where(x)) : 0;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(ls->window->str, units[i].w))
+            continue;
+        const char *zone = ls->timezone ? ls->timezone->str : "UTC";
+        ls->l->tz = tzcal_load(zone, &why);
+        if (ls->l->tz == NULL) {
+            size_t old = conf_path_push_key(x, "timezone");
+            conf_fail(x, ls->timezone, "%s '%s' (use an IANA name such as Europe/Berlin)", why,
+                      conf_show(zone, sb));
+            conf_path_pop(x, old);
+            return -1;
+        }
+        lp->cal = units[i].u;
+        lp->tz = ls->l->tz;
+        lp->window_ms = units[i].ms;
+        return 0;
+    }
+    size_t old = conf_path_push_key(x, "window");
+    conf_fail(x, ls->window, "bad calendar window '%s' (use 1d, 1w, 1mo or 1y)",
+              conf_show(ls->window->str, sb));
+    conf_path_pop(x, old);
     return -1;
 }
 
@@ -650,10 +778,12 @@ static int limit_window_params(struct ctx *x, struct node *m, struct limit_src *
     conf_path_pop(x, old);
     if (rc < 0)
         return -1;
+    lp->interval_us = 0;
+    if (ls->calendar || ls->timezone_k)
+        return limit_calendar_params(x, ls);
     old = conf_path_push_key(x, "window");
     rc = conf_get_duration(x, ls->window, &lp->window_ms);
     conf_path_pop(x, old);
-    lp->interval_us = 0;
     return rc;
 }
 
@@ -858,6 +988,11 @@ static int limit_shaping_keys(struct ctx *x, struct limit_src *ls, const char *a
     if (ls->delay_k && a != LIMITER_TOKEN_BUCKET && a != LIMITER_GCRA)
         return conf_fail_bare(x, ls->delay_k, "'delay' does not apply to %s in %s (only to "
                               "token_bucket and gcra)", an, conf_where(x));
+    if ((ls->calendar || ls->timezone_k) && a != LIMITER_FIXED_WINDOW)
+        return conf_fail_bare(x, ls->calendar ? ls->calendar_k : ls->timezone_k,
+                              "'%s' does not apply to %s in %s (only fixed_window windows "
+                              "follow the calendar)", ls->calendar ? "calendar" : "timezone",
+                              an, conf_where(x));
     if (ls->delay_k && ls->l->shadow)
         return conf_fail_bare(x, ls->delay_k, "'delay' does not apply to a shadow limit in %s",
                               conf_where(x));

@@ -28,6 +28,7 @@
 
 #include "conf_int.h"
 #include "regex.h"
+#include "tzcal.h"
 
 /* ---- phase 1: syntax, events -> node tree */
 
@@ -303,6 +304,8 @@ static int check_route(struct ctx *x, int i)
             }
         }
     }
+    if (rc == 0)                /* written on every response: built once */
+        r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
     conf_path_pop(x, old);
     return rc;
 }
@@ -507,6 +510,7 @@ static void conf_free(struct conf *c)
             free(r->limits[j].keys);
             free(r->limits[j].name);
             free(r->limits[j].cost_header);
+            tzcal_free(r->limits[j].tz);
             free(r->limits[j].message);
             for (int k = 0; k < r->limits[j].noverrides; k++) {
                 struct conf_override *o = &r->limits[j].overrides[k];
@@ -519,6 +523,7 @@ static void conf_free(struct conf *c)
             free(r->limits[j].overrides);
         }
         free(r->limits);
+        free(r->policy);
         free(r->name);
         free(r->path);
         free(r->host);

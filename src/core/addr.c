@@ -61,6 +61,18 @@ int addr_split(const char *s, char *host, size_t hostsize, int *port)
 
 /* ---- CIDR ---- */
 
+/* Clear the bits of a[0..max/8) past the first bits. */
+static void addr_mask(uint8_t *a, int max, int bits)
+{
+    for (int i = 0; i < max / 8; i++) {
+        int keep = bits - i * 8;
+        if (keep <= 0)
+            a[i] = 0;
+        else if (keep < 8)
+            a[i] &= (uint8_t)(0xff00 >> keep);
+    }
+}
+
 int addr_cidr_parse(const char *s, struct addr_cidr *out)
 {
     char host[INET6_ADDRSTRLEN];
@@ -83,13 +95,7 @@ int addr_cidr_parse(const char *s, struct addr_cidr *out)
     if (slash && (addr_number(slash + 1, strlen(slash + 1), 3, &bits) < 0 || bits > max))
         return -1;
     out->bits = (int)bits;
-    for (int i = 0; i < max / 8; i++) {
-        int keep = (int)bits - i * 8;
-        if (keep <= 0)
-            out->addr[i] = 0;
-        else if (keep < 8)
-            out->addr[i] &= (uint8_t)(0xff00 >> keep);
-    }
+    addr_mask(out->addr, max, (int)bits);
     return 0;
 }
 
@@ -270,4 +276,34 @@ size_t addr_ntop(const struct sockaddr_storage *ss, char *out)
         return 0;
     }
     return strlen(out);
+}
+
+size_t addr_net(const char *ip, int bits4, int bits6, char *out)
+{
+    struct sockaddr_storage ss;
+    uint8_t *a;
+    int bits, max;
+    if (addr_pton(AF_INET, ip, &ss) < 0 && addr_pton(AF_INET6, ip, &ss) < 0) {
+        out[0] = '\0';
+        return 0;
+    }
+    if (ss.ss_family == AF_INET) {      /* a mapped IPv6 was folded */
+        a = (uint8_t *)&((struct sockaddr_in *)&ss)->sin_addr;
+        bits = bits4, max = 32;
+    } else {
+        a = ((struct sockaddr_in6 *)&ss)->sin6_addr.s6_addr;
+        bits = bits6, max = 128;
+    }
+    addr_mask(a, max, bits);
+    size_t n = addr_ntop(&ss, out);
+    if (n > 0 && bits < max) {
+        out[n++] = '/';
+        if (bits >= 100)
+            out[n++] = (char)('0' + bits / 100);
+        if (bits >= 10)
+            out[n++] = (char)('0' + bits / 10 % 10);
+        out[n++] = (char)('0' + bits % 10);
+        out[n] = '\0';
+    }
+    return n;
 }

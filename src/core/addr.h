@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 
 #define ADDR_IP_MAX 64          /* an address as text, with its NUL */
+#define ADDR_NET_MAX (ADDR_IP_MAX + 4)  /* a network as text: address "/" bits */
 
 struct addr_cidr {
     int family;                 /* AF_INET or AF_INET6 */
@@ -55,5 +56,12 @@ int addr_xff_walk(const struct addr_cidr *trusted, int ntrusted, const char *v, 
 /* ss's address as text into out[ADDR_IP_MAX]; its length ("" and 0 on
  * failure). */
 size_t addr_ntop(const struct sockaddr_storage *ss, char *out);
+
+/* The network of address text ip (as addr_ntop writes it) under a prefix of
+ * bits4 bits for IPv4 (IPv4-mapped IPv6 included) or bits6 bits for IPv6,
+ * in canonical form into out[ADDR_NET_MAX]: "192.0.2.0/24",
+ * "2001:db8:1:2::/64"; the address alone when the prefix is whole (32 or
+ * 128). Returns its length, 0 ("" in out) when ip is not an address. */
+size_t addr_net(const char *ip, int bits4, int bits6, char *out);
 
 #endif

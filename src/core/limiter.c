@@ -179,14 +179,30 @@ static void log_add(struct limiter_state *s, int64_t thr_ms, int64_t now_ms, int
 
 /* ---- the algorithms: each mirrors its decide_* in limit.lua ---------------- */
 
+/* fixed_window's window holding now_ms: [*start, *end) and its index (a
+ * calendar window is known by its start). */
+static int64_t fixed_window(const struct limiter_params *p, int64_t now_ms, int64_t *start,
+                            int64_t *end)
+{
+    if (p->cal != TZCAL_NONE) {
+        int64_t b[4];
+        tzcal_bounds(p->tz, p->cal, now_ms, b);
+        *start = b[1], *end = b[2];
+        return b[1];
+    }
+    int64_t win = div_floor(now_ms, p->window_ms);
+    *start = win * p->window_ms, *end = *start + p->window_ms;
+    return win;
+}
+
 static void decide_fixed(const struct limiter_state *s, int is_live,
                          const struct limiter_params *p, int64_t c, int64_t now_us,
                          struct decision *d)
 {
-    int64_t L = p->limit, W = p->window_ms, now_ms = now_ms_of(now_us);
-    int64_t win = div_floor(now_ms, W);
+    int64_t L = p->limit, now_ms = now_ms_of(now_us), start, end;
+    int64_t win = fixed_window(p, now_ms, &start, &end);
     int64_t n = is_live && s->u.fixed.win == win ? s->u.fixed.n : 0;
-    int64_t reset = (win + 1) * W - now_ms;
+    int64_t reset = end - now_ms;
     d->ok = n + c <= L;
     d->reset = d->reset0 = reset;
     d->rem0 = max64(0, L - n);
@@ -195,7 +211,7 @@ static void decide_fixed(const struct limiter_state *s, int is_live,
         d->retry = 0;
     } else {
         d->rem = 0;
-        d->retry = c > L ? W : reset;
+        d->retry = c > L ? end - start : reset;
     }
 }
 
@@ -462,6 +478,47 @@ void limiter_unconsumed(const struct limiter_state *s, const struct limiter_para
     r->retry_ms = 0;
 }
 
+static int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* The longest reset_ms or denial retry_ms a result of p may carry (see
+ * limiter_clamp() in limiter.h). */
+static int64_t max_time_ms(const struct limiter_params *p, int overridable)
+{
+    int64_t W = clamp64(p->window_ms, 0, LIMITER_MAX_TIME_MS), refill;
+    int64_t D = clamp64(p->delay_ms, 0, LIMITER_MAX_TIME_MS);
+    switch (p->algo) {
+    case LIMITER_FIXED_WINDOW:
+    case LIMITER_SLIDING_WINDOW:
+    case LIMITER_SLIDING_LOG:
+        return 2 * W;           /* sliding_window's count decays over the next
+                                 * window; an entry from a clock gone back */
+    case LIMITER_TOKEN_BUCKET:
+    case LIMITER_GCRA:
+        if (overridable || p->interval_us < 1 || p->limit < 0 ||
+            p->limit > LIMITER_EXACT_MAX / p->interval_us)
+            refill = LIMITER_MAX_TIME_MS;
+        else
+            refill = div_ceil(p->limit * p->interval_us, 1000);
+        return clamp64(refill, 0, LIMITER_MAX_TIME_MS) + D;
+    case LIMITER_CONCURRENCY:
+        return max64(W, 1000);
+    }
+    return 0;
+}
+
+void limiter_clamp(struct limiter_result *r, const struct limiter_params *p, int overridable)
+{
+    int64_t t = max_time_ms(p, overridable);
+    r->allowed = r->allowed != 0;
+    r->limit = overridable ? clamp64(r->limit, 0, LIMITER_MAX_LIMIT) : p->limit;
+    r->remaining = r->allowed ? clamp64(r->remaining, 0, max64(r->limit, 0)) : 0;
+    r->reset_ms = clamp64(r->reset_ms, 0, t);
+    r->retry_ms = clamp64(r->retry_ms, 0, r->allowed ? clamp64(p->delay_ms, 0, t) : t);
+}
+
 /* The writes of the Lua's d.write(), with the key's expiry. */
 void limiter_commit(struct limiter_state *s, const struct limiter_params *p,
                     int64_t cost, int64_t now_us)
@@ -478,10 +535,10 @@ void limiter_commit(struct limiter_state *s, const struct limiter_params *p,
     s->algo = p->algo;
     switch (p->algo) {
     case LIMITER_FIXED_WINDOW: {
-        int64_t win = div_floor(now_ms, W);
+        int64_t start, end, win = fixed_window(p, now_ms, &start, &end);
         s->u.fixed.n = (is_live && s->u.fixed.win == win ? s->u.fixed.n : 0) + cost;
         s->u.fixed.win = win;
-        s->expire_ms = (win + 1) * W;
+        s->expire_ms = end;
         return;
     }
     case LIMITER_SLIDING_WINDOW: {

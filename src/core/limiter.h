@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include "tzcal.h"
+
 enum limiter_algo {
     LIMITER_FIXED_WINDOW,
     LIMITER_SLIDING_WINDOW,
@@ -36,6 +38,12 @@ struct limiter_params {
      * the lease (how long a slot stays taken without news), limit the
      * slots; interval_us is unused. */
     int64_t delay_ms;
+    /* fixed_window with calendar: true: the window is the day, week, month
+     * or year of zone tz holding now (window_ms is its nominal length, for
+     * checks and the policy header); TZCAL_NONE: windows since the epoch.
+     * The zone belongs to the config. */
+    enum tzcal_unit cal;
+    const struct tzcal *tz;
 };
 
 struct limiter_result {
@@ -48,6 +56,21 @@ struct limiter_result {
 };
 
 const char *limiter_algo_name(enum limiter_algo algo);
+
+/* What a result may carry, whoever produced it (limit.lua's reply can come
+ * from a hostile Redis): both backends pass each result through
+ * limiter_clamp() where it is produced, so no consumer checks numbers.
+ * limit: p->limit, or with overridable (a run-time override may have
+ * replaced it) 0..LIMITER_MAX_LIMIT; remaining: 0..limit; reset_ms and a
+ * denial's retry_ms: 0..two windows (sliding_window's count decays over
+ * the next one; a sliding_log entry from a clock gone back), the burst's
+ * refill time plus the delay (token_bucket, gcra; with overridable, whose
+ * interval an override may change, LIMITER_MAX_TIME_MS plus the delay),
+ * the lease or 1 s (concurrency); an admission's retry_ms (its delay
+ * wait): 0..p->delay_ms. */
+#define LIMITER_MAX_LIMIT   1000000000LL                /* conf's and the admin API's bound */
+#define LIMITER_MAX_TIME_MS (3650LL * 86400 * 1000)     /* the longest window or refill */
+void limiter_clamp(struct limiter_result *r, const struct limiter_params *p, int overridable);
 
 /* ---- The pure C algorithms (the in-process backend, memstore.c) ----------
  *

@@ -52,23 +52,52 @@ void reply_pick(struct reply_limits *rl, int allowed)
     rl->shown = best;
 }
 
-static void add_policy(struct obuf *out, const struct conf_route *route,
+/* The quota and window (ms) of route limit l as this decision applied it:
+ * an override's (config or run-time) when one did, so that the policy and
+ * RateLimit describe one quota. A bucket's window is its burst's refill
+ * time at the interval sluice knows (a run-time override's own rate is in
+ * Redis only). */
+static void policy_of(const struct reply_limits *rl, const struct conf_limit *l,
+                      int64_t *q, int64_t *w_ms)
+{
+    const struct limiter_params *p = &l->params;
+    *q = p->limit;
+    for (int j = 0; j < rl->n; j++)
+        if (rl->limit[j] == l) {
+            p = rl->params[j] ? rl->params[j] : p;
+            *q = rl->r[j].limit;
+        }
+    *w_ms = p->window_ms;
+    if ((p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA) && *q != p->limit)
+        *w_ms = *q > 0 && p->interval_us > (LIMITER_MAX_TIME_MS * 1000) / *q ?
+                LIMITER_MAX_TIME_MS : (*q * p->interval_us + 999) / 1000;
+}
+
+/* Did this decision apply every limit as configured (no override)? Then
+ * the route's RateLimit-Policy is the text conf_load built. */
+static int policy_configured(const struct reply_limits *rl)
+{
+    for (int j = 0; j < rl->n; j++)
+        if (rl->params[j] || rl->r[j].limit != rl->limit[j]->params.limit)
+            return 0;
+    return 1;
+}
+
+static void add_policy(struct obuf *out, const struct reply_limits *rl,
                        const char *more, size_t more_len)
 {
+    const struct conf_route *route = rl->route;
     ADD_LIT(out, "RateLimit-Policy: ");
-    for (int i = 0; i < route->nlimits; i++) {
-        const struct conf_limit *l = &route->limits[i];
-        if (i)
-            ADD_LIT(out, ", ");
-        add_quoted(out, l->name);
-        ADD_LIT(out, ";q=");
-        add_int(out, l->params.limit);
-        if (l->params.algo == LIMITER_CONCURRENCY) {    /* draft-10's quota unit */
-            ADD_LIT(out, ";qu=\"concurrent-requests\"");
-            continue;
-        }
-        ADD_LIT(out, ";w=");
-        add_int(out, reply_seconds(l->params.window_ms));
+    if (route->policy && policy_configured(rl)) {
+        obuf_add(out, route->policy, route->policy_len);    /* built at load */
+    } else {
+        int64_t q[CONF_MAX_LIMITS], w_ms[CONF_MAX_LIMITS];
+        size_t n;
+        for (int i = 0; i < route->nlimits; i++)
+            policy_of(rl, &route->limits[i], &q[i], &w_ms[i]);
+        char *t = conf_route_policy(route, q, w_ms, &n);
+        obuf_add(out, t, n);
+        free(t);
     }
     if (more) {
         ADD_LIT(out, ", ");
@@ -107,7 +136,7 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
     if (mode == CONF_HEADERS_FULL || mode == CONF_HEADERS_IETF) {
         /* Both are lists: the upstream's items follow ours, and a client
          * heeds the most restrictive item. */
-        add_policy(out, rl->route, up ? up->policy : NULL, up ? up->policy_len : 0);
+        add_policy(out, rl, up ? up->policy : NULL, up ? up->policy_len : 0);
         ADD_LIT(out, "RateLimit: ");
         add_quoted(out, rl->limit[rl->shown]->name);
         ADD_LIT(out, ";r=");

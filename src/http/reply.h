@@ -20,6 +20,9 @@ struct reply_limits {
     const struct conf_route *route;
     int n;                                  /* limits decided */
     const struct conf_limit *limit[STORE_MAX_LIMITS];
+    /* the parameters applied: a config override's, or NULL (the limit's);
+     * a run-time override's limit comes back in r[].limit */
+    const struct limiter_params *params[STORE_MAX_LIMITS];
     struct limiter_result r[STORE_MAX_LIMITS];
     int shown;      /* index shown: least remaining, or the denying limit */
 };

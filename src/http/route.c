@@ -489,6 +489,7 @@ struct route_part {
     const char *p;              /* SPAN: the bytes; QUERY, COOKIE: the raw value;
                                  * NUMBER: a capture route_number_span took */
     size_t n;
+    char net[ADDR_NET_MAX];     /* an ip/N source's network, p points here */
 };
 
 /* Next byte of a percent-encoded run: a valid %XX is its octet, and a '%'
@@ -926,9 +927,15 @@ static enum route_seen route_locate(const struct conf_keysrc *ks, const struct r
     pt->kind = ROUTE_PART_SPAN;
     switch (ks->kind) {
     case CONF_KEY_IP:
+        if (req->ip == NULL)
+            return ROUTE_ABSENT;
         pt->p = req->ip;
         pt->n = req->iplen;
-        return req->ip != NULL ? ROUTE_ONCE : ROUTE_ABSENT;
+        if (ks->net) {
+            pt->p = pt->net;
+            pt->n = addr_net(req->ip, ks->bits4, ks->bits6, pt->net);
+        }
+        return ROUTE_ONCE;
     case CONF_KEY_METHOD:
         pt->p = req->buf + req->h->method.off;
         pt->n = req->h->method.len;

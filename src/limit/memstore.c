@@ -391,6 +391,8 @@ int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
     res->allowed = memstore_apply(m, limits, n, hash, now_us, res);
     for (int i = k - 1; i >= 0; i--)
         pthread_mutex_unlock(&m->stripes[order[i]].lock);
+    for (int i = 0; i < n; i++)         /* as the store bounds Redis's replies */
+        limiter_clamp(&res->r[i], limits[i].params, 0);
     res->status = STORE_OK;
     res->n = n;
     return 0;

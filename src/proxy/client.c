@@ -63,6 +63,13 @@ static void client_free(struct client *c)
 
 /* ---- the client connection --------------------------------------------- */
 
+/* Reading heads: input up to a whole head plus pipelined requests (a body
+ * streaming upstream reads less: exchange.c's client_reads_fit). */
+static void client_read_heads(struct client *c)
+{
+    io_setwatermark(c->io, EV_READ, c->conf->client.max_header_bytes + CLIENT_INPUT_MAX);
+}
+
 /* The current request is over (answered and its body read): wait for the
  * next one, or close. */
 static void client_request_done(struct client *c)
@@ -78,6 +85,7 @@ static void client_request_done(struct client *c)
         return;
     }
     c->state = CS_HEAD;
+    client_read_heads(c);
     if (evbuffer_get_length(io_input(c->io)) == 0) {
         conn_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
         request_put(c->env, c->rq);     /* idle: no request state until the next head */
@@ -323,7 +331,7 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     /* A client that stops reading is dropped after idle_timeout. */
     struct timeval wt = clock_timeval(conf->client.idle_timeout_ms);
     io_set_timeouts(io, NULL, &wt);
-    io_setwatermark(io, EV_READ, conf->client.max_header_bytes + CLIENT_INPUT_MAX);
+    client_read_heads(c);
     io_setwatermark(io, EV_WRITE, CONN_HIGH_WATER / 2);
     io_setcb(io, client_read_cb, client_write_cb, client_event_cb, c);
     io_enable(io, EV_READ);

@@ -34,6 +34,7 @@ struct client;
  * peer that does not read holds in sluice, per direction (about nginx's
  * proxy_buffers), plus at most one read or one decoded run. */
 #define CONN_HIGH_WATER   (64 * 1024)
+#define CONN_COPY_SLICE   2048          /* see conn_copy() */
 
 enum client_state {
     CS_HEAD,        /* waiting for a request head */
@@ -148,6 +149,7 @@ void conn_flush(struct client *c);
  * to dst (NULL: dropped). Returns 1 when the message is complete, 0 to wait
  * for more, 2 when there may be more to do, -1 on a framing error. *payload
  * gets the payload bytes moved. */
+void conn_copy(struct evbuffer *dst, const char *data, size_t len);
 int conn_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
                    size_t *payload);
 

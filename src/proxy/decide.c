@@ -291,6 +291,7 @@ static int build_keys(struct decision *dec, const struct conf *conf,
                                            l->params.algo == LIMITER_CONCURRENCY ?
                                            decide_slot_id() : 0 };
         dec->rl.limit[n] = l;
+        dec->rl.params[n] = o ? &o->params : NULL;
         if (flags & STORE_CHECK_ONLY)
             dec->counted |= 1u << n;
         if (fallback)

@@ -66,7 +66,7 @@ static void move_all(struct evbuffer *dst, struct evbuffer *src)
         int n = evbuffer_peek(src, (ev_ssize_t)left, NULL, v, 8);
         size_t total = 0;
         for (int i = 0; i < n && i < 8; i++) {
-            evbuffer_add(dst, v[i].iov_base, v[i].iov_len);
+            conn_copy(dst, v[i].iov_base, v[i].iov_len);
             total += v[i].iov_len;
         }
         if (total == 0) {       /* only empty chains in view: hand them over */
@@ -354,6 +354,24 @@ static void buffer_send(struct client *c)
         evbuffer_add(uo, "0\r\n\r\n", 5);
 }
 
+/* While a body streams, a read from the client brings at most what the
+ * upstream's output may still take (up to CONN_HIGH_WATER), and reading
+ * stops when it can take nothing: a stalled upload holds CONN_HIGH_WATER,
+ * not that plus a read's 16 KiB chain behind it. 0: reading stopped.
+ * client_request_done() gives the heads' read mark back. */
+static int client_reads_fit(struct client *c, struct evbuffer *uo)
+{
+    size_t queued = evbuffer_get_length(uo);
+    if (queued >= CONN_HIGH_WATER) {
+        io_disable(c->io, EV_READ);
+        c->client_paused = 1;
+        return 0;
+    }
+    io_setwatermark(c->io, EV_READ, evbuffer_get_length(io_input(c->io)) +
+                                    CONN_HIGH_WATER - queued);
+    return 1;
+}
+
 void exchange_pump_request(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
@@ -362,11 +380,8 @@ void exchange_pump_request(struct client *c)
 
     while (!c->req_done && c->up) {
         size_t queued = evbuffer_get_length(uo);
-        if (queued > CONN_HIGH_WATER) {
-            io_disable(c->io, EV_READ);
-            c->client_paused = 1;
+        if (!client_reads_fit(c, uo))
             return;
-        }
         size_t payload;
         int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
                            CONN_HIGH_WATER - queued, &payload);
@@ -377,6 +392,7 @@ void exchange_pump_request(struct client *c)
             up_timeouts(c);
             conn_timer(c, TM_NONE, 0);
         } else if (rc == 0) {
+            client_reads_fit(c, uo);
             conn_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
             return;
         }

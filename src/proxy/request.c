@@ -283,9 +283,15 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
         evbuffer_remove_buffer(tmp, out, (size_t)end.pos + 4);
 }
 
-/* Answer the current request ourselves: an error, or with rl set, a 429. */
+static void new_request_id(struct client *c);
+
+/* Answer the current request ourselves: an error, or with rl set, a 429.
+ * Every answer carries an id: one that came before its head was read (a
+ * head refused by the parser, a head timeout) gets a new one. */
 void request_answer(struct client *c, int status, int close_after)
 {
+    if (c->rq->rid_len == 0)
+        new_request_id(c);
     struct evbuffer *out = io_output(c->io);
     size_t out_before = evbuffer_get_length(out);
     int keep = !close_after && c->head.keep_alive && !c->eof && !c->env->stopping &&
@@ -376,8 +382,7 @@ static uint64_t request_random(struct conn_env *env)
     return env->rng[1] + y;
 }
 
-/* The client's X-Request-Id when it is sane, otherwise 32 random hex digits
- * from the worker's generator. */
+/* The client's X-Request-Id when it is sane, otherwise a new one. */
 static void set_request_id(struct client *c)
 {
     int i = http1_find(c->hbuf, &c->head, "x-request-id", 0);
@@ -390,6 +395,12 @@ static void set_request_id(struct client *c)
             return;
         }
     }
+    new_request_id(c);
+}
+
+/* 32 random hex digits from the worker's generator. */
+static void new_request_id(struct client *c)
+{
     static const char hex[] = "0123456789abcdef";
     uint64_t a = request_random(c->env), b = request_random(c->env);
     for (int k = 0; k < 16; k++) {

@@ -172,6 +172,22 @@ static void reopen_signal_cb(evutil_socket_t sig, short what, void *arg)
     }
 }
 
+/* The start-up line names every listener ("a, b (tls)"), not the first. */
+static void log_listening(const struct conf *conf, int workers)
+{
+    size_t cap = 1;
+    for (int i = 0; i < conf->nlistens; i++)
+        cap += strlen(conf->listens[i].addr.text) + sizeof(", (tls)");
+    char *all = mem_alloc(cap), *p = all;
+    for (int i = 0; i < conf->nlistens; i++)
+        p += sprintf(p, "%s%s%s", i ? ", " : "", conf->listens[i].addr.text,
+                     conf->listens[i].tls ? " (tls)" : "");
+    *p = '\0';
+    log_info("main: sluice %s listening on %s with %d worker%s", SLUICE_VERSION, all,
+             workers, workers == 1 ? "" : "s");
+    free(all);
+}
+
 static int serve(struct main_state *ms)
 {
     struct conf *conf = ms->conf;
@@ -224,8 +240,7 @@ static int serve(struct main_state *ms)
             }
             goto out;
         }
-    log_info("main: sluice %s listening on %s with %d worker%s", SLUICE_VERSION,
-             conf->listen.text, n, n == 1 ? "" : "s");
+    log_listening(conf, n);
     event_base_dispatch(base);
     for (int i = 0; i < n; i++)
         worker_stop(workers[i], ms->conf->shutdown_timeout_ms);

@@ -11,6 +11,7 @@
 
 #include <event2/event.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -215,20 +216,33 @@ static int enc_key(struct store_batch_enc *e, const char *k, size_t len, int16_t
 
 /* A limit's parameter set as limit.lua takes it: a delay (flag 4) goes in
  * the window's place; a concurrency limit's interval is not sent (its slot
- * id travels per request: the set stays shared). */
-static void enc_values(const struct limiter_params *lp, int64_t *f)
+ * id travels per request: the set stays shared). A calendar window sends
+ * interval 1 and, in f[4..8), the starts of the periods around the
+ * proxy's clock now_ms, from which limit.lua takes the one holding Redis
+ * TIME. */
+static void enc_values(const struct limiter_params *lp, int64_t now_ms, int64_t *f)
 {
     f[0] = (int64_t)lp->algo;
     f[1] = lp->limit;
     f[2] = lp->delay_ms > 0 ? lp->delay_ms : lp->window_ms;
     f[3] = lp->algo == LIMITER_CONCURRENCY ? 0 : lp->interval_us;
+    if (lp->cal != TZCAL_NONE) {
+        f[3] = 1;
+        tzcal_bounds(lp->tz, lp->cal, now_ms, f + 4);
+    }
+}
+
+static int enc_calendar(const int64_t *f)
+{
+    return f[0] == LIMITER_FIXED_WINDOW && f[3] == 1;
 }
 
 /* The index of lp among the batch's distinct parameter sets. */
-static int enc_param(struct store_batch_enc *e, const struct limiter_params *lp, int16_t *slots)
+static int enc_param(struct store_batch_enc *e, const struct limiter_params *lp, int64_t now_ms,
+                     int16_t *slots)
 {
-    int64_t f[4] = { 0 };       /* all set by enc_values(); the analyzer cannot tell */
-    enc_values(lp, f);
+    int64_t f[8] = { 0 };
+    enc_values(lp, now_ms, f);
     uint32_t i = store_hash(f, sizeof(f), 2166136261u) & (STORE_BATCH_HASH - 1);
     for (;; i = (i + 1) & (STORE_BATCH_HASH - 1)) {
         int x = e->phash[i];
@@ -262,10 +276,12 @@ static int store_req_short(const struct store_batch *b, int i)
 /* limit.lua's batch call into s->bcmd, returning its length:
  *   EVALSHA sha K key_1..key_K d P (algo limit window_ms interval_us)*P
  *           R (m (ref cost [slot] [ovr])*|m| | 32+ref [slot] [ovr])*R
+ *           (b0 b1 b2 b3)*C
  * with ref = (key * P + param) * 16 + flags (0-based indexes), slot the
  * concurrency slot id, ovr the 1-based index of the override key (flag 8,
- * redis.overrides), and m < 0 for a request whose reply must carry refund
- * marks; 32+ref: a request of one limit of cost 1 (store_req_short). See
+ * redis.overrides), m < 0 for a request whose reply must carry refund
+ * marks; 32+ref: a request of one limit of cost 1 (store_req_short); and
+ * per calendar parameter set (interval 1), in order, its period starts. See
  * limit.lua. */
 static size_t store_batch_encode(struct store_batch *b)
 {
@@ -274,6 +290,7 @@ static size_t store_batch_encode(struct store_batch *b)
     int16_t *kslots = e->kslot, *pslots = e->pslot;
     int ne = 0, extra = 0;
     size_t sl = sizeof(STORE_OVERRIDE_SUFFIX) - 1;
+    int64_t now_ms = clock_wall_us() / 1000;
     e->nk = e->np = 0;
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
@@ -283,7 +300,7 @@ static size_t store_batch_encode(struct store_batch *b)
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
             e->ki[ne] = enc_key(e, c->keys + c->koff[li], c->klen[li], kslots);
-            e->pi[ne] = enc_param(e, &c->params[li], pslots);
+            e->pi[ne] = enc_param(e, &c->params[li], now_ms, pslots);
             e->oi[ne] = -1;
             if (s->rc.overrides) {
                 e->oi[ne] = enc_key(e, c->keys + c->ooff[li], c->klen[li] + sl, kslots);
@@ -293,6 +310,8 @@ static size_t store_batch_encode(struct store_batch *b)
                 extra++;
         }
     }
+    for (int k = 0; k < e->np; k++)
+        extra += enc_calendar(e->pv[k]) ? 4 : 0;       /* a calendar window's periods */
     size_t key_bytes = 0;
     for (int k = 0; k < e->nk; k++)
         key_bytes += e->kl[k];
@@ -334,6 +353,9 @@ static size_t store_batch_encode(struct store_batch *b)
                 p = store_put_int(p, e->oi[ne] + 1);
         }
     }
+    for (int k = 0; k < e->np; k++)
+        for (int f = 4; f < 8 && enc_calendar(e->pv[k]); f++)
+            p = store_put_int(p, e->pv[k][f]);
     for (int k = 0; k < e->nk; k++)
         e->khash[kslots[k]] = 0;
     for (int k = 0; k < e->np; k++)
@@ -398,7 +420,7 @@ void store_batch_parse(struct store_req *q, const long long *v, size_t at, int m
         r->allowed = rv >= 0;
         r->remaining = rv >= 0 ? rv : 0;
         r->reset_ms = e[1];
-        r->retry_ms = rv >= 0 ? 0 : rv < -INT64_MAX ? INT64_MAX : -rv;
+        r->retry_ms = rv >= 0 ? 0 : rv < -INT64_MAX ? INT64_MAX : -rv;     /* clamped below */
         if (!r->allowed && !(c->flags[li] & STORE_SHADOW))
             q->allowed = 0;
         if (marks)
@@ -407,9 +429,10 @@ void store_batch_parse(struct store_req *q, const long long *v, size_t at, int m
             r->retry_ms = e[x];
         if (c->params[li].delay_ms > 0)
             x++;
-        if (q->s->rc.overrides)
-            c->params[li].limit = e[x];
-        r->limit = c->params[li].limit;
+        r->limit = q->s->rc.overrides ? e[x] : c->params[li].limit;
+        /* the reply's numbers are Redis's word: bounded here, once */
+        limiter_clamp(r, &c->params[li], q->s->rc.overrides);
+        c->params[li].limit = r->limit;
     }
     if (marks) {
         q->time_s = v[0];

@@ -161,7 +161,9 @@ struct store_batch_enc {
     int16_t khash[STORE_BATCH_HASH], phash[STORE_BATCH_HASH];   /* index + 1, 0 = empty */
     const char *kp[STORE_BATCH_KEYS];
     size_t kl[STORE_BATCH_KEYS];
-    int64_t pv[STORE_BATCH_ENTRIES][4];     /* algo limit window_ms interval_us, as sent */
+    /* algo limit window_ms interval_us, as sent; then a calendar window's
+     * period starts around now (4, sent after the requests) or zeros */
+    int64_t pv[STORE_BATCH_ENTRIES][8];
     int ki[STORE_BATCH_ENTRIES], pi[STORE_BATCH_ENTRIES], oi[STORE_BATCH_ENTRIES];
     int16_t kslot[STORE_BATCH_KEYS], pslot[STORE_BATCH_ENTRIES];   /* to clear the tables */
     int nk, np;

@@ -6,6 +6,7 @@
  * script reload after NOSCRIPT; and the store's readiness, which is made of
  * its nodes'. What a node coming or going means is store_topo.c's, told
  * through s->ops (set by store.c): this file calls nothing above it. */
+#include <assert.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,7 +208,8 @@ static void node_handshake_cb(struct rconn *ac, redisReply *reply, void *privdat
 static int node_send_handshake(struct store_node *n, const char *step,
                                int argc, const char **argv)
 {
-    size_t len[4];
+    size_t len[4];              /* AUTH user password is the longest step */
+    assert(argc <= (int)(sizeof(len) / sizeof(len[0])));
     for (int i = 0; i < argc; i++)
         len[i] = strlen(argv[i]);
     if (rconn_send_argv(n->ac, argc, argv, len, node_handshake_cb, (void *)step) != 0)

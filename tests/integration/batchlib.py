@@ -14,7 +14,9 @@
 # older one-request call took it: flag 4 (delay) with the delay in the
 # window's place, and a concurrency limit's (algo 5) slot id in the
 # interval's place. Here the slot id goes per request, out of the shared
-# parameter set, as store.c sends it.
+# parameter set, as store.c sends it. A calendar fixed_window has interval 1
+# and a seventh element, its period starts (b0, b1, b2, b3), sent after the
+# requests.
 
 CONCURRENCY = 5
 DELAY = 4
@@ -38,7 +40,7 @@ def batch_args(sha, requests, mode="d", now_us=None):
         body.append(-len(limits) if marks else len(limits))
         for j, (key, lim) in enumerate(zip(rkeys, limits)):
             conc = lim[0] == CONCURRENCY
-            p = (lim[0], lim[1], lim[2], 0 if conc else lim[3])
+            p = (lim[0], lim[1], lim[2], 0 if conc else lim[3]) + tuple(lim[6:7] and lim[6])
             if p not in pidx:
                 pidx[p] = len(params)
                 params.append(p)
@@ -52,7 +54,7 @@ def batch_args(sha, requests, mode="d", now_us=None):
     np_ = len(params)
     args = ["EVALSHA", sha, len(keys)] + keys + [mode, np_]
     for p in params:
-        args += list(p)
+        args += list(p[:4])
     args.append(len(requests))
     for x in body:
         if isinstance(x, tuple) and x[0] == "ovr":
@@ -62,6 +64,8 @@ def batch_args(sha, requests, mode="d", now_us=None):
             args.append((k * np_ + pidx[p]) * 16 + flags)
         else:
             args.append(x)
+    for p in params:        # a calendar window's period starts
+        args += list(p[4:])
     if now_us is not None:
         args.append(now_us)
     return args

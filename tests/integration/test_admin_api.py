@@ -9,7 +9,7 @@ import json
 import time
 
 from apilib import TOKEN, api, get_k, start_api
-from conftest import Conn, build_request, redis_cmd, redis_keys
+from conftest import Conn, build_request, http_get, redis_cmd, redis_keys
 
 ROUTES = """\
   - name: r
@@ -162,3 +162,64 @@ def test_methods_and_bounds(sluice, redis):
         c.send(build_request("GET", "/api/limits/r/fw?key=k"))
         r = c.read_response()
         assert r.status == 200 and json.loads(r.body)["params"]["limit"] == 4
+
+
+CONC_ROUTES = """\
+  - name: c
+    match: { path: /c }
+    upstream: api
+    limits:
+      - { name: conc, algorithm: concurrency, limit: 2, lease: 20s, key: ["header:X-K"] }
+"""
+
+
+def test_concurrency_state_with_token_reads_and_survives(sluice, redis):
+    # issue 18 item 1: a concurrency limit's slot plus the override key's
+    # index overran op_state's argument arrays (UBSan: index 9 out of bounds;
+    # a release build could die of it, taking every route down)
+    s = start_api(sluice, CONC_ROUTES)
+    for _ in range(2):
+        code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k", token=None)
+        assert code == 200, doc
+        assert doc["allowed"] is True and doc["remaining"] == 2, doc
+        assert doc["source"] == "limit" and doc["params"]["limit"] == 2, doc
+    code, doc, _ = api(s, "PUT", "/api/limits/c/conc/override?key=k", {"limit": 5})
+    assert code == 200, doc
+    code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k")
+    assert code == 200, doc
+    assert doc["source"] == "runtime" and doc["params"] == {"limit": 5, "lease_ms": 20000}, doc
+    assert doc["remaining"] == 5, doc
+    assert get_k(s, "/c", "k") == 200          # every route still answers
+    assert s.proc.poll() is None, s.stderr
+
+
+def test_concurrency_params_name_the_lease(sluice, redis):
+    # issue 18 item 10d: a concurrency limit's window_ms is its lease
+    s = start_api(sluice, CONC_ROUTES + ROUTES, token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k", token=None)
+    assert code == 200, doc
+    assert doc["params"] == {"limit": 2, "lease_ms": 20000}, doc
+    assert doc["config_params"] == {"limit": 2, "lease_ms": 20000}, doc
+    code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k", token=None)
+    assert code == 200 and doc["params"] == {"limit": 2, "window_ms": 3600000}, doc
+
+
+def test_a_key_of_many_sources_is_addressable(sluice, redis):
+    # issue 18 item 1, the same pattern: the key's parts went into arrays of
+    # CONF_MAX_LIMITS (16, the limits per route), while a key may have more
+    # sources than that: such a limit could not be read or overridden
+    n = 17
+    srcs = ", ".join('"header:X-P%d"' % i for i in range(n))
+    routes = ("  - name: m\n    match: { path: /m }\n    upstream: api\n    limits:\n"
+              "      - { name: many, algorithm: fixed_window, limit: 3, window: 1h, "
+              "key: [%s] }\n" % srcs)
+    s = start_api(sluice, routes)
+    hdrs = [("X-P%d" % i, "v%d" % i) for i in range(n)]
+    assert http_get(s.port, "/m", headers=hdrs).status == 200
+    query = "&".join("key=v%d" % i for i in range(n))
+    code, doc, _ = api(s, "GET", "/api/limits/m/many?" + query, token=None)
+    assert code == 200 and doc["remaining"] == 2 and len(doc["key"]) == n, doc
+    code, doc, _ = api(s, "PUT", "/api/limits/m/many/override?" + query, {"limit": 7})
+    assert code == 200, doc
+    code, doc, _ = api(s, "GET", "/api/limits/m/many?" + query + "&key=extra", token=None)
+    assert code == 400 and "got 18 or more" in doc["error"], doc

@@ -235,6 +235,36 @@ def test_trusted_proxy_uses_rightmost_untrusted(sluice, redis):
     assert r.status == 200 and r.header("X-RateLimit-Remaining") == "0", r
 
 
+NET_ROUTES = """\
+  - name: net
+    match: { path: /net }
+    upstream: api
+    limits:
+      - { name: net2, algorithm: fixed_window, limit: 2, window: 1h, key: ["ip/24/64"] }
+"""
+
+
+def test_ip_prefix_key_shares_one_budget_per_network(sluice, redis):
+    # behind a trusted proxy, the client address taken from X-Forwarded-For
+    # is keyed as its network: /64 for IPv6, /24 for IPv4 (mapped included)
+    s = sluice(make_conf(NET_ROUTES, trusted=["127.0.0.0/8"]))
+
+    def status(client):
+        return get(s.port, "/net", [("X-Forwarded-For", client)]).status
+
+    assert [status(a) for a in ("2001:db8:1:2::a", "2001:db8:1:2:ffff::1",
+                                "2001:db8:1:2::b")] == [200, 200, 429]
+    assert status("2001:db8:1:3::a") == 200          # the next /64
+    assert [status(a) for a in ("198.51.100.1", "198.51.100.254",
+                                "::ffff:198.51.100.7")] == [200, 200, 429]
+    assert status("198.51.101.1") == 200             # the next /24
+    keys = sorted(k.decode() for k in redis_keys(redis.port) if b"net2" in k)
+    assert any("17:2001:db8:1:2::/64}" in k for k in keys), keys
+    assert any("17:2001:db8:1:3::/64}" in k for k in keys), keys
+    assert any("15:198.51.100.0/24}" in k for k in keys), keys
+    assert any("15:198.51.101.0/24}" in k for k in keys), keys
+
+
 def test_upstream_gets_forwarded_headers(proxy):
     r = get(proxy.port, "/api/x", [("X-Forwarded-For", "1.2.3.4")])
     hdrs = r.json()["headers"]

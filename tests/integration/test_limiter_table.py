@@ -7,9 +7,11 @@
 # Lua and the C are proven to give the same answers on the same fake clock.
 # A table line this file cannot read fails the run: nothing is skipped.
 
+import datetime
 import os
 import re
 import time
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -22,6 +24,10 @@ TABLE = os.path.join(ROOT, "tests", "unit", "data", "limiter_cases.txt")
 SCRIPT = os.path.join(ROOT, "src", "store", "scripts", "limit.lua")
 REFUND = os.path.join(ROOT, "src", "store", "scripts", "refund.lua")
 DAY_MS = 86400000
+# 400 Gregorian years: a calendar case's dates fall on the same weekdays,
+# under the same DST rule, and in the future, where SET PXAT keeps its keys
+CAL_BASE_US = 146097 * DAY_MS * 1000
+CAL_UNITS = ["day", "week", "month", "year"]
 ALGOS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "gcra",
          "concurrency"]
 CONCURRENCY = 5
@@ -44,13 +50,17 @@ def parse_limit(case, rest, lineno):
     if not words or words[0] not in ALGOS:
         raise ValueError("%s:%d: unknown algorithm" % (TABLE, lineno))
     lim = {"algo": ALGOS.index(words[0]), "limit": 0, "window_ms": 0, "interval_us": 0,
-           "delay_ms": 0, "flags": 0, "key": str(len(case.limits))}
+           "delay_ms": 0, "flags": 0, "key": str(len(case.limits)), "cal": None, "tz": None}
     for w in words[1:]:
         k, sep, v = w.partition("=")
-        if not sep or k not in lim or k == "algo":
+        if not sep or k not in lim or k == "algo" or (k == "cal" and v not in CAL_UNITS):
             raise ValueError("%s:%d: bad field %r" % (TABLE, lineno, w))
-        lim[k] = v if k == "key" else int(v)
-    if lim["algo"] <= 2 and (lim["window_ms"] < 1 or DAY_MS % lim["window_ms"]):
+        lim[k] = v if k in ("key", "cal", "tz") else int(v)
+    if (lim["cal"] is None) != (lim["tz"] is None) or (lim["cal"] and lim["algo"] != 0):
+        raise ValueError("%s:%d: cal= and tz= go together, on fixed_window" % (TABLE, lineno))
+    if lim["cal"]:
+        ZoneInfo(lim["tz"])
+    elif lim["algo"] <= 2 and (lim["window_ms"] < 1 or DAY_MS % lim["window_ms"]):
         raise ValueError("%s:%d: a window must divide a day" % (TABLE, lineno))
     case.limits.append(lim)
 
@@ -120,21 +130,55 @@ def lua_redis(tmp_path_factory):
         srv.stop()
 
 
-def limit_args(lim, cost, slot):
-    """One limit's six arguments: a delay goes as flag 4 with the delay in
-    the window's place; a concurrency limit's interval is the slot id."""
+def period_starts(unit, zone, t_ms):
+    """The first instants (ms) of the periods before, holding, after and
+    after that of t_ms, as sluice's tzcal.c computes them, here by zoneinfo."""
+    z = ZoneInfo(zone)
+    day = datetime.datetime.fromtimestamp(t_ms // 1000, z).date()
+    out = []
+    for k in (-1, 0, 1, 2):
+        if unit == "day":
+            d = day + datetime.timedelta(days=k)
+        elif unit == "week":
+            d = day + datetime.timedelta(days=7 * k - day.weekday())
+        elif unit == "month":
+            mm = day.year * 12 + day.month - 1 + k
+            d = datetime.date(mm // 12, mm % 12 + 1, 1)
+        else:
+            d = datetime.date(day.year + k, 1, 1)
+        local = datetime.datetime(d.year, d.month, d.day)
+        guess = int(local.replace(tzinfo=z).timestamp())
+        lo, hi = guess - 2 * 86400, guess + 2 * 86400
+        while lo + 1 < hi:          # the first second of that day (DST may skip 00:00)
+            mid = (lo + hi) // 2
+            if datetime.datetime.fromtimestamp(mid, z).replace(tzinfo=None) >= local:
+                hi = mid
+            else:
+                lo = mid
+        out.append(hi * 1000)
+    return out
+
+
+def limit_args(lim, cost, slot, now_us=0):
+    """One limit's six arguments (seven for a calendar window): a delay goes
+    as flag 4 with the delay in the window's place; a concurrency limit's
+    interval is the slot id; a calendar window has interval 1 and its period
+    starts around now_us."""
     window, interval, flags = lim["window_ms"], lim["interval_us"], lim["flags"]
     if lim["delay_ms"]:
         window, flags = lim["delay_ms"], flags | 4
     if lim["algo"] == CONCURRENCY:
         interval = slot
+    if lim["cal"]:
+        return [lim["algo"], lim["limit"], window, 1, cost, flags,
+                period_starts(lim["cal"], lim["tz"], now_us // 1000)]
     return [lim["algo"], lim["limit"], window, interval, cost, flags]
 
 
 def evalsha_t(port, sha, keys, limits, cost, now_us, slot=0):
     """One request in the batch protocol; the reply in the per-limit shape
     [allowed, (allowed_i remaining_i reset_i retry_i)*n] (batchlib.py)."""
-    lims = [limit_args(lim, cost, slot) for lim in limits]
+    lims = [limit_args(lim, cost, slot, now_us) for lim in limits]
     reply = redis_cmds(port, [decide_args(sha, keys, lims, "t", now_us)])[-1]
     return decide_reply(reply, keys, lims)
 
@@ -165,6 +209,8 @@ def test_table_is_big_enough():
 def test_case(lua_redis, idx):
     port, shas, base_us = lua_redis
     case = CASES[idx]
+    if any(lim["cal"] for lim in case.limits):
+        base_us = CAL_BASE_US
     keys = ["ltable:{%d}:%s" % (idx, lim["key"]) for lim in case.limits]
     bad = []
     for step in case.steps:

@@ -243,3 +243,31 @@ def test_cluster_override_and_reset(sluice, tmp_path):
             assert wait_until(lambda: get_k(a, "/r", k) == 200 or None, 1.0)[0], k
     finally:
         c.stop()
+
+
+def policy_and_remaining(s, path, key):
+    r = http_get(s.port, path, headers=[("X-K", key)])
+    return (r.status, r.header("RateLimit-Policy"), r.header("RateLimit"),
+            r.header("X-RateLimit-Limit"))
+
+
+def test_policy_describes_the_overridden_quota(sluice, redis):
+    # issue 18 item 10c: under an override RateLimit-Policy kept the
+    # configured quota (q=2) while RateLimit counted the override's
+    s = start_api(sluice, ROUTES)
+    st, pol, rl, lim = policy_and_remaining(s, "/r", "plain")
+    assert pol == '"fw";q=2;w=3600' and rl.startswith('"fw";r=1;') and lim == "2", (pol, rl)
+    # a config override: limit 5 in the window; burst 4 at 1/h (refill 4 h)
+    st, pol, rl, lim = policy_and_remaining(s, "/r", "vip")
+    assert pol == '"fw";q=5;w=3600' and rl.startswith('"fw";r=4;') and lim == "5", (pol, rl)
+    st, pol, rl, lim = policy_and_remaining(s, "/b", "gold")
+    assert pol == '"tb";q=4;w=14400' and rl.startswith('"tb";r=3;') and lim == "4", (pol, rl)
+    # a run-time override: limit 50, then burst 9 (refill 9 h at 1/h)
+    code, doc, _ = api(s, "PUT", "/api/limits/r/fw/override?key=k", {"limit": 50})
+    assert code == 200, doc
+    st, pol, rl, lim = policy_and_remaining(s, "/r", "k")
+    assert pol == '"fw";q=50;w=3600' and rl.startswith('"fw";r=49;') and lim == "50", (pol, rl)
+    code, doc, _ = api(s, "PUT", "/api/limits/b/tb/override?key=k", {"burst": 9})
+    assert code == 200, doc
+    st, pol, rl, lim = policy_and_remaining(s, "/b", "k")
+    assert pol == '"tb";q=9;w=32400' and rl.startswith('"tb";r=8;') and lim == "9", (pol, rl)

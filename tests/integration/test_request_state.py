@@ -129,3 +129,43 @@ def test_408_does_not_carry_the_previous_request_id(sluice, redis):
     assert r2.status == 408, r2
     assert r2.header("X-Request-Id") != "first-request-id", r2
     assert b"first-request-id" not in r2.body, r2
+
+
+def rid_ok(r):
+    rid = r.header("X-Request-Id") or ""
+    return len(rid) == 32 and all(ch in "0123456789abcdef" for ch in rid)
+
+
+EARLY = {
+    "cl_with_te": (400, b"POST /only HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    "bad_request_line": (400, b"G(T /only HTTP/1.1\r\nHost: localhost\r\n\r\n"),
+    "obs_fold": (400, b"GET /only HTTP/1.1\r\nHost: localhost\r\nX-A: 1\r\n  2\r\n\r\n"),
+    "bad_chunked_te": (400, b"POST /only HTTP/1.1\r\nHost: localhost\r\n"
+                            b"Transfer-Encoding: gzip\r\n\r\n"),
+    "uri_too_long": (414, b"GET /only?" + b"q" * 3000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"),
+    "head_too_large": (431, b"GET /only HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"b" * 3000 +
+                            b"\r\n\r\n"),
+    "too_many_fields": (431, b"GET /only HTTP/1.1\r\nHost: localhost\r\n" +
+                             b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n"),
+    "head_timeout": (408, b"GET /only HTTP/1.1\r\nHost: localhost\r\n"),
+}
+
+
+def test_every_early_reject_carries_a_request_id(sluice, redis):
+    """issue 18 item 10a: the answers sluice gives before a head is read
+    (the parser's 400/414/431, the head timeout's 408) carry an
+    X-Request-Id like every other answer (README: Request ids)."""
+    s = sluice(client_conf(NOT_FOUND, client={"header_timeout": "1s"}, max_header_bytes=2048))
+    seen, answers = {}, {}
+    for name, (status, data) in EARLY.items():
+        with Conn(s.port, timeout_s=5) as c:
+            c.send(data)
+            r = c.read_response()
+        seen[name] = (r.status, r.header("X-Request-Id"))
+        answers[name] = r
+        assert r.status == status, (name, r)
+    print("early rejects: %s" % seen)
+    assert all(rid_ok(r) for r in answers.values()), seen
+    ids = [v[1] for v in seen.values()]
+    assert len(set(ids)) == len(ids), seen          # each answer its own id

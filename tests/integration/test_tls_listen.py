@@ -108,6 +108,15 @@ def test_sni_picks_rsa_ecdsa_and_wildcard_with_their_chains(sluice, redis, pki):
     assert "ECDHE-ECDSA-" in out, out
 
 
+def test_start_up_log_names_every_listener(sluice, redis, pki):
+    # issue 18 item 10b: the start-up line named only the first listener
+    s = start(sluice, pki)
+    line = [ln for ln in s.stderr.splitlines() if "listening on" in ln]
+    assert len(line) == 1, s.stderr
+    assert ("listening on 127.0.0.1:%d, 127.0.0.1:%d (tls) with 1 worker"
+            % (s.port, s.tls_port)) in line[0], line
+
+
 # --------------------------------------------- keep-alive, XFP, the log ----
 
 def test_keep_alive_forwarded_proto_and_access_log(sluice, redis, pki, tmp_path):

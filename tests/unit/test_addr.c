@@ -222,6 +222,36 @@ static void test_from_peer(void **state)
     assert_int_equal(addr_from_peer((const struct sockaddr *)&peer, &ss), -1);
 }
 
+/* ip/N keys: the network in canonical form, the address alone when whole. */
+static void test_net(void **state)
+{
+    static const struct { const char *ip; int b4, b6; const char *want; } t[] = {
+        { "192.0.2.77", 24, 128, "192.0.2.0/24" },
+        { "192.0.2.77", 32, 64, "192.0.2.77" },
+        { "192.0.2.77", 0, 128, "0.0.0.0/0" },
+        { "192.0.2.77", 31, 128, "192.0.2.76/31" },
+        { "192.0.2.77", 1, 128, "128.0.0.0/1" },
+        { "255.255.255.255", 9, 128, "255.128.0.0/9" },
+        { "::ffff:203.0.113.9", 16, 64, "203.0.0.0/16" },  /* mapped is IPv4 */
+        { "2001:db8:1:2:aaaa:bbbb:cccc:dddd", 24, 64, "2001:db8:1:2::/64" },
+        { "2001:db8:1:2:aaaa:bbbb:cccc:dddd", 24, 128, "2001:db8:1:2:aaaa:bbbb:cccc:dddd" },
+        { "2001:db8:1:2:aaaa:bbbb:cccc:dddd", 24, 0, "::/0" },
+        { "2001:db8:1:2:aaaa:bbbb:cccc:dddd", 24, 127, "2001:db8:1:2:aaaa:bbbb:cccc:dddc/127" },
+        { "2001:db8:1:2:aaaa:bbbb:cccc:dddd", 24, 56, "2001:db8:1::/56" },
+        { "2001:db8:ffff::1", 32, 33, "2001:db8:8000::/33" },
+        { "::1", 32, 100, "::/100" },
+        { "not an address", 24, 64, "" },
+        { "", 24, 64, "" },
+    };
+    char out[ADDR_NET_MAX];
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        size_t n = addr_net(t[i].ip, t[i].b4, t[i].b6, out);
+        if (n != strlen(t[i].want) || strcmp(out, t[i].want) != 0)
+            fail_msg("net %s /%d /%d: expected '%s', got %zu '%s'", t[i].ip, t[i].b4, t[i].b6,
+                     t[i].want, n, out);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +260,7 @@ int main(void)
         cmocka_unit_test(test_cidr),
         cmocka_unit_test_setup(test_xff_walk, setup_trusted),
         cmocka_unit_test(test_from_peer),
+        cmocka_unit_test(test_net),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

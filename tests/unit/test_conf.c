@@ -548,6 +548,59 @@ static void test_limit_params(void **state)
     }
 }
 
+/* ip/N and ip/N/M: one length for one family, or both; bad ones fail at
+ * their place. */
+static void test_ip_prefix_keys(void **state)
+{
+    static const struct { const char *src; int net, b4, b6; const char *err; } t[] = {
+        { "ip", 0, 0, 0, NULL },
+        { "ip/24", 1, 24, 128, NULL },
+        { "ip/64", 1, 32, 64, NULL },
+        { "ip/0", 1, 0, 128, NULL },
+        { "ip/32", 1, 32, 128, NULL },
+        { "ip/33", 1, 32, 33, NULL },
+        { "ip/128", 1, 32, 128, NULL },
+        { "ip/24/64", 1, 24, 64, NULL },
+        { "ip/0/0", 1, 0, 0, NULL },
+        { "ip/32/128", 1, 32, 128, NULL },
+        { "ip/129", 0, 0, 0, "ip/N takes a prefix length 0..128" },
+        { "ip/33/64", 0, 0, 0, "ip/N takes" },
+        { "ip/24/129", 0, 0, 0, "ip/N takes" },
+        { "ip/", 0, 0, 0, "ip/N takes" },
+        { "ip/24/", 0, 0, 0, "ip/N takes" },
+        { "ip//64", 0, 0, 0, "ip/N takes" },
+        { "ip/-1", 0, 0, 0, "ip/N takes" },
+        { "ip/+24", 0, 0, 0, "ip/N takes" },
+        { "ip/0024", 0, 0, 0, "ip/N takes" },
+        { "ip/24/64/8", 0, 0, 0, "ip/N takes" },
+        { "ip/24 ", 0, 0, 0, "ip/N takes" },
+        { "ip:24", 0, 0, 0, "use ip, ip/N" },
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        char text[1024], *err, want[256];
+        snprintf(text, sizeof text, MINIMAL_HEAD "routes:\n  - name: r\n    match: { path: / }\n"
+                 "    upstream: api\n    limits: [ { name: l, algorithm: fixed_window, limit: 1,"
+                 " window: 1m, key: [method, \"%s\"] } ]\n", t[i].src);
+        struct conf *c = load_text(text, &err);
+        if (t[i].err != NULL) {
+            snprintf(want, sizeof want, "7:87: routes[0].limits[0].key[1]: bad key source '%s' (",
+                     t[i].src);
+            if (c != NULL || strncmp(err, want, strlen(want)) || !strstr(err, t[i].err))
+                fail_msg("'%s': expected an error '%s...%s', got '%s'", t[i].src, want,
+                         t[i].err, err ? err : "(loaded)");
+            free(err);
+            continue;
+        }
+        if (!c)
+            fail_msg("'%s': %s", t[i].src, err);
+        const struct conf_keysrc *ks = &c->routes[0].limits[0].keys[1];
+        assert_int_equal(ks->kind, CONF_KEY_IP);
+        if (ks->net != t[i].net || (ks->net && (ks->bits4 != t[i].b4 || ks->bits6 != t[i].b6)))
+            fail_msg("'%s': net %d bits4 %d bits6 %d", t[i].src, ks->net, ks->bits4, ks->bits6);
+        conf_release(c);
+    }
+}
+
 static void test_other_keys(void **state)
 {
     char *err;
@@ -1155,6 +1208,7 @@ int main(void)
         cmocka_unit_test(test_redis_urls),
         cmocka_unit_test(test_match_normalised),
         cmocka_unit_test(test_limit_params),
+        cmocka_unit_test(test_ip_prefix_keys),
         cmocka_unit_test(test_other_keys),
         cmocka_unit_test(test_ops_keys),
         cmocka_unit_test(test_route_keys),

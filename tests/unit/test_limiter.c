@@ -23,6 +23,8 @@
 #define LCASE_DAY_MS 86400000LL
 /* 20000 days after the epoch (2024-10-04): a base with real-sized numbers */
 #define LCASE_EPOCH_US (20000LL * LCASE_DAY_MS * 1000)
+/* 400 Gregorian years: dates, weekdays and a zone's DST rule repeat */
+#define LCASE_400Y_US (146097LL * LCASE_DAY_MS * 1000)
 
 /* A step decides, or (concurrency) releases or renews a slot in every
  * concurrency limit of the case. */
@@ -44,6 +46,8 @@ struct lcase {
     struct limiter_params p[STORE_MAX_LIMITS];
     unsigned flags[STORE_MAX_LIMITS];       /* STORE_SHADOW, STORE_CHECK_ONLY */
     char key[STORE_MAX_LIMITS][16];         /* limits with one name share a key */
+    struct tzcal *tz[STORE_MAX_LIMITS];     /* cal=UNIT tz=ZONE: its zone */
+    int calendar;                           /* times are real: bases of 400 years */
     int slot[STORE_MAX_LIMITS];             /* the first limit with this key */
     struct lcase_step step[LCASE_STEPS_MAX];
 };
@@ -74,6 +78,23 @@ static int lcase_limit(struct lcase *c, char *rest)
         long long v;
         char key[16];
         int used = 0;
+        if (strncmp(tok, "cal=", 4) == 0) {
+            static const char *const units[] = { "day", "week", "month", "year" };
+            for (int u = 0; u < 4; u++)
+                if (strcmp(tok + 4, units[u]) == 0)
+                    p->cal = (enum tzcal_unit)(TZCAL_DAY + u);
+            if (p->cal == TZCAL_NONE)
+                return -1;
+            c->calendar = 1;
+            continue;
+        }
+        if (strncmp(tok, "tz=", 3) == 0) {
+            const char *why;
+            tzcal_free(c->tz[n]);
+            if ((c->tz[n] = tzcal_load(tok + 3, &why)) == NULL)
+                return -1;
+            continue;
+        }
         if (strncmp(tok, "key=", 4) == 0) {
             size_t len = strlen(tok + 4);
             if (len == 0 || len >= sizeof(c->key[n]))
@@ -90,12 +111,16 @@ static int lcase_limit(struct lcase *c, char *rest)
         else if (strcmp(key, "flags") == 0 && v >= 0 && v <= 3) c->flags[n] = (unsigned)v;
         else return -1;
     }
+    if ((p->cal != TZCAL_NONE) != (c->tz[n] != NULL))
+        return -1;                          /* cal= and tz= go together */
+    p->tz = c->tz[n];
     c->slot[n] = n;
     for (int i = n - 1; i >= 0; i--)
         if (strcmp(c->key[i], c->key[n]) == 0)
             c->slot[n] = c->slot[i];
     /* runners shift time by whole days: windows must stay aligned */
-    if (p->algo <= LIMITER_SLIDING_LOG && (p->window_ms < 1 || LCASE_DAY_MS % p->window_ms))
+    if (p->algo <= LIMITER_SLIDING_LOG && p->cal == TZCAL_NONE &&
+        (p->window_ms < 1 || LCASE_DAY_MS % p->window_ms))
         return -1;
     return 0;
 }
@@ -199,6 +224,21 @@ static int lcases_load(struct lcase **out)
             fail_msg("%s:%d: case %s has no steps", LCASES_FILE, cases[i].line, cases[i].name);
     *out = cases;
     return n;
+}
+
+static void lcases_free(struct lcase *cases, int n)
+{
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < cases[i].nlimits; j++)
+            tzcal_free(cases[i].tz[j]);
+    free(cases);
+}
+
+/* The bases a case runs from: 0 and a realistic epoch, or 0 and 400 years
+ * (whose dates fall on the same weekdays) for a case of calendar windows. */
+static int64_t lcase_base(const struct lcase *c)
+{
+    return c->calendar ? LCASE_400Y_US : LCASE_EPOCH_US;
 }
 
 /* Compares one decision with the table; returns the mismatches (printed). */
@@ -329,6 +369,15 @@ static int run_case(const struct lcase *c, int64_t base_us)
         }
         int allowed = lrun_decide(&run, c, s->cost, s->slot, base_us + s->at_us, r);
         bad += lcase_compare(c, s, base_us, allowed, r);
+        for (int i = 0; i < c->nlimits; i++) {  /* the bounds hold every true answer */
+            struct limiter_result cl = r[i];
+            limiter_clamp(&cl, &c->p[i], 0);
+            if (memcmp(&cl, &r[i], sizeof(cl)) != 0) {
+                print_error("%s:%d: %s: limiter_clamp changed limit %d\n", LCASES_FILE,
+                            s->line, c->name, i);
+                bad++;
+            }
+        }
         if (!allowed)       /* a denied decision changes no state at all */
             bad += memcmp(before, run.st, (size_t)c->nlimits * sizeof(before[0])) != 0;
     }
@@ -343,11 +392,11 @@ static void test_table(void **state)
     assert_true(n >= 40);
     for (int i = 0; i < n; i++) {
         bad += run_case(&cases[i], 0);
-        bad += run_case(&cases[i], LCASE_EPOCH_US);
+        bad += run_case(&cases[i], lcase_base(&cases[i]));
         for (int j = 0; j < cases[i].nlimits; j++)
             per_algo[cases[i].p[j].algo]++;
     }
-    free(cases);
+    lcases_free(cases, n);
     for (int a = 0; a < 5; a++)
         assert_true(per_algo[a] >= 5);
     assert_int_equal(bad, 0);
@@ -511,10 +560,37 @@ static void test_log_ring(void **state)
     lrun_free(&run, 1);
 }
 
+/* A reply's numbers bounded by what the limit allows (a hostile Redis). */
+static void test_clamp(void **state)
+{
+    const struct limiter_params sw = { LIMITER_SLIDING_WINDOW, 5, 1000, 0, 0 };
+    const struct limiter_params gc = { LIMITER_GCRA, 4, 2000, 500000, 3000 };
+    const struct limiter_params conc = { LIMITER_CONCURRENCY, 2, 500, 0, 0 };
+    struct limiter_result r = { 0, 99, 77, INT64_MAX, INT64_MAX };
+    limiter_clamp(&r, &sw, 0);
+    assert_true(r.limit == 5 && r.remaining == 0 && r.reset_ms == 2000 && r.retry_ms == 2000);
+    r = (struct limiter_result){ 1, 5, INT64_MAX, INT64_MIN, INT64_MAX };
+    limiter_clamp(&r, &gc, 0);          /* refill 2000 ms, delay 3000 ms */
+    assert_true(r.limit == 4 && r.remaining == 4 && r.reset_ms == 0 && r.retry_ms == 3000);
+    r = (struct limiter_result){ 0, 5, -3, INT64_MAX, INT64_MAX };
+    limiter_clamp(&r, &gc, 0);
+    assert_true(r.remaining == 0 && r.reset_ms == 5000 && r.retry_ms == 5000);
+    r = (struct limiter_result){ 0, INT64_MAX, 0, 0, INT64_MAX };
+    limiter_clamp(&r, &gc, 1);          /* an override's interval is not known here */
+    assert_true(r.limit == LIMITER_MAX_LIMIT && r.retry_ms == LIMITER_MAX_TIME_MS + 3000);
+    r = (struct limiter_result){ 1, -7, 9, 9, 9 };
+    limiter_clamp(&r, &gc, 1);
+    assert_true(r.limit == 0 && r.remaining == 0 && r.retry_ms == 9);
+    r = (struct limiter_result){ 0, 2, 0, 9, INT64_MAX };
+    limiter_clamp(&r, &conc, 0);        /* a denial retries after 1 s, over a short lease */
+    assert_true(r.reset_ms == 9 && r.retry_ms == 1000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
+        cmocka_unit_test(test_clamp),
         cmocka_unit_test(test_check_changes_nothing),
         cmocka_unit_test(test_other_algorithm_reads_absent),
         cmocka_unit_test(test_expiry),

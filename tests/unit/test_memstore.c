@@ -75,9 +75,9 @@ static void test_table(void **state)
     assert_true(n >= 40);
     for (int i = 0; i < n; i++) {
         bad += run_case_mem(m, i, &cases[i], 0);
-        bad += run_case_mem(m, i, &cases[i], LCASE_EPOCH_US);
+        bad += run_case_mem(m, i, &cases[i], lcase_base(&cases[i]));
     }
-    free(cases);
+    lcases_free(cases, n);
     memstore_destroy(m);
     assert_int_equal(bad, 0);
 }

@@ -875,6 +875,38 @@ static void test_key_table(void **state)
 }
 
 /* A decoded NUL in a query value is just a byte of the part. */
+/* ip/N keys: every address of one network makes the same key. */
+static void test_key_ip_prefix(void **state)
+{
+    static const struct { const char *ip; int b4, b6; const char *want; } t[] = {
+        { "192.0.2.1", 24, 64, "sluice:{r|l|12:192.0.2.0/24}" },
+        { "192.0.2.254", 24, 64, "sluice:{r|l|12:192.0.2.0/24}" },
+        { "192.0.3.1", 24, 64, "sluice:{r|l|12:192.0.3.0/24}" },
+        { "2001:db8:1:2::5", 24, 64, "sluice:{r|l|17:2001:db8:1:2::/64}" },
+        { "2001:db8:1:2:ffff::9", 24, 64, "sluice:{r|l|17:2001:db8:1:2::/64}" },
+        { "2001:db8:1:3::5", 24, 64, "sluice:{r|l|17:2001:db8:1:3::/64}" },
+        { "2001:db8:1:2::5", 32, 128, "sluice:{r|l|15:2001:db8:1:2::5}" },
+        { "192.0.2.1", 32, 128, "sluice:{r|l|9:192.0.2.1}" },
+        { "192.0.2.1", 0, 0, "sluice:{r|l|9:0.0.0.0/0}" },
+        { "2001:db8::1", 0, 0, "sluice:{r|l|4:::/0}" },
+    };
+    char out[ROUTE_MAX_KEY];
+    struct head f;
+    head_build(&f, "GET / HTTP/1.1\r\n\r\n");
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        struct conf_keysrc ks = { .kind = CONF_KEY_IP, .net = 1, .bits4 = t[i].b4,
+                                  .bits6 = t[i].b6 };
+        struct conf_limit l = { .name = "l", .keys = &ks, .nkeys = 1 };
+        struct route_req req = { .buf = f.buf, .h = &f.h, .ip = t[i].ip,
+                                 .iplen = strlen(t[i].ip), .path = "/", .pathlen = 1 };
+        long n = route_key(&key_conf, &key_route, &l, &req, out);
+        if (n != (long)strlen(t[i].want) || strcmp(out, t[i].want) != 0)
+            fail_msg("%s /%d /%d: expected '%s', got %ld '%s'", t[i].ip, t[i].b4, t[i].b6,
+                     t[i].want, n, n > 0 ? out : "");
+    }
+    head_free(&f);
+}
+
 static void test_key_binary_query(void **state)
 {
     struct conf_keysrc ks[] = { KS(CONF_KEY_QUERY, "id") };
@@ -1165,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_client_ip_table),
         cmocka_unit_test(test_client_ip_edges),
         cmocka_unit_test(test_key_table),
+        cmocka_unit_test(test_key_ip_prefix),
         cmocka_unit_test(test_key_binary_query),
         cmocka_unit_test(test_key_no_collision),
         cmocka_unit_test(test_key_long_parts),

@@ -12,7 +12,7 @@
 -- script: none can live without a TTL.
 --
 -- Call:   EVALSHA sha K key_1..key_K  mode P (algo limit window_ms interval_us) x P
---                 R (m (ref cost) x |m|  or  32+ref) x R  [now_us]
+--                 R (m (ref cost) x |m|  or  32+ref) x R  (b0 b1 b2 b3) x C  [now_us]
 --   K keys          the batch's distinct keys (the caller deduplicates them:
 --                   two requests of one key name it once)
 --   mode            "d" = decide and consume; "t" = the same on a fake
@@ -25,7 +25,9 @@
 --                   slots (concurrency)
 --     window_ms     window algorithms; the delay in ms for a limit sent with
 --                   flag 4 (bucket, gcra); the lease in ms (concurrency)
---     interval_us   microseconds per token (bucket, gcra); ignored otherwise
+--     interval_us   microseconds per token (bucket, gcra); fixed_window: 1
+--                   for a calendar window (see "Calendar windows"), else 0;
+--                   ignored otherwise
 --   R               requests in the batch (>= 1), then per request:
 --     m             its limits (1..16); negative (-m): also reply the marks
 --                   refund.lua needs (Redis Cluster: a route decided in
@@ -52,6 +54,10 @@
 --                   replaces its limit (the burst for bucket and gcra; the
 --                   slots for concurrency) and, for bucket and gcra,
 --                   INTERVAL_US (>= 1) its interval; the window stays.
+--   C               per calendar parameter set, in the order of the sets:
+--     b0 b1 b2 b3   the starts (ms since the epoch) of the previous, the
+--                   current, the next and the following period around the
+--                   proxy's clock
 -- Reply:  { time_s, time_us, then per request, per limit:
 --           v, reset_ms [, mark] [, wait_ms] [, limit] }
 --   v = remaining (>= 0) when the limit allows, -retry_ms (<= -1) when it
@@ -93,6 +99,14 @@
 -- -delay/interval. Its wait_ms is then the wait (>= 1), which the proxy
 -- holds it for; 0 when it passes at once. A denial's retry is until it
 -- would pass with the delay.
+--
+-- Calendar windows (fixed_window, interval 1): a day, week, month or year
+-- in a time zone. Redis' Lua has no time-zone data, so the proxy sends the
+-- period starts around its own clock and the window is the period among
+-- [b0, b1), [b1, b2), [b2, b3) holding Redis TIME (the first or last when
+-- the clocks differ by more than a period): Redis' clock decides. The
+-- window is known by its start b (mark, "F<b> <count>"), the key expires at
+-- the period's end, reset is the end minus now.
 --
 -- Concurrency (algo 5): expired slots leave (ZREMRANGEBYSCORE -inf now_ms),
 -- then ZCARD counts the others; admitted: ZADD now+lease and PEXPIRE lease.
@@ -140,6 +154,29 @@ for p = 1, np do
         return redis.error_reply('ERR sluice limit.lua: bad interval ' .. p)
     end
     pa[p], pl[p], pw[p], pi[p] = algo, L, W, I
+end
+
+-- Calendar windows' period starts: the last 4 per calendar set.
+local pcb, ncal = {}, 0
+for p = 1, np do
+    if pa[p] == 0 and pi[p] == 1 then ncal = ncal + 1 end
+end
+nargv = nargv - 4 * ncal
+if nargv < 3 + 4 * np then
+    return redis.error_reply('ERR sluice limit.lua: bad argument count')
+end
+local ab = nargv
+for p = 1, np do
+    if pa[p] == 0 and pi[p] == 1 then
+        local b = { tonumber(ARGV[ab + 1]), tonumber(ARGV[ab + 2]), tonumber(ARGV[ab + 3]),
+                    tonumber(ARGV[ab + 4]) }
+        for j = 1, 4 do
+            if b[j] == nil or b[j] % 1 ~= 0 or (j > 1 and b[j] <= b[j - 1]) then
+                return redis.error_reply('ERR sluice limit.lua: bad calendar ' .. p)
+            end
+        end
+        pcb[p], ab = b, ab + 4
+    end
 end
 
 -- The requests: counts and references, checked before any write.
@@ -279,6 +316,13 @@ for e = 1, ne do
             return redis.error_reply('ERR sluice limit.lua: bad window ' .. i)
         end
         local win = floor(now_ms / W)
+        local wend = (win + 1) * W           -- the window's end, ms
+        local cb = pcb[p]
+        if cb then                           -- a calendar window: the period holding now
+            local j = now_ms < cb[2] and 1 or now_ms < cb[3] and 2 or 3
+            win, wend = cb[j], cb[j + 1]
+            W = wend - win
+        end
         mark = win
         if algo == 0 then
             -- fixed_window: one count per window index
@@ -289,7 +333,7 @@ for e = 1, ne do
                 local sw, sn = match(s, '^F(%d+) (%d+)$')
                 if sw and tonumber(sw) == win then cnt, same = tonumber(sn), true end
             end
-            reset = (win + 1) * W - now_ms
+            reset = wend - now_ms
             rem0, reset0 = L - cnt, reset
             if rem0 < 0 then rem0 = 0 end
             ok = cnt + c <= L
@@ -297,7 +341,7 @@ for e = 1, ne do
                 rem, retry = L - cnt - c, 0
                 val, v1, v2 = true, win, cnt + c
                 if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
-                else opt, exp = 'PXAT', format('%d', (win + 1) * W) end
+                else opt, exp = 'PXAT', format('%d', wend) end
             else
                 rem, retry = 0, reset
                 if c > L then retry = W end

@@ -39,7 +39,7 @@ local function refund_fixed(key, s, W, c, mark)
     if not sw or tonumber(sw) ~= mark then return 0 end
     local n = tonumber(sn) - c
     if n < 0 then n = 0 end
-    redis.call('SET', key, format('F%d %d', mark, n), 'PXAT', format('%d', (mark + 1) * W))
+    redis.call('SET', key, format('F%d %d', mark, n), 'KEEPTTL')   -- window mark's expiry
     return 1
 end
 
