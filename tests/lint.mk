@@ -2,7 +2,9 @@
 #
 # `make lint` fails on any finding of cppcheck (Debian's 2.10) or clang-tidy
 # (the checks in .clang-tidy), and on any warning of a clang-14 build with
-# -Wall -Wextra -Werror. `make valgrind` runs one integration scenario
+# -Wall -Wextra -Werror. It installs what is missing first (the build's
+# packages, then cppcheck, clang-tidy and clang-14), as `make test` does;
+# .ci/run runs it before the tests. `make valgrind` runs one integration scenario
 # (tests/integration/test_valgrind.py) with sluice under memcheck:
 # zero errors and zero definite/indirect leaks, exit 0 after SIGTERM.
 
@@ -12,10 +14,19 @@ CLANG       ?= clang-14
 LINT_JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 LINT_SRCS   := $(wildcard src/*/*.c)
 LINT_CFLAGS := -std=c11 -D_GNU_SOURCE $(SRC_INC) -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LINT_DEBS   := cppcheck clang-tidy clang-14
 
-.PHONY: lint lint-cppcheck lint-tidy lint-clang valgrind
+.PHONY: lint lint-deps lint-cppcheck lint-tidy lint-clang valgrind
 
-lint: lint-cppcheck lint-tidy lint-clang
+# The checks run in a second make, after the packages are in (so that
+# LINT_CFLAGS and CLANG_TIDY are read with them installed, and -j cannot
+# start a check before its tool is there).
+lint: lint-deps
+	@$(MAKE) --no-print-directory lint-cppcheck lint-tidy lint-clang
+
+# The Makefile's deps recipe, once for the build and once for the linters.
+lint-deps: deps
+	@$(MAKE) --no-print-directory deps DEBS="$(LINT_DEBS)"
 
 lint-cppcheck:
 	$(CPPCHECK) --enable=warning,performance,portability --error-exitcode=1 \

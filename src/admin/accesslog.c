@@ -2,8 +2,9 @@
  *
  * Each thread that writes gets a slot: a chunk it appends lines to under the
  * slot's own lock (uncontended but for the writer's sweep). A full chunk goes
- * onto the log's queue; the writer also sweeps partly filled chunks every
- * 50 ms so no line waits long. Written chunks return to a free list, so the
+ * onto the log's queue and wakes the writer (a loop thread, loopthread.h);
+ * the writer also sweeps partly filled chunks every 50 ms so no line waits
+ * long. Written chunks return to a free list, so the
  * steady state allocates nothing. Lock order: slot, then log; the writer
  * never holds both. */
 #include <errno.h>
@@ -11,7 +12,6 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +19,13 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <event2/event.h>
 
 #include "accesslog.h"
 #include "clock.h"
 #include "esc.h"
 #include "log.h"
+#include "loopthread.h"
 #include "mem.h"
 #include "metrics.h"
 
@@ -59,9 +61,12 @@ struct accesslog {
     int fd_regular;                     /* a regular file: writes never wait */
     int64_t last_error_ms;              /* writer only: error log rate limit */
     int64_t give_up_ms;                 /* writer only: closing, stuck reader */
-    pthread_t writer;
+    uint64_t reported;                  /* writer only: drops already logged */
+    int64_t last_report_ms;             /* writer only */
+    struct loopthread *writer;
+    struct event *sweep_ev;             /* every ACCESSLOG_SWEEP_MS */
+    struct event *wake_ev;              /* activated when a chunk is queued */
     pthread_mutex_t lock;               /* guards everything below but reopen */
-    pthread_cond_t wake;
     struct accesslog_chunk *queue;      /* full chunks, oldest first */
     struct accesslog_chunk **queue_tail;
     struct accesslog_chunk *free_chunks;
@@ -343,7 +348,7 @@ static int accesslog_slot_rotate(struct accesslog *log, struct accesslog_slot *s
         log->pending_bytes += c->len;
         *log->queue_tail = c;
         log->queue_tail = &c->next;
-        pthread_cond_signal(&log->wake);
+        event_active(log->wake_ev, EV_TIMEOUT, 0);
     } else if (c != NULL) {
         accesslog_recycle_locked(log, c);       /* empty but too small */
     }
@@ -508,72 +513,77 @@ static void accesslog_sweep(struct accesslog *log)
     }
 }
 
-static void *accesslog_writer_main(void *arg)
+/* One round of the writer: reopen when asked, queue every slot's lines,
+ * write the queue. Returns 1 when the log is closing and nothing is left. */
+static int accesslog_writer_round(struct accesslog *log)
+{
+    int stopping = accesslog_is_stopping(log);
+    if (atomic_exchange(&log->reopen, 0))
+        accesslog_do_reopen(log);
+    accesslog_sweep(log);
+
+    pthread_mutex_lock(&log->lock);
+    struct accesslog_chunk *batch = log->queue;
+    log->queue = NULL;
+    log->queue_tail = &log->queue;
+    pthread_mutex_unlock(&log->lock);
+
+    uint64_t lost = 0;
+    size_t written = 0;
+    for (struct accesslog_chunk *c = batch; c != NULL; c = c->next) {
+        size_t done = accesslog_write_chunk(log, c->data, c->len, &log->reported,
+                                            &log->last_report_ms);
+        if (done < c->len)
+            lost += accesslog_count_lines(c->data + done, c->len - done);
+        written += c->len;
+    }
+
+    pthread_mutex_lock(&log->lock);
+    log->pending_bytes -= written;
+    log->dropped += lost;
+    if (lost)
+        metrics_add(METRICS_ACCESS_LOG_DROPPED, lost);
+    while (batch != NULL) {
+        struct accesslog_chunk *next = batch->next;
+        accesslog_recycle_locked(log, batch);
+        batch = next;
+    }
+    int done = stopping && log->queue == NULL;
+    pthread_mutex_unlock(&log->lock);
+
+    accesslog_report_drops(log, &log->reported, &log->last_report_ms);
+    return done;
+}
+
+static void accesslog_writer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    accesslog_writer_round(arg);
+}
+
+/* The writer's last work, on its thread: writers are gone once stopping is
+ * set (the caller's promise), so the sweep after it takes the last lines. */
+static void accesslog_writer_stop(void *arg)
 {
     struct accesslog *log = arg;
-    uint64_t reported = 0;
-    int64_t last_report_ms = clock_ms();
-    for (;;) {
-        pthread_mutex_lock(&log->lock);
-        if (log->queue == NULL && !log->stopping) {
-            struct timespec until;
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_nsec += ACCESSLOG_SWEEP_MS * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&log->wake, &log->lock, &until);
-        }
-        int stopping = log->stopping;
-        pthread_mutex_unlock(&log->lock);
-
-        if (atomic_exchange(&log->reopen, 0))
-            accesslog_do_reopen(log);
-        accesslog_sweep(log);
-
-        pthread_mutex_lock(&log->lock);
-        struct accesslog_chunk *batch = log->queue;
-        log->queue = NULL;
-        log->queue_tail = &log->queue;
-        pthread_mutex_unlock(&log->lock);
-
-        uint64_t lost = 0;
-        size_t written = 0;
-        for (struct accesslog_chunk *c = batch; c != NULL; c = c->next) {
-            size_t done = accesslog_write_chunk(log, c->data, c->len, &reported, &last_report_ms);
-            if (done < c->len)
-                lost += accesslog_count_lines(c->data + done, c->len - done);
-            written += c->len;
-        }
-
-        pthread_mutex_lock(&log->lock);
-        log->pending_bytes -= written;
-        log->dropped += lost;
-        if (lost)
-            metrics_add(METRICS_ACCESS_LOG_DROPPED, lost);
-        while (batch != NULL) {
-            struct accesslog_chunk *next = batch->next;
-            accesslog_recycle_locked(log, batch);
-            batch = next;
-        }
-        int done = stopping && log->queue == NULL;
-        pthread_mutex_unlock(&log->lock);
-
-        accesslog_report_drops(log, &reported, &last_report_ms);
-        /* Writers are gone once stopping is set (the caller's promise), so
-         * the sweep after it took the last lines. */
-        if (done)
-            break;
-    }
+    while (!accesslog_writer_round(log))
+        ;
     uint64_t dropped = accesslog_log_dropped(log);
-    if (dropped != reported)
+    if (dropped != log->reported)
         log_warn("accesslog: dropped %llu lines at close",
-                 (unsigned long long)(dropped - reported));
-    return NULL;
+                 (unsigned long long)(dropped - log->reported));
 }
 
 /* ---- life cycle */
+
+/* The writer's events and thread (stopped already, or never started). */
+static void accesslog_writer_free(struct accesslog *log)
+{
+    if (log->sweep_ev)
+        event_free(log->sweep_ev);
+    if (log->wake_ev)
+        event_free(log->wake_ev);
+    loopthread_destroy(log->writer);
+}
 
 static int accesslog_open_fd(const char *target, char **path, char **err)
 {
@@ -613,23 +623,24 @@ struct accesslog *accesslog_open_bounded(const char *target, size_t max_pending_
     log->fd_regular = accesslog_fd_regular(fd);
     log->last_error_ms = clock_ms() - ACCESSLOG_REPORT_MS;
     log->give_up_ms = -1;
+    log->last_report_ms = clock_ms();
     log->queue_tail = &log->queue;
     log->max_pending_bytes = max_pending_bytes;
     atomic_init(&log->reopen, 0);
     pthread_mutex_init(&log->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&log->wake, &ca);
-    pthread_condattr_destroy(&ca);
 
-    /* The writer blocks every signal, so SIGPIPE from a vanished reader
-     * becomes EPIPE and no handler ever runs on it. */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    int rc = pthread_create(&log->writer, NULL, accesslog_writer_main, log);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    /* The writer blocks every signal (loopthread.h), so SIGPIPE from a
+     * vanished reader becomes EPIPE and no handler ever runs on it. */
+    int rc = ENOMEM;
+    log->writer = loopthread_create(accesslog_writer_stop, log);
+    if (log->writer != NULL) {
+        struct event_base *base = loopthread_base(log->writer);
+        struct timeval sweep = { 0, ACCESSLOG_SWEEP_MS * 1000 };
+        log->sweep_ev = event_new(base, -1, EV_PERSIST, accesslog_writer_cb, log);
+        log->wake_ev = event_new(base, -1, 0, accesslog_writer_cb, log);
+        if (log->sweep_ev != NULL && log->wake_ev != NULL && event_add(log->sweep_ev, &sweep) == 0)
+            rc = loopthread_start(log->writer);
+    }
     if (rc != 0) {
         *err = accesslog_errf("cannot start writer for", target, rc);
         goto fail;
@@ -637,7 +648,7 @@ struct accesslog *accesslog_open_bounded(const char *target, size_t max_pending_
     return log;
 
 fail:
-    pthread_cond_destroy(&log->wake);
+    accesslog_writer_free(log);
     pthread_mutex_destroy(&log->lock);
     if (log->path != NULL)
         close(log->fd);
@@ -657,9 +668,9 @@ void accesslog_close(struct accesslog *log)
         return;
     pthread_mutex_lock(&log->lock);
     log->stopping = 1;
-    pthread_cond_signal(&log->wake);
     pthread_mutex_unlock(&log->lock);
-    pthread_join(log->writer, NULL);
+    loopthread_stop(log->writer);       /* accesslog_writer_stop, then joined */
+    accesslog_writer_free(log);
 
     struct accesslog_slot *s = log->slots;
     while (s != NULL) {
@@ -678,7 +689,6 @@ void accesslog_close(struct accesslog *log)
     }
     if (log->path != NULL)
         close(log->fd);
-    pthread_cond_destroy(&log->wake);
     pthread_mutex_destroy(&log->lock);
     free(log->path);
     free(log);

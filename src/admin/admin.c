@@ -12,7 +12,6 @@
  * Reading stops while an answer is being written, so a peer that pipelines
  * requests without reading its answers holds one answer at most. */
 #include <errno.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +28,9 @@
 #include "clock.h"
 #include "http1.h"
 #include "listener.h"
+#include "list.h"
 #include "log.h"
+#include "loopthread.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
@@ -43,16 +44,15 @@ struct admin_conn {
     int in_head;                /* a head's first byte has come */
     int answering;              /* an answer is queued; reads wait for it */
     int keep_alive;             /* after that answer */
-    struct admin_conn *prev, *next;
+    struct list_link link;      /* on the admin's conns */
 };
 
 struct admin {
-    pthread_t thread;
-    struct event_base *base;
+    struct loopthread *loop;
+    struct event_base *base;    /* the loop's */
     struct listener *listener;
-    struct event *stop_ev;
     struct admin_console *console;  /* /api/top, /api/stats, the dashboard */
-    struct admin_conn *conns;   /* every open connection */
+    struct list conns;          /* every open connection */
     int nconns;
     _Atomic int on_error;
     _Atomic int64_t header_timeout_ms;
@@ -64,12 +64,7 @@ static struct log_every refused_log;
 static void conn_free(struct admin_conn *c)
 {
     struct admin *a = c->a;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        a->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    list_unlink(&a->conns, &c->link);
     a->nconns--;
     event_free(c->timer);
     bufferevent_free(c->bev);
@@ -313,10 +308,7 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     c->timer = evtimer_new(a->base, timer_cb, c);
     if (c->timer == NULL)
         abort();
-    c->next = a->conns;
-    if (a->conns)
-        a->conns->prev = c;
-    a->conns = c;
+    list_push(&a->conns, &c->link);
     a->nconns++;
 
     int64_t idle_ms = atomic_load(&a->idle_timeout_ms);
@@ -328,30 +320,16 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     conn_timer(c, idle_ms);
 }
 
-static void *admin_main(void *arg)
-{
-    struct admin *a = arg;
-    event_base_dispatch(a->base);
-    return NULL;
-}
-
-static void stop_cb(evutil_socket_t fd, short what, void *arg)
-{
-    event_base_loopexit(((struct admin *)arg)->base, NULL);
-}
-
 static void admin_free(struct admin *a)
 {
-    for (struct admin_conn *c = a->conns, *next; c; c = next) {
-        next = c->next;
+    for (struct admin_conn *c = LIST_ITEM(a->conns.first, struct admin_conn, link), *next; c;
+         c = next) {
+        next = LIST_ITEM(c->link.next, struct admin_conn, link);
         conn_free(c);
     }
     listener_destroy(a->listener);
     admin_console_destroy(a->console);
-    if (a->stop_ev)
-        event_free(a->stop_ev);
-    if (a->base)
-        event_base_free(a->base);
+    loopthread_destroy(a->loop);
     free(a);
 }
 
@@ -360,17 +338,15 @@ struct admin *admin_start(const struct conf *conf)
     const struct conf_addr *addr = &conf->admin_listen;
     struct admin *a = mem_calloc(1, sizeof(*a));
     const char *step = "event base";
-    int fd = -1, one = 1;
+    int fd = -1;
     admin_reload(a, conf);
-    a->base = event_base_new();
-    if (a->base == NULL)
+    a->loop = loopthread_create(NULL, NULL);
+    if (a->loop == NULL)
         goto fail;
+    a->base = loopthread_base(a->loop);
     step = "listen";
-    fd = socket(addr->ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd = listener_socket((const struct sockaddr *)&addr->ss, addr->sslen, 128, 0);
     if (fd < 0)
-        goto fail;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, (const struct sockaddr *)&addr->ss, addr->sslen) < 0 || listen(fd, 128) < 0)
         goto fail;
     a->listener = listener_create(a->base, fd, "admin", addr->text, accept_cb, a);
     fd = -1;                    /* the listener's now, or closed */
@@ -378,8 +354,7 @@ struct admin *admin_start(const struct conf *conf)
         goto fail;
     a->console = admin_console_create(a->base, conf);
     step = "thread";
-    a->stop_ev = event_new(a->base, -1, 0, stop_cb, a);
-    if (a->stop_ev == NULL || pthread_create(&a->thread, NULL, admin_main, a) != 0)
+    if ((errno = loopthread_start(a->loop)) != 0)
         goto fail;
     log_info("admin: serving /metrics /healthz /readyz /api/top /api/stats / on %s (at most %d connections, "
              "%d-byte heads)", addr->text, ADMIN_MAX_CONNECTIONS, ADMIN_MAX_HEAD_BYTES);
@@ -408,7 +383,6 @@ void admin_stop(struct admin *a)
 {
     if (a == NULL)
         return;
-    event_active(a->stop_ev, EV_TIMEOUT, 0);
-    pthread_join(a->thread, NULL);
+    loopthread_stop(a->loop);
     admin_free(a);
 }

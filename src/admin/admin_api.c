@@ -12,6 +12,7 @@
  * limit's own parameters. */
 #include <assert.h>
 #include <ctype.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <strings.h>
@@ -487,17 +488,26 @@ static int parse_ovr(const char *s, size_t n, const struct limiter_params *base,
                      struct limiter_params *p)
 {
     char buf[128];
-    long long a, l, iv;
+    const char *q = buf;
+    long long v[3];                     /* ALGO, LIMIT, INTERVAL_US */
     if (n >= sizeof(buf))
         return -1;
     memcpy(buf, s, n);
     buf[n] = '\0';
-    if (sscanf(buf, "%lld %lld %lld", &a, &l, &iv) != 3 || a != (long long)base->algo)
+    for (int i = 0; i < 3; i++) {
+        char *e;
+        errno = 0;
+        v[i] = strtoll(q, &e, 10);
+        if (e == q || errno == ERANGE)
+            return -1;
+        q = e;
+    }
+    if (v[0] != (long long)base->algo)
         return -1;
     *p = *base;
-    p->limit = l;
+    p->limit = v[1];
     if (base->algo == LIMITER_TOKEN_BUCKET || base->algo == LIMITER_GCRA)
-        p->interval_us = iv;
+        p->interval_us = v[2];
     return 0;
 }
 
@@ -720,6 +730,7 @@ int admin_api_serve(const char *data, const struct http1_head *h, const char *pa
     int rc = parse_target(&q, data, h, path, plen, out);
     if (rc != 0)
         goto done;
+    assert(q.route != NULL && q.limit != NULL);     /* parse_target's 0 says both were found */
     if (q.op == OP_STATE) {
         if (METHOD_IS("GET") || METHOD_IS("HEAD"))
             rc = op_state(&q, mem, out);

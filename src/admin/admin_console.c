@@ -24,6 +24,7 @@
 #include "clock.h"
 #include "conf.h"
 #include "esc.h"
+#include "kvtable.h"
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
@@ -64,10 +65,22 @@ struct hh_worker {
 static struct hh_worker *_Atomic hh_workers[CONSOLE_MAX_WORKERS];
 static _Thread_local struct hh_worker *hh_self;
 
+/* A key's identity is its keyed hash (kvtable.h's SipHash): keys are client
+ * bytes, and an unkeyed hash would let one pose as another. One key for
+ * every worker, so their summaries merge. */
+static struct kvtable_key hh_key;
+static pthread_once_t hh_key_once = PTHREAD_ONCE_INIT;
+
+static void hh_key_make(void)
+{
+    kvtable_key_init(&hh_key);
+}
+
 void admin_console_worker(int id)
 {
     if (id < 0 || id >= CONSOLE_MAX_WORKERS)
         return;
+    pthread_once(&hh_key_once, hh_key_make);
     struct hh_worker *w = atomic_load(&hh_workers[id]);
     if (w == NULL) {
         w = mem_calloc(1, sizeof(*w));
@@ -90,13 +103,6 @@ void admin_console_shutdown(void)
     }
 }
 
-static uint64_t hash_bytes(const char *s, size_t n)
-{
-    uint64_t h = 0xcbf29ce484222325ULL;     /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 0x100000001b3ULL;
-    return h;
-}
 
 static void entry_fill(struct hh_entry *e, uint64_t hash, const char *route, const char *limit,
                        const char *parts, size_t plen)
@@ -151,7 +157,7 @@ void admin_console_denied(const char *route, const char *limit, size_t prefix_le
         end--;
     if (off > end)
         off = 0;
-    uint64_t hash = hash_bytes(key, len);
+    uint64_t hash = kvtable_hash(&hh_key, key, len);
     int64_t id = clock_ms() / ADMIN_CONSOLE_EPOCH_MS;
     pthread_mutex_lock(&w->lock);
     struct hh_epoch *ep = &w->ep[id & 1];

@@ -3,14 +3,13 @@
  * The subscriber runs on a thread and event base of its own, so it needs
  * no worker and no admin endpoint: every process that decides in Redis
  * hears every reset. The connection itself is store_sub.c's. */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <event2/event.h>
 
 #include "log.h"
+#include "loopthread.h"
 #include "mem.h"
 #include "resetbus.h"
 #include "store.h"
@@ -18,9 +17,7 @@
 static _Atomic uint64_t resetbus_epoch_now;
 
 struct resetbus {
-    pthread_t thread;
-    struct event_base *base;
-    struct event *stop_ev;
+    struct loopthread *loop;
     struct store_sub *sub;
     struct conf_redis rc;       /* as started: compared on reload (not owned) */
     char *prefix;
@@ -42,25 +39,10 @@ static void resetbus_message(void *arg)
     resetbus_bump();
 }
 
-static void *resetbus_main(void *arg)
-{
-    struct resetbus *rb = arg;
-    event_base_dispatch(rb->base);
-    return NULL;
-}
-
-static void resetbus_stop_cb(evutil_socket_t fd, short what, void *arg)
-{
-    event_base_loopexit(((struct resetbus *)arg)->base, NULL);
-}
-
 static void resetbus_free(struct resetbus *rb)
 {
     store_sub_destroy(rb->sub);
-    if (rb->stop_ev)
-        event_free(rb->stop_ev);
-    if (rb->base)
-        event_base_free(rb->base);
+    loopthread_destroy(rb->loop);
     if (rb->conf)
         conf_release(rb->conf);
     free(rb->prefix);
@@ -77,13 +59,13 @@ struct resetbus *resetbus_start(const struct conf *conf)
     conf_retain(rb->conf);
     rb->rc = conf->redis;
     rb->prefix = strdup(conf->redis.prefix ? conf->redis.prefix : "");
-    rb->base = event_base_new();
-    if (rb->base == NULL || rb->prefix == NULL)
+    rb->loop = loopthread_create(NULL, NULL);
+    if (rb->loop == NULL || rb->prefix == NULL)
         goto fail;
     snprintf(channel, sizeof(channel), "%s" RESETBUS_CHANNEL, rb->prefix);
-    rb->sub = store_sub_create(rb->base, &conf->redis, channel, resetbus_message, rb);
-    rb->stop_ev = event_new(rb->base, -1, 0, resetbus_stop_cb, rb);
-    if (rb->stop_ev == NULL || pthread_create(&rb->thread, NULL, resetbus_main, rb) != 0)
+    rb->sub = store_sub_create(loopthread_base(rb->loop), &conf->redis, channel,
+                               resetbus_message, rb);
+    if (loopthread_start(rb->loop) != 0)
         goto fail;
     return rb;
 fail:
@@ -109,7 +91,6 @@ void resetbus_stop(struct resetbus *rb)
 {
     if (rb == NULL)
         return;
-    event_active(rb->stop_ev, EV_TIMEOUT, 0);
-    pthread_join(rb->thread, NULL);
+    loopthread_stop(rb->loop);
     resetbus_free(rb);
 }

@@ -241,8 +241,10 @@ static int64_t regex_weight(const char *re, int64_t limit)
     sum[0] = last[0] = 0;
     for (const char *p = re; *p; p++) {
         int64_t atom = 1, extra;
-        if ((*p == '*' || *p == '+' || *p == '?' || (*p == '{' && regex_bound(p, &count))) &&
-            last[d] > 0) {
+        const char *bound = NULL;
+        if (*p == '{')
+            bound = regex_bound(p, &count);
+        if ((*p == '*' || *p == '+' || *p == '?' || bound) && last[d] > 0) {
             if (quantified == 1 && (*p == '?' || *p == '+')) {
                 quantified = 2;         /* lazy a*?, possessive a*+: no copies */
                 continue;
@@ -259,8 +261,8 @@ static int64_t regex_weight(const char *re, int64_t limit)
             last[d] *= extra + 1;
             if (sum[d] > limit)
                 return limit + 1;
-            if (*p == '{')
-                p = regex_bound(p, &count);
+            if (bound)
+                p = bound;
             continue;
         }
         quantified = 0;

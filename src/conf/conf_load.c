@@ -289,7 +289,7 @@ static int check_route(struct ctx *x, int i)
         conf_path_pop(x, o2);
     }
     /* concurrency without a lease: the upstream's timeout + 10 s */
-    for (int a = 0; a < r->nlimits && rc == 0; a++)
+    for (int a = 0; a < r->nlimits && rc == 0 && r->upstream; a++)
         if (r->limits[a].params.algo == LIMITER_CONCURRENCY && r->limits[a].params.window_ms == 0)
             r->limits[a].params.window_ms = r->upstream->timeout_ms + 10000;
     for (int a = 0; a < r->nlimits && rc == 0; a++) {

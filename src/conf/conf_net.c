@@ -109,7 +109,7 @@ int conf_h_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
         if (conf_get_addr(x, v, &c->listens[0].addr) < 0)
             return -1;
     } else {
-        if (v->nkids == 0 || v->nkids > CONF_MAX_LISTENS)
+        if (v->nkids < 1 || v->nkids > CONF_MAX_LISTENS)
             return conf_fail(x, v, "needs 1 to %d entries", CONF_MAX_LISTENS);
         c->listens = xcalloc((size_t)v->nkids, sizeof *c->listens);
         c->nlistens = v->nkids;

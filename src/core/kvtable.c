@@ -1,7 +1,7 @@
 /* sluice - kvtable.c: the hash chains and LRU lists of kvtable.h.
  *
- * SipHash-2-4 with a random key (getrandom, else a clock-based fallback), chained buckets that double at load 1, intrusive
- * doubly-linked lists. */
+ * SipHash-2-4 with a random key (getrandom, else a clock-based fallback), chained buckets that double at load 1; the
+ * entries' LRU links are list.h's. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -105,7 +105,7 @@ void *kvtable_add(struct kvtable *t, size_t size, uint64_t hash, const char *key
     e->key = mem + size;
     e->keylen = len;
     e->hash = hash;
-    e->newer = e->older = NULL;
+    e->lru.prev = e->lru.next = NULL;
     struct kvtable_entry **pp = kvtable_bucket(t, hash);
     e->hnext = *pp;
     *pp = e;
@@ -120,28 +120,4 @@ void kvtable_remove(struct kvtable *t, struct kvtable_entry *e)
         pp = &(*pp)->hnext;
     *pp = e->hnext;
     t->count--;
-}
-
-void kvtable_list_push(struct kvtable_list *l, struct kvtable_entry *e)
-{
-    e->newer = NULL;
-    e->older = l->newest;
-    if (l->newest)
-        l->newest->newer = e;
-    else
-        l->oldest = e;
-    l->newest = e;
-}
-
-void kvtable_list_unlink(struct kvtable_list *l, struct kvtable_entry *e)
-{
-    if (e->newer)
-        e->newer->older = e->older;
-    else
-        l->newest = e->older;
-    if (e->older)
-        e->older->newer = e->newer;
-    else
-        l->oldest = e->newer;
-    e->newer = e->older = NULL;
 }

@@ -3,26 +3,24 @@
  * Shared by the deny cache and the memory store. Entries are intrusive: the
  * caller's struct starts with a struct kvtable_entry, and the key is copied
  * right after the caller's struct in the same allocation. The table chains
- * entries by hash (doubling to keep load <= 1); lists are the caller's: it
- * decides how many there are and what they mean. No locking: the caller
- * owns the table, its lists and every entry, and frees an entry (free())
- * after kvtable_remove() and kvtable_list_unlink(). */
+ * entries by hash (doubling to keep load <= 1); LRU lists are the caller's
+ * (list.h, through each entry's lru link): it decides how many there are
+ * and what they mean. No locking: the caller owns the table, its lists and
+ * every entry, and frees an entry (free()) after kvtable_remove() and
+ * list_unlink(). */
 #ifndef SLUICE_KVTABLE_H
 #define SLUICE_KVTABLE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include "list.h"
 
 struct kvtable_entry {
     struct kvtable_entry *hnext;            /* hash chain */
-    struct kvtable_entry *newer, *older;    /* the caller's list it is on */
+    struct list_link lru;                   /* on the caller's list, newest first */
     uint64_t hash;
     size_t keylen;
     const char *key;                        /* inside the entry's allocation */
-};
-
-struct kvtable_list {
-    struct kvtable_entry *newest, *oldest;
 };
 
 struct kvtable {
@@ -64,9 +62,10 @@ static inline struct kvtable_entry **kvtable_bucket(struct kvtable *t, size_t i)
     return &t->buckets[i & (t->nbuckets - 1)];
 }
 
-/* e becomes the newest of l; e is on no list. */
-void kvtable_list_push(struct kvtable_list *l, struct kvtable_entry *e);
-/* Takes e off l, which it is on. */
-void kvtable_list_unlink(struct kvtable_list *l, struct kvtable_entry *e);
+/* The entry whose lru link is l (a list's first or last), or NULL. */
+static inline struct kvtable_entry *kvtable_of(struct list_link *l)
+{
+    return LIST_ITEM(l, struct kvtable_entry, lru);
+}
 
 #endif

@@ -4,16 +4,17 @@
  * Everything here reads hostile bytes (request target, Host, X-Forwarded-For,
  * headers, query, cookies) through spans into the head buffer and never
  * beyond them. Pure functions: no I/O, no allocation, no global state, so
- * every worker thread may call them at once; the one exception is each
- * thread's PCRE2 match data (regex.c). */
+ * every worker thread may call them at once; the exceptions are each
+ * thread's PCRE2 match data (regex.c) and the OpenSSL digest context of a
+ * key part that is hashed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/evp.h>
 #include "addr.h"
 #include "mem.h"
 #include "regex.h"
 #include "route.h"
-#include "sha1.h"
 
 /* ---- small byte helpers ---- */
 
@@ -459,7 +460,7 @@ struct route_sink {
     int mode;                   /* ROUTE_SINK_* */
     size_t len;                 /* measured bytes */
     int first;                  /* first byte measured, -1 before any */
-    struct sha1_ctx sha;
+    EVP_MD_CTX *sha;            /* HASH: SHA-1 */
     struct route_out *out;
 };
 
@@ -474,7 +475,7 @@ static void route_sink_put(struct route_sink *k, const char *p, size_t n)
             k->first = (unsigned char)p[0];
         k->len += n;
     } else if (k->mode == ROUTE_SINK_HASH) {
-        sha1_update(&k->sha, p, n);
+        EVP_DigestUpdate(k->sha, p, n);
     } else {
         route_put(k->out, p, n);
     }
@@ -698,13 +699,20 @@ static void route_put_part(struct route_out *o, const struct route_part *pt)
     route_part_emit(pt, &k);
     char num[32];
     if (k.len > ROUTE_MAX_PART || (k.len == 41 && k.first == '#')) {
-        uint8_t d[SHA1_DIGEST_BYTES];
-        char hex[SHA1_HEX_BYTES];
+        static const char digits[] = "0123456789abcdef";
+        unsigned char d[EVP_MAX_MD_SIZE];
+        char hex[40];
         k.mode = ROUTE_SINK_HASH;
-        sha1_init(&k.sha);
+        k.sha = EVP_MD_CTX_new();
+        if (k.sha == NULL || EVP_DigestInit_ex(k.sha, EVP_sha1(), NULL) != 1)
+            abort();            /* out of memory, as mem.c */
         route_part_emit(pt, &k);
-        sha1_final(&k.sha, d);
-        sha1_tohex(d, hex);
+        EVP_DigestFinal_ex(k.sha, d, NULL);
+        EVP_MD_CTX_free(k.sha);
+        for (int i = 0; i < 20; i++) {
+            hex[2 * i] = digits[d[i] >> 4];
+            hex[2 * i + 1] = digits[d[i] & 15];
+        }
         route_put(o, "41:#", 4);
         route_put(o, hex, 40);
         return;

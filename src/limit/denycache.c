@@ -22,7 +22,7 @@ struct denycache {
     size_t max_keys;
     struct kvtable table;
     struct kvtable_key key;
-    struct kvtable_list lru;
+    struct list lru;
     uint64_t epoch;                     /* resetbus epoch last seen */
 };
 
@@ -39,8 +39,8 @@ void denycache_destroy(struct denycache *dc)
 {
     if (dc == NULL)
         return;
-    for (struct kvtable_entry *e = dc->lru.newest, *next; e; e = next) {
-        next = e->older;
+    for (struct kvtable_entry *e = kvtable_of(dc->lru.first), *next; e; e = next) {
+        next = kvtable_of(e->lru.next);
         free(e);
     }
     kvtable_fini(&dc->table);
@@ -54,14 +54,14 @@ size_t denycache_size(const struct denycache *dc)
 
 static void dc_touch(struct denycache *dc, struct dc_entry *e)
 {
-    kvtable_list_unlink(&dc->lru, &e->kv);
-    kvtable_list_push(&dc->lru, &e->kv);
+    list_unlink(&dc->lru, &e->kv.lru);
+    list_push(&dc->lru, &e->kv.lru);
 }
 
 static void dc_remove(struct denycache *dc, struct kvtable_entry *e)
 {
     kvtable_remove(&dc->table, e);
-    kvtable_list_unlink(&dc->lru, e);
+    list_unlink(&dc->lru, &e->lru);
     free(e);
 }
 
@@ -86,12 +86,12 @@ void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t un
         return;
     }
     if (dc->table.count >= dc->max_keys)
-        dc_remove(dc, dc->lru.oldest);
+        dc_remove(dc, kvtable_of(dc->lru.last));
     e = kvtable_add(&dc->table, sizeof(*e), h, key, len);
     e->until_ms = until_ms;
     e->cost = cost;
     e->limit = limit;
-    kvtable_list_push(&dc->lru, &e->kv);
+    list_push(&dc->lru, &e->kv.lru);
 }
 
 int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms,
@@ -120,6 +120,6 @@ void denycache_sync(struct denycache *dc, uint64_t epoch)
     if (dc == NULL || dc->epoch == epoch)
         return;
     dc->epoch = epoch;
-    while (dc->lru.oldest != NULL)
-        dc_remove(dc, dc->lru.oldest);
+    while (dc->lru.last != NULL)
+        dc_remove(dc, kvtable_of(dc->lru.last));
 }

@@ -40,8 +40,8 @@ struct stripe {
     _Alignas(64) pthread_mutex_t lock;      /* one cache line per stripe head */
     struct kvtable table;
     size_t cap;
-    struct kvtable_list open;               /* keys not denying now */
-    struct kvtable_list held;               /* keys denying now: evicted last */
+    struct list open;                       /* keys not denying now */
+    struct list held;                       /* keys denying now: evicted last */
     uint64_t decisions;                     /* decisions that locked the stripe */
     size_t hand;                            /* the sweep's next bucket */
 };
@@ -59,27 +59,27 @@ struct memstore {
     struct stripe *stripes;
     pthread_mutex_t ovr_lock;               /* the overrides, apart from the stripes */
     struct kvtable ovr;
-    struct kvtable_list ovr_list;
+    struct list ovr_list;
     _Atomic size_t novr;                    /* read without the lock: none, no lookup */
 };
 
 /* ---- one stripe: a kvtable and two LRU lists, under its lock ------------- */
 
-static struct kvtable_list *lru_of(struct stripe *s, const struct mentry *e)
+static struct list *lru_of(struct stripe *s, const struct mentry *e)
 {
     return e->held ? &s->held : &s->open;
 }
 
 static void lru_unlink(struct stripe *s, struct mentry *e)
 {
-    kvtable_list_unlink(lru_of(s, e), &e->kv);
+    list_unlink(lru_of(s, e), &e->kv.lru);
 }
 
 /* e becomes the newest of the list its hold puts it on at now_us. */
 static void lru_push(struct stripe *s, struct mentry *e, int64_t now_us)
 {
     e->held = e->held_until_us > now_us;
-    kvtable_list_push(lru_of(s, e), &e->kv);
+    list_push(lru_of(s, e), &e->kv.lru);
 }
 
 static void stripe_remove(struct stripe *s, struct mentry *e)
@@ -134,9 +134,9 @@ static void stripe_sweep(struct stripe *s, int64_t now_us, size_t budget)
  * when the whole list is, and then the other list's oldest is not. */
 static struct mentry *stripe_victim(struct stripe *s)
 {
-    struct mentry *e = (struct mentry *)s->open.oldest;
+    struct mentry *e = (struct mentry *)kvtable_of(s->open.last);
     if (e == NULL || e->seen == s->decisions)
-        e = (struct mentry *)s->held.oldest;
+        e = (struct mentry *)kvtable_of(s->held.last);
     assert(e != NULL && e->seen != s->decisions);
     return e;
 }
@@ -217,17 +217,17 @@ void memstore_destroy(struct memstore *m)
         return;
     for (unsigned i = 0; i < m->nstripes; i++) {
         struct stripe *s = &m->stripes[i];
-        while (s->open.oldest)
-            stripe_remove(s, (struct mentry *)s->open.oldest);
-        while (s->held.oldest)
-            stripe_remove(s, (struct mentry *)s->held.oldest);
+        while (s->open.last)
+            stripe_remove(s, (struct mentry *)kvtable_of(s->open.last));
+        while (s->held.last)
+            stripe_remove(s, (struct mentry *)kvtable_of(s->held.last));
         kvtable_fini(&s->table);
         pthread_mutex_destroy(&s->lock);
     }
     free(m->stripes);
-    while (m->ovr_list.oldest) {
-        struct kvtable_entry *e = m->ovr_list.oldest;
-        kvtable_list_unlink(&m->ovr_list, e);
+    while (m->ovr_list.last) {
+        struct kvtable_entry *e = kvtable_of(m->ovr_list.last);
+        list_unlink(&m->ovr_list, &e->lru);
         free(e);
     }
     kvtable_fini(&m->ovr);
@@ -412,7 +412,7 @@ int memstore_override_set(struct memstore *m, const char *key, size_t len,
     } else {
         if (o == NULL) {
             o = kvtable_add(&m->ovr, sizeof(*o), h, key, len);
-            kvtable_list_push(&m->ovr_list, &o->kv);
+            list_push(&m->ovr_list, &o->kv.lru);
         }
         o->params = *p;
         o->expire_us = expire_us;
@@ -425,7 +425,7 @@ int memstore_override_set(struct memstore *m, const char *key, size_t len,
 static void override_remove(struct memstore *m, struct moverride *o)
 {
     kvtable_remove(&m->ovr, &o->kv);
-    kvtable_list_unlink(&m->ovr_list, &o->kv);
+    list_unlink(&m->ovr_list, &o->kv.lru);
     free(o);
     atomic_store(&m->novr, m->ovr.count);
 }

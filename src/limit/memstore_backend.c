@@ -10,13 +10,13 @@
 
 #include "backend.h"
 #include "clock.h"
+#include "list.h"
 #include "mem.h"
 #include "memstore.h"
 
 struct backend_call {
     struct memstore_backend *mb;
-    struct backend_call *next;          /* free list, or pending list */
-    struct backend_call *prev;
+    struct list_link link;              /* on the free list or the pending list */
     struct event *ev;                   /* made active once decided */
     store_cb *cb;
     void *arg;
@@ -26,36 +26,29 @@ struct backend_call {
 struct memstore_backend {
     struct event_base *base;
     struct memstore *mem;               /* not owned */
-    struct backend_call *free_calls;
-    struct backend_call *pending;       /* calls awaiting their callback */
+    struct list free_calls;
+    struct list pending;                /* calls awaiting their callback */
 };
 
 static void call_unlink(struct backend_call *c)
 {
     struct memstore_backend *mb = c->mb;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        mb->pending = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
-    c->next = mb->free_calls;
-    mb->free_calls = c;
+    list_unlink(&mb->pending, &c->link);
+    list_push(&mb->free_calls, &c->link);
 }
 
 /* Pending calls are dropped without their callbacks. */
 static void mb_destroy(void *impl)
 {
     struct memstore_backend *mb = impl;
-    while (mb->pending) {
-        struct backend_call *c = mb->pending;
+    while (mb->pending.first) {
+        struct backend_call *c = LIST_ITEM(mb->pending.first, struct backend_call, link);
         event_del(c->ev);
         call_unlink(c);
     }
-    while (mb->free_calls) {
-        struct backend_call *c = mb->free_calls;
-        mb->free_calls = c->next;
+    while (mb->free_calls.first) {
+        struct backend_call *c = LIST_ITEM(mb->free_calls.first, struct backend_call, link);
+        list_unlink(&mb->free_calls, &c->link);
         if (c->ev)
             event_free(c->ev);
         free(c);
@@ -84,9 +77,9 @@ static struct backend_call *mb_decide(void *impl, const struct store_limit *limi
                                       store_cb *cb, void *arg)
 {
     struct memstore_backend *mb = impl;
-    struct backend_call *c = mb->free_calls;
+    struct backend_call *c = LIST_ITEM(mb->free_calls.first, struct backend_call, link);
     if (c) {
-        mb->free_calls = c->next;
+        list_unlink(&mb->free_calls, &c->link);
     } else {
         c = mem_calloc(1, sizeof(*c));
         c->mb = mb;
@@ -96,11 +89,7 @@ static struct backend_call *mb_decide(void *impl, const struct store_limit *limi
     c->arg = arg;
     if (memstore_decide(mb->mem, limits, n, clock_wall_us(), &c->res) != 0)
         c->res.status = STORE_ERROR;
-    c->prev = NULL;
-    c->next = mb->pending;
-    if (mb->pending)
-        mb->pending->prev = c;
-    mb->pending = c;
+    list_push(&mb->pending, &c->link);
     event_active(c->ev, 0, 0);
     return c;
 }

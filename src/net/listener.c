@@ -57,16 +57,16 @@ static void error_cb(struct evconnlistener *ev, void *arg)
     evtimer_add(l->resume, &tv);
 }
 
-static int bound_socket(const struct sockaddr *sa, socklen_t len, int reuseport)
+static int bound_socket(const struct sockaddr *sa, socklen_t len, int flags)
 {
     int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));   /* past TIME_WAIT */
-    if (reuseport)
+    if (flags & LISTENER_REUSEPORT)
         setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
-    if (sa->sa_family == AF_INET6)
+    if ((flags & LISTENER_V6ONLY) && sa->sa_family == AF_INET6)
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
     if (bind(fd, sa, len) < 0) {
         int err = errno;
@@ -82,16 +82,16 @@ static int bound_socket(const struct sockaddr *sa, socklen_t len, int reuseport)
  * connections in TIME_WAIT). */
 int listener_check_free(const struct sockaddr *sa, socklen_t len)
 {
-    int fd = bound_socket(sa, len, 0);
+    int fd = bound_socket(sa, len, LISTENER_V6ONLY);
     if (fd < 0)
         return -1;
     close(fd);
     return 0;
 }
 
-int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog)
+int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog, int flags)
 {
-    int fd = bound_socket(sa, len, 1);
+    int fd = bound_socket(sa, len, flags);
     if (fd >= 0 && listen(fd, backlog) < 0) {
         int err = errno;
         close(fd);

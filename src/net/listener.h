@@ -28,9 +28,14 @@ struct listener;
  * socket of any process listens on sa, or on a wildcard address of its port
  * (or sa is a wildcard and something listens on one of its addresses). */
 int listener_check_free(const struct sockaddr *sa, socklen_t len);
-/* A non-blocking socket bound to sa with SO_REUSEADDR and SO_REUSEPORT
- * (IPV6_V6ONLY for IPv6), listening with backlog; -1 with errno. */
-int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog);
+/* listener_socket's flags: the public listeners take both, the admin
+ * endpoint neither. */
+#define LISTENER_REUSEPORT 1    /* SO_REUSEPORT: one socket per worker on one address */
+#define LISTENER_V6ONLY    2    /* an IPv6 address takes no IPv4 connections */
+
+/* The one maker of listening sockets: non-blocking, close-on-exec, bound to
+ * sa with SO_REUSEADDR and flags, listening with backlog; -1 with errno. */
+int listener_socket(const struct sockaddr *sa, socklen_t len, int backlog, int flags);
 
 /* Called on the base's thread for each accepted connection; it owns fd. */
 typedef void (*listener_accept_fn)(void *arg, int fd, struct sockaddr *peer, int peerlen);

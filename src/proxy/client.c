@@ -49,12 +49,7 @@ static void client_free(struct client *c)
     if (c->rq && c->rq->up)
         upstream_close(c->rq->up);
     request_put(env, c->rq);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        env->clients = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    list_unlink(&env->clients, &c->link);
     env->nclients--;
     metrics_gauge_add(METRICS_CONN_CLIENT, -1);
     event_free(c->timer);
@@ -354,10 +349,7 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     c->tls = tls != NULL;
     c->handshaking = c->tls;
     c->tls_version = "";
-    c->next = env->clients;
-    if (env->clients)
-        env->clients->prev = c;
-    env->clients = c;
+    list_push(&env->clients, &c->link);
     env->nclients++;
     metrics_gauge_add(METRICS_CONN_CLIENT, 1);
 
@@ -376,8 +368,9 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
 
 void client_drain(struct conn_env *env)
 {
-    for (struct client *c = env->clients, *next; c; c = next) {
-        next = c->next;
+    for (struct client *c = LIST_ITEM(env->clients.first, struct client, link), *next; c;
+         c = next) {
+        next = LIST_ITEM(c->link.next, struct client, link);
         c->keep_alive = 0;
         if (c->state == CS_HEAD && evbuffer_get_length(io_input(c->io)) == 0) {
             conn_kill(c);
@@ -389,12 +382,12 @@ void client_drain(struct conn_env *env)
 
 void client_close_all(struct conn_env *env)
 {
-    while (env->clients) {
-        struct client *c = env->clients;
+    while (env->clients.first) {
+        struct client *c = LIST_ITEM(env->clients.first, struct client, link);
         /* client_free() unlinks the list head, so this is a new client each
          * time; the analyser assumes the head may have a prev. */
         conn_kill(c);     /* NOLINT(clang-analyzer-unix.Malloc) */
-        if (c->busy == 0)
+        if (c->busy == 0) /* NOLINT(clang-analyzer-unix.Malloc): as above */
             client_free(c);
     }
 }

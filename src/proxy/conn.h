@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 #include "http1.h"
+#include "list.h"
 #include "route.h"
 
 struct evbuffer;
@@ -26,6 +27,7 @@ struct runtime;
 struct backend;
 struct denycache;
 struct accesslog;
+struct client;
 
 /* Output above this stops reading the other side until it drains: what a
  * peer that does not read holds in sluice, per direction (about nginx's
@@ -51,7 +53,7 @@ enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY, TM_HANDSHAKE };
 struct conn_env {
     int id;                             /* the worker's */
     struct event_base *base;
-    struct client *clients;             /* all open client connections */
+    struct list clients;                /* all open client connections */
     int nclients;
     int stopping;                       /* draining: no accepts, no keep-alive */
     struct conf *conf;                  /* rt->conf; clients retain it */
@@ -77,7 +79,7 @@ struct conn_ops {
 struct client {
     const struct conn_ops *ops;
     struct conn_env *env;
-    struct client *prev, *next;         /* env's list */
+    struct list_link link;              /* on env's list */
     struct conf *conf;                  /* retained */
     struct io *io;                      /* the socket, plain or TLS (io.h) */
     struct sockaddr_storage peer;

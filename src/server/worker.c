@@ -168,7 +168,8 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         wl->index = w->nlistens;
         wl->addr = mem_strndup(cl->addr.text, strlen(cl->addr.text));
         addr = cl->addr.text;
-        int fd = listener_socket((const struct sockaddr *)&cl->addr.ss, cl->addr.sslen, 4096);
+        int fd = listener_socket((const struct sockaddr *)&cl->addr.ss, cl->addr.sslen, 4096,
+                                 LISTENER_REUSEPORT | LISTENER_V6ONLY);
         if (fd < 0)
             goto fail;
         wl->l = listener_create(w->env.base, fd, who, cl->addr.text, accept_cb, wl);

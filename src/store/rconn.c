@@ -25,6 +25,7 @@
 #include "log.h"
 #include "mem.h"
 #include "rconn.h"
+#include "tls_client.h"
 
 #define RCONN_MAX_REPLY_BYTES (16u << 20)   /* unparsed bytes, and string bytes, of one reply */
 #define RCONN_READ_BYTES 65536              /* read at most this per readiness */
@@ -89,52 +90,20 @@ static void rconn_try_next(struct rconn *c);
 
 /* ---- TLS context ---------------------------------------------------------- */
 
-static const char *rconn_ssl_error(char *buf, size_t len)
-{
-    unsigned long e = ERR_get_error(), last = 0;
-    for (; e != 0; e = ERR_get_error())
-        last = e;
-    if (last == 0)
-        return "unknown OpenSSL error";
-    ERR_error_string_n(last, buf, len);
-    return buf;
-}
-
 struct rconn_tls *rconn_tls_create(const struct rconn_tls_conf *tc, char *whybuf,
                                    size_t whylen)
 {
-    const char *step = "cannot create a TLS context";
+    const struct tls_client_files f = { tc->ca_file, tc->cert_file, tc->key_file, tc->verify };
+    const char *key;
+    SSL_CTX *ctx = tls_client_ctx(&f, whybuf, whylen, &key);
+    if (ctx == NULL)
+        return NULL;
     struct rconn_tls *t = mem_calloc(1, sizeof(*t));
-    ERR_clear_error();
-    t->ctx = SSL_CTX_new(TLS_client_method());
-    if (t->ctx == NULL)
-        goto fail;
-    SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION);
+    t->ctx = ctx;
     t->verify = tc->verify;
-    SSL_CTX_set_verify(t->ctx, tc->verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, NULL);
-    step = "cannot load the CA file";
-    if (tc->ca_file != NULL ? SSL_CTX_load_verify_locations(t->ctx, tc->ca_file, NULL) != 1
-                            : SSL_CTX_set_default_verify_paths(t->ctx) != 1)
-        goto fail;
-    step = "cannot load the client certificate";
-    if (tc->cert_file != NULL && SSL_CTX_use_certificate_chain_file(t->ctx, tc->cert_file) != 1)
-        goto fail;
-    step = "cannot load the client key";
-    if (tc->cert_file != NULL &&
-        SSL_CTX_use_PrivateKey_file(t->ctx, tc->key_file ? tc->key_file : tc->cert_file,
-                                    SSL_FILETYPE_PEM) != 1)
-        goto fail;
-    step = "the client key does not match its certificate";
-    if (tc->cert_file != NULL && SSL_CTX_check_private_key(t->ctx) != 1)
-        goto fail;
     if (tc->server_name != NULL)
         t->server_name = mem_strndup(tc->server_name, strlen(tc->server_name));
     return t;
-fail:;
-    char ebuf[200];
-    snprintf(whybuf, whylen, "%s: %s", step, rconn_ssl_error(ebuf, sizeof(ebuf)));
-    rconn_tls_destroy(t);
-    return NULL;
 }
 
 void rconn_tls_destroy(struct rconn_tls *t)
@@ -242,7 +211,8 @@ static void rconn_release(struct rconn *c)
     if (c->reader != NULL)
         redisReaderFree(c->reader);
     evbuffer_free(c->early);
-    event_free(c->fail_ev);
+    if (c->fail_ev != NULL)             /* none on a detached one */
+        event_free(c->fail_ev);
     free(c->fifo);
     free(c->host);
     free(c);
@@ -463,6 +433,14 @@ static const char *rconn_deliver(struct rconn *c)
     return NULL;
 }
 
+/* Bytes from the server: into the reader, and every whole reply out. */
+static const char *rconn_take(struct rconn *c, const char *data, size_t len)
+{
+    if (redisReaderFeed(c->reader, data, len) != REDIS_OK)
+        return "protocol error";
+    return rconn_deliver(c);
+}
+
 static void rconn_read_cb(struct bufferevent *bev, void *arg)
 {
     struct rconn *c = arg;
@@ -472,12 +450,8 @@ static void rconn_read_cb(struct bufferevent *bev, void *arg)
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
             break;
-        if (redisReaderFeed(c->reader, v.iov_base, v.iov_len) != REDIS_OK) {
-            why = "protocol error";
-            break;
-        }
+        why = rconn_take(c, v.iov_base, v.iov_len);
         evbuffer_drain(in, v.iov_len);
-        why = rconn_deliver(c);
     }
     if (c->freeing) {
         rconn_fail_pending(c);
@@ -668,6 +642,33 @@ struct rconn *rconn_connect(struct event_base *base, struct evdns_base *dns,
     /* a numeric host or one in /etc/hosts is answered before this returns */
     c->dns_req = evdns_getaddrinfo(dns, host, ps, &hints, rconn_dns_cb, c);
     return c;
+}
+
+struct rconn *rconn_detached(void)
+{
+    struct rconn *c = mem_calloc(1, sizeof(*c));
+    c->host = mem_strndup("detached", 8);
+    c->early = evbuffer_new();
+    c->reader = rconn_reader_new(c);
+    if (c->early == NULL || c->reader == NULL) {
+        log_error("rconn: out of memory for a detached connection");
+        abort();
+    }
+    return c;
+}
+
+const char *rconn_feed(struct rconn *c, const char *data, size_t len)
+{
+    if (c->dead)
+        return c->why;
+    const char *why = rconn_take(c, data, len);
+    if (why != NULL) {
+        if (why != c->why)
+            snprintf(c->why, sizeof(c->why), "%s", why);
+        rconn_fail_pending(c);          /* as rconn_end, without the owner's callback */
+        return c->why;
+    }
+    return NULL;
 }
 
 /* ---- sending -------------------------------------------------------------- */

@@ -43,8 +43,8 @@ struct rconn_tls_conf {
     int verify;                 /* 0: no verification at all */
 };
 
-/* A TLS client context for every connection of one store. NULL with *why
- * set (a static string or one in whybuf) when a file does not load. */
+/* A TLS client context for every connection of one store (tls_client.h's).
+ * NULL with the reason in whybuf when a file does not load. */
 struct rconn_tls *rconn_tls_create(const struct rconn_tls_conf *tc, char *whybuf,
                                    size_t whylen);
 void rconn_tls_destroy(struct rconn_tls *t);
@@ -58,6 +58,15 @@ struct rconn *rconn_connect(struct event_base *base, struct evdns_base *dns,
                             rconn_close_cb *on_close, void *data);
 void *rconn_data(const struct rconn *c);
 void rconn_free(struct rconn *c);
+
+/* A connection that never connects, for the reply fuzzer: sends queue as
+ * usual, and rconn_feed() gives it bytes as if read from the server (whole
+ * replies go to their callbacks, through the same reader and bounds).
+ * NULL, or why a real connection would end: this one is then dead (what
+ * waits had its NULL reply; sends are refused). rconn_free() frees it, and
+ * must not be called from one of its callbacks. */
+struct rconn *rconn_detached(void);
+const char *rconn_feed(struct rconn *c, const char *data, size_t len);
 
 /* 1 while a name lookup is in flight. Freeing c then cancels it, and evdns
  * delivers the cancel from the loop later: dns must outlive that. */

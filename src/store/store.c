@@ -167,7 +167,8 @@ void store_kick_waiting(struct store *s)
                 event_active(c->req[i].wait_ev, EV_TIMEOUT, 0);
             }
     }
-    for (struct store_req *q = s->refunds; q != NULL; q = q->next)
+    for (struct store_req *q = LIST_ITEM(s->refunds.first, struct store_req, refund); q != NULL;
+         q = LIST_ITEM(q->refund.next, struct store_req, refund))
         if (q->wait_ev != NULL && evtimer_pending(q->wait_ev, NULL)) {
             event_del(q->wait_ev);
             event_active(q->wait_ev, EV_TIMEOUT, 0);
@@ -252,14 +253,9 @@ static void store_refund_release(struct store_req *q)
 static void store_refund_free(struct store_req *q)
 {
     struct store *s = q->s;
-    if (q->prev != NULL)
-        q->prev->next = q->next;
-    else
-        s->refunds = q->next;
-    if (q->next != NULL)
-        q->next->prev = q->prev;
+    list_unlink(&s->refunds, &q->refund);
     store_refund_release(q);
-    if (s->refunds == NULL && s->drain_done != NULL)   /* a draining store owes nothing now */
+    if (s->refunds.first == NULL && s->drain_done != NULL)   /* a draining store owes nothing now */
         event_active(s->drain_ev, EV_TIMEOUT, 0);
 }
 
@@ -267,7 +263,7 @@ static void store_drain_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct store *s = arg;
     void (*done)(void *) = s->drain_done;
-    if (s->refunds != NULL)
+    if (s->refunds.first != NULL)
         log_warn("store: closing with give-backs unanswered after %lld ms; Redis keeps "
                  "those slots until their leases end",
                  (long long)(STORE_REFUND_BUDGET_MS + s->rc.timeout_ms));
@@ -278,7 +274,7 @@ static void store_drain_cb(evutil_socket_t fd, short what, void *arg)
 int store_drain(struct store *s, void (*done)(void *arg), void *arg)
 {
     assert(s->in_user_cb == 0 && s->drain_done == NULL && done != NULL);
-    if (s->refunds == NULL)
+    if (s->refunds.first == NULL)
         return 0;
     s->drain_done = done;
     s->drain_arg = arg;
@@ -313,10 +309,7 @@ static void store_refund(struct store_call *c, const struct store_req *g)
         marks[i] = g->mark[k[i]];
     }
     store_batch_encode_evalsha(q, c, refund_lua_sha, li, n, times, 2, marks);
-    q->next = s->refunds;
-    if (s->refunds != NULL)
-        s->refunds->prev = q;
-    s->refunds = q;
+    list_push(&s->refunds, &q->refund);
     if (req_dispatch(q) != 0) {
         q->done = 1;
         store_req_settle(q);
@@ -346,10 +339,7 @@ void store_give_back(struct store *s, const struct store_limit *l)
     q->slot = s->mode == STORE_CLUSTER ? store_slot(l->key, l->keylen) : -1;
     q->deadline_ms = clock_ms() + STORE_REFUND_BUDGET_MS;
     store_batch_encode_evalsha(q, &tmp, refund_lua_sha, li, 1, times, 2, marks);
-    q->next = s->refunds;
-    if (s->refunds != NULL)
-        s->refunds->prev = q;
-    s->refunds = q;
+    list_push(&s->refunds, &q->refund);
     if (req_dispatch(q) != 0) {
         q->done = 1;
         store_req_settle(q);
@@ -873,11 +863,11 @@ void store_destroy(struct store *s)
     }
     for (int i = 0; i < nall; i++)
         store_node_free(all[i]);
-    for (struct store_req *q = s->refunds, *next; q != NULL; q = next) {
-        next = q->next;
+    while (s->refunds.first != NULL) {
+        struct store_req *q = LIST_ITEM(s->refunds.first, struct store_req, refund);
+        list_unlink(&s->refunds, &q->refund);
         store_refund_release(q);
     }
-    s->refunds = NULL;
     while (s->all_calls != NULL) {
         struct store_call *c = s->all_calls;
         s->all_calls = c->all_next;

@@ -20,6 +20,7 @@
 
 #include <event2/event.h>
 
+#include "list.h"
 #include "rconn.h"
 
 /* Generated from scripts/NAME.lua by the Makefile (build/NAME_lua.c). */
@@ -84,7 +85,7 @@ struct store_node {
 struct store_req {
     struct store *s;
     struct store_call *call;        /* NULL: a refund, which owns itself */
-    struct store_req *next, *prev;  /* the store's refunds */
+    struct list_link refund;        /* on the store's refunds */
     int slot;                       /* -1 outside a cluster */
     struct store_node *node;        /* where it was last sent */
     struct store_node *ask;         /* ASK: send ASKING and the command here */
@@ -212,7 +213,7 @@ struct store {
     int64_t last_refresh_ms;
     int refresh_wanted;
     struct store_call *free_calls, *all_calls;
-    struct store_req *refunds;
+    struct list refunds;
     struct event *drain_ev;         /* store_drain(): all answered, or its time is up */
     void (*drain_done)(void *arg);
     void *drain_arg;

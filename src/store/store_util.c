@@ -37,14 +37,15 @@ int store_switch_master(const redisReply *reply, const char *name, char *ip, siz
         strcmp(reply->element[0]->str, "message") != 0 ||
         reply->element[2]->type != REDIS_REPLY_STRING)
         return -1;
-    char got[256], oldip[64], newip[64];
-    int oldport, newport;
-    /* Counted fields and a bounded port: the conversions are checked. */
-    if (sscanf(reply->element[2]->str, "%255s %63s %d %63s %d",  // NOLINT(cert-err34-c)
-               got, oldip, &oldport, newip, &newport) != 5 ||
-        strcmp(got, name) != 0 || newport < 1 || newport > 65535 || strlen(newip) >= ipsz)
+    char got[256], oldip[64], oldport[16], newip[64], newport[16], *end;
+    /* Counted fields; the new port is all digits and in range. */
+    if (sscanf(reply->element[2]->str, "%255s %63s %15s %63s %15s",
+               got, oldip, oldport, newip, newport) != 5 || strcmp(got, name) != 0)
+        return -1;
+    long p = strtol(newport, &end, 10);
+    if (*end != '\0' || p < 1 || p > 65535 || strlen(newip) >= ipsz)
         return -1;
     memcpy(ip, newip, strlen(newip) + 1);
-    *port = newport;
+    *port = (int)p;
     return 0;
 }

@@ -17,7 +17,7 @@ FUZZ_CC       ?= clang-14
 FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
 FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
-                 h1write_request h1write_response http1_differential
+                 h1write_request h1write_response http1_differential redis_reply admin_api
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXTRA) \
@@ -25,20 +25,29 @@ FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXT
 # Our harnesses are held to the house warnings; src/ is built by gcc with
 # -Werror already, so clang's extra opinions on it do not stop a fuzz run.
 FUZZ_HFLAGS   := $(FUZZ_BASE) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
-# conf*.o parse only (TLS files and contexts are confcheck.o's): no OpenSSL.
-# http_parser only for http1_differential's reference (tests/unit/http1_ref.c).
-FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 libevent libpcre2-8 2>/dev/null) -lpthread -lm
+# conf*.o parse only (TLS files and contexts are confcheck.o's); libcrypto
+# is route.o's SHA-1 of long key parts. http_parser only for
+# http1_differential's reference (tests/unit/http1_ref.c).
+FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 libevent libpcre2-8 libcrypto 2>/dev/null) -lpthread -lm
+# rconn.o (the Redis reply reader) brings hiredis and OpenSSL.
+FUZZ_LIBS_redis_reply := -lhiredis $(shell pkg-config --libs libevent_openssl openssl 2>/dev/null)
+FUZZ_LIBS_admin_api   := $(FUZZ_LIBS_redis_reply)
 FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 
 # The src/ modules each target links, and its longest input.
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
 FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter tzcal regex esc mem
-FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc sha1 mem
-FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc sha1 http1 mem
+FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc mem
+FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_OBJS_http1_differential := http1 http1_ref mem
+FUZZ_OBJS_redis_reply     := rconn store_util tls_client log mem
+FUZZ_OBJS_admin_api       := admin_api memstore kvtable list limiter tzcal route addr regex http1 esc \
+                             conf conf_value conf_tls conf_net conf_redis conf_limits conf_load \
+                             resetbus loopthread store_sync store_sub store_util rconn tls_client \
+                             metrics log mem
 FUZZ_LEN_http1_request    := 8192
 FUZZ_LEN_http1_response   := 8192
 FUZZ_LEN_conf             := 8192
@@ -47,6 +56,8 @@ FUZZ_LEN_route_key        := 4096
 FUZZ_LEN_h1write_request  := 8192
 FUZZ_LEN_h1write_response := 8192
 FUZZ_LEN_http1_differential := 8192
+FUZZ_LEN_redis_reply      := 8192
+FUZZ_LEN_admin_api        := 8192
 FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
 FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
 FUZZ_DICT_conf            := tests/fuzz/conf.dict
@@ -55,6 +66,8 @@ FUZZ_DICT_route_key       := tests/fuzz/route.dict
 FUZZ_DICT_h1write_request := tests/fuzz/http1.dict
 FUZZ_DICT_h1write_response := tests/fuzz/http1.dict
 FUZZ_DICT_http1_differential := tests/fuzz/http1.dict
+FUZZ_DICT_redis_reply     := tests/fuzz/resp.dict
+FUZZ_DICT_admin_api       := tests/fuzz/admin_api.dict
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 
@@ -87,7 +100,7 @@ $(FUZZ_DIR)/harness_%.o: tests/fuzz/fuzz_%.c tests/fuzz/*.h tests/unit/http1_dif
 .SECONDEXPANSION:
 # (addprefix, not patsubst: a '%' here would be taken for the stem.)
 $(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/harness_%.o $$(addprefix $(FUZZ_DIR)/obj/,$$(addsuffix .o,$$(FUZZ_OBJS_$$*)))
-	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ $(FUZZ_LIBS)
+	$(FUZZ_CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ $(FUZZ_LIBS) $(FUZZ_LIBS_$*)
 
 # One shell per target run; the log's final stats give the executions.
 fuzz: fuzz-build
@@ -102,6 +115,8 @@ fuzz: fuzz-build
 	    h1write_request) len=$(FUZZ_LEN_h1write_request); dict=$(FUZZ_DICT_h1write_request);; \
 	    h1write_response) len=$(FUZZ_LEN_h1write_response); dict=$(FUZZ_DICT_h1write_response);; \
 	    http1_differential) len=$(FUZZ_LEN_http1_differential); dict=$(FUZZ_DICT_http1_differential);; \
+	    redis_reply) len=$(FUZZ_LEN_redis_reply); dict=$(FUZZ_DICT_redis_reply);; \
+	    admin_api) len=$(FUZZ_LEN_admin_api); dict=$(FUZZ_DICT_admin_api);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
 	  log=$(FUZZ_DIR)/$$t.log; \

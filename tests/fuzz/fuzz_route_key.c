@@ -26,10 +26,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/evp.h>
 #include "http1.h"
 #include "regex.h"
 #include "route.h"
-#include "sha1.h"
 
 #define fuzz_check(cond) do { if (!(cond)) { \
     fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
@@ -198,8 +198,12 @@ static void key_parse(const char *k, long n, const struct conf_route *r,
 static void part_is(const char *k, const struct parsed *ps, int p, const char *v, size_t vlen)
 {
     if (vlen > ROUTE_MAX_PART || (vlen == 41 && v[0] == '#')) {
-        char hex[SHA1_HEX_BYTES];
-        sha1_hex(v, vlen, hex);
+        unsigned char d[EVP_MAX_MD_SIZE];
+        unsigned int dn = 0;
+        char hex[41];
+        fuzz_check(EVP_Digest(v, vlen, d, &dn, EVP_sha1(), NULL) == 1 && dn == 20);
+        for (unsigned int i = 0; i < dn; i++)
+            snprintf(hex + 2 * i, 3, "%02x", d[i]);
         fuzz_check(ps->len[p] == 41 && k[ps->off[p]] == '#');
         fuzz_check(memcmp(k + ps->off[p] + 1, hex, 40) == 0);
     } else {

@@ -204,3 +204,76 @@ H1W_RESPONSES = {
 }
 for name, (flags, msg) in H1W_RESPONSES.items():
     write("h1write_response", name, bytes([flags]) + msg)
+
+# redis_reply: 4 header bytes (piece size, which of 8 commands expect
+# integers, their capacity, SUBSCRIBE after them), then the server's bytes.
+def resp_bulk(s):
+    return b"$%d\r\n%s\r\n" % (len(s), s)
+
+def resp_arr(*items):
+    return b"*%d\r\n" % len(items) + b"".join(items)
+
+def ints(*v):
+    return resp_arr(*[b":%d\r\n" % x for x in v])
+
+SWITCH = resp_arr(resp_bulk(b"message"), resp_bulk(b"+switch-master"),
+                  resp_bulk(b"mymaster 10.0.0.1 6379 10.0.0.2 6380"))
+REDIS_REPLIES = {
+    "ok": (0, 0, 0, 0, b"+OK\r\n" * 8),
+    "ok_bytewise": (1, 0, 0, 0, b"+OK\r\n" * 8),
+    "ints": (0, 0xff, 4, 0, ints(1, 0, 3) * 8),
+    "ints_pieces": (3, 0x55, 4, 0, (ints(1, -2, 9223372036854775807, -9223372036854775808)
+                                   + b":7\r\n") * 4),
+    "ints_over_cap": (0, 0xff, 2, 0, ints(1, 2, 3) + ints() + resp_arr() * 6),
+    "ints_not_ints": (0, 0xff, 8, 0, resp_arr(b":1\r\n", resp_bulk(b"x")) + resp_arr(ints(1))
+                      + resp_arr(b"$-1\r\n") + b"-ERR x\r\n" + b"*-1\r\n" + b":5\r\n"
+                      + b"+OK\r\n" + ints(1)),
+    "mixed": (0, 0x0f, 3, 0, ints(1, 2) + b"-NOSCRIPT No matching script\r\n" + b"$-1\r\n"
+              + b"*-1\r\n" + resp_bulk(b"hello") + b"$0\r\n\r\n" + b":42\r\n"
+              + resp_arr(resp_arr(resp_arr(b":1\r\n")), resp_bulk(b"y"))),
+    "too_deep": (0, 0, 0, 0, b"+OK\r\n" + b"*1\r\n" * 5 + b":1\r\n"),
+    "too_wide": (0, 0, 0, 0, b"*65537\r\n" + b":1\r\n" * 4),
+    "too_many": (0, 0, 0, 0, b"*4\r\n" + b"*65536\r\n" * 4),
+    "string_huge": (0, 0, 0, 0, b"$16777217\r\nabc"),
+    "protocol_error": (0, 0, 0, 0, b"+OK\r\n!garbage\r\n"),
+    "unasked": (0, 0, 0, 0, b"+OK\r\n" * 9),
+    "subscribe": (0, 0x01, 2, 1, ints(1) + b"+OK\r\n" * 7
+                  + resp_arr(resp_bulk(b"subscribe"), resp_bulk(b"chan"), b":1\r\n") + SWITCH
+                  + resp_arr(resp_bulk(b"message"), resp_bulk(b"+switch-master"),
+                             resp_bulk(b"mymaster 10.0.0.1 6379 10.0.0.2 99999999999"))),
+    "switch_pieces": (5, 0, 0, 1, b"+OK\r\n" * 8 + SWITCH * 3),
+}
+for name, (piece, mask, cap, sub, stream) in REDIS_REPLIES.items():
+    write("redis_reply", name, bytes([piece, mask, cap, sub]) + stream)
+
+# admin_api: 2 header bytes (method: 0 GET, 1 HEAD, 2 PUT, 3 DELETE, 4 POST,
+# 5 another; bit 0 of the second: the right token), the target, header
+# lines, an empty line and the body. Routes and limits are the harness's.
+def api(method, auth, target, body=b"", headers=b""):
+    return bytes([method, auth]) + target + b"\n" + headers + b"\n" + body
+
+ADMIN_API = {
+    "get_state": api(0, 0, b"/api/limits/r/fw?key=k"),
+    "head_state": api(1, 0, b"/api/limits/g/tb?key=10.0.0.1"),
+    "get_two_parts": api(0, 0, b"/api/limits/r/two?key=10.0.0.1&key=a%2Bb+c"),
+    "get_vip": api(0, 0, b"/api/limits/r/fw?key=vip"),
+    "put_limit": api(2, 1, b"/api/limits/r/fw/override?key=k", b'{"limit": 50, "ttl": "10m"}'),
+    "put_rate": api(2, 1, b"/api/limits/g/gc/override?key=s1", b'{"rate": "100/s", "burst": 5}'),
+    "put_bad_json": api(2, 1, b"/api/limits/r/fw/override?key=k", b'{"limit": "x\\"y",}'),
+    "put_no_token": api(2, 0, b"/api/limits/r/fw/override?key=k", b'{"limit": 50}'),
+    "put_wrong_token": api(2, 0, b"/api/limits/r/fw/override?key=k", b'{"limit": 50}',
+                           b"Authorization: Bearer nope\n"),
+    "delete": api(3, 1, b"/api/limits/r/fw/override?key=k"),
+    "reset": api(4, 1, b"/api/limits/r/two/reset?key=10.0.0.1&key=q"),
+    "bad_escape": api(0, 0, b"/api/limits/r/fw?key=%zz"),
+    "unknown_route": api(0, 0, b"/api/limits/nope/fw?key=k"),
+    "unknown_param": api(0, 0, b"/api/limits/r/fw?k=1"),
+    "too_many_parts": api(0, 0, b"/api/limits/r/fw?key=a&key=b&key=c"),
+    "long_part": api(0, 0, b"/api/limits/r/fw?key=" + b"x" * 600),
+    "prefix_only": api(0, 0, b"/api/limits"),
+    "deep_path": api(0, 0, b"/api/limits/r/fw/override/x/y?key=k"),
+    "method_other": api(5, 1, b"/api/limits/r/fw/override?key=k"),
+    "absolute_target": api(0, 0, b"http://a/api/limits/r/fw?key=k"),
+}
+for name, data in ADMIN_API.items():
+    write("admin_api", name, data)

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include <event2/event.h>
+#include <event2/thread.h>
 
 #include "accesslog.h"
 
@@ -511,6 +513,7 @@ static void test_open_errors_and_null(void **state)
 
 int main(void)
 {
+    evthread_use_pthreads();    /* workers wake the writer's loop, as in main.c */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_format_exact),
         cmocka_unit_test(test_format_escapes_hostile_bytes),

@@ -17,12 +17,12 @@ struct item {
 };
 
 static struct item *add(struct kvtable *t, const struct kvtable_key *k,
-                        struct kvtable_list *l, const char *key, int value)
+                        struct list *l, const char *key, int value)
 {
     size_t len = strlen(key);
     struct item *it = kvtable_add(t, sizeof(*it), kvtable_hash(k, key, len), key, len);
     it->value = value;
-    kvtable_list_push(l, &it->kv);
+    list_push(l, &it->kv.lru);
     return it;
 }
 
@@ -32,10 +32,10 @@ static struct item *find(struct kvtable *t, const struct kvtable_key *k, const c
     return (struct item *)kvtable_find(t, kvtable_hash(k, key, len), key, len);
 }
 
-static void drop(struct kvtable *t, struct kvtable_list *l, struct item *it)
+static void drop(struct kvtable *t, struct list *l, struct item *it)
 {
     kvtable_remove(t, &it->kv);
-    kvtable_list_unlink(l, &it->kv);
+    list_unlink(l, &it->kv.lru);
     free(it);
 }
 
@@ -43,7 +43,7 @@ static void test_find_grow_remove(void **state)
 {
     struct kvtable t;
     struct kvtable_key k;
-    struct kvtable_list l = { 0 };
+    struct list l = { 0 };
     char key[32];
     kvtable_init(&t, 4);
     kvtable_key_init(&k);
@@ -67,11 +67,11 @@ static void test_find_grow_remove(void **state)
     size_t n = 3;
     struct item *z = kvtable_add(&t, sizeof(*z), kvtable_hash(&k, "a\0b", n), "a\0b", n);
     z->value = -1;
-    kvtable_list_push(&l, &z->kv);
+    list_push(&l, &z->kv.lru);
     assert_ptr_equal(kvtable_find(&t, kvtable_hash(&k, "a\0b", n), "a\0b", n), &z->kv);
     assert_null(kvtable_find(&t, kvtable_hash(&k, "a\0c", n), "a\0c", n));
-    assert_ptr_equal(l.newest, &z->kv);
-    assert_ptr_equal(l.oldest, &find(&t, &k, "key-0")->kv);
+    assert_ptr_equal(kvtable_of(l.first), &z->kv);
+    assert_ptr_equal(kvtable_of(l.last), &find(&t, &k, "key-0")->kv);
     /* remove every other one: the rest stay findable */
     for (int i = 0; i < 1000; i += 2) {
         snprintf(key, sizeof(key), "key-%d", i);
@@ -82,11 +82,11 @@ static void test_find_grow_remove(void **state)
         snprintf(key, sizeof(key), "key-%d", i);
         assert_true((find(&t, &k, key) != NULL) == (i % 2 == 1));
     }
-    assert_ptr_equal(l.oldest, &find(&t, &k, "key-1")->kv);
-    while (l.oldest)
-        drop(&t, &l, (struct item *)l.oldest);
+    assert_ptr_equal(kvtable_of(l.last), &find(&t, &k, "key-1")->kv);
+    while (l.last)
+        drop(&t, &l, (struct item *)kvtable_of(l.last));
     assert_int_equal(t.count, 0);
-    assert_null(l.newest);
+    assert_null(kvtable_of(l.first));
     kvtable_fini(&t);
 }
 
@@ -96,33 +96,33 @@ static void test_lists(void **state)
 {
     struct kvtable t;
     struct kvtable_key k;
-    struct kvtable_list open = { 0 }, held = { 0 };
+    struct list open = { 0 }, held = { 0 };
     kvtable_init(&t, 16);
     kvtable_key_init(&k);
     struct item *a = add(&t, &k, &open, "a", 1);
     struct item *b = add(&t, &k, &open, "b", 2);
     struct item *c = add(&t, &k, &open, "c", 3);
-    assert_ptr_equal(open.oldest, &a->kv);
-    assert_ptr_equal(open.newest, &c->kv);
-    kvtable_list_unlink(&open, &b->kv);
-    kvtable_list_push(&held, &b->kv);
-    assert_ptr_equal(held.oldest, &b->kv);
-    assert_ptr_equal(held.newest, &b->kv);
-    assert_ptr_equal(a->kv.newer, &c->kv);
-    assert_ptr_equal(c->kv.older, &a->kv);
+    assert_ptr_equal(kvtable_of(open.last), &a->kv);
+    assert_ptr_equal(kvtable_of(open.first), &c->kv);
+    list_unlink(&open, &b->kv.lru);
+    list_push(&held, &b->kv.lru);
+    assert_ptr_equal(kvtable_of(held.last), &b->kv);
+    assert_ptr_equal(kvtable_of(held.first), &b->kv);
+    assert_ptr_equal(kvtable_of(a->kv.lru.prev), &c->kv);
+    assert_ptr_equal(kvtable_of(c->kv.lru.next), &a->kv);
     /* touch a: c becomes the oldest */
-    kvtable_list_unlink(&open, &a->kv);
-    kvtable_list_push(&open, &a->kv);
-    assert_ptr_equal(open.oldest, &c->kv);
-    assert_ptr_equal(open.newest, &a->kv);
-    assert_null(open.newest->newer);
-    assert_null(open.oldest->older);
+    list_unlink(&open, &a->kv.lru);
+    list_push(&open, &a->kv.lru);
+    assert_ptr_equal(kvtable_of(open.last), &c->kv);
+    assert_ptr_equal(kvtable_of(open.first), &a->kv);
+    assert_null(open.first->prev);
+    assert_null(open.last->next);
     drop(&t, &open, c);
     drop(&t, &open, a);
-    assert_null(open.oldest);
-    assert_null(open.newest);
+    assert_null(kvtable_of(open.last));
+    assert_null(kvtable_of(open.first));
     drop(&t, &held, b);
-    assert_null(held.oldest);
+    assert_null(kvtable_of(held.last));
     assert_int_equal(t.count, 0);
     kvtable_fini(&t);
 }
