@@ -43,6 +43,8 @@ struct admin_conn {
     int in_head;                /* a head's first byte has come */
     int answering;              /* an answer is queued; reads wait for it */
     int keep_alive;             /* after that answer */
+    struct admin_api_pending *pending;  /* an admin API request waiting for Redis */
+    int api_head_only;          /* its method was HEAD */
     struct admin_conn *prev, *next;
 };
 
@@ -52,6 +54,7 @@ struct admin {
     struct listener *listener;
     struct event *stop_ev;
     struct admin_console *console;  /* /api/top, /api/stats, the dashboard */
+    struct admin_api *api;      /* /api/limits' Redis connections */
     struct admin_conn *conns;   /* every open connection */
     int nconns;
     _Atomic int on_error;
@@ -71,6 +74,8 @@ static void conn_free(struct admin_conn *c)
     if (c->next)
         c->next->prev = c->prev;
     a->nconns--;
+    if (c->pending)
+        admin_api_cancel(c->pending);
     event_free(c->timer);
     bufferevent_free(c->bev);
     http1_destroy(c->parser);
@@ -184,6 +189,22 @@ static int is_api(const char *path, size_t plen)
     return plen >= n && memcmp(path, ADMIN_API_PREFIX, n) == 0 && (plen == n || path[n] == '/');
 }
 
+static void api_answer(struct admin_conn *c, int status, struct evbuffer *out,
+                       struct evbuffer *hdr)
+{
+    evbuffer_add(hdr, "", 1);
+    answer(c, status, admin_api_reason(status), "application/json", out, c->api_head_only,
+           (const char *)evbuffer_pullup(hdr, -1));
+}
+
+/* Redis answered a request that waited (or did not in time). */
+static void api_done(void *arg, int status, struct evbuffer *out, struct evbuffer *hdr)
+{
+    struct admin_conn *c = arg;
+    c->pending = NULL;
+    api_answer(c, status, out, hdr);
+}
+
 static void serve_api(struct admin_conn *c, const char *data, const char *body, size_t blen)
 {
     size_t plen;
@@ -192,10 +213,16 @@ static void serve_api(struct admin_conn *c, const char *data, const char *body, 
     if (out == NULL || hdr == NULL)
         abort();
     c->keep_alive = c->head.keep_alive;
-    int status = admin_api_serve(data, &c->head, path, plen, body, blen, out, hdr);
-    evbuffer_add(hdr, "", 1);
-    answer(c, status, admin_api_reason(status), "application/json", out,
-           span_is(data, c->head.method, "HEAD"), (const char *)evbuffer_pullup(hdr, -1));
+    c->api_head_only = span_is(data, c->head.method, "HEAD");
+    int status = admin_api_serve(c->a->api, data, &c->head, path, plen, body, blen, out, hdr,
+                                 api_done, c, &c->pending);
+    if (status == ADMIN_API_PENDING) {  /* reads wait; redis.timeout bounds the wait */
+        c->answering = 1;
+        evtimer_del(c->timer);
+        bufferevent_disable(c->bev, EV_READ);
+    } else {
+        api_answer(c, status, out, hdr);
+    }
     evbuffer_free(out);
     evbuffer_free(hdr);
 }
@@ -346,6 +373,7 @@ static void admin_free(struct admin *a)
         next = c->next;
         conn_free(c);
     }
+    admin_api_destroy(a->api);
     listener_destroy(a->listener);
     admin_console_destroy(a->console);
     if (a->stop_ev)
@@ -377,6 +405,7 @@ struct admin *admin_start(const struct conf *conf)
     if (a->listener == NULL)
         goto fail;
     a->console = admin_console_create(a->base, conf);
+    a->api = admin_api_create(a->base);
     step = "thread";
     a->stop_ev = event_new(a->base, -1, 0, stop_cb, a);
     if (a->stop_ev == NULL || pthread_create(&a->thread, NULL, admin_main, a) != 0)

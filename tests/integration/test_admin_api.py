@@ -9,7 +9,7 @@ import json
 import time
 
 from apilib import TOKEN, api, get_k, start_api
-from conftest import Conn, build_request, redis_cmd, redis_keys
+from conftest import Conn, build_request, http_get, redis_cmd, redis_keys
 
 ROUTES = """\
   - name: r
@@ -162,3 +162,85 @@ def test_methods_and_bounds(sluice, redis):
         c.send(build_request("GET", "/api/limits/r/fw?key=k"))
         r = c.read_response()
         assert r.status == 200 and json.loads(r.body)["params"]["limit"] == 4
+
+
+def test_health_never_waits_on_a_silent_redis(sluice):
+    """Issue 18 item 7: a Redis that accepts and reads but never answers.
+    Twenty key reads at once: 16 wait on it (the most) and get 503 once
+    redis.timeout (1 s at least) has passed, the others 503 at once;
+    /healthz, /readyz and /metrics answer at once all the same."""
+    import socket
+    import threading
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    lsock.settimeout(0.2)
+    stop = threading.Event()
+    held = []
+
+    def silent():           # accept, read, never write
+        while not stop.is_set():
+            try:
+                c, _ = lsock.accept()
+                c.setblocking(False)
+                held.append(c)
+            except OSError:
+                pass
+            for c in held:
+                try:
+                    c.recv(65536)
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=silent, daemon=True)
+    t.start()
+    try:
+        s = start_api(sluice, ROUTES, redis_port=lsock.getsockname()[1])
+        results = []
+
+        def read(i):
+            t0 = time.monotonic()
+            code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k%d" % i)
+            results.append((code, time.monotonic() - t0, (doc or {}).get("error", "")))
+
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(20)]
+        for r in readers:
+            r.start()
+        time.sleep(0.3)     # the four reads are in flight
+        for path in ("/healthz", "/readyz", "/metrics") * 3:
+            t0 = time.monotonic()
+            r = http_get(s.admin_port, path, timeout_s=5.0)
+            took = time.monotonic() - t0
+            assert r.status in (200, 503) and took < 0.5, (path, r.status, took)
+        for r in readers:
+            r.join(15.0)
+        assert [c for c, _, _ in results] == [503] * 20, results
+        assert max(took for _, took, _ in results) < 5.0, results
+        refused = [took for _, took, err in results if "the most" in err]
+        assert len(refused) >= 1 and max(refused) < 0.5, results
+        assert len([1 for _, _, err in results if "timed out" in err]) <= 16, results
+    finally:
+        stop.set()
+        t.join(2.0)
+        for c in held:
+            c.close()
+        lsock.close()
+
+
+def test_admin_reads_reuse_one_redis_connection(sluice, redis):
+    """Issue 18 item 7: 500 key reads open a handful of Redis connections,
+    not one each."""
+    s = start_api(sluice, ROUTES)
+
+    def received():
+        info = redis_cmd(redis.port, "INFO", "stats").decode()
+        return int(info.split("total_connections_received:")[1].split()[0])
+
+    before = received()
+    for i in range(500):
+        code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k%d" % (i % 7))
+        assert code == 200, doc
+    opened = received() - before
+    assert opened <= 5, opened
+
+
