@@ -227,6 +227,28 @@ static void serve_api(struct admin_conn *c, const char *data, const char *body, 
     evbuffer_free(hdr);
 }
 
+/* Every request: a Host the endpoint is known by, and the token (when
+ * admin.token is set) for what shows keys (the admin API, /api/top,
+ * /api/stats). 1 when refused (answered). */
+static int gate(struct admin_conn *c, const char *data, const char *path, size_t plen)
+{
+#define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(path, s, plen) == 0)
+    int keys = is_api(path, plen) || PATH_IS("/api/top") || PATH_IS("/api/stats");
+#undef PATH_IS
+    struct evbuffer *out = evbuffer_new(), *hdr = evbuffer_new();
+    if (out == NULL || hdr == NULL)
+        abort();
+    int status = admin_api_gate(data, &c->head, keys, out, hdr);
+    if (status != 0) {
+        c->keep_alive = c->head.keep_alive;
+        c->api_head_only = span_is(data, c->head.method, "HEAD");
+        api_answer(c, status, out, hdr);
+    }
+    evbuffer_free(out);
+    evbuffer_free(hdr);
+    return status != 0;
+}
+
 /* The body an admin API request may carry: Content-Length up to
  * ADMIN_API_MAX_BODY; -1 for any other body (refused, not read). */
 static long api_body_len(const struct http1_head *h, const char *data)
@@ -272,10 +294,12 @@ static void parse(struct admin_conn *c)
         return;                 /* the body is still coming (header_timeout runs) */
     size_t plen;
     const char *path = target_path(data + h->target.off, h->target.len, &plen);
-    if (is_api(path, plen))
-        serve_api(c, data, data + h->len, (size_t)blen);
-    else
-        serve(c, data);
+    if (!gate(c, data, path, plen)) {
+        if (is_api(path, plen))
+            serve_api(c, data, data + h->len, (size_t)blen);
+        else
+            serve(c, data);
+    }
     evbuffer_drain(in, h->len + (size_t)blen);
 }
 

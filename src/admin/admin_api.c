@@ -11,6 +11,7 @@
  * nothing. Precedence for a key: run-time override, config override, the
  * limit's own parameters. */
 #include <ctype.h>
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <strings.h>
@@ -306,6 +307,65 @@ static int check_token(const struct conf *c, const char *data, const struct http
     evbuffer_add_printf(hdr, "WWW-Authenticate: Bearer realm=\"sluice\"\r\n");
     return api_error(out, 401, i < 0 ? "missing Authorization: Bearer TOKEN"
                                      : "wrong token");
+}
+
+/* The Host header's name (port and brackets gone) is one the admin endpoint
+ * is known by: an IP literal (what a rebinding page cannot send as its
+ * own name), localhost, the admin.listen host, or one of admin.hosts. */
+static int host_known(const struct conf *c, const char *v, size_t n)
+{
+    char name[256];
+    unsigned char ip[16];
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    while (n > 0 && (*v == ' ' || *v == '\t'))
+        v++, n--;
+    if (n > 0 && v[0] == '[') {                 /* [v6] or [v6]:port */
+        const char *end = memchr(v, ']', n);
+        if (end == NULL || (size_t)(end - v - 1) >= sizeof(name))
+            return 0;
+        memcpy(name, v + 1, (size_t)(end - v - 1));
+        name[end - v - 1] = '\0';
+        return inet_pton(AF_INET6, name, ip) == 1;
+    }
+    const char *colon = memchr(v, ':', n);
+    if (colon != NULL)
+        n = (size_t)(colon - v);
+    if (n == 0 || n >= sizeof(name))
+        return 0;
+    memcpy(name, v, n);
+    name[n] = '\0';
+    if (name[n - 1] == '.')                     /* "localhost." */
+        name[--n] = '\0';
+    if (inet_pton(AF_INET, name, ip) == 1 || strcasecmp(name, "localhost") == 0)
+        return 1;
+    const char *lt = c->admin_listen.text;
+    if (lt != NULL && strncasecmp(lt, name, n) == 0 && lt[n] == ':')
+        return 1;
+    for (int i = 0; i < c->nadmin_hosts; i++)
+        if (strcasecmp(c->admin_hosts[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+int admin_api_gate(const char *data, const struct http1_head *h, int shows_keys,
+                   struct evbuffer *out, struct evbuffer *hdr)
+{
+    pthread_mutex_lock(&api_lock);
+    struct conf *c = api_conf;
+    if (c)
+        conf_retain(c);
+    pthread_mutex_unlock(&api_lock);
+    if (c == NULL)
+        return 0;
+    int rc = 0, i = http1_find(data, h, "host", 0);
+    if (i >= 0 && !host_known(c, data + h->h[i].value.off, h->h[i].value.len))
+        rc = api_error(out, 421, "this admin endpoint does not answer that Host name (add it "
+                       "to admin.hosts)");
+    else if (shows_keys && c->admin_token != NULL)
+        rc = check_token(c, data, h, out, hdr);
+    conf_release(c);
+    return rc;
 }
 
 /* ---- the PUT body: {"limit": N} | {"rate": "100/s", "burst": N}, "ttl" ---- */
@@ -868,6 +928,7 @@ const char *admin_api_reason(int status)
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 421: return "Misdirected Request";
     case 503: return "Service Unavailable";
     default: return "Internal Server Error";
     }

@@ -56,7 +56,15 @@ int admin_api_serve(struct admin_api *api, const char *data, const struct http1_
 /* The pending request's client is gone: done will not be called. */
 void admin_api_cancel(struct admin_api_pending *pd);
 
-/* The reason phrase of the statuses admin_api_serve returns. */
+/* Before any admin request: 0 when it may be served; else 421 (a Host
+ * header naming none of the endpoint's names: an IP literal, localhost,
+ * admin.listen's host, admin.hosts) or, for a request that shows keys
+ * (shows_keys) while admin.token is set, 401 without the token; the JSON
+ * error in out, header lines in hdr. */
+int admin_api_gate(const char *data, const struct http1_head *h, int shows_keys,
+                   struct evbuffer *out, struct evbuffer *hdr);
+
+/* The reason phrase of the statuses admin_api_serve and admin_api_gate return. */
 const char *admin_api_reason(int status);
 
 #endif

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "mem.h"
 #include "metrics.h"
+#include "sha1.h"
 
 #define CONSOLE_MAX_WORKERS 1024        /* conf.c's bound on workers */
 #define CONSOLE_TOP_KEYS    10          /* keys per limit in /api/top and /api/stats */
@@ -45,6 +46,7 @@ struct hh_entry {
     uint64_t err;                       /* the count of the key it took over */
     uint16_t klen;
     uint8_t rlen, llen, cut;            /* cut: the key was longer than kept */
+    unsigned secret;                    /* bit i: part i shown hashed */
     char route[ADMIN_CONSOLE_NAME_MAX];
     char limit[ADMIN_CONSOLE_NAME_MAX];
     char key[ADMIN_CONSOLE_KEY_MAX];    /* the key's parts, "LEN:BYTES..." */
@@ -99,7 +101,7 @@ static uint64_t hash_bytes(const char *s, size_t n)
 }
 
 static void entry_fill(struct hh_entry *e, uint64_t hash, const char *route, const char *limit,
-                       const char *parts, size_t plen)
+                       const char *parts, size_t plen, unsigned secret)
 {
     size_t rl = strlen(route), ll = strlen(limit);
     e->hash = hash;
@@ -110,12 +112,13 @@ static void entry_fill(struct hh_entry *e, uint64_t hash, const char *route, con
     e->cut = plen > ADMIN_CONSOLE_KEY_MAX;
     e->klen = (uint16_t)(e->cut ? ADMIN_CONSOLE_KEY_MAX : plen);
     memcpy(e->key, parts, e->klen);
+    e->secret = secret;
 }
 
 /* Space-saving: a known key counts one more; a new one takes a free counter,
  * or the smallest, inheriting its count as its error. */
 static void epoch_count(struct hh_epoch *ep, uint64_t hash, const char *route,
-                        const char *limit, const char *parts, size_t plen)
+                        const char *limit, const char *parts, size_t plen, unsigned secret)
 {
     int min = 0;
     for (int i = 0; i < ep->n; i++) {
@@ -134,13 +137,13 @@ static void epoch_count(struct hh_epoch *ep, uint64_t hash, const char *route,
         e = &ep->e[min];
         base = e->count;
     }
-    entry_fill(e, hash, route, limit, parts, plen);
+    entry_fill(e, hash, route, limit, parts, plen, secret);
     e->count = base + 1;
     e->err = base;
 }
 
 void admin_console_denied(const char *route, const char *limit, size_t prefix_len,
-                          const char *key, size_t len)
+                          const char *key, size_t len, unsigned secret)
 {
     struct hh_worker *w = hh_self;
     if (w == NULL)
@@ -159,7 +162,7 @@ void admin_console_denied(const char *route, const char *limit, size_t prefix_le
         ep->id = id;
         ep->n = 0;
     }
-    epoch_count(ep, hash, route, limit, key + off, end - off);
+    epoch_count(ep, hash, route, limit, key + off, end - off, secret);
     pthread_mutex_unlock(&w->lock);
 }
 
@@ -249,7 +252,7 @@ static void json_str(struct evbuffer *out, const char *s, size_t n)
 static void json_key_parts(struct evbuffer *out, const struct hh_entry *e)
 {
     size_t p = 0, n = e->klen;
-    int first = 1;
+    int first = 1, part = 0;
     evbuffer_add(out, "[", 1);
     while (p < n) {
         size_t len = 0, q = p;
@@ -265,7 +268,19 @@ static void json_key_parts(struct evbuffer *out, const struct hh_entry *e)
         if (!first)
             evbuffer_add(out, ",", 1);
         first = 0;
-        json_str(out, e->key + q, len);
+        if (part < 32 && (e->secret >> part & 1)) {     /* a credential: its hash */
+            struct sha1_ctx sha;
+            unsigned char d[20];
+            char hex[41];
+            sha1_init(&sha);
+            sha1_update(&sha, e->key + q, len);
+            sha1_final(&sha, d);
+            sha1_tohex(d, hex);
+            evbuffer_add_printf(out, "\"sha1:%.12s\"", hex);
+        } else {
+            json_str(out, e->key + q, len);
+        }
+        part++;
         p = q + len;
     }
     evbuffer_add(out, "]", 1);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include "addr.h"
 #include "mem.h"
 #include "regex.h"
@@ -808,4 +809,21 @@ const struct conf_override *route_override(const struct conf_limit *l, const cha
         if (l->overrides[i].keylen == len && memcmp(l->overrides[i].key, key, len) == 0)
             return &l->overrides[i];
     return NULL;
+}
+
+unsigned route_secret_parts(const struct conf_limit *l)
+{
+    static const char *const words[] = { "token", "secret", "key", "password", "passwd",
+                                         "session", "auth" };
+    unsigned mask = 0;
+    for (int i = 0; i < l->nkeys && i < 32; i++) {
+        const struct conf_keysrc *k = &l->keys[i];
+        int secret = k->kind == CONF_KEY_COOKIE;
+        if ((k->kind == CONF_KEY_HEADER || k->kind == CONF_KEY_QUERY) && k->arg != NULL)
+            for (size_t w = 0; w < sizeof(words) / sizeof(words[0]) && !secret; w++)
+                secret = strcasestr(k->arg, words[w]) != NULL;
+        if (secret)
+            mask |= 1u << i;
+    }
+    return mask;
 }

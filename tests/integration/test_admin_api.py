@@ -1,7 +1,7 @@
 # sluice - tests/integration/test_admin_api.py: the admin API's limit endpoints (issue 14).
 #
 # The token rule (Bearer admin.token from ${VAR}: 401 missing or wrong, 403
-# with no token configured, reads open), bad input answered 400 with a JSON
+# with no token configured; reads need it too when one is set), bad input answered 400 with a JSON
 # error and nothing written, a key's state read without consuming, and the
 # bounds on what the admin endpoint reads (body size, chunked bodies).
 
@@ -48,8 +48,10 @@ def test_writes_need_the_token(sluice, redis):
     # nothing changed: the override and the count stand
     assert redis_cmd(redis.port, "GET", "itest:{r|fw|1:k}:ovr") == b"0 4 0"
     assert get_k(s, "/r", "k") == 429
-    # reads stay open
-    code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k", token=None)
+    # with admin.token set, reads show keys: they need it too (issue 18 item 8)
+    code, doc, r = api(s, "GET", "/api/limits/r/fw?key=k", token=None)
+    assert code == 401 and r.header("WWW-Authenticate", "").startswith("Bearer"), doc
+    code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k")
     assert code == 200 and doc["source"] == "runtime" and doc["params"]["limit"] == 4, doc
     # the right token works
     code, doc, _ = api(s, "POST", "/api/limits/r/fw/reset?key=k")
@@ -111,21 +113,21 @@ def test_bad_input_is_400_and_changes_nothing(sluice, redis):
 
 def test_state_reads_without_consuming(sluice, redis):
     s = start_api(sluice, ROUTES)
-    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1", token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1")
     assert code == 200, doc
     assert doc == {"route": "g", "limit": "gc", "key": ["u1"], "algorithm": "gcra",
                    "source": "limit", "params": {"burst": 3, "interval_us": 6000000},
                    "config_params": {"burst": 3, "interval_us": 6000000},
                    "allowed": True, "remaining": 3, "reset_ms": 0, "retry_ms": None}, doc
     for _ in range(5):          # reads consume nothing
-        api(s, "GET", "/api/limits/g/gc?key=u1", token=None)
+        api(s, "GET", "/api/limits/g/gc?key=u1")
     assert [get_k(s, "/g", "u1") for _ in range(4)] == [200, 200, 200, 429]
-    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1", token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1")
     assert doc["allowed"] is False and doc["remaining"] == 0, doc
     assert 0 < doc["retry_ms"] <= 6000 and 0 < doc["reset_ms"] <= 18000, doc
     # a two-part key, %-encoded in the query as the client sends it
     assert get_k(s, "/r", "a b") == 200
-    code, doc, _ = api(s, "GET", "/api/limits/r/two?key=127.0.0.1&key=a%20b", token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/r/two?key=127.0.0.1&key=a%20b")
     assert code == 200 and doc["remaining"] == 4 and doc["key"] == ["127.0.0.1", "a b"], doc
 
 
@@ -159,7 +161,8 @@ def test_methods_and_bounds(sluice, redis):
         time.sleep(0.1)
         c.send(body[5:])
         assert c.read_response().status == 200
-        c.send(build_request("GET", "/api/limits/r/fw?key=k"))
+        c.send(build_request("GET", "/api/limits/r/fw?key=k",
+                             [("Authorization", "Bearer " + TOKEN)]))
         r = c.read_response()
         assert r.status == 200 and json.loads(r.body)["params"]["limit"] == 4
 
