@@ -183,3 +183,47 @@ def test_memory_backend_smooths_within_one_process(sluice, redis):
     assert min(tries[-1]) >= 60, tries
     out = parallel([lambda: timed_get(s.port, "/", KEY) for _ in range(16)])
     assert [r.status for r, _ in out].count(429) >= 4
+
+
+MANY_ROUTES = """\
+  - name: many
+    match: { path: /many }
+    upstream: api
+    limits:
+      - { name: many, algorithm: gcra, rate: 100/s, burst: 1, key: ["header:X-Api-Key"], delay: 5s }
+"""
+
+
+def test_held_clients_that_close_are_let_go_at_once(sluice, redis):
+    """Issue 18 item 9: 300 clients held by a delay close (FIN, no RST):
+    within a second the connections gauge drops and their reservations are
+    back, so the next request of the key waits far less than the 3 s they
+    had reserved."""
+    from conftest import wait_port
+    from opslib import metrics, mval
+    admin = free_port()
+    s = sluice(ops_conf(MANY_ROUTES, admin_port=admin))
+    assert wait_port(admin, s.proc)
+    key = [("X-Api-Key", "many-1")]
+    assert http_get(s.port, "/many", headers=key).status == 200
+    held = []
+    try:
+        for _ in range(300):            # reserved at +10 ms .. +3 s
+            c = Conn(s.port, timeout_s=10)
+            c.send(build_request("GET", "/many", key))
+            held.append(c)
+        time.sleep(0.3)
+        gauge = lambda: mval(metrics(admin), "sluice_connections", side="client")
+        assert gauge() >= 290, gauge()
+        for c in held:                  # an ordinary close: FIN
+            c.close()
+        held = []
+        deadline = time.monotonic() + 1.0
+        while gauge() > 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gauge() <= 10, gauge()
+        r, t = timed_get(s.port, "/many", key)
+        assert r.status == 200 and t < 1.0, (r.status, t)
+    finally:
+        for c in held:
+            c.close()
