@@ -249,10 +249,7 @@ static void client_event_cb(struct io *io, short what, void *arg)
         c->keep_alive = 0;
         if (c->state == CS_TUNNEL && c->up)
             exchange_tunnel_pump(c);
-        /* ...but not through a delay: a client that closed while held is
-         * gone, and its reservation goes back at once (client_free). */
-        int held = c->state == CS_DECIDE && c->rq && decide_holding(&c->rq->dec);
-        int waiting = (c->state == CS_DECIDE && !held) ||
+        int waiting = c->state == CS_DECIDE ||
                       (c->state == CS_PROXY && c->req_done);
         if (!waiting && c->state != CS_CLOSING)
             conn_kill(c);

@@ -177,11 +177,6 @@ void decide_release(struct decision *dec)
     dec->held = dec->delayed = 0;
 }
 
-int decide_holding(const struct decision *dec)
-{
-    return dec->delayed != 0;
-}
-
 /* A third of the shortest lease held, at least 100 ms. */
 static void renew_arm(struct decision *dec)
 {

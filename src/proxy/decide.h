@@ -121,8 +121,4 @@ void decide_cancel(struct decision *dec);
  * nothing). */
 void decide_release(struct decision *dec);
 
-/* 1 while the request is held for a delay (its reservation taken, not yet
- * forwarded). */
-int decide_holding(const struct decision *dec);
-
 #endif
