@@ -44,6 +44,8 @@ struct admin_conn {
     int in_head;                /* a head's first byte has come */
     int answering;              /* an answer is queued; reads wait for it */
     int keep_alive;             /* after that answer */
+    struct admin_api_pending *pending;  /* an admin API request waiting for Redis */
+    int api_head_only;          /* its method was HEAD */
     struct list_link link;      /* on the admin's conns */
 };
 
@@ -52,6 +54,7 @@ struct admin {
     struct event_base *base;    /* the loop's */
     struct listener *listener;
     struct admin_console *console;  /* /api/top, /api/stats, the dashboard */
+    struct admin_api *api;      /* /api/limits' Redis connections */
     struct list conns;          /* every open connection */
     int nconns;
     _Atomic int on_error;
@@ -66,6 +69,8 @@ static void conn_free(struct admin_conn *c)
     struct admin *a = c->a;
     list_unlink(&a->conns, &c->link);
     a->nconns--;
+    if (c->pending)
+        admin_api_cancel(c->pending);
     event_free(c->timer);
     bufferevent_free(c->bev);
     http1_destroy(c->parser);
@@ -179,6 +184,22 @@ static int is_api(const char *path, size_t plen)
     return plen >= n && memcmp(path, ADMIN_API_PREFIX, n) == 0 && (plen == n || path[n] == '/');
 }
 
+static void api_answer(struct admin_conn *c, int status, struct evbuffer *out,
+                       struct evbuffer *hdr)
+{
+    evbuffer_add(hdr, "", 1);
+    answer(c, status, admin_api_reason(status), "application/json", out, c->api_head_only,
+           (const char *)evbuffer_pullup(hdr, -1));
+}
+
+/* Redis answered a request that waited (or did not in time). */
+static void api_done(void *arg, int status, struct evbuffer *out, struct evbuffer *hdr)
+{
+    struct admin_conn *c = arg;
+    c->pending = NULL;
+    api_answer(c, status, out, hdr);
+}
+
 static void serve_api(struct admin_conn *c, const char *data, const char *body, size_t blen)
 {
     size_t plen;
@@ -187,12 +208,40 @@ static void serve_api(struct admin_conn *c, const char *data, const char *body, 
     if (out == NULL || hdr == NULL)
         abort();
     c->keep_alive = c->head.keep_alive;
-    int status = admin_api_serve(data, &c->head, path, plen, body, blen, out, hdr);
-    evbuffer_add(hdr, "", 1);
-    answer(c, status, admin_api_reason(status), "application/json", out,
-           span_is(data, c->head.method, "HEAD"), (const char *)evbuffer_pullup(hdr, -1));
+    c->api_head_only = span_is(data, c->head.method, "HEAD");
+    int status = admin_api_serve(c->a->api, data, &c->head, path, plen, body, blen, out, hdr,
+                                 api_done, c, &c->pending);
+    if (status == ADMIN_API_PENDING) {  /* reads wait; redis.timeout bounds the wait */
+        c->answering = 1;
+        evtimer_del(c->timer);
+        bufferevent_disable(c->bev, EV_READ);
+    } else {
+        api_answer(c, status, out, hdr);
+    }
     evbuffer_free(out);
     evbuffer_free(hdr);
+}
+
+/* Every request: a Host the endpoint is known by, and the token (when
+ * admin.token is set) for what shows keys (the admin API, /api/top,
+ * /api/stats). 1 when refused (answered). */
+static int gate(struct admin_conn *c, const char *data, const char *path, size_t plen)
+{
+#define PATH_IS(s) (plen == sizeof(s) - 1 && memcmp(path, s, plen) == 0)
+    int keys = is_api(path, plen) || PATH_IS("/api/top") || PATH_IS("/api/stats");
+#undef PATH_IS
+    struct evbuffer *out = evbuffer_new(), *hdr = evbuffer_new();
+    if (out == NULL || hdr == NULL)
+        abort();
+    int status = admin_api_gate(data, &c->head, keys, out, hdr);
+    if (status != 0) {
+        c->keep_alive = c->head.keep_alive;
+        c->api_head_only = span_is(data, c->head.method, "HEAD");
+        api_answer(c, status, out, hdr);
+    }
+    evbuffer_free(out);
+    evbuffer_free(hdr);
+    return status != 0;
 }
 
 /* The body an admin API request may carry: Content-Length up to
@@ -240,10 +289,12 @@ static void parse(struct admin_conn *c)
         return;                 /* the body is still coming (header_timeout runs) */
     size_t plen;
     const char *path = target_path(data + h->target.off, h->target.len, &plen);
-    if (is_api(path, plen))
-        serve_api(c, data, data + h->len, (size_t)blen);
-    else
-        serve(c, data);
+    if (!gate(c, data, path, plen)) {
+        if (is_api(path, plen))
+            serve_api(c, data, data + h->len, (size_t)blen);
+        else
+            serve(c, data);
+    }
     evbuffer_drain(in, h->len + (size_t)blen);
 }
 
@@ -327,6 +378,7 @@ static void admin_free(struct admin *a)
         next = LIST_ITEM(c->link.next, struct admin_conn, link);
         conn_free(c);
     }
+    admin_api_destroy(a->api);
     listener_destroy(a->listener);
     admin_console_destroy(a->console);
     loopthread_destroy(a->loop);
@@ -353,6 +405,7 @@ struct admin *admin_start(const struct conf *conf)
     if (a->listener == NULL)
         goto fail;
     a->console = admin_console_create(a->base, conf);
+    a->api = admin_api_create(a->base);
     step = "thread";
     if ((errno = loopthread_start(a->loop)) != 0)
         goto fail;

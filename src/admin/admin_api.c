@@ -12,6 +12,7 @@
  * limit's own parameters. */
 #include <assert.h>
 #include <ctype.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -64,6 +65,37 @@ struct api_req {
     char key[ROUTE_MAX_KEY];
     size_t keylen;
     const struct conf_override *cfg;    /* the key's config override, or NULL */
+    struct memstore *mem;
+    struct limiter_params p;            /* PUT: the override */
+    int64_t ttl_ms;                     /* PUT: its ttl, 0 none */
+    int reset;                          /* POST reset, not DELETE override */
+};
+
+/* The admin thread's Redis: one store_sync (persistent connections) and the
+ * config whose redis settings it follows (retained). */
+struct admin_api {
+    struct store_sync *ss;
+    struct conf *bound;
+};
+
+/* A request waiting for Redis: it owns q (its conf retained). */
+typedef int api_finish_fn(struct api_req *q, const struct store_sync_reply *rep,
+                          struct evbuffer *out);
+struct admin_api_pending {
+    struct api_req q;
+    api_finish_fn *finish;
+    int ncmds;
+    struct store_sync_call *call;
+    admin_api_done_cb *done;
+    void *arg;
+};
+
+/* What admin_api_serve was given to answer later with. */
+struct api_ctx {
+    struct admin_api *api;
+    admin_api_done_cb *done;
+    void *arg;
+    struct admin_api_pending **pending;
 };
 
 /* ---- JSON out ---- */
@@ -288,6 +320,65 @@ static int check_token(const struct conf *c, const char *data, const struct http
                                      : "wrong token");
 }
 
+/* The Host header's name (port and brackets gone) is one the admin endpoint
+ * is known by: an IP literal (what a rebinding page cannot send as its
+ * own name), localhost, the admin.listen host, or one of admin.hosts. */
+static int host_known(const struct conf *c, const char *v, size_t n)
+{
+    char name[256];
+    unsigned char ip[16];
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    while (n > 0 && (*v == ' ' || *v == '\t'))
+        v++, n--;
+    if (n > 0 && v[0] == '[') {                 /* [v6] or [v6]:port */
+        const char *end = memchr(v, ']', n);
+        if (end == NULL || (size_t)(end - v - 1) >= sizeof(name))
+            return 0;
+        memcpy(name, v + 1, (size_t)(end - v - 1));
+        name[end - v - 1] = '\0';
+        return inet_pton(AF_INET6, name, ip) == 1;
+    }
+    const char *colon = memchr(v, ':', n);
+    if (colon != NULL)
+        n = (size_t)(colon - v);
+    if (n == 0 || n >= sizeof(name))
+        return 0;
+    memcpy(name, v, n);
+    name[n] = '\0';
+    if (name[n - 1] == '.')                     /* "localhost." */
+        name[--n] = '\0';
+    if (inet_pton(AF_INET, name, ip) == 1 || strcasecmp(name, "localhost") == 0)
+        return 1;
+    const char *lt = c->admin_listen.text;
+    if (lt != NULL && strncasecmp(lt, name, n) == 0 && lt[n] == ':')
+        return 1;
+    for (int i = 0; i < c->nadmin_hosts; i++)
+        if (strcasecmp(c->admin_hosts[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+int admin_api_gate(const char *data, const struct http1_head *h, int shows_keys,
+                   struct evbuffer *out, struct evbuffer *hdr)
+{
+    pthread_mutex_lock(&api_lock);
+    struct conf *c = api_conf;
+    if (c)
+        conf_retain(c);
+    pthread_mutex_unlock(&api_lock);
+    if (c == NULL)
+        return 0;
+    int rc = 0, i = http1_find(data, h, "host", 0);
+    if (i >= 0 && !host_known(c, data + h->h[i].value.off, h->h[i].value.len))
+        rc = api_error(out, 421, "this admin endpoint does not answer that Host name (add it "
+                       "to admin.hosts)");
+    else if (shows_keys && c->admin_token != NULL)
+        rc = check_token(c, data, h, out, hdr);
+    conf_release(c);
+    return rc;
+}
+
 /* ---- the PUT body: {"limit": N} | {"rate": "100/s", "burst": N}, "ttl" ---- */
 
 struct api_body {
@@ -470,6 +561,57 @@ static int redis_failed(const struct store_sync_reply *r, int n, const char *err
     return 0;
 }
 
+static void api_redis_cb(void *arg, const struct store_sync_reply *rep, const char *err)
+{
+    struct admin_api_pending *pd = arg;
+    struct evbuffer *out = evbuffer_new(), *hdr = evbuffer_new();
+    if (out == NULL || hdr == NULL)
+        abort();
+    int status = redis_failed(rep, rep ? pd->ncmds : 0, err ? err : NULL, out);
+    if (status == 0)
+        status = pd->finish(&pd->q, rep, out);
+    pd->done(pd->arg, status, out, hdr);
+    evbuffer_free(out);
+    evbuffer_free(hdr);
+    req_free(&pd->q);
+    conf_release((struct conf *)pd->q.conf);
+    free(pd);
+}
+
+/* Starts q's commands on the admin thread's Redis connection; q (and its
+ * conf) then belong to the pending request, answered by finish. Returns
+ * ADMIN_API_PENDING, or 503 at once (too many waiting). */
+static int api_redis(const struct api_ctx *x, struct api_req *q, int ncmds,
+                     const struct store_sync_cmd *cmds, api_finish_fn *finish,
+                     struct evbuffer *out)
+{
+    struct admin_api *api = x->api;
+    const struct conf_redis *rc = &q->conf->redis;
+    char err[256];
+    if (api->bound != NULL && store_same_conf(&api->bound->redis, rc))
+        rc = &api->bound->redis;
+    struct admin_api_pending *pd = mem_calloc(1, sizeof(*pd));
+    pd->call = store_sync_start(api->ss, rc, ncmds, cmds, api_redis_cb, pd, err, sizeof(err));
+    if (pd->call == NULL) {
+        free(pd);
+        return api_error(out, 503, "%s", err);
+    }
+    if (rc == &q->conf->redis && q->conf != api->bound) {   /* follows new settings now */
+        conf_retain((struct conf *)q->conf);
+        if (api->bound)
+            conf_release(api->bound);
+        api->bound = (struct conf *)q->conf;
+    }
+    pd->q = *q;
+    pd->finish = finish;
+    pd->ncmds = ncmds;
+    pd->done = x->done;
+    pd->arg = x->arg;
+    *x->pending = pd;
+    memset(q, 0, sizeof(*q));   /* the pending request's now */
+    return ADMIN_API_PENDING;
+}
+
 static void put_params(struct evbuffer *out, const struct limiter_params *p)
 {
     if (p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA)
@@ -528,90 +670,16 @@ static void put_head(struct evbuffer *out, const struct api_req *q)
     evbuffer_add_printf(out, "], \"algorithm\": \"%s\"", limiter_algo_name(q->limit->params.algo));
 }
 
-static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *out)
+/* The GET answer: the key's parameters, where they come from, its state. */
+static int state_answer(const struct api_req *q, const struct limiter_params *eff,
+                        const struct limiter_result *r, int runtime, int64_t ttl_ms,
+                        struct evbuffer *out)
 {
     const struct limiter_params *cp = q->cfg ? &q->cfg->params : &q->limit->params;
-    struct limiter_params eff = *cp;
-    struct limiter_result r = { 0 };
-    int runtime = 0;
-    int64_t ttl_ms = -1;
-    if (q->conf->backend == CONF_BACKEND_MEMORY) {
-        int64_t now = clock_wall_us(), exp_us = 0;
-        struct store_limit sl = { q->key, q->keylen, cp, 1, STORE_CHECK_ONLY };
-        struct store_result res;
-        if (memstore_override_get(mem, q->key, q->keylen, now, &eff, &exp_us) &&
-            eff.algo == cp->algo) {
-            runtime = 1;
-            ttl_ms = exp_us ? (exp_us - now) / 1000 : -1;
-        } else {
-            eff = *cp;
-        }
-        if (memstore_decide(mem, &sl, 1, now, &res) != 0)
-            return api_error(out, 500, "the memory limiter refused the check");
-        r = res.r[0];
-    } else {
-        /* the integers after "d 1": algo L W I 1 1 ref cost, then the
-         * slot (concurrency) and the override key's index (admin.token) */
-        enum { STATE_NV = 8 + 1 + 1, STATE_ARGC = 5 + 2 + STATE_NV };
-        char ok[ROUTE_MAX_KEY + 8], num[STATE_NV][24];
-        size_t oklen;
-        ovr_key(q, ok, &oklen);
-        /* limit.lua's batch protocol, one request of one limit, check only:
-         * EVAL script K KEY [KEY:ovr] d 1 algo L W I 1 1 ref cost=1 [slot] [ovr]
-         * (see limit.lua); without admin.token decisions do not read
-         * overrides: nor does this */
-        int ro = q->conf->redis.overrides, nk = ro ? 2 : 1;
-        int conc = cp->algo == LIMITER_CONCURRENCY;
-        int64_t v[STATE_NV] = { cp->algo, cp->limit, cp->window_ms,
-                                conc ? 0 : cp->interval_us, 1, 1,
-                                STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
-        int nv = 8;
-        if (conc)
-            v[nv++] = 9007199254740991LL;       /* a slot id no request has: 2^53 - 1 */
-        if (ro)
-            v[nv++] = 2;                        /* KEYS[2] is the override key */
-        assert(nv <= STATE_NV && 5 + nk + nv <= STATE_ARGC);
-        const char *argv[STATE_ARGC] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key,
-                                         ok };
-        size_t lens[STATE_ARGC] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
-        argv[3 + nk] = "d", lens[3 + nk] = 1;
-        argv[4 + nk] = "1", lens[4 + nk] = 1;
-        for (int i = 0; i < nv; i++) {
-            snprintf(num[i], sizeof(num[i]), "%lld", (long long)v[i]);
-            argv[5 + nk + i] = num[i];
-            lens[5 + nk + i] = strlen(num[i]);
-        }
-        const char *get[2] = { "GET", ok }, *pttl[2] = { "PTTL", ok };
-        size_t getl[2] = { 3, oklen }, pttll[2] = { 4, oklen };
-        struct store_sync_cmd cmds[3] = { { 5 + nk + nv, argv, lens }, { 2, get, getl },
-                                          { 2, pttl, pttll } };
-        struct store_sync_reply rep[3];
-        char err[256];
-        int rc = store_sync(&q->conf->redis, 3, cmds, rep, err, sizeof(err));
-        if ((rc = redis_failed(rep, rc == 0 ? 3 : 0, rc == 0 ? NULL : err, out)) != 0)
-            return rc;
-        /* { time_s, time_us, v, reset_ms [, limit] }: v = remaining, or -retry_ms */
-        if (rep[0].type != STORE_SYNC_ARRAY || rep[0].nints != 4 + (ro ? 1 : 0))
-            return api_error(out, 503, "redis: unexpected reply from limit.lua");
-        int64_t got = rep[0].ints[2];
-        r.allowed = got >= 0;
-        r.remaining = got >= 0 ? got : 0;
-        r.reset_ms = rep[0].ints[3];
-        r.retry_ms = got >= 0 ? 0 : got < -INT64_MAX ? INT64_MAX : -got;
-        r.limit = ro ? rep[0].ints[4] : cp->limit;
-        limiter_clamp(&r, cp, ro);
-        if (ro && rep[1].type == STORE_SYNC_STR &&
-            parse_ovr(rep[1].str, rep[1].len, cp, &eff) == 0) {
-            runtime = 1;
-            ttl_ms = rep[2].type == STORE_SYNC_INT && rep[2].integer >= 0 ? rep[2].integer : -1;
-        }
-        if (ro)
-            eff.limit = r.limit;
-    }
     put_head(out, q);
     evbuffer_add_printf(out, ", \"source\": \"%s\", \"params\": ",
                         runtime ? "runtime" : q->cfg ? "config" : "limit");
-    put_params(out, &eff);
+    put_params(out, eff);
     evbuffer_add_printf(out, ", \"config_params\": ");
     put_params(out, cp);
     if (runtime) {
@@ -622,97 +690,217 @@ static int op_state(struct api_req *q, struct memstore *mem, struct evbuffer *ou
     }
     evbuffer_add_printf(out, ", \"allowed\": %s, \"remaining\": %lld, \"reset_ms\": %lld, "
                         "\"retry_ms\": %s",
-                        r.allowed ? "true" : "false", (long long)r.remaining,
-                        (long long)r.reset_ms, "");
-    if (r.allowed)
+                        r->allowed ? "true" : "false", (long long)r->remaining,
+                        (long long)r->reset_ms, "");
+    if (r->allowed)
         evbuffer_add_printf(out, "null}\n");
     else
-        evbuffer_add_printf(out, "%lld}\n", (long long)r.retry_ms);
+        evbuffer_add_printf(out, "%lld}\n", (long long)r->retry_ms);
     return 200;
 }
 
-static int op_put(struct api_req *q, struct memstore *mem, const char *body, size_t len,
-                  struct evbuffer *out)
+/* limit.lua's check, GET and PTTL of the override key came back. */
+static int state_finish(struct api_req *q, const struct store_sync_reply *rep,
+                        struct evbuffer *out)
 {
-    struct api_body b;
-    struct limiter_params p;
-    int64_t ttl_ms;
-    int rc = parse_body(body, len, &b, out);
-    if (rc == 0)
-        rc = body_params(q, &b, &p, &ttl_ms, out);
-    if (rc != 0)
-        return rc;
-    if (q->conf->backend == CONF_BACKEND_MEMORY) {
-        int64_t exp = ttl_ms ? clock_wall_us() + ttl_ms * 1000 : 0;
-        if (memstore_override_set(mem, q->key, q->keylen, &p, exp) != 0)
-            return api_error(out, 400, "at most %d run-time overrides", MEMSTORE_MAX_OVERRIDES);
-    } else {
-        char ok[ROUTE_MAX_KEY + 8], val[96], ttl[24], chan[512];
-        size_t oklen;
-        ovr_key(q, ok, &oklen);
-        snprintf(val, sizeof(val), "%d %lld %lld", (int)p.algo, (long long)p.limit,
-                 (long long)(p.algo >= LIMITER_TOKEN_BUCKET ? p.interval_us : 0));
-        snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
-        const char *set[5] = { "SET", ok, val, "PX", ttl };
-        size_t setl[5] = { 3, oklen, strlen(val), 2, strlen(ttl) };
-        const char *pub[3];
-        size_t publ[3];
-        struct store_sync_cmd cmds[2] = { { ttl_ms ? 5 : 3, set, setl } };
-        publish_cmd(q, chan, pub, publ, &cmds[1]);
-        struct store_sync_reply rep[2];
-        char err[256];
-        rc = store_sync(&q->conf->redis, 2, cmds, rep, err, sizeof(err));
-        if ((rc = redis_failed(rep, rc == 0 ? 2 : 0, rc == 0 ? NULL : err, out)) != 0)
-            return rc;
+    const struct limiter_params *cp = q->cfg ? &q->cfg->params : &q->limit->params;
+    struct limiter_params eff = *cp;
+    struct limiter_result r = { 0 };
+    int ro = q->conf->redis.overrides, runtime = 0;
+    int64_t ttl_ms = -1;
+    /* { time_s, time_us, v, reset_ms [, limit] }: v = remaining, or -retry_ms */
+    if (rep[0].type != STORE_SYNC_ARRAY || rep[0].nints != 4 + (ro ? 1 : 0))
+        return api_error(out, 503, "redis: unexpected reply from limit.lua");
+    int64_t got = rep[0].ints[2];
+    r.allowed = got >= 0;
+    r.remaining = got >= 0 ? got : 0;
+    r.reset_ms = rep[0].ints[3];
+    r.retry_ms = got >= 0 ? 0 : got < -INT64_MAX ? INT64_MAX : -got;
+    r.limit = ro ? rep[0].ints[4] : cp->limit;
+    limiter_clamp(&r, cp, ro);
+    if (ro && rep[1].type == STORE_SYNC_STR &&
+        parse_ovr(rep[1].str, rep[1].len, cp, &eff) == 0) {
+        runtime = 1;
+        ttl_ms = rep[2].type == STORE_SYNC_INT && rep[2].integer >= 0 ? rep[2].integer : -1;
     }
+    if (ro)
+        eff.limit = r.limit;
+    return state_answer(q, &eff, &r, runtime, ttl_ms, out);
+}
+
+static int op_state(const struct api_ctx *x, struct api_req *q, struct evbuffer *out)
+{
+    const struct limiter_params *cp = q->cfg ? &q->cfg->params : &q->limit->params;
+    if (q->conf->backend == CONF_BACKEND_MEMORY) {
+        struct limiter_params eff = *cp;
+        int runtime = 0;
+        int64_t ttl_ms = -1;
+        int64_t now = clock_wall_us(), exp_us = 0;
+        struct store_limit sl = { q->key, q->keylen, cp, 1, STORE_CHECK_ONLY };
+        struct store_result res;
+        if (memstore_override_get(q->mem, q->key, q->keylen, now, &eff, &exp_us) &&
+            eff.algo == cp->algo) {
+            runtime = 1;
+            ttl_ms = exp_us ? (exp_us - now) / 1000 : -1;
+        } else {
+            eff = *cp;
+        }
+        if (memstore_decide(q->mem, &sl, 1, now, &res) != 0)
+            return api_error(out, 500, "the memory limiter refused the check");
+        return state_answer(q, &eff, &res.r[0], runtime, ttl_ms, out);
+    }
+    /* the integers after "d 1": algo L W I 1 1 ref cost, then the slot
+     * (concurrency) and the override key's index (admin.token) */
+    enum { STATE_NV = 8 + 1 + 1, STATE_ARGC = 5 + 2 + STATE_NV };
+    char ok[ROUTE_MAX_KEY + 8], num[STATE_NV][24];
+    size_t oklen;
+    ovr_key(q, ok, &oklen);
+    /* limit.lua's batch protocol, one request of one limit, check only:
+     * EVAL script K KEY [KEY:ovr] d 1 algo L W I 1 1 ref cost=1 [slot] [ovr]
+     * (see limit.lua); without admin.token decisions do not read
+     * overrides: nor does this */
+    int ro = q->conf->redis.overrides, nk = ro ? 2 : 1;
+    int conc = cp->algo == LIMITER_CONCURRENCY;
+    int64_t v[STATE_NV] = { cp->algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
+                     STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
+    int nv = 8;
+    if (conc)
+        v[nv++] = 9007199254740991LL;       /* a slot id no request has: 2^53 - 1 */
+    if (ro)
+        v[nv++] = 2;                        /* KEYS[2] is the override key */
+    assert(nv <= STATE_NV && 5 + nk + nv <= STATE_ARGC);
+    const char *argv[STATE_ARGC] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key, ok };
+    size_t lens[STATE_ARGC] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
+    argv[3 + nk] = "d", lens[3 + nk] = 1;
+    argv[4 + nk] = "1", lens[4 + nk] = 1;
+    for (int i = 0; i < nv; i++) {
+        snprintf(num[i], sizeof(num[i]), "%lld", (long long)v[i]);
+        argv[5 + nk + i] = num[i];
+        lens[5 + nk + i] = strlen(num[i]);
+    }
+    const char *get[2] = { "GET", ok }, *pttl[2] = { "PTTL", ok };
+    size_t getl[2] = { 3, oklen }, pttll[2] = { 4, oklen };
+    struct store_sync_cmd cmds[3] = { { 5 + nk + nv, argv, lens }, { 2, get, getl },
+                                      { 2, pttl, pttll } };
+    return api_redis(x, q, 3, cmds, state_finish, out);
+}
+
+static int put_answer(struct api_req *q, struct evbuffer *out)
+{
     resetbus_bump();
     put_head(out, q);
     evbuffer_add_printf(out, ", \"source\": \"runtime\", \"params\": ");
-    put_params(out, &p);
-    if (ttl_ms)
-        evbuffer_add_printf(out, ", \"ttl_ms\": %lld}\n", (long long)ttl_ms);
+    put_params(out, &q->p);
+    if (q->ttl_ms)
+        evbuffer_add_printf(out, ", \"ttl_ms\": %lld}\n", (long long)q->ttl_ms);
     else
         evbuffer_add_printf(out, ", \"ttl_ms\": null}\n");
     return 200;
 }
 
-/* DELETE .../override (del) or POST .../reset: one key deleted. */
-static int op_delete(struct api_req *q, struct memstore *mem, int reset, struct evbuffer *out)
+static int put_finish(struct api_req *q, const struct store_sync_reply *rep,
+                      struct evbuffer *out)
 {
-    int existed;
+    return put_answer(q, out);
+}
+
+static int op_put(const struct api_ctx *x, struct api_req *q, const char *body, size_t len,
+                  struct evbuffer *out)
+{
+    struct api_body b;
+    int rc = parse_body(body, len, &b, out);
+    if (rc == 0)
+        rc = body_params(q, &b, &q->p, &q->ttl_ms, out);
+    if (rc != 0)
+        return rc;
     if (q->conf->backend == CONF_BACKEND_MEMORY) {
-        existed = reset ? memstore_reset(mem, q->key, q->keylen)
-                        : memstore_override_del(mem, q->key, q->keylen);
-    } else {
-        char ok[ROUTE_MAX_KEY + 8], chan[512];
-        size_t oklen;
-        ovr_key(q, ok, &oklen);
-        const char *del[2] = { "DEL", reset ? q->key : ok };
-        size_t dell[2] = { 3, reset ? q->keylen : oklen };
-        const char *pub[3];
-        size_t publ[3];
-        struct store_sync_cmd cmds[2] = { { 2, del, dell } };
-        publish_cmd(q, chan, pub, publ, &cmds[1]);
-        struct store_sync_reply rep[2];
-        char err[256];
-        int rc = store_sync(&q->conf->redis, 2, cmds, rep, err, sizeof(err));
-        if ((rc = redis_failed(rep, rc == 0 ? 2 : 0, rc == 0 ? NULL : err, out)) != 0)
-            return rc;
-        existed = rep[0].type == STORE_SYNC_INT && rep[0].integer > 0;
-        if (reset)      /* on_error: local kept counts too */
-            memstore_reset(mem, q->key, q->keylen);
+        int64_t exp = q->ttl_ms ? clock_wall_us() + q->ttl_ms * 1000 : 0;
+        if (memstore_override_set(q->mem, q->key, q->keylen, &q->p, exp) != 0)
+            return api_error(out, 400, "at most %d run-time overrides", MEMSTORE_MAX_OVERRIDES);
+        return put_answer(q, out);
     }
+    char ok[ROUTE_MAX_KEY + 8], val[96], ttl[24], chan[512];
+    size_t oklen;
+    ovr_key(q, ok, &oklen);
+    snprintf(val, sizeof(val), "%d %lld %lld", (int)q->p.algo, (long long)q->p.limit,
+             (long long)(q->p.algo >= LIMITER_TOKEN_BUCKET ? q->p.interval_us : 0));
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)q->ttl_ms);
+    const char *set[5] = { "SET", ok, val, "PX", ttl };
+    size_t setl[5] = { 3, oklen, strlen(val), 2, strlen(ttl) };
+    const char *pub[3];
+    size_t publ[3];
+    struct store_sync_cmd cmds[2] = { { q->ttl_ms ? 5 : 3, set, setl } };
+    publish_cmd(q, chan, pub, publ, &cmds[1]);
+    return api_redis(x, q, 2, cmds, put_finish, out);
+}
+
+static int delete_answer(struct api_req *q, int existed, struct evbuffer *out)
+{
     resetbus_bump();
     put_head(out, q);
     evbuffer_add_printf(out, ", \"%s\": true, \"existed\": %s}\n",
-                        reset ? "reset" : "deleted", existed ? "true" : "false");
+                        q->reset ? "reset" : "deleted", existed ? "true" : "false");
     return 200;
 }
 
-int admin_api_serve(const char *data, const struct http1_head *h, const char *path,
-                    size_t plen, const char *body, size_t len, struct evbuffer *out,
-                    struct evbuffer *hdr)
+static int delete_finish(struct api_req *q, const struct store_sync_reply *rep,
+                         struct evbuffer *out)
 {
+    if (q->reset)       /* on_error: local kept counts too */
+        memstore_reset(q->mem, q->key, q->keylen);
+    return delete_answer(q, rep[0].type == STORE_SYNC_INT && rep[0].integer > 0, out);
+}
+
+/* DELETE .../override (del) or POST .../reset (q->reset): one key deleted. */
+static int op_delete(const struct api_ctx *x, struct api_req *q, struct evbuffer *out)
+{
+    if (q->conf->backend == CONF_BACKEND_MEMORY)
+        return delete_answer(q, q->reset ? memstore_reset(q->mem, q->key, q->keylen)
+                                         : memstore_override_del(q->mem, q->key, q->keylen),
+                             out);
+    char ok[ROUTE_MAX_KEY + 8], chan[512];
+    size_t oklen;
+    ovr_key(q, ok, &oklen);
+    const char *del[2] = { "DEL", q->reset ? q->key : ok };
+    size_t dell[2] = { 3, q->reset ? q->keylen : oklen };
+    const char *pub[3];
+    size_t publ[3];
+    struct store_sync_cmd cmds[2] = { { 2, del, dell } };
+    publish_cmd(q, chan, pub, publ, &cmds[1]);
+    return api_redis(x, q, 2, cmds, delete_finish, out);
+}
+
+struct admin_api *admin_api_create(struct event_base *base)
+{
+    struct admin_api *api = mem_calloc(1, sizeof(*api));
+    api->ss = store_sync_create(base);
+    return api;
+}
+
+void admin_api_destroy(struct admin_api *api)
+{
+    if (api == NULL)
+        return;
+    store_sync_destroy(api->ss);
+    if (api->bound)
+        conf_release(api->bound);
+    free(api);
+}
+
+void admin_api_cancel(struct admin_api_pending *pd)
+{
+    store_sync_cancel(pd->call);
+    req_free(&pd->q);
+    conf_release((struct conf *)pd->q.conf);
+    free(pd);
+}
+
+int admin_api_serve(struct admin_api *api, const char *data, const struct http1_head *h,
+                    const char *path, size_t plen, const char *body, size_t len,
+                    struct evbuffer *out, struct evbuffer *hdr, admin_api_done_cb *done,
+                    void *arg, struct admin_api_pending **pending)
+{
+    struct api_ctx x = { api, done, arg, pending };
     struct api_req q;
     memset(&q, 0, sizeof(q));
     pthread_mutex_lock(&api_lock);
@@ -724,6 +912,7 @@ int admin_api_serve(const char *data, const struct http1_head *h, const char *pa
     if (c == NULL)
         return api_error(out, 503, "no config loaded");
     q.conf = c;
+    q.mem = mem;
     const char *m = data + h->method.off;
     size_t ml = h->method.len;
 #define METHOD_IS(s) (ml == sizeof(s) - 1 && memcmp(m, s, ml) == 0)
@@ -733,7 +922,7 @@ int admin_api_serve(const char *data, const struct http1_head *h, const char *pa
     assert(q.route != NULL && q.limit != NULL);     /* parse_target's 0 says both were found */
     if (q.op == OP_STATE) {
         if (METHOD_IS("GET") || METHOD_IS("HEAD"))
-            rc = op_state(&q, mem, out);
+            rc = op_state(&x, &q, out);
         else
             rc = api_error(out, 405, "use GET"), evbuffer_add_printf(hdr, "Allow: GET\r\n");
         goto done;
@@ -747,14 +936,16 @@ int admin_api_serve(const char *data, const struct http1_head *h, const char *pa
     rc = check_token(c, data, h, out, hdr);
     if (rc != 0)
         goto done;
+    q.reset = post;
     if (put)
-        rc = op_put(&q, mem, body, len, out);
+        rc = op_put(&x, &q, body, len, out);
     else
-        rc = op_delete(&q, mem, post, out);
+        rc = op_delete(&x, &q, out);
 done:
 #undef METHOD_IS
     req_free(&q);
-    conf_release(c);
+    if (rc != ADMIN_API_PENDING)    /* else the pending request's */
+        conf_release(c);
     return rc;
 }
 
@@ -767,6 +958,7 @@ const char *admin_api_reason(int status)
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 421: return "Misdirected Request";
     case 503: return "Service Unavailable";
     default: return "Internal Server Error";
     }

@@ -23,6 +23,7 @@
 #include "admin_console.h"
 #include "clock.h"
 #include "conf.h"
+#include "digest.h"
 #include "esc.h"
 #include "kvtable.h"
 #include "log.h"
@@ -46,6 +47,7 @@ struct hh_entry {
     uint64_t err;                       /* the count of the key it took over */
     uint16_t klen;
     uint8_t rlen, llen, cut;            /* cut: the key was longer than kept */
+    unsigned secret;                    /* bit i: part i shown hashed */
     char route[ADMIN_CONSOLE_NAME_MAX];
     char limit[ADMIN_CONSOLE_NAME_MAX];
     char key[ADMIN_CONSOLE_KEY_MAX];    /* the key's parts, "LEN:BYTES..." */
@@ -105,7 +107,7 @@ void admin_console_shutdown(void)
 
 
 static void entry_fill(struct hh_entry *e, uint64_t hash, const char *route, const char *limit,
-                       const char *parts, size_t plen)
+                       const char *parts, size_t plen, unsigned secret)
 {
     size_t rl = strlen(route), ll = strlen(limit);
     e->hash = hash;
@@ -116,12 +118,13 @@ static void entry_fill(struct hh_entry *e, uint64_t hash, const char *route, con
     e->cut = plen > ADMIN_CONSOLE_KEY_MAX;
     e->klen = (uint16_t)(e->cut ? ADMIN_CONSOLE_KEY_MAX : plen);
     memcpy(e->key, parts, e->klen);
+    e->secret = secret;
 }
 
 /* Space-saving: a known key counts one more; a new one takes a free counter,
  * or the smallest, inheriting its count as its error. */
 static void epoch_count(struct hh_epoch *ep, uint64_t hash, const char *route,
-                        const char *limit, const char *parts, size_t plen)
+                        const char *limit, const char *parts, size_t plen, unsigned secret)
 {
     int min = 0;
     for (int i = 0; i < ep->n; i++) {
@@ -140,13 +143,13 @@ static void epoch_count(struct hh_epoch *ep, uint64_t hash, const char *route,
         e = &ep->e[min];
         base = e->count;
     }
-    entry_fill(e, hash, route, limit, parts, plen);
+    entry_fill(e, hash, route, limit, parts, plen, secret);
     e->count = base + 1;
     e->err = base;
 }
 
 void admin_console_denied(const char *route, const char *limit, size_t prefix_len,
-                          const char *key, size_t len)
+                          const char *key, size_t len, unsigned secret)
 {
     struct hh_worker *w = hh_self;
     if (w == NULL)
@@ -165,7 +168,7 @@ void admin_console_denied(const char *route, const char *limit, size_t prefix_le
         ep->id = id;
         ep->n = 0;
     }
-    epoch_count(ep, hash, route, limit, key + off, end - off);
+    epoch_count(ep, hash, route, limit, key + off, end - off, secret);
     pthread_mutex_unlock(&w->lock);
 }
 
@@ -255,7 +258,7 @@ static void json_str(struct evbuffer *out, const char *s, size_t n)
 static void json_key_parts(struct evbuffer *out, const struct hh_entry *e)
 {
     size_t p = 0, n = e->klen;
-    int first = 1;
+    int first = 1, part = 0;
     evbuffer_add(out, "[", 1);
     while (p < n) {
         size_t len = 0, q = p;
@@ -271,7 +274,14 @@ static void json_key_parts(struct evbuffer *out, const struct hh_entry *e)
         if (!first)
             evbuffer_add(out, ",", 1);
         first = 0;
-        json_str(out, e->key + q, len);
+        if (part < 32 && (e->secret >> part & 1)) {     /* a credential: its hash */
+            char hex[DIGEST_SHA1_HEX + 1];
+            digest_sha1_hex(e->key + q, len, hex);
+            evbuffer_add_printf(out, "\"sha1:%.12s\"", hex);
+        } else {
+            json_str(out, e->key + q, len);
+        }
+        part++;
         p = q + len;
     }
     evbuffer_add(out, "]", 1);

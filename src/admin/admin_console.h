@@ -40,10 +40,12 @@ int admin_console_serve(struct admin_console *ac, const char *path, size_t plen,
 /* On a worker's thread, before it serves: its summary (fixed size). */
 void admin_console_worker(int id);
 /* A worker denied key[0..len) (a Redis key: PREFIX{ROUTE|LIMIT|PARTS}) of
- * limit `limit` of route `route`; prefix_len is PREFIX's length. No-op off
- * a worker thread. Never allocates. */
+ * limit `limit` of route `route`; prefix_len is PREFIX's length; bit i of
+ * secret: part i is a credential, shown as "sha1:" and 12 hex digits of
+ * its bytes (route_secret_parts). No-op off a worker thread. Never
+ * allocates. */
 void admin_console_denied(const char *route, const char *limit, size_t prefix_len,
-                          const char *key, size_t len);
+                          const char *key, size_t len, unsigned secret);
 
 /* Main thread: a config load (at start or SIGHUP) ended; err is the reason
  * of a failure (copied), took_us how long conf_load ran. */

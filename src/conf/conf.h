@@ -253,6 +253,9 @@ struct conf {
     int has_admin;
     struct conf_addr admin_listen;
     char *admin_token;          /* writes to the admin API need it; NULL: refused */
+    char **admin_hosts;         /* Host names the admin endpoint answers besides
+                                 * its address, localhost and IP literals */
+    int nadmin_hosts;
     char *access_log;           /* NULL = off, "stdout", or a file path */
     int refs;                   /* atomic; starts at 1 */
     struct conf_cleanup *cleanups;  /* conf_cleanup_add, newest first */

@@ -36,6 +36,7 @@ struct conf_tls_client;
 #define CONF_MAX_OVERRIDES  1000    /* overrides per limit (looked up in a list) */
 #define CONF_MAX_PART       1024    /* bytes of one override key value */
 #define CONF_MAX_TOKEN      256     /* admin.token bytes */
+#define CONF_MAX_ADMIN_HOSTS 64     /* admin.hosts names */
 #define SHOW_BUF            80
 
 enum node_kind { NODE_NULL, NODE_SCALAR, NODE_SEQ, NODE_MAP };

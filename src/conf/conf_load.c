@@ -536,6 +536,9 @@ static void conf_free(struct conf *c)
     free(c->allow);
     free(c->admin_listen.text);
     free(c->admin_token);
+    for (int i = 0; i < c->nadmin_hosts; i++)
+        free(c->admin_hosts[i]);
+    free(c->admin_hosts);
     free(c->access_log);
     free(c);
 }

@@ -377,9 +377,37 @@ static int h_admin_token(struct ctx *x, struct node *k, struct node *v, void *ob
     return 0;
 }
 
+/* admin.hosts: the names (Host header) the admin endpoint also answers, as
+ * a browser sends them: a DNS-rebinding page's name is not among them. */
+static int h_admin_hosts(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    if (conf_expect(x, v, NODE_SEQ) < 0)
+        return -1;
+    if (v->nkids > CONF_MAX_ADMIN_HOSTS)
+        return conf_fail(x, v, "at most %d admin hosts", CONF_MAX_ADMIN_HOSTS);
+    for (int i = 0; i < c->nadmin_hosts; i++)
+        free(c->admin_hosts[i]);
+    free(c->admin_hosts);
+    c->admin_hosts = xcalloc((size_t)v->nkids + 1, sizeof(*c->admin_hosts));
+    c->nadmin_hosts = 0;
+    for (int i = 0; i < v->nkids; i++) {
+        char sb[SHOW_BUF];
+        const char *s = conf_scalar(x, v->kids[i]);
+        if (!s)
+            return -1;
+        if (!conf_hostname_ok(s))
+            return conf_fail(x, v->kids[i], "bad host name '%s' (a DNS name, without a port)",
+                             conf_show(s, sb));
+        c->admin_hosts[c->nadmin_hosts++] = xstrdup(s);
+    }
+    return 0;
+}
+
 static const struct key_def admin_keys[] = {
     { "listen", h_admin_listen, 1 },
     { "token", h_admin_token, 0 },
+    { "hosts", h_admin_hosts, 0 },
     { NULL, NULL, 0 },
 };
 

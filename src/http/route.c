@@ -10,8 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <openssl/evp.h>
+#include <strings.h>
 #include "addr.h"
+#include "digest.h"
 #include "mem.h"
 #include "regex.h"
 #include "route.h"
@@ -460,7 +461,7 @@ struct route_sink {
     int mode;                   /* ROUTE_SINK_* */
     size_t len;                 /* measured bytes */
     int first;                  /* first byte measured, -1 before any */
-    EVP_MD_CTX *sha;            /* HASH: SHA-1 */
+    struct digest *sha;         /* HASH: SHA-1 */
     struct route_out *out;
 };
 
@@ -475,7 +476,7 @@ static void route_sink_put(struct route_sink *k, const char *p, size_t n)
             k->first = (unsigned char)p[0];
         k->len += n;
     } else if (k->mode == ROUTE_SINK_HASH) {
-        EVP_DigestUpdate(k->sha, p, n);
+        digest_update(k->sha, p, n);
     } else {
         route_put(k->out, p, n);
     }
@@ -699,20 +700,11 @@ static void route_put_part(struct route_out *o, const struct route_part *pt)
     route_part_emit(pt, &k);
     char num[32];
     if (k.len > ROUTE_MAX_PART || (k.len == 41 && k.first == '#')) {
-        static const char digits[] = "0123456789abcdef";
-        unsigned char d[EVP_MAX_MD_SIZE];
-        char hex[40];
+        char hex[DIGEST_SHA1_HEX + 1];
         k.mode = ROUTE_SINK_HASH;
-        k.sha = EVP_MD_CTX_new();
-        if (k.sha == NULL || EVP_DigestInit_ex(k.sha, EVP_sha1(), NULL) != 1)
-            abort();            /* out of memory, as mem.c */
+        k.sha = digest_sha1();
         route_part_emit(pt, &k);
-        EVP_DigestFinal_ex(k.sha, d, NULL);
-        EVP_MD_CTX_free(k.sha);
-        for (int i = 0; i < 20; i++) {
-            hex[2 * i] = digits[d[i] >> 4];
-            hex[2 * i + 1] = digits[d[i] & 15];
-        }
+        digest_final_hex(k.sha, hex);
         route_put(o, "41:#", 4);
         route_put(o, hex, 40);
         return;
@@ -1066,4 +1058,21 @@ const struct conf_override *route_override(const struct conf_limit *l, const cha
         if (l->overrides[i].keylen == len && memcmp(l->overrides[i].key, key, len) == 0)
             return &l->overrides[i];
     return NULL;
+}
+
+unsigned route_secret_parts(const struct conf_limit *l)
+{
+    static const char *const words[] = { "token", "secret", "key", "password", "passwd",
+                                         "session", "auth" };
+    unsigned mask = 0;
+    for (int i = 0; i < l->nkeys && i < 32; i++) {
+        const struct conf_keysrc *k = &l->keys[i];
+        int secret = k->kind == CONF_KEY_COOKIE;
+        if ((k->kind == CONF_KEY_HEADER || k->kind == CONF_KEY_QUERY) && k->arg != NULL)
+            for (size_t w = 0; w < sizeof(words) / sizeof(words[0]) && !secret; w++)
+                secret = strcasestr(k->arg, words[w]) != NULL;
+        if (secret)
+            mask |= 1u << i;
+    }
+    return mask;
 }

@@ -113,6 +113,12 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
                      const struct conf_limit *l, const char *const *parts,
                      const size_t *lens, int n, char *out);
 
+/* Bit i set: key source i of l carries a credential, shown hashed by the
+ * console: the Authorization and Proxy-Authorization headers, every
+ * cookie, and a header or query parameter whose name contains token,
+ * secret, key, password, passwd, session or auth (any case). */
+unsigned route_secret_parts(const struct conf_limit *l);
+
 /* The config override of l for the key (route_key's bytes), or NULL. A
  * list walk: a limit has at most a thousand. */
 const struct conf_override *route_override(const struct conf_limit *l, const char *key,

@@ -365,7 +365,8 @@ static void note_denials(const struct decision *dec, int n)
     for (int i = 0; i < dec->nkeys && i < n; i++)
         if (!dec->rl.r[i].allowed && !(dec->key[i].flags & STORE_SHADOW))
             admin_console_denied(dec->rl.route->name, dec->rl.limit[i]->name, prefix_len,
-                                 dec->keybuf + dec->key[i].off, dec->key[i].len);
+                                 dec->keybuf + dec->key[i].off, dec->key[i].len,
+                                 route_secret_parts(dec->rl.limit[i]));
 }
 
 /* An answer is in: allowed (forward) or denied (429). */

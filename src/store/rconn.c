@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -501,6 +503,10 @@ static void rconn_event_cb(struct bufferevent *bev, short what, void *arg)
     struct rconn *c = arg;
     if (what & BEV_EVENT_CONNECTED) {
         c->connected = 1;
+        if (!c->is_unix) {      /* a command is never held back for an ACK (Nagle) */
+            int one = 1;
+            setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
         if (c->ai != NULL) {
             evutil_freeaddrinfo(c->ai);
             c->ai = c->ai_cur = NULL;

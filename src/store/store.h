@@ -107,10 +107,11 @@ struct store_sub *store_sub_create(struct event_base *base, const struct conf_re
                                    const char *channel, store_sub_cb *cb, void *arg);
 void store_sub_destroy(struct store_sub *ss);
 
-/* Blocking commands for the admin thread: ncmds commands pipelined on a
- * connection of their own (closed after), a Cluster MOVED followed once.
- * With redis.sentinel, on the master a sentinel names now (ROLE checked).
- * Returns 0 with out[i] filled (error replies included), or -1 with err. */
+/* The admin thread's commands, asynchronous on its event base (store_sync.c):
+ * ncmds commands pipelined on a persistent connection of the store_sync's
+ * own, a Cluster MOVED followed once; with redis.sentinel on the master a
+ * sentinel named (ROLE checked before each call). At most
+ * STORE_SYNC_MAX_CALLS calls wait at once. */
 #define STORE_SYNC_MAX_INTS 64
 enum store_sync_type { STORE_SYNC_NIL, STORE_SYNC_INT, STORE_SYNC_STR, STORE_SYNC_ARRAY,
                        STORE_SYNC_ERROR };
@@ -127,8 +128,27 @@ struct store_sync_reply {
     int64_t ints[STORE_SYNC_MAX_INTS];  /* ARRAY of integers */
     int nints;
 };
-int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_cmd *cmds,
-               struct store_sync_reply *out, char *err, size_t errlen);
+#define STORE_SYNC_MAX_CALLS 16
+struct event_base;
+struct store_sync;
+struct store_sync_call;
+/* Called once per call, from the loop: out[ncmds] (error replies included)
+ * and err NULL, or out NULL and err (a timeout after redis.timeout, at
+ * least 1 s; a connection that failed). Valid during the callback only. */
+typedef void store_sync_cb(void *arg, const struct store_sync_reply *out, const char *err);
+struct store_sync *store_sync_create(struct event_base *base);
+/* Calls still waiting are dropped without their callbacks. */
+void store_sync_destroy(struct store_sync *ss);
+/* Starts a call (the commands are copied); cb is never called from inside
+ * this. NULL with err when it cannot start: STORE_SYNC_MAX_CALLS wait, or
+ * rc differs from the settings of calls still in flight. rc must stay
+ * valid until a call with another rc starts or ss is destroyed. */
+struct store_sync_call *store_sync_start(struct store_sync *ss, const struct conf_redis *rc,
+                                         int ncmds, const struct store_sync_cmd *cmds,
+                                         store_sync_cb *cb, void *arg, char *err,
+                                         size_t errlen);
+/* The caller is gone: cb will not be called. Only before cb ran. */
+void store_sync_cancel(struct store_sync_call *call);
 
 /* scripts/limit.lua's text (EVAL from the admin thread). */
 const char *store_limit_script(void);

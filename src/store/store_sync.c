@@ -1,6 +1,6 @@
-/* sluice - store_sync.c: the admin API's blocking Redis commands (store_sync
- * in store.h), on short connections of their own and a private event base,
- * on the admin thread only. */
+/* sluice - store_sync.c: the admin API's Redis commands (store_sync in
+ * store.h), asynchronous on the admin thread's own event base, over
+ * persistent connections of their own. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,22 +11,66 @@
 #include "addr.h"
 #include "clock.h"
 #include "log.h"
+#include "mem.h"
 #include "rconn.h"
 #include "store.h"
 #include "store_int.h"
 
-/* ---- the admin API's commands (issue 14): blocking, on the admin thread ------
+/* ---- the admin API's commands (issues 14, 18, 19) ---------------------------
  *
- * One short connection per admin request, over rconn (names by evdns, TLS
- * as redis.tls says): connect, AUTH and SELECT as the store does, the
- * commands pipelined, close, all within redis.timeout (at least 1 s). A Redis Cluster answer MOVED sends them all again,
- * once, to the named node. Sentinel: a round on the sentinels first (in
- * turn, until one names the master), then the commands on that master,
- * after a ROLE that must say "master" (not the old one mid-failover). The
- * admin thread is the only caller; a slow Redis delays the admin endpoint,
- * never the proxy. */
+ * One persistent connection per Redis the admin API talks to (rconn: names
+ * by evdns, TLS as redis.tls says, AUTH and SELECT as the store does), kept
+ * across requests; a call's commands are pipelined on it and the caller is
+ * answered from the loop when the last reply comes, or after redis.timeout
+ * (at least 1 s) with "timed out", and then the connection is dropped (a
+ * Redis that does not answer in time is not trusted with the next call). A
+ * Redis Cluster answer MOVED sends the call's commands again, once, to the
+ * named node (a connection of its own, kept too). Sentinel: the master is
+ * asked of the sentinels in turn once, remembered, and asked again when its
+ * connection ends or its ROLE (sent before every call's commands) is not
+ * "master". At most STORE_SYNC_MAX_CALLS calls wait at once. */
 
 #define STORE_SYNC_MIN_MS 1000
+#define SYNC_MAX_CONNS 16
+
+enum sync_peer { SYNC_NODE, SYNC_MASTER, SYNC_SENTINEL };
+
+struct sync_conn {
+    struct store_sync *ss;
+    struct rconn *conn;         /* NULL once rconn freed it */
+    enum sync_peer peer;
+    char host[256];
+    int port, is_unix;
+    const char *why;            /* set before the connection is dropped */
+};
+
+struct store_sync_call {
+    struct store_sync *ss;
+    store_sync_cb *cb;          /* NULL: cancelled (or answered) */
+    void *arg;
+    struct event *timer;
+    struct sync_conn *sc;       /* where its commands wait */
+    char *resp;                 /* the commands, RESP, for a MOVED resend */
+    size_t *off, *len;
+    int ncmds, got, pending;    /* replies had, callbacks still owed by rconn */
+    int redirected, sentinel;   /* sentinel: the next one to ask */
+    int done;
+    struct store_sync_reply *out;
+    struct store_sync_call *prev, *next;
+};
+
+struct store_sync {
+    struct event_base *base;
+    struct evdns_base *dns;
+    struct rconn_tls *tls;
+    const struct conf_redis *rc;    /* the settings the connections follow */
+    struct sync_conn *conns[SYNC_MAX_CONNS];
+    struct store_sync_call *calls;  /* every call not yet freed */
+    int ncalls;
+    int master_known;               /* sentinel: master_host:port is it */
+    char master_host[256];
+    int master_port;
+};
 
 static void sync_copy(const redisReply *r, struct store_sync_reply *out)
 {
@@ -54,239 +98,456 @@ static void sync_copy(const redisReply *r, struct store_sync_reply *out)
     }
 }
 
-/* One round of admin commands on a connection of its own (rconn: the same
- * names, TLS and handshake as the store's), run to its end on a private
- * event base: the admin thread waits for it. */
-/* Whom a round talks to: a data node, the sentinel master (ROLE checked
- * first), or a sentinel (its own password, no SELECT; the one command's
- * answer is the master's address). */
-enum sync_peer { SYNC_NODE, SYNC_MASTER, SYNC_SENTINEL };
-
-struct sync_round {
-    struct event_base *base;
-    struct rconn *conn;         /* NULL once rconn freed it */
-    struct store_sync_reply *out;
-    int ncmds, got;
-    const char *why;            /* set: the round failed */
-    char whybuf[200];
-    char master_host[256];      /* SYNC_SENTINEL: what the sentinel named */
-    int master_port;
-};
-
-static void sync_fail(struct sync_round *sr, const char *why)
+/* argv as one RESP command appended to *buf (grown) at *len. */
+static void sync_encode(char **buf, size_t *len, int argc, const char **argv,
+                        const size_t *lens)
 {
-    if (sr->why == NULL) {
-        snprintf(sr->whybuf, sizeof(sr->whybuf), "%s", why);
-        sr->why = sr->whybuf;
+    size_t need = 16;
+    for (int i = 0; i < argc; i++)
+        need += lens[i] + 24;
+    *buf = realloc(*buf, *len + need);
+    if (*buf == NULL)
+        abort();
+    char *p = *buf + *len;
+    p += sprintf(p, "*%d\r\n", argc);
+    for (int i = 0; i < argc; i++) {
+        p += sprintf(p, "$%zu\r\n", lens[i]);
+        memcpy(p, argv[i], lens[i]);
+        p += lens[i];
+        *p++ = '\r', *p++ = '\n';
     }
-    event_base_loopbreak(sr->base);
+    *len = (size_t)(p - *buf);
 }
 
-static void sync_connect_cb(struct rconn *c, int status, const char *why)
+/* ---- calls ---- */
+
+static void call_free(struct store_sync_call *call)
 {
-    struct sync_round *sr = rconn_data(c);
-    if (status != 0) {
-        sr->conn = NULL;        /* freed when this returns */
-        sync_fail(sr, why ? why : "cannot connect");
-    }
+    struct store_sync *ss = call->ss;
+    if (call->prev)
+        call->prev->next = call->next;
+    else
+        ss->calls = call->next;
+    if (call->next)
+        call->next->prev = call->prev;
+    ss->ncalls--;
+    event_free(call->timer);
+    free(call->resp);
+    free(call->off);
+    free(call->len);
+    free(call->out);
+    free(call);
 }
 
-static void sync_close_cb(struct rconn *c, const char *why)
+/* The call is over: its caller is told (unless it cancelled). Freed once
+ * rconn owes it no more callbacks (by whoever sees pending reach 0). */
+static void call_finish(struct store_sync_call *call, const char *err)
 {
-    struct sync_round *sr = rconn_data(c);
-    sr->conn = NULL;
-    sync_fail(sr, why ? why : "connection closed");
-}
-
-static void sync_hello_cb(struct rconn *c, redisReply *r, void *privdata)
-{
-    if (r == NULL || r->type == REDIS_REPLY_ERROR)
-        sync_fail(rconn_data(c), privdata);     /* "redis refused AUTH"... */
-}
-
-static void sync_role_cb(struct rconn *c, redisReply *r, void *privdata)
-{
-    if (r != NULL && !store_node_is_master(r))
-        sync_fail(rconn_data(c), r->type == REDIS_REPLY_ERROR ? "redis refused ROLE"
-                                 : "not a master (a failover is under way)");
-}
-
-/* SENTINEL get-master-addr-by-name: [ip, port], or nil for a name it does
- * not monitor. */
-static void sync_master_cb(struct rconn *c, redisReply *r, void *privdata)
-{
-    struct sync_round *sr = rconn_data(c);
-    int port;
-    if (r == NULL) {
-        sync_fail(sr, "no reply");
+    if (call->done)
         return;
-    }
-    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-        r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len == 0 ||
-        r->element[0]->len >= sizeof(sr->master_host) ||
-        r->element[1]->type != REDIS_REPLY_STRING ||
-        addr_port(r->element[1]->str, r->element[1]->len, &port) < 0) {
-        sync_fail(sr, r->type == REDIS_REPLY_ERROR ? r->str
-                      : "the sentinel does not know the master");
-        return;
-    }
-    memcpy(sr->master_host, r->element[0]->str, r->element[0]->len);
-    sr->master_host[r->element[0]->len] = '\0';
-    sr->master_port = port;
-    if (++sr->got == sr->ncmds)
-        event_base_loopbreak(sr->base);
+    call->done = 1;
+    evtimer_del(call->timer);
+    store_sync_cb *cb = call->cb;
+    call->cb = NULL;
+    if (cb != NULL)
+        cb(call->arg, err == NULL ? call->out : NULL, err);
 }
 
-static void sync_reply_cb(struct rconn *c, redisReply *r, void *privdata)
+static void call_unref(struct store_sync_call *call)
 {
-    struct sync_round *sr = rconn_data(c);
-    if (r == NULL) {
-        sync_fail(sr, "no reply");
-        return;
-    }
-    sync_copy(r, &sr->out[sr->got]);
-    if (++sr->got == sr->ncmds)
-        event_base_loopbreak(sr->base);
+    if (--call->pending == 0 && call->done)
+        call_free(call);
 }
 
-static int sync_round(const struct conf_redis *rc, enum sync_peer peer, const char *host,
-                      int port, int is_unix, int ncmds, const struct store_sync_cmd *cmds,
-                      struct store_sync_reply *out, struct sync_round *done_sr,
-                      char *err, size_t errlen)
+/* ---- connections ---- */
+
+static void conn_forget(struct sync_conn *sc)
 {
-    struct sync_round sr = { .out = out, .ncmds = ncmds };
-    const char *user = peer == SYNC_SENTINEL ? NULL : rc->user;
-    const char *password = peer == SYNC_SENTINEL ? rc->sentinel_password : rc->password;
-    struct evdns_base *dns = NULL;
-    struct rconn_tls *tls = NULL;
-    char db[16];
-    sr.base = event_base_new();
-    if (sr.base == NULL || (dns = evdns_base_new(sr.base, 0)) == NULL) {
-        snprintf(err, errlen, "no memory");
-        goto done;
+    struct store_sync *ss = sc->ss;
+    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+        if (call->sc == sc)
+            call->sc = NULL;
+    for (int i = 0; i < SYNC_MAX_CONNS; i++)
+        if (ss->conns[i] == sc)
+            ss->conns[i] = NULL;
+    if (sc->peer == SYNC_MASTER)
+        ss->master_known = 0;   /* ask the sentinels again */
+}
+
+/* Every call waiting on sc fails with why; the connection is closed and
+ * sc freed. rconn's NULL replies then free those calls. */
+static void conn_drop(struct sync_conn *sc, const char *why)
+{
+    struct store_sync *ss = sc->ss;
+    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+        if (call->sc == sc && !call->done)
+            call_finish(call, why);
+    conn_forget(sc);
+    struct rconn *c = sc->conn;
+    free(sc);
+    rconn_free(c);              /* NULL replies to what waits; deferred inside a callback */
+}
+
+static void conn_connect_cb(struct rconn *c, int status, const char *why)
+{
+    struct sync_conn *sc = rconn_data(c);
+    if (status == 0)
+        return;
+    log_debug("store: admin API: cannot connect to '%s:%d': %s", sc->host, sc->port,
+              why ? why : "?");
+    conn_forget(sc);            /* the calls had their NULL replies */
+    free(sc);
+}
+
+static void conn_close_cb(struct rconn *c, const char *why)
+{
+    struct sync_conn *sc = rconn_data(c);
+    conn_forget(sc);
+    free(sc);
+}
+
+/* AUTH or SELECT refused: the connection is of no use. */
+static void conn_hello_cb(struct rconn *c, redisReply *r, void *privdata)
+{
+    if (r == NULL || r->type != REDIS_REPLY_ERROR)
+        return;
+    struct sync_conn *sc = rconn_data(c);
+    log_warn("store: admin API: %s '%s:%d': %.*s", (const char *)privdata, sc->host,
+             sc->port, (int)r->len, r->str);
+    conn_drop(sc, privdata);
+}
+
+/* The connection to peer host:port, kept or made now; NULL when
+ * SYNC_MAX_CONNS are all busy. */
+static struct sync_conn *conn_get(struct store_sync *ss, enum sync_peer peer, const char *host,
+                                  int port, int is_unix)
+{
+    const struct conf_redis *rc = ss->rc;
+    int slot = -1;
+    for (int i = 0; i < SYNC_MAX_CONNS; i++) {
+        struct sync_conn *sc = ss->conns[i];
+        if (sc == NULL)
+            slot = slot < 0 ? i : slot;
+        else if (sc->peer == peer && sc->port == port && sc->is_unix == is_unix &&
+                 strcmp(sc->host, host) == 0)
+            return sc;
     }
-    evdns_base_resolv_conf_parse(dns, DNS_OPTIONS_ALL, "/etc/resolv.conf");
-    if (rc->tls) {
-        struct rconn_tls_conf tc = {
-            rc->tls_conf.ca_file, rc->tls_conf.cert_file, rc->tls_conf.key_file,
-            rc->tls_conf.server_name, rc->tls_conf.verify,
-        };
-        tls = rconn_tls_create(&tc, sr.whybuf, sizeof(sr.whybuf));
-        if (tls == NULL) {
-            snprintf(err, errlen, "redis TLS setup failed: %s", sr.whybuf);
-            goto done;
+    for (int i = 0; i < SYNC_MAX_CONNS && slot < 0; i++) {
+        int busy = 0;
+        for (struct store_sync_call *call = ss->calls; call && !busy; call = call->next)
+            busy = call->sc == ss->conns[i];
+        if (!busy) {
+            conn_drop(ss->conns[i], "closed");
+            slot = i;
         }
     }
-    sr.conn = rconn_connect(sr.base, dns, tls, host, port, is_unix, sync_connect_cb,
-                            sync_close_cb, &sr);
-    if (sr.conn == NULL) {
-        snprintf(err, errlen, "cannot connect to redis");
-        goto done;
+    if (slot < 0 || strlen(host) >= sizeof(ss->conns[0]->host))
+        return NULL;
+    struct sync_conn *sc = mem_calloc(1, sizeof(*sc));
+    sc->ss = ss;
+    sc->peer = peer;
+    snprintf(sc->host, sizeof(sc->host), "%s", host);
+    sc->port = port;
+    sc->is_unix = is_unix;
+    sc->conn = rconn_connect(ss->base, ss->dns, ss->tls, host, port, is_unix, conn_connect_cb,
+                             conn_close_cb, sc);
+    if (sc->conn == NULL) {
+        free(sc);
+        return NULL;
     }
+    ss->conns[slot] = sc;
+    const char *user = peer == SYNC_SENTINEL ? NULL : rc->user;
+    const char *password = peer == SYNC_SENTINEL ? rc->sentinel_password : rc->password;
     if (password != NULL) {
         const char *av[3] = { "AUTH", user ? user : password, password };
         size_t al[3] = { 4, strlen(av[1]), strlen(av[2]) };
-        rconn_send_argv(sr.conn, user ? 3 : 2, av, al, sync_hello_cb,
+        rconn_send_argv(sc->conn, user ? 3 : 2, av, al, conn_hello_cb,
                         (void *)"redis refused AUTH");
     }
     if (rc->db != 0 && rc->ncluster == 0 && peer != SYNC_SENTINEL) {
+        char db[16];
         snprintf(db, sizeof(db), "%d", rc->db);
         const char *av[2] = { "SELECT", db };
         size_t al[2] = { 6, strlen(db) };
-        rconn_send_argv(sr.conn, 2, av, al, sync_hello_cb, (void *)"redis refused SELECT");
+        rconn_send_argv(sc->conn, 2, av, al, conn_hello_cb, (void *)"redis refused SELECT");
     }
-    if (peer == SYNC_MASTER) {
-        const char *av[1] = { "ROLE" };
-        size_t al[1] = { 4 };
-        rconn_send_argv(sr.conn, 1, av, al, sync_role_cb, NULL);
-    }
-    for (int i = 0; i < ncmds; i++)
-        rconn_send_argv(sr.conn, cmds[i].argc, cmds[i].argv, cmds[i].lens,
-                        peer == SYNC_SENTINEL ? sync_master_cb : sync_reply_cb, NULL);
-    struct timeval tv = clock_timeval(rc->timeout_ms > STORE_SYNC_MIN_MS ? rc->timeout_ms
-                                                                         : STORE_SYNC_MIN_MS);
-    event_base_loopexit(sr.base, &tv);
-    event_base_dispatch(sr.base);
-    if (sr.why == NULL && sr.got < ncmds)
-        sync_fail(&sr, "timed out");
-    if (sr.why != NULL)
-        snprintf(err, errlen, "redis: %s", sr.why);
-done:
-    if (sr.conn != NULL) {
-        rconn_free(sr.conn);    /* its callbacks are not called */
-        sr.conn = NULL;
-    }
-    if (sr.base != NULL)        /* a cancelled lookup is delivered from the loop */
-        event_base_loop(sr.base, EVLOOP_NONBLOCK);
-    if (dns != NULL)
-        evdns_base_free(dns, 0);
-    rconn_tls_destroy(tls);
-    if (sr.base != NULL)
-        event_base_free(sr.base);
-    if (done_sr != NULL) {      /* SYNC_SENTINEL: the master it named */
-        memcpy(done_sr->master_host, sr.master_host, sizeof(sr.master_host));
-        done_sr->master_port = sr.master_port;
-    }
-    return sr.why == NULL && sr.got == ncmds ? 0 : -1;
+    return sc;
 }
 
-/* Sentinel: the master's address, from the first sentinel (in the
- * configured order) that names it. */
-static int sync_find_master(const struct conf_redis *rc, char *host, size_t hostlen,
-                            int *port, char *err, size_t errlen)
+/* ---- a call's way ---- */
+
+static int call_route(struct store_sync_call *call);
+
+static void call_reply_cb(struct rconn *c, redisReply *r, void *privdata)
 {
-    const char *av[3] = { "SENTINEL", "get-master-addr-by-name", rc->sentinel_master };
-    size_t al[3] = { 8, 23, strlen(rc->sentinel_master) };
-    struct store_sync_cmd cmd = { 3, av, al };
-    snprintf(err, errlen, "no sentinel");
-    for (int i = 0; i < rc->nsentinel_nodes; i++) {
-        char sh[256];
-        int sp;
-        struct sync_round sr;
-        if (addr_split(rc->sentinel_nodes[i], sh, sizeof(sh), &sp) < 0)
-            continue;
-        if (sync_round(rc, SYNC_SENTINEL, sh, sp, 0, 1, &cmd, NULL, &sr, err, errlen) == 0) {
-            snprintf(host, hostlen, "%s", sr.master_host);
-            *port = sr.master_port;
-            return 0;
+    struct store_sync_call *call = privdata;
+    if (!call->done) {
+        if (r == NULL) {
+            call_finish(call, "connection closed");
+        } else {
+            sync_copy(r, &call->out[call->got]);
+            if (++call->got == call->ncmds) {
+                /* "MOVED 3999 127.0.0.1:6381": the key's slot is on that node */
+                const char *moved = NULL;
+                for (int i = 0; i < call->ncmds && moved == NULL; i++)
+                    if (call->out[i].type == STORE_SYNC_ERROR &&
+                        !strncmp(call->out[i].str, "MOVED ", 6))
+                        moved = strchr(call->out[i].str + 6, ' ');
+                char host[256];
+                int port;
+                if (moved != NULL && call->ss->rc->ncluster > 0 && !call->redirected &&
+                    addr_split(moved + 1, host, sizeof(host), &port) >= 0) {
+                    call->redirected = 1;
+                    call->got = 0;
+                    struct sync_conn *sc = conn_get(call->ss, SYNC_NODE, host, port, 0);
+                    if (sc == NULL)
+                        call_finish(call, "too many redis connections");
+                    else
+                        call->sc = sc, call_route(call);
+                } else {
+                    call_finish(call, NULL);
+                }
+            }
         }
-        log_debug("store: admin API: sentinel '%s' did not name the master: %s",
-                  rc->sentinel_nodes[i], err);
     }
+    call_unref(call);
+}
+
+static void call_role_cb(struct rconn *c, redisReply *r, void *privdata)
+{
+    struct store_sync_call *call = privdata;
+    if (!call->done && r != NULL && !store_node_is_master(r))
+        conn_drop(rconn_data(c), r->type == REDIS_REPLY_ERROR ? "redis refused ROLE"
+                                 : "not a master (a failover is under way)");
+    call_unref(call);
+}
+
+/* SENTINEL get-master-addr-by-name: [ip, port], or nil for a name it does
+ * not monitor; else the next sentinel is asked. */
+static void call_master_cb(struct rconn *c, redisReply *r, void *privdata)
+{
+    struct store_sync_call *call = privdata;
+    struct store_sync *ss = call->ss;
+    int port;
+    if (call->done) {
+        call_unref(call);
+        return;
+    }
+    if (r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[0]->type == REDIS_REPLY_STRING && r->element[0]->len > 0 &&
+        r->element[0]->len < sizeof(ss->master_host) &&
+        r->element[1]->type == REDIS_REPLY_STRING &&
+        addr_port(r->element[1]->str, r->element[1]->len, &port) == 0) {
+        memcpy(ss->master_host, r->element[0]->str, r->element[0]->len);
+        ss->master_host[r->element[0]->len] = '\0';
+        ss->master_port = port;
+        ss->master_known = 1;
+    } else {
+        call->sentinel++;
+    }
+    if (ss->master_known || call->sentinel < ss->rc->nsentinel_nodes) {
+        call->sc = NULL;
+        call_route(call);
+    } else {
+        call_finish(call, "no sentinel named the master");
+    }
+    call_unref(call);
+}
+
+/* Sends the call where it goes now: a sentinel (the master not known), the
+ * master, a cluster node (call->sc set by a MOVED) or the one Redis. 0, or
+ * -1 with the call finished. */
+static int call_route(struct store_sync_call *call)
+{
+    struct store_sync *ss = call->ss;
+    const struct conf_redis *rc = ss->rc;
+    const char *why = "too many redis connections";
+    struct sync_conn *sc = call->sc;
+    if (sc == NULL && rc->sentinel_master != NULL && !ss->master_known) {
+        char host[256];
+        int port;
+        while (call->sentinel < rc->nsentinel_nodes &&
+               addr_split(rc->sentinel_nodes[call->sentinel], host, sizeof(host), &port) < 0)
+            call->sentinel++;
+        if (call->sentinel >= rc->nsentinel_nodes) {
+            why = "no sentinel named the master";
+            goto fail;
+        }
+        sc = conn_get(ss, SYNC_SENTINEL, host, port, 0);
+        if (sc == NULL)
+            goto fail;
+        const char *av[3] = { "SENTINEL", "get-master-addr-by-name", rc->sentinel_master };
+        size_t al[3] = { 8, 23, strlen(rc->sentinel_master) };
+        call->sc = sc;
+        if (rconn_send_argv(sc->conn, 3, av, al, call_master_cb, call) < 0) {
+            why = "connection closed";
+            goto fail;
+        }
+        call->pending++;
+        return 0;
+    }
+    if (sc == NULL && rc->sentinel_master != NULL) {
+        sc = conn_get(ss, SYNC_MASTER, ss->master_host, ss->master_port, 0);
+    } else if (sc == NULL) {
+        char host[256];
+        int port = rc->port;
+        snprintf(host, sizeof(host), "%s", rc->host ? rc->host : "");
+        if (rc->ncluster > 0 && addr_split(rc->cluster[0], host, sizeof(host), &port) < 0) {
+            why = "bad cluster seed";
+            goto fail;
+        }
+        sc = conn_get(ss, SYNC_NODE, host, port, rc->ncluster > 0 ? 0 : rc->is_unix);
+    }
+    if (sc == NULL)
+        goto fail;
+    call->sc = sc;
+    why = "connection closed";
+    if (sc->peer == SYNC_MASTER) {
+        const char *av[1] = { "ROLE" };
+        size_t al[1] = { 4 };
+        if (rconn_send_argv(sc->conn, 1, av, al, call_role_cb, call) < 0)
+            goto fail;
+        call->pending++;
+    }
+    for (int i = 0; i < call->ncmds; i++) {
+        if (rconn_send(sc->conn, call->resp + call->off[i], call->len[i], call_reply_cb,
+                       call) < 0)
+            goto fail;
+        call->pending++;
+    }
+    return 0;
+fail:
+    call_finish(call, why);
     return -1;
 }
 
-int store_sync(const struct conf_redis *rc, int ncmds, const struct store_sync_cmd *cmds,
-               struct store_sync_reply *out, char *err, size_t errlen)
+static void call_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
-    char host[256];
-    int port = rc->port, rv = -1;
-    if (rc->sentinel_master != NULL) {
-        if (sync_find_master(rc, host, sizeof(host), &port, err, errlen) != 0)
-            return -1;
-        return sync_round(rc, SYNC_MASTER, host, port, 0, ncmds, cmds, out, NULL, err, errlen);
+    struct store_sync_call *call = arg;
+    struct sync_conn *sc = call->sc;
+    call_finish(call, "timed out");
+    if (sc != NULL)
+        conn_drop(sc, "timed out");     /* the call is freed with its NULL replies */
+    else if (call->pending == 0)
+        call_free(call);
+}
+
+/* ---- the interface ---- */
+
+struct store_sync *store_sync_create(struct event_base *base)
+{
+    struct store_sync *ss = mem_calloc(1, sizeof(*ss));
+    ss->base = base;
+    ss->dns = evdns_base_new(base, 0);
+    if (ss->dns == NULL)
+        abort();
+    evdns_base_resolv_conf_parse(ss->dns, DNS_OPTIONS_ALL, "/etc/resolv.conf");
+    return ss;
+}
+
+/* Every connection closed (no call waits on any), the TLS context gone. */
+static int sync_unbind(struct store_sync *ss)
+{
+    int resolving = 0;
+    for (int i = 0; i < SYNC_MAX_CONNS; i++)
+        if (ss->conns[i] != NULL) {
+            resolving |= ss->conns[i]->conn && rconn_resolving(ss->conns[i]->conn);
+            conn_drop(ss->conns[i], "closed");
+        }
+    rconn_tls_destroy(ss->tls);
+    ss->tls = NULL;
+    ss->rc = NULL;
+    ss->master_known = 0;
+    return resolving;
+}
+
+void store_sync_destroy(struct store_sync *ss)
+{
+    if (ss == NULL)
+        return;
+    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+        call->cb = NULL;        /* no one to tell any more */
+    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+        if (!call->done)
+            call_finish(call, "closed");
+    if (sync_unbind(ss))        /* a cancelled lookup is delivered from the loop */
+        event_base_loop(ss->base, EVLOOP_NONBLOCK);
+    while (ss->calls != NULL)   /* calls no connection owed anything */
+        call_free(ss->calls);
+    evdns_base_free(ss->dns, 0);
+    free(ss);
+}
+
+struct store_sync_call *store_sync_start(struct store_sync *ss, const struct conf_redis *rc,
+                                         int ncmds, const struct store_sync_cmd *cmds,
+                                         store_sync_cb *cb, void *arg, char *err,
+                                         size_t errlen)
+{
+    int waiting = 0;
+    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+        waiting += !call->done;
+    if (waiting >= STORE_SYNC_MAX_CALLS) {
+        snprintf(err, errlen, "%d admin requests wait for redis already (the most)",
+                 STORE_SYNC_MAX_CALLS);
+        return NULL;
     }
-    snprintf(host, sizeof(host), "%s", rc->host ? rc->host : "");
-    if (rc->ncluster > 0 && addr_split(rc->cluster[0], host, sizeof(host), &port) < 0) {
-        snprintf(err, errlen, "bad cluster seed");
-        return -1;
+    if (rc != ss->rc) {         /* a reload changed the settings */
+        if (ss->calls != NULL) {
+            snprintf(err, errlen, "redis settings changed; requests of the old ones are in "
+                     "flight: try again");
+            return NULL;
+        }
+        sync_unbind(ss);
+        if (rc->tls) {
+            struct rconn_tls_conf tc = {
+                rc->tls_conf.ca_file, rc->tls_conf.cert_file, rc->tls_conf.key_file,
+                rc->tls_conf.server_name, rc->tls_conf.verify,
+            };
+            char why[200];
+            ss->tls = rconn_tls_create(&tc, why, sizeof(why));
+            if (ss->tls == NULL) {
+                snprintf(err, errlen, "redis TLS setup failed: %s", why);
+                return NULL;
+            }
+        }
+        ss->rc = rc;
     }
-    int is_unix = rc->ncluster > 0 ? 0 : rc->is_unix;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        rv = sync_round(rc, SYNC_NODE, host, port, is_unix, ncmds, cmds, out, NULL, err,
-                        errlen);
-        if (rv != 0)
-            return rv;
-        /* "MOVED 3999 127.0.0.1:6381": the key's slot is on that node */
-        int moved = -1;
-        for (int i = 0; i < ncmds && moved < 0; i++)
-            if (out[i].type == STORE_SYNC_ERROR && !strncmp(out[i].str, "MOVED ", 6))
-                moved = i;
-        if (moved < 0 || rc->ncluster == 0)
-            return 0;
-        const char *sp = strchr(out[moved].str + 6, ' ');
-        if (sp == NULL || addr_split(sp + 1, host, sizeof(host), &port) < 0)
-            return 0;
+    struct store_sync_call *call = mem_calloc(1, sizeof(*call));
+    call->ss = ss;
+    call->ncmds = ncmds;
+    call->out = mem_calloc((size_t)ncmds, sizeof(*call->out));
+    call->off = mem_calloc((size_t)ncmds, sizeof(*call->off));
+    call->len = mem_calloc((size_t)ncmds, sizeof(*call->len));
+    size_t total = 0;
+    for (int i = 0; i < ncmds; i++) {
+        call->off[i] = total;
+        sync_encode(&call->resp, &total, cmds[i].argc, cmds[i].argv, cmds[i].lens);
+        call->len[i] = total - call->off[i];
     }
-    return rv;
+    call->timer = evtimer_new(ss->base, call_timer_cb, call);
+    if (call->timer == NULL)
+        abort();
+    call->next = ss->calls;
+    if (ss->calls)
+        ss->calls->prev = call;
+    ss->calls = call;
+    ss->ncalls++;
+    if (call_route(call) != 0) {        /* cb was still NULL: no one told */
+        snprintf(err, errlen, "redis: cannot send: too many connections or closing");
+        if (call->pending == 0)
+            call_free(call);
+        return NULL;
+    }
+    call->cb = cb;
+    call->arg = arg;
+    struct timeval tv = clock_timeval(rc->timeout_ms > STORE_SYNC_MIN_MS ? rc->timeout_ms
+                                                                         : STORE_SYNC_MIN_MS);
+    evtimer_add(call->timer, &tv);
+    return call;
+}
+
+void store_sync_cancel(struct store_sync_call *call)
+{
+    if (call != NULL)
+        call->cb = NULL;        /* freed when rconn owes it nothing more */
 }

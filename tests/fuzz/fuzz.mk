@@ -38,13 +38,13 @@ FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
 FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter tzcal regex esc mem
-FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc mem
-FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc http1 mem
+FUZZ_OBJS_route_normalize := route digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc mem
+FUZZ_OBJS_route_key       := route digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_OBJS_http1_differential := http1 http1_ref mem
 FUZZ_OBJS_redis_reply     := rconn store_util tls_client log mem
-FUZZ_OBJS_admin_api       := admin_api memstore kvtable list limiter tzcal route addr regex http1 esc \
+FUZZ_OBJS_admin_api       := admin_api digest memstore kvtable list limiter tzcal route addr regex http1 esc \
                              conf conf_value conf_tls conf_net conf_redis conf_limits conf_load \
                              resetbus loopthread store_sync store_sub store_util rconn tls_client \
                              metrics log mem

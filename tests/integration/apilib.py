@@ -34,17 +34,20 @@ def get_k(s, path, key):
     return http_get(s.port, path, headers=[("X-K", key)]).status
 
 
-def start_api(sluice, routes, token=TOKEN, workers=1, top=""):
+def start_api(sluice, routes, token=TOKEN, workers=1, top="", redis_port=None, hosts=None):
     """sluice with an admin port; admin.token comes from the environment
-    (${SLUICE_TEST_TOKEN}) unless token is None (no admin.token at all)."""
+    (${SLUICE_TEST_TOKEN}) unless token is None (no admin.token at all);
+    redis_port: a Redis not to wait for (the test's own)."""
     admin_port = free_port()
     text = proxy_conf(routes, workers=workers, top=top)
     admin = "admin:\n  listen: 127.0.0.1:%d\n" % admin_port
     if token is not None:
         admin += "  token: ${SLUICE_TEST_TOKEN}\n"
+    if hosts is not None:
+        admin += "  hosts: [%s]\n" % ", ".join(hosts)
     text = text.replace("routes:\n", admin + "routes:\n", 1)
-    s = sluice(text, env={"SLUICE_TEST_TOKEN": token or ""},
-               wait_redis="backend: memory" not in top)
+    s = sluice(text, env={"SLUICE_TEST_TOKEN": token or ""}, redis_port=redis_port,
+               wait_redis="backend: memory" not in top and redis_port is None)
     s.admin_port = admin_port
     assert wait_port(admin_port, s.proc), s.stderr
     return s

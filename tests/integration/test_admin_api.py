@@ -1,7 +1,7 @@
 # sluice - tests/integration/test_admin_api.py: the admin API's limit endpoints (issue 14).
 #
 # The token rule (Bearer admin.token from ${VAR}: 401 missing or wrong, 403
-# with no token configured, reads open), bad input answered 400 with a JSON
+# with no token configured; reads need it too when one is set), bad input answered 400 with a JSON
 # error and nothing written, a key's state read without consuming, and the
 # bounds on what the admin endpoint reads (body size, chunked bodies).
 
@@ -48,8 +48,10 @@ def test_writes_need_the_token(sluice, redis):
     # nothing changed: the override and the count stand
     assert redis_cmd(redis.port, "GET", "itest:{r|fw|1:k}:ovr") == b"0 4 0"
     assert get_k(s, "/r", "k") == 429
-    # reads stay open
-    code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k", token=None)
+    # with admin.token set, reads show keys: they need it too (issue 18 item 8)
+    code, doc, r = api(s, "GET", "/api/limits/r/fw?key=k", token=None)
+    assert code == 401 and r.header("WWW-Authenticate", "").startswith("Bearer"), doc
+    code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k")
     assert code == 200 and doc["source"] == "runtime" and doc["params"]["limit"] == 4, doc
     # the right token works
     code, doc, _ = api(s, "POST", "/api/limits/r/fw/reset?key=k")
@@ -111,21 +113,21 @@ def test_bad_input_is_400_and_changes_nothing(sluice, redis):
 
 def test_state_reads_without_consuming(sluice, redis):
     s = start_api(sluice, ROUTES)
-    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1", token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1")
     assert code == 200, doc
     assert doc == {"route": "g", "limit": "gc", "key": ["u1"], "algorithm": "gcra",
                    "source": "limit", "params": {"burst": 3, "interval_us": 6000000},
                    "config_params": {"burst": 3, "interval_us": 6000000},
                    "allowed": True, "remaining": 3, "reset_ms": 0, "retry_ms": None}, doc
     for _ in range(5):          # reads consume nothing
-        api(s, "GET", "/api/limits/g/gc?key=u1", token=None)
+        api(s, "GET", "/api/limits/g/gc?key=u1")
     assert [get_k(s, "/g", "u1") for _ in range(4)] == [200, 200, 200, 429]
-    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1", token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/g/gc?key=u1")
     assert doc["allowed"] is False and doc["remaining"] == 0, doc
     assert 0 < doc["retry_ms"] <= 6000 and 0 < doc["reset_ms"] <= 18000, doc
     # a two-part key, %-encoded in the query as the client sends it
     assert get_k(s, "/r", "a b") == 200
-    code, doc, _ = api(s, "GET", "/api/limits/r/two?key=127.0.0.1&key=a%20b", token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/r/two?key=127.0.0.1&key=a%20b")
     assert code == 200 and doc["remaining"] == 4 and doc["key"] == ["127.0.0.1", "a b"], doc
 
 
@@ -159,7 +161,8 @@ def test_methods_and_bounds(sluice, redis):
         time.sleep(0.1)
         c.send(body[5:])
         assert c.read_response().status == 200
-        c.send(build_request("GET", "/api/limits/r/fw?key=k"))
+        c.send(build_request("GET", "/api/limits/r/fw?key=k",
+                             [("Authorization", "Bearer " + TOKEN)]))
         r = c.read_response()
         assert r.status == 200 and json.loads(r.body)["params"]["limit"] == 4
 
@@ -179,7 +182,7 @@ def test_concurrency_state_with_token_reads_and_survives(sluice, redis):
     # a release build could die of it, taking every route down)
     s = start_api(sluice, CONC_ROUTES)
     for _ in range(2):
-        code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k", token=None)
+        code, doc, _ = api(s, "GET", "/api/limits/c/conc?key=k")
         assert code == 200, doc
         assert doc["allowed"] is True and doc["remaining"] == 2, doc
         assert doc["source"] == "limit" and doc["params"]["limit"] == 2, doc
@@ -217,9 +220,91 @@ def test_a_key_of_many_sources_is_addressable(sluice, redis):
     hdrs = [("X-P%d" % i, "v%d" % i) for i in range(n)]
     assert http_get(s.port, "/m", headers=hdrs).status == 200
     query = "&".join("key=v%d" % i for i in range(n))
-    code, doc, _ = api(s, "GET", "/api/limits/m/many?" + query, token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/m/many?" + query)
     assert code == 200 and doc["remaining"] == 2 and len(doc["key"]) == n, doc
     code, doc, _ = api(s, "PUT", "/api/limits/m/many/override?" + query, {"limit": 7})
     assert code == 200, doc
-    code, doc, _ = api(s, "GET", "/api/limits/m/many?" + query + "&key=extra", token=None)
+    code, doc, _ = api(s, "GET", "/api/limits/m/many?" + query + "&key=extra")
     assert code == 400 and "got 18 or more" in doc["error"], doc
+
+
+def test_health_never_waits_on_a_silent_redis(sluice):
+    """Issue 18 item 7: a Redis that accepts and reads but never answers.
+    Twenty key reads at once: 16 wait on it (the most) and get 503 once
+    redis.timeout (1 s at least) has passed, the others 503 at once;
+    /healthz, /readyz and /metrics answer at once all the same."""
+    import socket
+    import threading
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)
+    lsock.settimeout(0.2)
+    stop = threading.Event()
+    held = []
+
+    def silent():           # accept, read, never write
+        while not stop.is_set():
+            try:
+                c, _ = lsock.accept()
+                c.setblocking(False)
+                held.append(c)
+            except OSError:
+                pass
+            for c in held:
+                try:
+                    c.recv(65536)
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=silent, daemon=True)
+    t.start()
+    try:
+        s = start_api(sluice, ROUTES, redis_port=lsock.getsockname()[1])
+        results = []
+
+        def read(i):
+            t0 = time.monotonic()
+            code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k%d" % i)
+            results.append((code, time.monotonic() - t0, (doc or {}).get("error", "")))
+
+        readers = [threading.Thread(target=read, args=(i,)) for i in range(20)]
+        for r in readers:
+            r.start()
+        time.sleep(0.3)     # the four reads are in flight
+        for path in ("/healthz", "/readyz", "/metrics") * 3:
+            t0 = time.monotonic()
+            r = http_get(s.admin_port, path, timeout_s=5.0)
+            took = time.monotonic() - t0
+            assert r.status in (200, 503) and took < 0.5, (path, r.status, took)
+        for r in readers:
+            r.join(15.0)
+        assert [c for c, _, _ in results] == [503] * 20, results
+        assert max(took for _, took, _ in results) < 5.0, results
+        refused = [took for _, took, err in results if "the most" in err]
+        assert len(refused) >= 1 and max(refused) < 0.5, results
+        assert len([1 for _, _, err in results if "timed out" in err]) <= 16, results
+    finally:
+        stop.set()
+        t.join(2.0)
+        for c in held:
+            c.close()
+        lsock.close()
+
+
+def test_admin_reads_reuse_one_redis_connection(sluice, redis):
+    """Issue 18 item 7: 500 key reads open a handful of Redis connections,
+    not one each."""
+    s = start_api(sluice, ROUTES)
+
+    def received():
+        info = redis_cmd(redis.port, "INFO", "stats").decode()
+        return int(info.split("total_connections_received:")[1].split()[0])
+
+    before = received()
+    for i in range(500):
+        code, doc, _ = api(s, "GET", "/api/limits/r/fw?key=k%d" % (i % 7))
+        assert code == 200, doc
+    opened = received() - before
+    assert opened <= 5, opened
+
+

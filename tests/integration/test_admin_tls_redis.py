@@ -37,7 +37,7 @@ def test_override_written_and_applied_over_tls(sluice, tls_redis, certs):
     st, doc, r = api(s, "PUT", PATH + "/override?key=vip", {"limit": 4})
     assert st == 200, (st, doc, s.stderr[-2000:])
     assert any(k.endswith(b":ovr") for k in red.cmd("KEYS", "itest:*")), red.cmd("KEYS", "*")
-    st, doc, _ = api(s, "GET", PATH + "?key=vip", token=None)
+    st, doc, _ = api(s, "GET", PATH + "?key=vip")
     assert st == 200 and doc["source"] == "runtime", doc
     assert statuses(s, "vip", 5) == [200, 200, 200, 200, 429]     # 4, not the config's 2
     assert statuses(s, "plain", 3) == [200, 200, 429]

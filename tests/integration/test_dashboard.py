@@ -217,3 +217,22 @@ def test_dashboard_screenshot(console, tmp_path, size):
     target = os.environ.get("SLUICE_DASHBOARD_PNG")
     if target and size == (1280, 900):
         shutil.copyfile(png, target)
+
+
+def test_dashboard_with_the_token_in_its_fragment(sluice, tmp_path):
+    """Issue 18 item 8: with admin.token set the page reads it from its URL
+    fragment (/#token=..., never sent to a server) and sends it as a Bearer
+    token; without it the page says how to give it."""
+    from apilib import TOKEN, start_api
+    s = start_api(sluice, ROUTES)
+    assert statuses(s.port, "/api/x", 4, [("X-K", "k1")]) == [200] * 3 + [429]
+    url = "http://127.0.0.1:%d/" % s.admin_port
+    html, _ = run_chromium(tmp_path, url + "#token=" + TOKEN, "--dump-dom")
+    dom = Dom()
+    dom.feed(html)
+    assert dom.by_id.get("status", "").startswith("updated"), dom.by_id.get("status")
+    assert dom.routes["api"]["limited"] == "1", dom.routes
+    html, _ = run_chromium(tmp_path, url, "--dump-dom")
+    dom = Dom()
+    dom.feed(html)
+    assert "#token=" in dom.by_id.get("status", ""), dom.by_id.get("status")

@@ -106,3 +106,44 @@ def test_sentinel_password_and_unknown_master(tmp_path, sluice):
         assert "nosuch" in bad.stderr or "does not know" in bad.stderr
     finally:
         ss.stop()
+
+
+def test_admin_reads_through_the_sentinel_master(tmp_path, sluice):
+    """The admin API's persistent connection (issue 18 item 7): key reads go
+    to the master a sentinel names, and after a failover to the promoted
+    replica."""
+    import json
+    from conftest import free_port, wait_port
+    ss = SentinelSet(tmp_path).start()
+    try:
+        admin = free_port()
+        conf = CONF.replace("@SENTINELS@", ", ".join("127.0.0.1:%d" % p
+                                                      for p in ss.sentinel_ports))
+        conf = conf.replace("routes:\n", "admin: { listen: 127.0.0.1:%d }\nroutes:\n" % admin, 1)
+        s = sluice(conf, redis_port=ss.master_port)
+        assert wait_port(admin, s.proc) and wait_limiting(s.port, 10) is not None
+
+        def remaining(key):
+            r = http_get(admin, "/api/limits/lim/three?key=" + key, timeout_s=10)
+            return r.status, json.loads(r.body).get("remaining")
+
+        key = uuid.uuid4().hex
+        http_get(s.port, "/lim", headers=[("X-K", key)])
+        assert [remaining(key) for _ in range(3)] == [(200, 2)] * 3
+        ss.kill(ss.master_port)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if ss.master() == ss.replica_port:
+                    break
+            except Exception:
+                pass
+            time.sleep(0.05)
+        assert ss.master() == ss.replica_port, "the sentinels did not fail over"
+        fresh, got = uuid.uuid4().hex, None
+        while time.monotonic() < deadline and got != (200, 3):
+            got = remaining(fresh)
+            time.sleep(0.1)
+        assert got == (200, 3), (got, s.stderr[-3000:])
+    finally:
+        ss.stop()

@@ -275,3 +275,55 @@ def test_summary_memory_is_fixed(sluice, nkeys):
     floods = nkeys // 25
     assert first["count"] - first["error"] <= floods <= first["count"], first
     assert after - before < 4096, (before, after)
+
+
+CRED_ROUTES = """\
+  - name: c
+    match: { path: /c }
+    upstream: api
+    limits:
+      - { name: bearer, algorithm: fixed_window, limit: 1, window: 1h, key: ["header:Authorization"] }
+      - { name: sid, algorithm: fixed_window, limit: 1, window: 1h, key: ["cookie:sid"] }
+      - { name: plain, algorithm: fixed_window, limit: 1, window: 1h, key: ["header:X-K"] }
+"""
+
+
+def test_console_hides_credentials(sluice, redis):
+    """Issue 18 item 8: key parts from credentials (Authorization, cookies,
+    names with token/secret/key/...) are shown as a hash; with admin.token
+    set, reads that show keys need it; health and metrics stay open."""
+    import hashlib
+    from apilib import TOKEN, start_api
+    s = start_api(sluice, CRED_ROUTES)
+    secret, sid = "Bearer sk_live_" + uuid.uuid4().hex, "s-" + uuid.uuid4().hex
+    hdrs = [("Authorization", secret), ("Cookie", "sid=" + sid), ("X-K", "plainkey")]
+    assert statuses(s.port, "/c", 3, hdrs) == [200, 429, 429]
+    auth = [("Authorization", "Bearer " + TOKEN)]
+    for path in ("/api/top", "/api/stats"):
+        r = http_get(s.admin_port, path)
+        assert r.status == 401 and b"sk_live" not in r.body, (path, r)
+        r = http_get(s.admin_port, path, headers=auth)
+        assert r.status == 200, (path, r)
+        body = r.body.decode()
+        assert "sk_live" not in body and sid not in body, (path, body)
+        for value in (secret, sid):
+            assert "sha1:" + hashlib.sha1(value.encode()).hexdigest()[:12] in body, (path, body)
+        assert "plainkey" in body, (path, body)
+    assert http_get(s.admin_port, "/healthz").status == 200
+    assert http_get(s.admin_port, "/metrics").status == 200
+
+
+def test_admin_answers_only_its_names(sluice, redis):
+    """Issue 18 item 8: a Host the admin endpoint is not known by (a
+    DNS-rebinding page's name) gets 421, health checks included; IP
+    literals, localhost and admin.hosts are answered."""
+    from apilib import TOKEN, start_api
+    s = start_api(sluice, CRED_ROUTES, hosts=["ops.example.net"])
+    auth = [("Authorization", "Bearer " + TOKEN)]
+    for host, want in (("127.0.0.1:%d" % s.admin_port, 200), ("localhost", 200),
+                       ("[::1]:%d" % s.admin_port, 200), ("OPS.example.net:80", 200),
+                       ("rebind.attacker.example:%d" % s.admin_port, 421),
+                       ("localhost.attacker.example", 421)):
+        for path in ("/healthz", "/metrics", "/", "/api/top"):
+            r = http_get(s.admin_port, path, host=host, headers=auth)
+            assert r.status == want, (host, path, r)

@@ -22,7 +22,7 @@ static void deny(const char *route, const char *limit, const char *part, size_t 
     int n = snprintf(key, sizeof key, "p:{%s|%s|%zu:", route, limit, plen);
     memcpy(key + n, part, plen);
     key[n + plen] = '}';
-    admin_console_denied(route, limit, 2, key, (size_t)n + plen + 1);
+    admin_console_denied(route, limit, 2, key, (size_t)n + plen + 1, 0);
 }
 
 /* /api/top as a NUL-terminated string (the caller frees it). */
@@ -95,7 +95,7 @@ static void test_parts_escaped_and_bounded(void **state)
     admin_console_worker(0);
     /* two parts: a"b and <x>\ */
     static const char two[] = "p:{r3|l|3:a\"b4:<x>\\}";
-    admin_console_denied("r3", "l", 2, two, sizeof two - 1);
+    admin_console_denied("r3", "l", 2, two, sizeof two - 1, 0);
     char longp[300];
     memset(longp, 'L', sizeof longp);
     deny("r3", "l", longp, 250);

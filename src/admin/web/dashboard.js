@@ -134,9 +134,23 @@
     });
   }
 
+  // admin.token, when set, is given once as the page's fragment
+  // (/#token=TOKEN: never sent to a server, not in any log), kept for the
+  // tab's session and sent as a Bearer token with each read.
+  var m = /^#token=(.+)$/.exec(location.hash);
+  if (m) {
+    sessionStorage.setItem("sluice-token", decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname);
+  }
   function refresh() {
-    fetch("/api/stats", { cache: "no-store" })
-      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+    var token = sessionStorage.getItem("sluice-token"), headers = {};
+    if (token) headers.Authorization = "Bearer " + token;
+    fetch("/api/stats", { cache: "no-store", headers: headers })
+      .then(function (r) {
+        if (r.status === 401) throw new Error("admin.token is set: open this page as /#token=TOKEN");
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        return r.json();
+      })
       .then(render)
       .catch(function (e) { text("status", "cannot read /api/stats: " + e.message); })
       .then(function () { setTimeout(refresh, REFRESH_MS); });
