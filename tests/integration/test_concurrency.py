@@ -328,3 +328,44 @@ def test_reservation_refunded_after_a_reload_that_replaced_redis(sluice, redis):
     reload_with_other_redis_timeout(s)
     abort(c)
     assert wait_until(lambda: tat() == first, 3.0)[0], (first, tat())
+
+
+# ---- a graceful stop with requests in flight -------------------------------
+
+def stop_with_one_in_flight(sluice, redis, reload_first):
+    """SIGTERM while a request holds its slot: the request finishes (the stop
+    is graceful) and the worker's loop ends with the last client, and the
+    slot's give-back must still reach Redis (it was left queued, and a
+    rolling restart kept every key with a request in flight at 429 until
+    the lease ended). Returns the slots the key still holds."""
+    import signal
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(proxy_conf(RELOAD_ROUTES))
+    c = open_slow(s.port, 1000, hdr)
+
+    def slots():
+        now_ms = int(time.time() * 1000)
+        return sum(int(redis_cmd(redis.port, "ZCOUNT", x, "(%d" % now_ms, "+inf"))
+                   for x in own_keys(redis.port, b"reloadslot", k))
+    try:
+        assert wait_until(lambda: slots() == 1, 2.0)[0]
+        if reload_first:
+            reload_with_other_redis_timeout(s)
+        s.proc.send_signal(signal.SIGTERM)
+        assert c.read_response().status == 200
+    finally:
+        c.close()
+    assert s.proc.wait(timeout=8) == 0, s.stderr[-2000:]
+    return slots()
+
+
+def test_slot_given_back_at_a_graceful_stop(sluice, redis):
+    assert stop_with_one_in_flight(sluice, redis, False) == 0, "the slot stayed taken"
+
+
+def test_slot_given_back_at_a_stop_after_a_reload(sluice, redis):
+    """The request's runtime is the one a reload replaced: its store drains
+    while the worker stops."""
+    assert stop_with_one_in_flight(sluice, redis, True) == 0, "the slot stayed taken"
