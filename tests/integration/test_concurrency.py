@@ -333,6 +333,13 @@ def test_reservation_refunded_after_a_reload_that_replaced_redis(sluice, redis):
 
 # ---- a graceful stop with requests in flight -------------------------------
 
+def key_slots(redis_port, k):
+    """Live slots of RELOAD_ROUTES' reloadslot limit for key k."""
+    now_ms = int(time.time() * 1000)
+    return sum(int(redis_cmd(redis_port, "ZCOUNT", x, "(%d" % now_ms, "+inf"))
+               for x in own_keys(redis_port, b"reloadslot", k))
+
+
 def stop_with_one_in_flight(sluice, redis, reload_first):
     """SIGTERM while a request holds its slot: the request finishes (the stop
     is graceful) and the worker's loop ends with the last client, and the
@@ -347,9 +354,7 @@ def stop_with_one_in_flight(sluice, redis, reload_first):
     c = open_slow(s.port, 1000, hdr)
 
     def slots():
-        now_ms = int(time.time() * 1000)
-        return sum(int(redis_cmd(redis.port, "ZCOUNT", x, "(%d" % now_ms, "+inf"))
-                   for x in own_keys(redis.port, b"reloadslot", k))
+        return key_slots(redis.port, k)
     try:
         assert wait_until(lambda: slots() == 1, 2.0)[0]
         if reload_first:
@@ -371,6 +376,27 @@ def test_slot_given_back_at_a_stop_after_a_reload(sluice, redis):
     while the worker stops."""
     assert stop_with_one_in_flight(sluice, redis, True) == 0, "the slot stayed taken"
 
+
+
+def test_slot_given_back_when_shutdown_timeout_cuts_a_request(sluice, redis):
+    """shutdown_timeout: 1s with a 4 s request in flight: the request is cut
+    when the worker's loop has already ended; its slot still goes back."""
+    import signal
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(proxy_conf(RELOAD_ROUTES, top="shutdown_timeout: 1s\n"))
+    c = open_slow(s.port, 4000, hdr)
+
+    def slots():
+        return key_slots(redis.port, k)
+    try:
+        assert wait_until(lambda: slots() == 1, 2.0)[0]
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=8) == 0, s.stderr[-2000:]
+    finally:
+        c.close()
+    assert slots() == 0, "the slot stayed taken"
 
 # ---- a config override of a concurrency limit -----------------------------
 
