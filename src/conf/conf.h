@@ -171,6 +171,9 @@ struct conf_route {
     int upgrade;                /* tunnel Upgrade requests after a 101 */
     char **upgrade_protos;      /* protocols tunnelled; NULL: websocket only */
     int nupgrade_protos;
+    char *policy;               /* the RateLimit-Policy value of its limits,
+                                 * built once by conf_load (NULL otherwise) */
+    size_t policy_len;
 };
 
 struct conf_redis {
@@ -273,6 +276,13 @@ void conf_release(struct conf *c);
 void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
 
 /* Parsers shared with tests: return 0 and set *out, or -1. */
+/* The RateLimit-Policy value of r's limits ("name";q=N;w=S, ... as
+ * reply.c sends it), malloc'd, its length in *len. q[i] and w_ms[i] are
+ * limit i's quota and window as applied (an override's), or both NULL for
+ * the configured ones: conf_load keeps that text in r->policy. */
+char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
+                        size_t *len);
+
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);
 /* A bucket's (token_bucket, gcra) time per token for a rate of count per

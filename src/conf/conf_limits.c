@@ -12,7 +12,37 @@
 #include <string.h>
 
 #include "conf_int.h"
+#include "esc.h"
 #include "regex.h"
+
+/* ---- the RateLimit-Policy value */
+
+char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
+                        size_t *len)
+{
+    size_t cap = 1, n = 0;
+
+    for (int i = 0; i < r->nlimits; i++)
+        cap += ESC_MAX(strlen(r->limits[i].name)) + 96;
+    char *out = xcalloc(1, cap);
+    for (int i = 0; i < r->nlimits; i++) {
+        const struct conf_limit *l = &r->limits[i];
+        int64_t quota = q ? q[i] : l->params.limit, w = w_ms ? w_ms[i] : l->params.window_ms;
+        if (i)
+            n += (size_t)snprintf(out + n, cap - n, ", ");
+        out[n++] = '"';
+        n = (size_t)(esc_put(out + n, l->name, strlen(l->name), ESC_QUOTED) - out);
+        out[n++] = '"';
+        n += (size_t)snprintf(out + n, cap - n, ";q=%lld", (long long)quota);
+        if (l->params.algo == LIMITER_CONCURRENCY)     /* draft-10's quota unit */
+            n += (size_t)snprintf(out + n, cap - n, ";qu=\"concurrent-requests\"");
+        else                    /* whole seconds, rounded up (reply_seconds) */
+            n += (size_t)snprintf(out + n, cap - n, ";w=%lld",
+                                  (long long)(w > 0 ? (w + 999) / 1000 : 0));
+    }
+    *len = n;
+    return out;
+}
 
 /* ---- allow lists: trusted_proxies, allow */
 

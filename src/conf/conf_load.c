@@ -310,6 +310,8 @@ static int check_route(struct ctx *x, int i)
             }
         }
     }
+    if (rc == 0)                /* written on every response: built once */
+        r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
     conf_path_pop(x, old);
     return rc;
 }
@@ -527,6 +529,7 @@ static void conf_free(struct conf *c)
             free(r->limits[j].overrides);
         }
         free(r->limits);
+        free(r->policy);
         free(r->name);
         free(r->path);
         free(r->host);

@@ -13,13 +13,10 @@
 #include "obuf.h"
 
 /* Fields of a head that Connection names, found in one pass. */
-#define CN_CL   1u          /* Content-Length */
-#define CN_TE   2u          /* Transfer-Encoding */
-#define CN_HOST 4u
 #define CN_BUCKETS 256
 
 struct conn_names {
-    unsigned special;                   /* CN_* named */
+    int any;                            /* named[] holds something */
     uint8_t named[HTTP1_MAX_HEADERS];   /* field i is named */
 };
 
@@ -98,40 +95,31 @@ static void names_index(const char *buf, const struct http1_head *h, struct name
 
 static int is_hop_by_hop(const char *buf, struct http1_span name);
 
-/* The fields that Connection names. A token naming a hop-by-hop field
- * ("keep-alive", "close" is not one) needs no lookup: such fields are
- * dropped whatever Connection says, so the index is built only for the
- * first other token, and most heads never need it. */
+/* The fields that Connection names. The parse said whether a token names a
+ * field that is not hop-by-hop (such fields are dropped whatever Connection
+ * says; "close" is not one): most heads have none, and then nothing here
+ * reads the head again. */
 static void connection_names(const char *buf, const struct http1_head *h,
                              struct conn_names *cn)
 {
     struct names_index ix;
     int16_t conn[HTTP1_MAX_HEADERS];
-    int nconn = 0, indexed = 0;
+    int nconn = 0;
 
-    memset(cn, 0, sizeof(*cn));
+    cn->any = 0;
+    if (!(h->conn_names & HTTP1_CONN_OTHER))
+        return;
     for (int i = 0; i < h->nheaders; i++)
         if (span_is(buf, h->h[i].name, "connection"))
             conn[nconn++] = (int16_t)i;
-    if (nconn == 0)
-        return;
     uint8_t named[HTTP1_MAX_HEADERS] = { 0 };
+    names_index(buf, h, &ix);
     for (int k = 0; k < nconn; k++) {
         int i = conn[k];
         const char *v = buf + h->h[i].value.off, *end = v + h->h[i].value.len, *t;
         for (size_t n; (n = list_token(&v, end, &t)) > 0;) {
-            if (token_is(t, n, "content-length"))
-                cn->special |= CN_CL;
-            else if (token_is(t, n, "transfer-encoding"))
-                cn->special |= CN_TE;
-            else if (token_is(t, n, "host"))
-                cn->special |= CN_HOST;
             if (is_hop_by_hop(buf, (struct http1_span){ (uint32_t)(t - buf), (uint32_t)n }))
                 continue;
-            if (!indexed) {
-                names_index(buf, h, &ix);
-                indexed = 1;
-            }
             uint32_t th = name_hash(t, n);
             for (int j = ix.bucket[th % CN_BUCKETS]; j >= 0; j = ix.next[j])
                 if (ix.hash[j] == th && h->h[j].name.len == n &&
@@ -141,8 +129,9 @@ static void connection_names(const char *buf, const struct http1_head *h,
                 }
         }
     }
-    for (int i = 0; indexed && i < h->nheaders; i++)
+    for (int i = 0; i < h->nheaders; i++)
         cn->named[i] = named[ix.canon[i]];
+    cn->any = 1;
 }
 
 /* Hop-by-hop fields, and the framing that is written from the parse. */
@@ -212,9 +201,7 @@ static void add_length(struct obuf *out, uint64_t n)
 int h1write_request_check(const char *buf, const struct http1_head *h,
                           enum conf_underscore underscore)
 {
-    struct conn_names cn;
-    connection_names(buf, h, &cn);
-    if (cn.special)
+    if (h->conn_names & (HTTP1_CONN_CL | HTTP1_CONN_TE | HTTP1_CONN_HOST))
         return 400;
     if (underscore == CONF_UNDERSCORE_REJECT)
         for (int i = 0; i < h->nheaders; i++)
@@ -238,7 +225,7 @@ static int request_keeps(const char *buf, const struct http1_head *h, int i,
     if (o->underscore != CONF_UNDERSCORE_PASS && has_underscore(buf, name))
         return 0;
     /* Host stays whatever Connection says (such a request is a 400 anyway). */
-    return !cn->named[i] || (int)i == h->host;
+    return !cn->any || !cn->named[i] || (int)i == h->host;
 }
 
 void h1write_request(struct obuf *out, const char *buf, const struct http1_head *h,
@@ -308,12 +295,10 @@ static int status_line(const char *buf, const struct http1_head *h, size_t *star
 
 int h1write_response_check(const char *buf, const struct http1_head *h)
 {
-    struct conn_names cn;
     size_t start, eol;
     if (status_line(buf, h, &start, &eol) < 0)
         return 502;
-    connection_names(buf, h, &cn);
-    return (cn.special & (CN_CL | CN_TE)) ? 502 : 0;
+    return (h->conn_names & (HTTP1_CONN_CL | HTTP1_CONN_TE)) ? 502 : 0;
 }
 
 /* Statuses that never carry a body, hence no framing (RFC 9110 8.6, 15.4.5). */
@@ -342,7 +327,8 @@ void h1write_response_begin(struct obuf *out, const char *buf, const struct http
             copy_field(out, buf, &h->h[i]);
             continue;
         }
-        if (is_hop_by_hop(buf, name) || cn.named[i] || is_limit_field(buf, name, o->limits))
+        if (is_hop_by_hop(buf, name) || (cn.any && cn.named[i]) ||
+            is_limit_field(buf, name, o->limits))
             continue;
         o->rid_seen |= span_is(buf, name, "x-request-id");
         copy_field(out, buf, &h->h[i]);

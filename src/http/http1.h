@@ -1,7 +1,7 @@
-/* sluice - http1.h: HTTP/1.x message framing, the only user of http_parser.
+/* sluice - http1.h: HTTP/1.x message framing, parsed by sluice itself.
  *
  * A head (request or response line plus headers) is parsed from one
- * contiguous buffer. When it arrives in pieces, http1_head_feed() parses only
+ * contiguous buffer, in one strict pass. When it arrives in pieces, http1_head_feed() parses only
  * the bytes added since the last call (picohttpparser's last_len), so a head
  * dripped a byte at a time costs what it costs whole. The result refers to the
  * buffer by offsets (struct http1_span), so it stays valid while the caller
@@ -19,8 +19,8 @@
 #include <stdint.h>
 
 #define HTTP1_MAX_HEADERS 100
-/* The largest head http_parser takes (its HTTP_MAX_HEADER_SIZE): the upper
- * bound of client.max_header_bytes. */
+/* The largest head sluice takes (http_parser's HTTP_MAX_HEADER_SIZE, which
+ * it used before): the upper bound of client.max_header_bytes. */
 #define HTTP1_MAX_HEAD_BYTES (80 * 1024)
 #define HTTP1_MAX_PIECES  32
 
@@ -28,6 +28,13 @@ struct http1_span { uint32_t off, len; };       /* into the head buffer */
 struct http1_header { struct http1_span name, value; };
 
 enum http1_kind { HTTP1_REQUEST, HTTP1_RESPONSE };
+
+/* What the Connection fields name, read while parsing (h1write needs no
+ * second pass over them unless HTTP1_CONN_OTHER). */
+#define HTTP1_CONN_CL    1u     /* Content-Length */
+#define HTTP1_CONN_TE    2u     /* Transfer-Encoding */
+#define HTTP1_CONN_HOST  4u     /* (with HTTP1_CONN_OTHER) */
+#define HTTP1_CONN_OTHER 8u     /* a field that is not hop-by-hop anyway */
 
 enum http1_body {
     HTTP1_BODY_NONE,            /* no payload */
@@ -49,6 +56,7 @@ struct http1_head {
     enum http1_body body;
     uint64_t content_length;    /* when body == HTTP1_BODY_LENGTH */
     int host;                   /* index into h[] of Host, -1 when absent */
+    unsigned conn_names;        /* HTTP1_CONN_* */
     int nheaders;
     struct http1_header h[HTTP1_MAX_HEADERS];
 };

@@ -73,26 +73,31 @@ static void policy_of(const struct reply_limits *rl, const struct conf_limit *l,
                 LIMITER_MAX_TIME_MS : (*q * p->interval_us + 999) / 1000;
 }
 
+/* Did this decision apply every limit as configured (no override)? Then
+ * the route's RateLimit-Policy is the text conf_load built. */
+static int policy_configured(const struct reply_limits *rl)
+{
+    for (int j = 0; j < rl->n; j++)
+        if (rl->params[j] || rl->r[j].limit != rl->limit[j]->params.limit)
+            return 0;
+    return 1;
+}
+
 static void add_policy(struct obuf *out, const struct reply_limits *rl,
                        const char *more, size_t more_len)
 {
     const struct conf_route *route = rl->route;
     ADD_LIT(out, "RateLimit-Policy: ");
-    for (int i = 0; i < route->nlimits; i++) {
-        const struct conf_limit *l = &route->limits[i];
-        int64_t q, w_ms;
-        policy_of(rl, l, &q, &w_ms);
-        if (i)
-            ADD_LIT(out, ", ");
-        add_quoted(out, l->name);
-        ADD_LIT(out, ";q=");
-        add_int(out, q);
-        if (l->params.algo == LIMITER_CONCURRENCY) {    /* draft-10's quota unit */
-            ADD_LIT(out, ";qu=\"concurrent-requests\"");
-            continue;
-        }
-        ADD_LIT(out, ";w=");
-        add_int(out, reply_seconds(w_ms));
+    if (route->policy && policy_configured(rl)) {
+        obuf_add(out, route->policy, route->policy_len);    /* built at load */
+    } else {
+        int64_t q[CONF_MAX_LIMITS], w_ms[CONF_MAX_LIMITS];
+        size_t n;
+        for (int i = 0; i < route->nlimits; i++)
+            policy_of(rl, &route->limits[i], &q[i], &w_ms[i]);
+        char *t = conf_route_policy(route, q, w_ms, &n);
+        obuf_add(out, t, n);
+        free(t);
     }
     if (more) {
         ADD_LIT(out, ", ");

@@ -17,9 +17,12 @@
  *   event is armed (a write that needs a read and a read that needs a write
  *   included), the handshakes driven by the same events.
  * Both events are level-triggered and persistent; an event nothing can be
- * done for is not armed (never a spin on readiness we cannot serve). */
+ * done for is not armed (never a spin on readiness we cannot serve). A third,
+ * edge-triggered, watches a socket nothing reads for its peer's end
+ * (io_watch_end), armed only while the other two are not. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -67,6 +70,7 @@ struct io {
     int fd;
     SSL *ssl;
     struct event rev, wev;
+    struct event eev;               /* io_watch_end: edge-triggered, alone on fd */
     struct event kev;               /* activated only, never added: see io_kick */
     struct event *deadline;         /* connect + handshake bound; NULL after */
     struct evbuffer *in, *out;
@@ -78,7 +82,8 @@ struct io {
     size_t read_mark;               /* 0: no bound */
     size_t write_low;
     short enabled;                  /* EV_READ: the layer above reads */
-    unsigned rd_armed : 1, wr_armed : 1;
+    unsigned rd_armed : 1, wr_armed : 1, end_armed : 1;
+    unsigned watch_end : 1;         /* io_watch_end(io, 1) */
     unsigned connecting : 1;        /* TCP connect under way */
     unsigned handshaking : 1;       /* TLS handshake under way */
     unsigned hs_wants_write : 1;    /* the handshake waits for writability */
@@ -343,11 +348,20 @@ static void io_update(struct io *io)
         if (reading && io->ssl_more && !io->rd_wants_write)
             event_active(&io->kev, EV_READ, 1);     /* no readiness will say so */
     }
-    unsigned ra = io->rd_armed, wa = io->wr_armed;
+    /* The end watch is edge-triggered: it is armed only while neither
+     * level-triggered event is (epoll keeps one mode per fd), taken off
+     * before they are armed and put on after they are taken off. */
+    int e = io->watch_end && !io->failed && io->up && !r && !w;
+    unsigned ra = io->rd_armed, wa = io->wr_armed, ea = io->end_armed;
+    if (!e)
+        arm(&io->eev, 0, &ea, NULL);
     arm(&io->rev, r, &ra, io->has_rtv ? &io->rtv : NULL);
     arm(&io->wev, w, &wa, io->has_wtv ? &io->wtv : NULL);
+    if (e)
+        arm(&io->eev, 1, &ea, NULL);
     io->rd_armed = ra;
     io->wr_armed = wa;
+    io->end_armed = ea;
 }
 
 static void io_destroy(struct io *io)
@@ -514,6 +528,28 @@ static void io_read_event(evutil_socket_t fd, short what, void *arg)
     io_unhold(io);
 }
 
+/* Something happened on a socket io_watch_end watches while nothing reads
+ * it: more bytes (they stay in the kernel), the peer's end, or a reset. */
+static void io_end_event(evutil_socket_t fd, short what, void *arg)
+{
+    struct io *io = arg;
+    struct pollfd p = { .fd = io->fd, .events = POLLRDHUP };
+    if (poll(&p, 1, 0) != 1 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        return;
+    io_hold(io);
+    io->watch_end = 0;          /* told once */
+    if (p.revents & POLLERR) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(io->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        io->err = err ? err : ECONNRESET;
+        io_report(io, IO_ERROR | IO_READING);
+    } else {
+        io_report(io, IO_EOF | IO_READING);
+    }
+    io_unhold(io);
+}
+
 /* What needs the loop's turn without readiness: an error io_flush or
  * io_connect met, io_trigger_read, input OpenSSL holds. Its own event:
  * libevent does not insert an event that is active into epoll, so
@@ -584,6 +620,7 @@ static void io_events_assign(struct io *io)
     event_assign(&io->rev, io->base, io->fd, EV_READ | EV_PERSIST, io_read_event, io);
     event_assign(&io->wev, io->base, io->fd, EV_WRITE | EV_PERSIST, io_write_event, io);
     event_assign(&io->kev, io->base, -1, 0, io_kick_event, io);
+    event_assign(&io->eev, io->base, io->fd, EV_READ | EV_ET | EV_PERSIST, io_end_event, io);
 }
 
 struct io *io_new(struct event_base *base, int fd, struct ssl_st *ssl)
@@ -620,7 +657,8 @@ void io_free(struct io *io)
     event_del(&io->rev);
     event_del(&io->wev);
     event_del(&io->kev);
-    io->rd_armed = io->wr_armed = 0;
+    event_del(&io->eev);
+    io->rd_armed = io->wr_armed = io->end_armed = 0;
     if (io->deadline) {
         event_free(io->deadline);
         io->deadline = NULL;
@@ -708,6 +746,12 @@ void io_enable(struct io *io, short what)
 void io_disable(struct io *io, short what)
 {
     io->enabled &= ~(what & EV_READ);
+    io_update(io);
+}
+
+void io_watch_end(struct io *io, int on)
+{
+    io->watch_end = on != 0;
     io_update(io);
 }
 

@@ -59,6 +59,11 @@ void io_set_timeouts(struct io *io, const struct timeval *rd, const struct timev
 /* EV_READ: read when bytes come (writes need no enabling). */
 void io_enable(struct io *io, short what);
 void io_disable(struct io *io, short what);
+/* on: while nothing reads the socket (reading disabled, or stopped at the
+ * read mark), still tell when the peer goes: IO_EOF when it ended its
+ * side, IO_ERROR when it reset; the bytes it sent before stay unread in
+ * the kernel. 0: no longer. */
+void io_watch_end(struct io *io, int on);
 /* Call the read callback from the loop, after the other events' turn. */
 void io_trigger_read(struct io *io);
 

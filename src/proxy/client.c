@@ -123,10 +123,32 @@ static int parse_head_answered(struct client *c)
     return !c->dead && c->state == CS_HEAD && evbuffer_get_length(in) < before;
 }
 
+/* While a request waits for its decision, or a delay holds it, no more of
+ * the client is read: what sluice keeps of its body is what came with the
+ * head in the same read (one read, at most 16 KiB on a plain connection);
+ * the rest waits in the kernel's socket buffer. Reading resumes (and the
+ * end watch the hold armed goes) once it is decided. */
+static void client_bound_input(struct client *c)
+{
+    int deciding = c->state == CS_DECIDE;
+    if (deciding == c->input_bounded)
+        return;
+    c->input_bounded = deciding;
+    if (deciding) {
+        size_t have = evbuffer_get_length(io_input(c->io));
+        io_setwatermark(c->io, EV_READ, have ? have : 1);
+        return;
+    }
+    io_watch_end(c->io, 0);
+    if (c->state != CS_TUNNEL)          /* a tunnel reads without a mark */
+        client_read_heads(c);           /* until a streaming body sets its own */
+}
+
 /* Do whatever the bytes in hand allow, until the state needs to wait. */
 static void client_process(struct client *c)
 {
     for (int rounds = 0; !c->dead && rounds < 1000; rounds++) {
+        client_bound_input(c);
         enum client_state before = c->state;
         switch (c->state) {
         case CS_HEAD:
@@ -257,7 +279,11 @@ static void client_event_cb(struct io *io, short what, void *arg)
         c->keep_alive = 0;
         if (c->state == CS_TUNNEL && c->up)
             exchange_tunnel_pump(c);
-        int waiting = c->state == CS_DECIDE ||
+        /* Except while a delay holds the request: a held client that
+         * ends its side is taken as gone (nginx's proxy_ignore_client_abort
+         * off), so its reservation comes back at once. */
+        int held = c->state == CS_DECIDE && decide_holding(&c->rq->dec);
+        int waiting = (c->state == CS_DECIDE && !held) ||
                       (c->state == CS_PROXY && c->req_done);
         if (!waiting && c->state != CS_CLOSING)
             conn_kill(c);

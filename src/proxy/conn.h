@@ -96,6 +96,7 @@ struct client {
     int busy;                           /* callbacks on the stack */
     int dead;                           /* free when busy drops to 0 */
     int eof;                            /* client closed its sending side */
+    int input_bounded;                  /* CS_DECIDE: reading stopped (client.c) */
     int tls;                            /* a TLS listener's (tls_server.h) */
     int handshaking;                    /* TLS handshake not done yet */
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */

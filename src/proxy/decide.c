@@ -166,6 +166,11 @@ static unsigned concurrency_keys(const struct decision *dec)
     return m;
 }
 
+int decide_holding(const struct decision *dec)
+{
+    return dec->delayed != 0;
+}
+
 void decide_release(struct decision *dec)
 {
     if (dec->held == 0 && dec->delayed == 0)
@@ -248,6 +253,8 @@ static int take_shaping(struct decision *dec, const struct store_result *res, in
     dec->hold_start_us = clock_us();
     struct timeval tv = clock_timeval(dec->wait_ms);
     event_add(dec->hold_ev, &tv);
+    if (dec->holding)
+        dec->holding(dec->arg);
     return DECIDE_PENDING;
 }
 
@@ -489,6 +496,7 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
     dec->local = env->local;
     dec->backend = env->backend;
     dec->done = done;
+    dec->holding = env->holding;
     dec->arg = arg;
     dec->decision = -1;
     dec->base = env->base;

@@ -69,6 +69,7 @@ struct decision {
     struct backend *slot_b;
     struct event_base *base;
     void (*done)(void *arg, int verdict);
+    void (*holding)(void *arg);         /* decide_env's */
     void *arg;
 };
 
@@ -84,6 +85,9 @@ struct decide_env {
     struct backend *local;
     struct denycache *deny;
     struct event_base *base;            /* the worker's: delay and renew timers */
+    /* A delay began to hold the request (done comes when it is over), with
+     * done's arg; NULL: not told. */
+    void (*holding)(void *arg);
 };
 
 enum decide_verdict {
@@ -118,6 +122,9 @@ int decide_count_status(struct decision *dec, int status, decide_done *done, voi
  * what the request holds (decide_release), including the slots a decision
  * still in flight may take. */
 void decide_cancel(struct decision *dec);
+
+/* 1 while a delay holds the request (its reservation not yet used). */
+int decide_holding(const struct decision *dec);
 
 /* The request ended (its response was sent, the client went away, or the
  * upstream failed): its concurrency slots go back, and a reservation still

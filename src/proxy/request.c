@@ -582,11 +582,20 @@ int request_consume_counted(struct client *c, int status)
     return 1;
 }
 
+/* A delay holds the request: nothing reads the client meanwhile (client.c
+ * stops at what it has while deciding), but a client that goes away is
+ * noticed at once, and its reservation given back (client_event_cb). */
+static void request_holding(void *arg)
+{
+    struct client *c = arg;
+    io_watch_end(c->io, 1);
+}
+
 static void decide(struct client *c)
 {
     struct request *rq = c->rq;
     struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
-                              c->env->base };
+                              c->env->base, request_holding };
     struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
                              c->route->regex ? &rq->caps : NULL };
     int v = decide_start(&rq->dec, &env, c->conf, c->route, &req, request_decided, c);

@@ -17,7 +17,7 @@ FUZZ_CC       ?= clang-14
 FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
 FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
-                 h1write_request h1write_response
+                 h1write_request h1write_response http1_differential
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXTRA) \
@@ -26,17 +26,19 @@ FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXT
 # -Werror already, so clang's extra opinions on it do not stop a fuzz run.
 FUZZ_HFLAGS   := $(FUZZ_BASE) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 # conf*.o parse only (TLS files and contexts are confcheck.o's): no OpenSSL.
+# http_parser only for http1_differential's reference (tests/unit/http1_ref.c).
 FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 libevent libpcre2-8 2>/dev/null) -lpthread -lm
 FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 
 # The src/ modules each target links, and its longest input.
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
-FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter regex mem
-FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex sha1 mem
-FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter regex sha1 http1 mem
+FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter tzcal regex esc mem
+FUZZ_OBJS_route_normalize := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc sha1 mem
+FUZZ_OBJS_route_key       := route addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc sha1 http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
+FUZZ_OBJS_http1_differential := http1 http1_ref mem
 FUZZ_LEN_http1_request    := 8192
 FUZZ_LEN_http1_response   := 8192
 FUZZ_LEN_conf             := 8192
@@ -44,6 +46,7 @@ FUZZ_LEN_route_normalize  := 4096
 FUZZ_LEN_route_key        := 4096
 FUZZ_LEN_h1write_request  := 8192
 FUZZ_LEN_h1write_response := 8192
+FUZZ_LEN_http1_differential := 8192
 FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
 FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
 FUZZ_DICT_conf            := tests/fuzz/conf.dict
@@ -51,6 +54,7 @@ FUZZ_DICT_route_normalize := tests/fuzz/route.dict
 FUZZ_DICT_route_key       := tests/fuzz/route.dict
 FUZZ_DICT_h1write_request := tests/fuzz/http1.dict
 FUZZ_DICT_h1write_response := tests/fuzz/http1.dict
+FUZZ_DICT_http1_differential := tests/fuzz/http1.dict
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 
@@ -71,7 +75,12 @@ $(FUZZ_DIR)/obj/%.o: %.c $(SRC_HDRS)
 	@mkdir -p $(FUZZ_DIR)/obj
 	$(FUZZ_CC) $(FUZZ_BASE) -fsanitize=fuzzer-no-link -w -c -o $@ $<
 
-$(FUZZ_DIR)/harness_%.o: tests/fuzz/fuzz_%.c tests/fuzz/*.h $(SRC_HDRS)
+# The reference parser lives with the unit tests, outside src/.
+$(FUZZ_DIR)/obj/http1_ref.o: tests/unit/http1_ref.c tests/unit/http1_ref.h $(SRC_HDRS)
+	@mkdir -p $(FUZZ_DIR)/obj
+	$(FUZZ_CC) $(FUZZ_BASE) -fsanitize=fuzzer-no-link -w -c -o $@ $<
+
+$(FUZZ_DIR)/harness_%.o: tests/fuzz/fuzz_%.c tests/fuzz/*.h tests/unit/http1_diff.h $(SRC_HDRS)
 	@mkdir -p $(FUZZ_DIR)
 	$(FUZZ_CC) $(FUZZ_HFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
@@ -92,6 +101,7 @@ fuzz: fuzz-build
 	    route_key) len=$(FUZZ_LEN_route_key); dict=$(FUZZ_DICT_route_key);; \
 	    h1write_request) len=$(FUZZ_LEN_h1write_request); dict=$(FUZZ_DICT_h1write_request);; \
 	    h1write_response) len=$(FUZZ_LEN_h1write_response); dict=$(FUZZ_DICT_h1write_response);; \
+	    http1_differential) len=$(FUZZ_LEN_http1_differential); dict=$(FUZZ_DICT_http1_differential);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
 	  log=$(FUZZ_DIR)/$$t.log; \

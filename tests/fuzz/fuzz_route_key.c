@@ -35,21 +35,21 @@
     fprintf(stderr, "fuzz invariant failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
     abort(); } } while (0)
 
-#define KS(kind, arg) { kind, arg, sizeof(arg) - 1, 0 }
-#define KC(n) { CONF_KEY_CAPTURE, NULL, 0, n }
+#define KS(k, a) { .kind = k, .arg = a, .arglen = sizeof(a) - 1 }
+#define KC(n) { .kind = CONF_KEY_CAPTURE, .capture = n }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static struct conf_keysrc k_ip[] = { { CONF_KEY_IP, NULL, 0, 0 } };
+static struct conf_keysrc k_ip[] = { { .kind = CONF_KEY_IP } };
 static struct conf_keysrc k_hdr[] = { KS(CONF_KEY_HEADER, "X-Api-Key") };
 static struct conf_keysrc k_query[] = { KS(CONF_KEY_QUERY, "user") };
 static struct conf_keysrc k_cookie[] = { KS(CONF_KEY_COOKIE, "sid") };
-static struct conf_keysrc k_method[] = { { CONF_KEY_METHOD, NULL, 0, 0 } };
-static struct conf_keysrc k_path[] = { { CONF_KEY_PATH, NULL, 0, 0 } };
+static struct conf_keysrc k_method[] = { { .kind = CONF_KEY_METHOD } };
+static struct conf_keysrc k_path[] = { { .kind = CONF_KEY_PATH } };
 static struct conf_keysrc k_all[] = {
-    { CONF_KEY_IP, NULL, 0, 0 }, KS(CONF_KEY_HEADER, "X-Api-Key"), KS(CONF_KEY_QUERY, "user"),
-    KS(CONF_KEY_COOKIE, "sid"), { CONF_KEY_METHOD, NULL, 0, 0 }, { CONF_KEY_PATH, NULL, 0, 0 },
+    { .kind = CONF_KEY_IP }, KS(CONF_KEY_HEADER, "X-Api-Key"), KS(CONF_KEY_QUERY, "user"),
+    KS(CONF_KEY_COOKIE, "sid"), { .kind = CONF_KEY_METHOD }, { .kind = CONF_KEY_PATH },
 };
 static struct conf_keysrc k_caps[] = { KC(1), KC(2), KS(CONF_KEY_HEADER, "a") };
 static struct conf_keysrc k_rep[] = {

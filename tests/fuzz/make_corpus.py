@@ -95,6 +95,15 @@ for name, msg in RESPONSES.items():
 write("http1_response", "head_with_cl", hdr(2) + RESPONSES["ok_cl"])
 write("http1_response", "small_max_431", hdr(1, 8) + b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 100 + b"\r\n\r\n")
 
+# http1_differential: the seeds of both http1 targets, byte 0's bit 2 saying
+# which kind (set: a response), plus the known differences' examples.
+for name, msg in REQUESTS.items():
+    write("http1_differential", "req_" + name, hdr() + msg)
+for name, msg in RESPONSES.items():
+    write("http1_differential", "res_" + name, hdr(4) + msg)
+write("http1_differential", "req_double_space", hdr() + b"GET  / HTTP/1.1\r\n" + H + b"\r\n")
+write("http1_differential", "req_trailer_fold", hdr() + REQUESTS["chunked_trailer"][:-2] + b" folded\r\n\r\n")
+
 # conf: the repository's configs as they are.
 for f in sorted((ROOT / "tests/unit/data/conf").glob("*.yaml")) + sorted((ROOT / "conf").glob("*.yaml")):
     write("conf", f.parent.name + "_" + f.name, f.read_bytes())

@@ -220,6 +220,42 @@ def test_connection_with_thousands_of_tokens_is_linear(scripted):
     assert cpu < 0.5, "sluice spent %.2f s of CPU on %d requests" % (cpu, n)
 
 
+# ------------------------- sluice's own parser: stricter than http_parser ----
+
+@pytest.mark.parametrize("line", [b"GET  /x HTTP/1.1", b"GET /x  HTTP/1.1",
+                                  b"GET /x HXYZ/1.1", b"GET /x Http/1.1"],
+                         ids=["two-sp-before-target", "two-sp-before-version",
+                              "other-name", "lower-case-name"])
+def test_request_line_is_strict(scripted, line):
+    """RFC 9112 3: one SP between the parts and HTTP-name "HTTP"; http_parser
+    skipped runs of SP and checked only the name's first letter, so two
+    readers could split such a line differently."""
+    up, proxy = scripted(ok)
+    with Conn(proxy.port) as c:
+        c.send(line + b"\r\nHost: x\r\n\r\n")
+        r = c.read_response()
+        assert r.status == 400, (line, r)
+        assert c.is_closed()
+    assert up.seen() == []
+
+
+@pytest.mark.parametrize("trailer", [b"Content-Length: 5", b"Transfer-Encoding: chunked",
+                                     b"X-A: 1\r\n folded", b"X A: 1"],
+                         ids=["content-length", "transfer-encoding", "obs-fold", "space-in-name"])
+def test_request_trailer_is_a_field_line_without_framing(scripted, trailer):
+    """RFC 9112 7.1.2 and RFC 9110 6.5.1: a trailer line is a field line and
+    names no framing field; http_parser took all four."""
+    up, proxy = scripted(ok)
+    req = (b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"5\r\nhello\r\n0\r\n" + trailer + b"\r\n\r\n")
+    with Conn(proxy.port) as c:
+        c.send(req)
+        r = c.read_response()
+        assert r.status == 400, (trailer, r)
+        assert c.is_closed()
+    assert up.seen() == []
+
+
 # ------------------------------------------ item 1: response direction ----
 
 @pytest.mark.parametrize("resp", [

@@ -5,7 +5,8 @@
  * made here): reads reach the input and the read callback, a read mark
  * stops reading without spinning on the still-readable socket and io_flush
  * resumes it, a full socket arms the write event until the output drains
- * (drained callback), an end is reported once, a refused connect comes
+ * (drained callback), an end is reported once (also behind unread bytes,
+ * by the end watch), a refused connect comes
  * from the loop, io_free inside the io's own callback, and over TLS a
  * handshake, many records in one segment, and 1 MB both ways through
  * full sockets. Every wait is bounded. */
@@ -129,18 +130,27 @@ static void test_read_and_flush(void **state)
     close(sv[1]);
 }
 
+static char junk[5000];
+
+/* An io over a new pair, its reading stopped at a mark of 1000 bytes with
+ * 4000 more waiting in the socket. */
+static struct io *io_at_mark(int sv[2], struct seen *s)
+{
+    pair(sv);
+    struct io *io = io_new(base, sv[0], NULL);
+    io_setcb(io, read_cb, NULL, event_cb, s);
+    io_setwatermark(io, EV_READ, 1000);
+    io_enable(io, EV_READ);
+    assert_int_equal(write(sv[1], junk, sizeof(junk)), (ssize_t)sizeof(junk));
+    loop_count(20);
+    return io;
+}
+
 static void test_read_mark_stops_without_spin(void **state)
 {
     int sv[2];
-    pair(sv);
     struct seen s = { 0 };
-    struct io *io = io_new(base, sv[0], NULL);
-    io_setcb(io, read_cb, NULL, event_cb, &s);
-    io_setwatermark(io, EV_READ, 1000);
-    io_enable(io, EV_READ);
-    static char junk[5000];
-    assert_int_equal(write(sv[1], junk, sizeof(junk)), (ssize_t)sizeof(junk));
-    loop_count(20);
+    struct io *io = io_at_mark(sv, &s);
     size_t len = evbuffer_get_length(io_input(io));
     assert_int_equal(len, 1000);    /* never more than the mark allows */
     int reads = s.reads;
@@ -209,6 +219,28 @@ static void test_eof_reported_once(void **state)
     assert_true(loop_count(50) < 30);   /* EOF stays readable: not re-armed */
     assert_int_equal(s.events, 1);
     io_free(io);
+}
+
+/* Reading stopped at the mark with bytes still in the socket: the end
+ * watch tells the peer's end at once, once, and nothing for more bytes. */
+static void test_end_watch_sees_an_end_behind_unread_bytes(void **state)
+{
+    int sv[2];
+    struct seen s = { 0 };
+    struct io *io = io_at_mark(sv, &s);
+    io_watch_end(io, 1);
+    assert_int_equal(write(sv[1], junk, 100), 100);
+    assert_true(loop_count(100) < 60);      /* more bytes: no spin, no event */
+    assert_int_equal(s.events, 0);
+    assert_int_equal(shutdown(sv[1], SHUT_WR), 0);
+    loop_count(30);
+    assert_int_equal(s.events, 1);
+    assert_int_equal(s.last, IO_EOF | IO_READING);
+    assert_int_equal(evbuffer_get_length(io_input(io)), 1000);  /* the rest unread */
+    assert_true(loop_count(50) < 30);
+    assert_int_equal(s.events, 1);
+    io_free(io);
+    close(sv[1]);
 }
 
 static void test_free_inside_read_callback(void **state)
@@ -393,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_read_mark_stops_without_spin),
         cmocka_unit_test(test_full_socket_arms_write_until_drained),
         cmocka_unit_test(test_eof_reported_once),
+        cmocka_unit_test(test_end_watch_sees_an_end_behind_unread_bytes),
         cmocka_unit_test(test_free_inside_read_callback),
         cmocka_unit_test(test_connect_refused_from_loop),
         cmocka_unit_test(test_tls_records_in_one_segment),
