@@ -34,7 +34,10 @@ enum conf_underscore { CONF_UNDERSCORE_DROP, CONF_UNDERSCORE_PASS, CONF_UNDERSCO
 enum conf_missing_key { CONF_MISSING_IP, CONF_MISSING_DENY, CONF_MISSING_PASS };
 
 #define CONF_MAX_STATUS 600
-#define CONF_MAX_LIMITS 16             /* per route (store.h: STORE_MAX_LIMITS) */
+#define CONF_MAX_LIMITS 16             /* per route (backend.h: STORE_MAX_LIMITS) */
+/* client.max_header_bytes at most: the largest head http1.c parses
+ * (http1.h: HTTP1_MAX_HEAD_BYTES, held equal in client.c) */
+#define CONF_MAX_HEADER_BYTES (80 * 1024)
 
 /* A host:port (or [v6]:port, or unix:///path for Redis) resolved at load time. */
 struct conf_addr {

@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "conf_int.h"
-#include "http1.h"
 
 /* ---- listen: an address, or a list of { address, tls } entries */
 
@@ -181,7 +180,7 @@ int conf_h_max_connections(struct ctx *x, struct node *k, struct node *v, void *
 static int h_max_header_bytes(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     uint64_t n;
-    if (conf_get_size(x, v, 1024, HTTP1_MAX_HEAD_BYTES, &n) < 0)
+    if (conf_get_size(x, v, 1024, CONF_MAX_HEADER_BYTES, &n) < 0)
         return -1;
     ((struct conf_client *)obj)->max_header_bytes = (size_t)n;
     return 0;

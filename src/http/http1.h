@@ -20,7 +20,8 @@
 
 #define HTTP1_MAX_HEADERS 100
 /* The largest head sluice takes (http_parser's HTTP_MAX_HEADER_SIZE, which
- * it used before): the upper bound of client.max_header_bytes. */
+ * it used before): the upper bound of client.max_header_bytes (conf.h:
+ * CONF_MAX_HEADER_BYTES, held equal in client.c). */
 #define HTTP1_MAX_HEAD_BYTES (80 * 1024)
 #define HTTP1_MAX_PIECES  32
 

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 #include "conf.h"
-#include "store.h"
+#include "backend.h"
 
 struct evbuffer;
 struct obuf;

@@ -1,193 +1,78 @@
-/* sluice - backend.c: the Redis and the in-process backends behind one
- * contract (backend.h).
+/* sluice - backend.c: the backends behind one contract (backend.h).
  *
- * A Redis backend forwards to its store, whose calls already answer from the
- * loop. A memory backend decides at once in the shared memstore and keeps
- * the result in a call whose callback runs from the loop (an event made
- * active), so callers see the same asynchronous shape whatever the backend.
- * Calls of a memory backend are pooled per backend. */
+ * A backend is a kind's verbs (struct backend_ops) on the kind's object:
+ * the in-process one's (memstore_backend.c) or the Redis store's
+ * (store_backend.c, above this layer). Both answer from the loop already,
+ * so this file only forwards. */
 #include <stdlib.h>
-#include <event2/event.h>
 
 #include "backend.h"
-#include "clock.h"
 #include "mem.h"
-#include "memstore.h"
-
-enum backend_kind { BACKEND_REDIS, BACKEND_MEMORY };
-
-struct backend_call {
-    struct backend *b;
-    struct backend_call *next;          /* free list, or pending list */
-    struct backend_call *prev;
-    struct event *ev;                   /* made active once decided */
-    struct store_call *scall;           /* Redis: the store's call */
-    store_cb *cb;
-    void *arg;
-    struct store_result res;            /* memory: the decision */
-};
 
 struct backend {
-    enum backend_kind kind;
-    struct event_base *base;
-    struct store *store;                /* Redis */
-    struct memstore *mem;               /* memory, not owned */
-    struct backend_call *free_calls;
-    struct backend_call *pending;       /* memory calls awaiting their callback */
+    const struct backend_ops *ops;
+    void *impl;                         /* owned: ops->destroy frees it */
 };
 
-struct backend *backend_redis(struct event_base *base, const struct conf_redis *rc)
+struct backend *backend_create(const struct backend_ops *ops, void *impl)
 {
     struct backend *b = mem_calloc(1, sizeof(*b));
-    b->kind = BACKEND_REDIS;
-    b->base = base;
-    b->store = store_create(base, rc);
+    b->ops = ops;
+    b->impl = impl;
     return b;
-}
-
-struct backend *backend_memory(struct event_base *base, struct memstore *m)
-{
-    struct backend *b = mem_calloc(1, sizeof(*b));
-    b->kind = BACKEND_MEMORY;
-    b->base = base;
-    b->mem = m;
-    return b;
-}
-
-static void call_unlink(struct backend_call *c)
-{
-    struct backend *b = c->b;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        b->pending = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    c->prev = NULL;
-    c->next = b->free_calls;
-    b->free_calls = c;
 }
 
 void backend_destroy(struct backend *b)
 {
     if (b == NULL)
         return;
-    while (b->pending) {
-        struct backend_call *c = b->pending;
-        event_del(c->ev);
-        call_unlink(c);
-    }
-    while (b->free_calls) {
-        struct backend_call *c = b->free_calls;
-        b->free_calls = c->next;
-        if (c->ev)
-            event_free(c->ev);
-        free(c);
-    }
-    if (b->store)
-        store_destroy(b->store);
+    b->ops->destroy(b->impl);
     free(b);
 }
 
 int backend_drain(struct backend *b, void (*done)(void *arg), void *arg)
 {
-    return b->store != NULL ? store_drain(b->store, done, arg) : 0;
-}
-
-/* The memory call's decision is due: the call goes back to the pool before
- * its callback runs, so the callback may decide again. */
-static void memory_answer(evutil_socket_t fd, short what, void *arg)
-{
-    struct backend_call *c = arg;
-    store_cb *cb = c->cb;
-    void *cbarg = c->arg;
-    struct store_result res = c->res;
-    call_unlink(c);
-    cb(cbarg, &res);
+    return b->ops->drain(b->impl, done, arg);
 }
 
 struct backend_call *backend_decide(struct backend *b, const struct store_limit *limits,
                                     int n, store_cb *cb, void *arg)
 {
-    if (b->kind == BACKEND_REDIS) {
-        /* The store's call is the backend's call: a Redis backend hands
-         * out store calls under the backend's name. */
-        return (struct backend_call *)store_decide(b->store, limits, n, cb, arg);
-    }
-    struct backend_call *c = b->free_calls;
-    if (c) {
-        b->free_calls = c->next;
-    } else {
-        c = mem_calloc(1, sizeof(*c));
-        c->b = b;
-        c->ev = event_new(b->base, -1, 0, memory_answer, c);
-    }
-    c->cb = cb;
-    c->arg = arg;
-    if (memstore_decide(b->mem, limits, n, clock_wall_us(), &c->res) != 0)
-        c->res.status = STORE_ERROR;
-    c->prev = NULL;
-    c->next = b->pending;
-    if (b->pending)
-        b->pending->prev = c;
-    b->pending = c;
-    event_active(c->ev, 0, 0);
-    return c;
+    return b->ops->decide(b->impl, limits, n, cb, arg);
 }
 
 void backend_cancel(struct backend *b, struct backend_call *call)
 {
-    if (call == NULL)
-        return;
-    if (b->kind == BACKEND_REDIS) {
-        /* A Redis backend's calls are the store's own (backend_decide). */
-        store_cancel((struct store_call *)call);
-        return;
-    }
-    event_del(call->ev);
-    call_unlink(call);
+    if (call != NULL)
+        b->ops->cancel(b->impl, call);
 }
 
 void backend_release(struct backend *b, const struct store_limit *l)
 {
-    if (b->kind == BACKEND_REDIS)
-        store_give_back(b->store, l);
-    else
-        memstore_release(b->mem, l, clock_wall_us());
-}
-
-static void renew_answered(void *arg, const struct store_result *res)
-{
-    /* nothing waits: a lost renewal is retried by the next one */
+    b->ops->release(b->impl, l);
 }
 
 void backend_renew(struct backend *b, const struct store_limit *l)
 {
-    if (b->kind == BACKEND_REDIS)   /* limit.lua with the held slot id renews it */
-        store_decide(b->store, l, 1, renew_answered, NULL);
-    else
-        memstore_renew(b->mem, l, clock_wall_us());
+    b->ops->renew(b->impl, l);
 }
 
 void backend_refund(struct backend *b, const struct store_limit *l)
 {
-    if (b->kind == BACKEND_REDIS)
-        store_give_back(b->store, l);
-    else
-        memstore_refund(b->mem, l, clock_wall_us());
+    b->ops->refund(b->impl, l);
 }
 
 int backend_ready(const struct backend *b)
 {
-    return b->kind == BACKEND_MEMORY || store_connected(b->store);
+    return b->ops->ready(b->impl);
 }
 
 int64_t backend_retry_ms(const struct backend *b)
 {
-    return b->kind == BACKEND_REDIS ? store_retry_ms(b->store) : 0;
+    return b->ops->retry_ms(b->impl);
 }
 
 struct store *backend_store(const struct backend *b)
 {
-    return b->store;
+    return b->ops->redis ? b->impl : NULL;
 }

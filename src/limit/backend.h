@@ -3,7 +3,8 @@
  * The Redis store (store.c) and the in-process store (memstore.c) both
  * decide a request's limits through it, so the decision code never asks
  * which backend it has. One backend object belongs to one worker (one event
- * base) and one runtime; backend.c makes both kinds.
+ * base) and one runtime; backend.c makes the memory kind, store_backend.c
+ * the Redis kind (above this layer: it gives its verbs, struct backend_ops).
  *
  * The contract, for every kind:
  *   backend_decide() either returns a call, whose callback then runs exactly
@@ -19,20 +20,72 @@
 #define SLUICE_BACKEND_H
 
 #include <stdint.h>
-#include "store.h"          /* struct store_limit, store_result, store_cb */
+#include "conf.h"
+#include "limiter.h"
 
-struct event_base;
-struct memstore;
+/* The decision types, which every backend takes and gives; their names are
+ * the Redis store's, the first backend. */
+#define STORE_MAX_LIMITS CONF_MAX_LIMITS
+
+/* One limit of a decision. key and params must stay valid until the
+ * decide call returns (the backend copies what it keeps). */
+struct store_limit {
+    const char *key;
+    size_t keylen;
+    const struct limiter_params *params;
+    int64_t cost;               /* units this request consumes, >= 1 */
+    unsigned flags;             /* STORE_SHADOW, STORE_CHECK_ONLY */
+    int64_t slot;               /* concurrency: this request's slot id (1..2^53-1),
+                                 * sent per request in the batch, out of the
+                                 * shared parameter set; 0 otherwise */
+};
+
+/* A shadow limit is decided and consumed like the others but its denial
+ * never denies the request. A check-only limit can deny but consumes
+ * nothing (count_status: it is consumed after the response, if at all). */
+#define STORE_SHADOW     1u
+#define STORE_CHECK_ONLY 2u
+
+/* STORE_OOM: Redis refused the script with -OOM (maxmemory reached under
+ * maxmemory-policy noeviction); any other error reply is STORE_ERROR. */
+enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT, STORE_OOM };
+
+struct store_result {
+    enum store_status status;
+    int allowed;                /* STORE_OK: every limit allowed */
+    int n;
+    struct limiter_result r[STORE_MAX_LIMITS];  /* in the order given */
+};
+
+/* Called exactly once per call not cancelled, never from inside the decide
+ * call. res is valid only during the call. */
+typedef void store_cb(void *arg, const struct store_result *res);
+
+struct store;
 struct backend;
 struct backend_call;
 
-/* A Redis backend on base: a store of its own, connecting in the
- * background. rc is copied. */
-struct backend *backend_redis(struct event_base *base, const struct conf_redis *rc);
+/* What one kind of backend does, on its own object impl: the in-process
+ * kind's (memstore_backend_create in memstore.h) and the Redis store's
+ * (store_backend_create in store.h). Each verb keeps the contract above for
+ * its backend_* namesake; a call decide returns is the backend's call. */
+struct backend_ops {
+    struct backend_call *(*decide)(void *impl, const struct store_limit *limits, int n,
+                                   store_cb *cb, void *arg);
+    void (*cancel)(void *impl, struct backend_call *call);     /* call not NULL */
+    void (*release)(void *impl, const struct store_limit *l);
+    void (*renew)(void *impl, const struct store_limit *l);
+    void (*refund)(void *impl, const struct store_limit *l);
+    int (*ready)(const void *impl);
+    int64_t (*retry_ms)(const void *impl);
+    int (*drain)(void *impl, void (*done)(void *arg), void *arg);
+    void (*destroy)(void *impl);
+    int redis;                  /* impl is a Redis store (backend_store) */
+};
 
-/* An in-process backend on base over the process's shared memstore m (not
- * owned: it outlives every backend made on it). */
-struct backend *backend_memory(struct event_base *base, struct memstore *m);
+/* A backend doing ops (static, not owned) on impl, which it owns from here:
+ * backend_destroy frees it with ops->destroy. For the kinds' constructors. */
+struct backend *backend_create(const struct backend_ops *ops, void *impl);
 
 /* Pending calls are dropped without their callbacks. */
 void backend_destroy(struct backend *b);
@@ -61,8 +114,8 @@ void backend_refund(struct backend *b, const struct store_limit *l);
  * Retry-After); 0 otherwise, and always 0 for the memory backend. */
 int64_t backend_retry_ms(const struct backend *b);
 
-/* The Redis store behind a Redis backend (NULL for a memory one): for the
- * store's own gauges and tests. */
+/* The Redis store behind a Redis backend, the impl it was made with (NULL
+ * for a memory one): for the store's own gauges and tests. */
 struct store *backend_store(const struct backend *b);
 
 #endif

@@ -10,8 +10,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "store.h"
+#include "backend.h"
 
+struct event_base;
 struct memstore;
 
 /* At most max_keys keys are kept (raised to STORE_MAX_LIMITS if lower).
@@ -24,6 +25,10 @@ struct memstore;
  * denied one out. */
 struct memstore *memstore_create(size_t max_keys);
 void memstore_destroy(struct memstore *m);  /* no decision may be running */
+
+/* An in-process backend (backend.h) on base over the process's shared
+ * memstore m (not owned: it outlives every backend made on it). */
+struct backend *memstore_backend_create(struct event_base *base, struct memstore *m);
 
 /* Decide limits[0..n) at now_us (the caller's clock, CLOCK_REALTIME-based
  * microseconds in the proxy) and fill res as the Redis store does: status

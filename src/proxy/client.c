@@ -7,6 +7,7 @@
  * (lifetime, write coalescing, watermarks) are conn.c's. What each request
  * does is request.c's, its upstream exchange exchange.c's; they reach back
  * here only through client_ops (conn.h). */
+#include <assert.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdlib.h>
@@ -32,6 +33,9 @@
 #include "tls_server.h"
 #include "upstream.h"
 
+static_assert(CONF_MAX_HEADER_BYTES == HTTP1_MAX_HEAD_BYTES, /* NOLINT(misc-redundant-expression) */
+              "client.max_header_bytes is bounded by what http1.c parses");
+
 /* Input kept from a client beyond the request being served (pipelining). */
 #define CLIENT_INPUT_MAX    (64 * 1024)
 
@@ -42,8 +46,8 @@ static void client_free(struct client *c)
     struct conn_env *env = c->env;
     if (c->rq)
         decide_cancel(&c->rq->dec);
-    if (c->up)
-        upstream_close(c->up);
+    if (c->rq && c->rq->up)
+        upstream_close(c->rq->up);
     request_put(env, c->rq);
     if (c->prev)
         c->prev->next = c->next;
@@ -82,7 +86,7 @@ static void client_request_done(struct client *c)
     decide_release(&c->rq->dec);    /* the response is sent: concurrency slots go back */
     request_log_end(c);
     request_drain_head(c);
-    c->route = NULL;
+    c->rq->route = NULL;
     runtime_release(c->rq->rt);  /* an idle connection holds no runtime */
     c->rq->rt = NULL;
     if (!c->keep_alive || c->eof || c->env->stopping) {
@@ -161,9 +165,9 @@ static void client_process(struct client *c)
                 continue;
             break;
         case CS_PROXY:
-            if (!c->req_done && c->up)
+            if (!c->rq->req_done && c->rq->up)
                 exchange_pump_request(c);
-            if (!c->dead && c->up)
+            if (!c->dead && c->rq->up)
                 exchange_maybe_finish(c);
             break;
         case CS_BUFFER:
@@ -173,7 +177,7 @@ static void client_process(struct client *c)
             request_discard_body(c);
             break;
         case CS_TUNNEL:
-            if (c->up)
+            if (c->rq->up)
                 exchange_tunnel_pump(c);
             return;
         case CS_DECIDE:
@@ -202,7 +206,7 @@ static void client_up_resumed(struct client *c)
         exchange_tunnel_pump(c);
     } else {
         exchange_pump_response(c);
-        if (!c->dead && c->up)
+        if (!c->dead && c->rq->up)
             exchange_maybe_finish(c);
     }
     if (!c->dead)
@@ -222,8 +226,6 @@ static const struct conn_ops client_ops = {
     .log_end = client_log_end,
     .cancel = client_cancel,
     .up_resumed = client_up_resumed,
-    .forward = exchange_start,
-    .resume = exchange_resume,
     .free = client_free,
 };
 
@@ -277,14 +279,14 @@ static void client_event_cb(struct io *io, short what, void *arg)
          * down; it still gets the answer to a request already read. */
         c->eof = 1;
         c->keep_alive = 0;
-        if (c->state == CS_TUNNEL && c->up)
+        if (c->state == CS_TUNNEL && c->rq->up)
             exchange_tunnel_pump(c);
         /* Except while a delay holds the request: a held client that
          * ends its side is taken as gone (nginx's proxy_ignore_client_abort
          * off), so its reservation comes back at once. */
         int held = c->state == CS_DECIDE && decide_holding(&c->rq->dec);
         int waiting = (c->state == CS_DECIDE && !held) ||
-                      (c->state == CS_PROXY && c->req_done);
+                      (c->state == CS_PROXY && c->rq->req_done);
         if (!waiting && c->state != CS_CLOSING)
             conn_kill(c);
     } else {
@@ -306,11 +308,8 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         conn_kill(c);
     } else if (c->timer_mode == TM_HEADER && c->state == CS_HEAD) {
         /* A head that does not arrive in time (slowloris): 408, close. */
-        c->head_in_input = 0;
-        c->route = NULL;
         decide_cancel(&client_request(c)->dec);
         request_reset(c->rq);  /* not the id of the request before */
-        c->head_request = 0;
         request_log_begin(c, 0);
         request_answer(c, 408, 1);
     } else if (c->timer_mode == TM_BODY && c->state == CS_BUFFER) {

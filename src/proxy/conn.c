@@ -11,6 +11,7 @@
 #include "conn.h"
 #include "http1.h"
 #include "io.h"
+#include "request_state.h"
 #include "upstream.h"
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -39,9 +40,9 @@ void conn_kill(struct client *c)
     c->ops->log_end(c);     /* a request cut short is logged with what was sent */
     c->dead = 1;
     c->ops->cancel(c);
-    if (c->up) {
-        upstream_close(c->up);
-        c->up = NULL;
+    if (c->rq && c->rq->up) {
+        upstream_close(c->rq->up);
+        c->rq->up = NULL;
     }
 }
 
@@ -103,19 +104,23 @@ void conn_flush(struct client *c)
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
         io_flush(c->io);
-        if (c->up)
-            io_flush(c->up->io);    /* a no-op until connected */
-        if (c->client_paused && c->up &&
-            evbuffer_get_length(io_output(c->up->io)) <= CONN_HIGH_WATER / 2) {
+        /* the request may end, and give c->rq back, in any callback: its
+         * upstream connection is looked up again after each */
+        struct upstream_conn *up = c->rq ? c->rq->up : NULL;
+        if (up)
+            io_flush(up->io);       /* a no-op until connected */
+        if (c->client_paused && up &&
+            evbuffer_get_length(io_output(up->io)) <= CONN_HIGH_WATER / 2) {
             c->client_paused = 0;
             io_enable(c->io, EV_READ);
             c->ops->process(c);
             progress = 1;
         }
-        if (!c->dead && c->up_paused && c->up &&
+        up = c->rq ? c->rq->up : NULL;
+        if (!c->dead && c->up_paused && up &&
             evbuffer_get_length(io_output(c->io)) <= CONN_HIGH_WATER / 2) {
             c->up_paused = 0;
-            io_enable(c->up->io, EV_READ);
+            io_enable(up->io, EV_READ);
             c->ops->up_resumed(c);
             progress = 1;
         }

@@ -20,7 +20,6 @@ struct evbuffer;
 struct io;
 struct event;
 struct event_base;
-struct upstream_conn;
 struct request;
 struct conf;
 struct runtime;
@@ -72,8 +71,6 @@ struct conn_ops {
     void (*log_end)(struct client *c);      /* the request ends now: log it */
     void (*cancel)(struct client *c);       /* drop the decision in flight */
     void (*up_resumed)(struct client *c);   /* our output drained: move more */
-    void (*forward)(struct client *c);      /* allowed: the upstream exchange */
-    void (*resume)(struct client *c);       /* count_status answered: go on */
     void (*free)(struct client *c);         /* busy dropped to 0 while dead */
 };
 
@@ -101,36 +98,20 @@ struct client {
     int handshaking;                    /* TLS handshake not done yet */
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
 
-    /* The request in progress. */
-    const char *hbuf;                   /* head bytes while still in input */
-    int head_in_input;
-    const struct conf_route *route;
+    /* The request in progress: its state is *rq (request_state.h), its
+     * upstream connection included. What stays here is the two sides'
+     * backpressure, which conn_flush reaches also while idle (rq NULL), and
+     * buffers reused across requests. */
     struct request *rq;                 /* what the request computed; owned; NULL
                                          * while idle (request_get/put) */
-    struct upstream_conn *up;
-    int retried;
-    int head_request;                   /* method HEAD: response has no body */
-    int upgrade;                        /* Upgrade request on an upgrade route */
-    const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
-    int req_done;                       /* request body fully read */
-    int resp_started;                   /* response head sent to client */
-    int resp_done;
     int keep_alive;                     /* connection stays open afterwards */
-    int out_chunked;                    /* response re-framed as chunked */
     int client_paused;                  /* reading stopped: upstream full */
     int up_paused;                      /* upstream reading stopped: client full */
     int heads_paused;                   /* pipelined heads wait: our output is full */
-    uint64_t body_bytes;                /* request payload so far */
     struct evbuffer *body;              /* CS_BUFFER: the payload read so far;
                                          * otherwise scratch for re-framing,
                                          * empty between calls (lazy) */
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
-    int head_held;                      /* hbuf points into held */
-    int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
-    int64_t upstream_start_us;          /* when the request was forwarded */
-    int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
-    int interims;                       /* 1xx heads read for this request */
-    int interims_relayed;
 };
 
 void conn_enter(struct client *c);

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "reply.h"
-#include "store.h"
+#include "backend.h"
 
 struct backend;
 struct backend_call;

@@ -25,7 +25,7 @@
 #include "obuf.h"
 #include "reply.h"
 #include "runtime.h"
-#include "request.h"
+#include "request_state.h"
 #include "route.h"
 #include "upstream.h"
 
@@ -136,18 +136,18 @@ static int peer_trusted(const struct client *c)
 static void write_request_head(struct client *c, struct evbuffer *dst)
 {
     struct obuf ob;
-    const char *t = upstream_conf(c->up->pool)->servers[c->up->server].text;
+    const char *t = upstream_conf(c->rq->up->pool)->servers[c->rq->up->server].text;
     struct h1write_req o = {
         .peer = c->peer_text, .peer_len = c->peer_len,
         .rid = c->rq->rid, .rid_len = c->rq->rid_len,
         .host = t, .host_len = strlen(t),
         .trusted = peer_trusted(c),
-        .upgrade = c->upgrade,
+        .upgrade = c->rq->upgrade,
         .underscore = c->conf->client.underscore_headers,
         .https = c->tls,
     };
     obuf_begin(&ob, dst, c->head.len + 512);
-    h1write_request(&ob, c->hbuf, &c->head, &o);
+    h1write_request(&ob, c->rq->hbuf, &c->head, &o);
     obuf_end(&ob);
 }
 
@@ -157,14 +157,14 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
  * Until connected, the connect timeout set by the pool is in force. */
 static void up_timeouts(struct client *c)
 {
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     if (!uc->connected)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
     struct timeval tv = clock_timeval(ms);
-    if (c->req_done && c->up_deadline_ms == 0)
-        c->up_deadline_ms = clock_ms() + ms;
-    io_set_timeouts(uc->io, c->req_done ? &tv : NULL, &tv);
+    if (c->rq->req_done && c->rq->up_deadline_ms == 0)
+        c->rq->up_deadline_ms = clock_ms() + ms;
+    io_set_timeouts(uc->io, c->rq->req_done ? &tv : NULL, &tv);
 }
 
 /* Borrow a connection from pool p (the request's runtime's pool for the
@@ -172,16 +172,16 @@ static void up_timeouts(struct client *c)
 static int pool_connect(struct client *c, struct upstream_pool *p, int fresh)
 {
     if (p == NULL)
-        p = runtime_pool(c->rq->rt, c->route->upstream);
+        p = runtime_pool(c->rq->rt, c->rq->route->upstream);
     if (p == NULL)
         return -1;
-    c->up = upstream_acquire(p, fresh);
-    if (c->up == NULL)
+    c->rq->up = upstream_acquire(p, fresh);
+    if (c->rq->up == NULL)
         return -1;
-    struct io *ub = c->up->io;
+    struct io *ub = c->rq->up->io;
     io_setcb(ub, up_read_cb, up_write_cb, up_event_cb, c);
     io_setwatermark(ub, EV_WRITE, CONN_HIGH_WATER / 2);
-    c->up_deadline_ms = 0;      /* counted on this connection */
+    c->rq->up_deadline_ms = 0;      /* counted on this connection */
     up_timeouts(c);
     /* Reading starts once connected; what is queued before goes out then,
      * later writes from conn_flush. */
@@ -199,28 +199,29 @@ static void buffer_drop(struct client *c);
  * client's input until the response begins, so that it can be sent again on
  * a fresh connection if a kept-alive one turns out to be closed. A small
  * body is read whole first (CS_BUFFER), which calls here again with it. */
-void exchange_start(struct client *c)
+void exchange_start(struct client *c, const struct exchange_ops *ops)
 {
+    c->rq->xops = ops;
     if (c->state != CS_BUFFER && buffer_wanted(c)) {
         buffer_begin(c);
         return;
     }
     if (pool_connect(c, NULL, 0) < 0) {
         buffer_drop(c);
-        request_answer(c, 502, c->req_done);  /* a body already read: close */
+        c->rq->xops->answer(c, 502, c->rq->req_done);  /* a body already read: close */
         return;
     }
     c->state = CS_PROXY;
-    c->upstream_start_us = clock_us();
-    write_request_head(c, io_output(c->up->io));
+    c->rq->upstream_start_us = clock_us();
+    write_request_head(c, io_output(c->rq->up->io));
     if (c->head.body == HTTP1_BODY_NONE) {
-        c->req_done = 1;
+        c->rq->req_done = 1;
         up_timeouts(c);
         return;
     }
-    request_drain_head(c);
+    c->rq->xops->drain_head(c);
     buffer_send(c);
-    if (c->req_done) {
+    if (c->rq->req_done) {
         up_timeouts(c);
         return;
     }
@@ -244,10 +245,10 @@ static int buffer_wanted(const struct client *c)
 /* The held head is written: let it go. */
 static void buffer_release_head(struct client *c)
 {
-    if (c->head_held) {
+    if (c->rq->head_held) {
         evbuffer_drain(c->held, evbuffer_get_length(c->held));
-        c->head_held = 0;
-        c->hbuf = NULL;
+        c->rq->head_held = 0;
+        c->rq->hbuf = NULL;
     }
 }
 
@@ -263,7 +264,7 @@ static void buffer_drop(struct client *c)
  * when buffering began (the bound a head has too). */
 static void buffer_wait(struct client *c)
 {
-    int64_t left = c->buffer_until_ms - clock_ms();
+    int64_t left = c->rq->buffer_until_ms - clock_ms();
     int64_t ms = c->conf->client.body_timeout_ms;
     conn_timer(c, TM_BODY, left < 0 ? 0 : left < ms ? left : ms);
 }
@@ -277,11 +278,11 @@ static void buffer_begin(struct client *c)
     buffer_drop(c);
     lazy_buffer(&c->body);
     evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->head.len);
-    c->hbuf = (const char *)evbuffer_pullup(c->held, -1);
-    c->head_in_input = 0;
-    c->head_held = 1;
+    c->rq->hbuf = (const char *)evbuffer_pullup(c->held, -1);
+    c->rq->head_in_input = 0;
+    c->rq->head_held = 1;
     c->state = CS_BUFFER;
-    c->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
+    c->rq->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
     if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
         evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
     c->head.expect_continue = 0;
@@ -296,15 +297,15 @@ static void buffer_begin(struct client *c)
 static int body_counted(struct client *c, int rc, size_t payload)
 {
     uint64_t max_body = c->conf->client.max_body_bytes;
-    c->body_bytes += payload;
+    c->rq->body_bytes += payload;
     if (c->rq->log)
         c->rq->log->bytes_in += payload;
     if (rc < 0) {
-        request_fail(c, 400);
+        c->rq->xops->fail(c, 400);
         return -1;
     }
-    if (max_body && c->body_bytes > max_body) {
-        request_fail(c, 413);
+    if (max_body && c->rq->body_bytes > max_body) {
+        c->rq->xops->fail(c, 413);
         return -1;
     }
     return 0;
@@ -319,10 +320,10 @@ void exchange_buffer_body(struct client *c)
         if (body_counted(c, rc, payload) < 0)
             return;
         if (rc == 1) {
-            c->req_done = 1;
+            c->rq->req_done = 1;
             break;
         }
-        if (c->body_bytes > c->conf->client.buffer_body_bytes)
+        if (c->rq->body_bytes > c->conf->client.buffer_body_bytes)
             break;
         if (rc == 0) {
             if (c->eof)         /* the rest can never come */
@@ -333,14 +334,14 @@ void exchange_buffer_body(struct client *c)
         }
     }
     conn_timer(c, TM_NONE, 0);
-    exchange_start(c);
+    exchange_start(c, c->rq->xops);
 }
 
 /* Behind the head: the body read so far, framed as streaming would have
  * framed it (as is, or as one chunk of ours and the last chunk when whole). */
 static void buffer_send(struct client *c)
 {
-    struct evbuffer *uo = io_output(c->up->io);
+    struct evbuffer *uo = io_output(c->rq->up->io);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
     size_t n = c->body ? evbuffer_get_length(c->body) : 0;
     buffer_release_head(c);
@@ -350,7 +351,7 @@ static void buffer_send(struct client *c)
         evbuffer_add_buffer(uo, c->body);
     if (chunked && n > 0)
         evbuffer_add(uo, "\r\n", 2);
-    if (chunked && c->req_done)
+    if (chunked && c->rq->req_done)
         evbuffer_add(uo, "0\r\n\r\n", 5);
 }
 
@@ -375,10 +376,10 @@ static int client_reads_fit(struct client *c, struct evbuffer *uo)
 void exchange_pump_request(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
-    struct evbuffer *uo = io_output(c->up->io);
+    struct evbuffer *uo = io_output(c->rq->up->io);
     int chunked = c->head.body == HTTP1_BODY_CHUNKED;
 
-    while (!c->req_done && c->up) {
+    while (!c->rq->req_done && c->rq->up) {
         size_t queued = evbuffer_get_length(uo);
         if (!client_reads_fit(c, uo))
             return;
@@ -388,7 +389,7 @@ void exchange_pump_request(struct client *c)
         if (body_counted(c, rc, payload) < 0)
             return;
         if (rc == 1) {
-            c->req_done = 1;
+            c->rq->req_done = 1;
             up_timeouts(c);
             conn_timer(c, TM_NONE, 0);
         } else if (rc == 0) {
@@ -430,21 +431,21 @@ static void upstream_limits(const char *buf, const struct http1_head *h,
  * with its Upgrade field and Connection: upgrade. */
 static void write_response_head(struct client *c, const char *buf)
 {
-    const struct http1_head *h = &c->up->head;
+    const struct http1_head *h = &c->rq->up->head;
     struct obuf ob;
-    enum conf_headers mode = c->rq->dec.have_limits ? c->route->headers : CONF_HEADERS_NONE;
+    enum conf_headers mode = c->rq->dec.have_limits ? c->rq->route->headers : CONF_HEADERS_NONE;
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
         if (c->head.minor >= 1)
-            c->out_chunked = 1;
+            c->rq->out_chunked = 1;
         else
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
     }
     struct h1write_resp o = {
         .rid = c->rq->rid, .rid_len = c->rq->rid_len,
         .limits = mode,
-        .head_request = c->head_request,
-        .chunked = c->out_chunked,
+        .head_request = c->rq->head_request,
+        .chunked = c->rq->out_chunked,
         .close = !c->keep_alive || c->eof,
         .keep_alive_10 = c->head.minor == 0,
     };
@@ -462,7 +463,7 @@ static void write_response_head(struct client *c, const char *buf)
 /* Move what each side has to the other. */
 void exchange_tunnel_pump(struct client *c)
 {
-    struct io *ub = c->up->io;
+    struct io *ub = c->rq->up->io;
     struct evbuffer *out = io_output(c->io);
     struct evbuffer *uo = io_output(ub);
     move_all(uo, io_input(c->io));
@@ -483,11 +484,11 @@ void exchange_tunnel_pump(struct client *c)
 static void start_tunnel(struct client *c)
 {
     c->state = CS_TUNNEL;
-    c->resp_started = 1;
+    c->rq->resp_started = 1;
     c->keep_alive = 0;
     conn_timer(c, TM_NONE, 0);
     io_set_timeouts(c->io, NULL, NULL);
-    io_set_timeouts(c->up->io, NULL, NULL);
+    io_set_timeouts(c->rq->up->io, NULL, NULL);
     io_setwatermark(c->io, EV_READ, 0);
     exchange_tunnel_pump(c);
 }
@@ -498,20 +499,20 @@ static void start_tunnel(struct client *c)
  * Returns -1 when the time is up (answered). */
 static int interim_response(struct client *c, int status)
 {
-    struct upstream_conn *uc = c->up;
-    c->interims++;
+    struct upstream_conn *uc = c->rq->up;
+    c->rq->interims++;
     if (status == 100 && c->head.expect_continue &&
-        c->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
+        c->rq->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
         evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
-        c->interims_relayed++;
+        c->rq->interims_relayed++;
     }
-    if (c->up_deadline_ms == 0)
+    if (c->rq->up_deadline_ms == 0)
         return 0;           /* the request is still being sent */
-    int64_t left = c->up_deadline_ms - clock_ms();
+    int64_t left = c->rq->up_deadline_ms - clock_ms();
     if (left <= 0) {
         log_warn("exchange: upstream '%s' timed out after %d interim responses",
-                 upstream_conf(uc->pool)->servers[uc->server].text, c->interims);
-        request_fail(c, 504);
+                 upstream_conf(uc->pool)->servers[uc->server].text, c->rq->interims);
+        c->rq->xops->fail(c, 504);
         return -1;
     }
     struct timeval tv = clock_timeval(left);
@@ -524,7 +525,7 @@ static int interim_response(struct client *c, int status)
  * (already handled). */
 static int read_response_head(struct client *c)
 {
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     struct evbuffer *ui = io_input(uc->io);
     for (;;) {
         size_t len = evbuffer_get_length(ui);
@@ -533,7 +534,7 @@ static int read_response_head(struct client *c)
         size_t n = len > EXCHANGE_RESP_HEAD_MAX + 1 ? EXCHANGE_RESP_HEAD_MAX + 1 : len;
         const char *data = (const char *)evbuffer_pullup(ui, (ssize_t)n);
         int rc = http1_head_feed(uc->parser, data, n, EXCHANGE_RESP_HEAD_MAX,
-                                 c->head_request, &uc->head);
+                                 c->rq->head_request, &uc->head);
         if (rc == 1)
             return 0;
         if (rc == 0)
@@ -541,7 +542,7 @@ static int read_response_head(struct client *c)
         if (rc != 0) {
             log_warn("exchange: bad response head from upstream '%s': closing it",
                      upstream_conf(uc->pool)->servers[uc->server].text);
-            request_fail(c, 502);
+            c->rq->xops->fail(c, 502);
             return -1;
         }
         int status = uc->head.status;
@@ -551,44 +552,44 @@ static int read_response_head(struct client *c)
                 return -1;
             continue;
         }
-        if (c->interims > 0)
+        if (c->rq->interims > 0)
             up_timeouts(c);     /* body reads get the whole timeout again */
         if (status == 101) {
-            const struct conf_route *r = c->route;
+            const struct conf_route *r = c->rq->route;
             /* a switch nobody asked for, or to a protocol not asked for */
-            if (!c->upgrade ||
+            if (!c->rq->upgrade ||
                 !h1write_upgrade_ok(data, &uc->head, r->upgrade_protos, r->nupgrade_protos)) {
-                request_fail(c, 502);
+                c->rq->xops->fail(c, 502);
                 return -1;
             }
-            request_drain_head(c);
-            request_count_response(c, status);
+            c->rq->xops->drain_head(c);
+            c->rq->xops->count_response(c, status);
             write_response_head(c, data);
             evbuffer_drain(ui, uc->head.len);
             start_tunnel(c);
             return -1;
         }
-        if (c->rq->dec.count_call || request_consume_counted(c, status))
+        if (c->rq->dec.count_call || c->rq->xops->consume_counted(c, status))
             return 0;   /* counted_done_cb resumes */
-        request_drain_head(c);  /* the request head is no longer needed for a retry */
-        request_count_response(c, status);
+        c->rq->xops->drain_head(c);  /* the request head is no longer needed for a retry */
+        c->rq->xops->count_response(c, status);
         size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
-        request_count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
+        c->rq->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
         evbuffer_drain(ui, uc->head.len);
-        c->resp_started = 1;
+        c->rq->resp_started = 1;
         if (uc->head.body == HTTP1_BODY_NONE)
-            c->resp_done = 1;
+            c->rq->resp_done = 1;
         return 1;
     }
 }
 
 void exchange_pump_response(struct client *c)
 {
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     struct evbuffer *ui = io_input(uc->io);
     struct evbuffer *out = io_output(c->io);
-    while (!c->resp_done) {
+    while (!c->rq->resp_done) {
         size_t queued = evbuffer_get_length(out);
         if (queued > CONN_HIGH_WATER) {
             io_disable(uc->io, EV_READ);
@@ -596,17 +597,17 @@ void exchange_pump_response(struct client *c)
             return;
         }
         size_t payload;
-        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->out_chunked,
+        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->rq->out_chunked,
                            CONN_HIGH_WATER - queued, &payload);
-        request_count_out(c, payload);
+        c->rq->xops->count_out(c, payload);
         if (rc < 0) {
             log_warn("exchange: bad response body from upstream '%s': cutting the client",
                      upstream_conf(uc->pool)->servers[uc->server].text);
-            request_fail(c, 502);
+            c->rq->xops->fail(c, 502);
             return;
         }
         if (rc == 1)
-            c->resp_done = 1;
+            c->rq->resp_done = 1;
         else if (rc == 0)
             return;
     }
@@ -616,11 +617,11 @@ void exchange_pump_response(struct client *c)
  * clean, then serve the next request or close. */
 void exchange_maybe_finish(struct client *c)
 {
-    if (!c->req_done || !c->resp_done || c->state != CS_PROXY)
+    if (!c->rq->req_done || !c->rq->resp_done || c->state != CS_PROXY)
         return;
-    struct upstream_conn *uc = c->up;
-    c->up = NULL;
-    int64_t up_us = clock_us() - c->upstream_start_us;
+    struct upstream_conn *uc = c->rq->up;
+    c->rq->up = NULL;
+    int64_t up_us = clock_us() - c->rq->upstream_start_us;
     metrics_observe(METRICS_UPSTREAM_SECONDS, up_us);
     if (c->rq->log)
         c->rq->log->upstream_us = up_us;
@@ -639,10 +640,10 @@ static void up_read_cb(struct io *io, void *arg)
         exchange_tunnel_pump(c);
         goto out;
     }
-    if (!c->resp_started && read_response_head(c) <= 0)
+    if (!c->rq->resp_started && read_response_head(c) <= 0)
         goto out;
     exchange_pump_response(c);
-    if (!c->dead && c->up)
+    if (!c->dead && c->rq->up)
         exchange_maybe_finish(c);
     if (!c->dead)
         c->ops->process(c);
@@ -653,9 +654,9 @@ out:
 /* Carry on with a response that waited (count_status consumption). */
 void exchange_resume(struct client *c)
 {
-    if (!c->dead && c->up && !c->resp_started && read_response_head(c) > 0) {
+    if (!c->dead && c->rq->up && !c->rq->resp_started && read_response_head(c) > 0) {
         exchange_pump_response(c);
-        if (!c->dead && c->up)
+        if (!c->dead && c->rq->up)
             exchange_maybe_finish(c);
     }
     if (!c->dead)
@@ -674,7 +675,7 @@ static void up_write_cb(struct io *io, void *arg)
 static void up_event_cb(struct io *io, short what, void *arg)
 {
     struct client *c = arg;
-    struct upstream_conn *uc = c->up;
+    struct upstream_conn *uc = c->rq->up;
     const struct conf_upstream *cu = upstream_conf(uc->pool);
     conn_enter(c);
     if (what & IO_CONNECTED) {
@@ -685,15 +686,15 @@ static void up_event_cb(struct io *io, short what, void *arg)
     if (c->state == CS_TUNNEL) {
         exchange_tunnel_pump(c);
         upstream_close(uc);
-        c->up = NULL;
+        c->rq->up = NULL;
         conn_close_after_write(c);
         goto out;
     }
-    if ((what & IO_EOF) && c->resp_started && uc->head.body == HTTP1_BODY_EOF) {
+    if ((what & IO_EOF) && c->rq->resp_started && uc->head.body == HTTP1_BODY_EOF) {
         exchange_pump_response(c);
-        if (!c->dead && !c->resp_done && http1_body_eof(uc->parser)) {
-            c->resp_done = 1;
-            if (c->out_chunked)
+        if (!c->dead && !c->rq->resp_done && http1_body_eof(uc->parser)) {
+            c->rq->resp_done = 1;
+            if (c->rq->out_chunked)
                 evbuffer_add(io_output(c->io), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);
             c->ops->process(c);
@@ -702,19 +703,19 @@ static void up_event_cb(struct io *io, short what, void *arg)
     }
     /* A kept-alive connection the server had closed: try once more on a
      * fresh one if nothing was sent back and the request can be resent. */
-    if (!c->resp_started && uc->reused && !c->retried && c->head_in_input &&
+    if (!c->rq->resp_started && uc->reused && !c->rq->retried && c->rq->head_in_input &&
         !(what & IO_TIMEOUT)) {
         /* Borrow first: closing the last borrowed connection of a retired
          * pool frees the pool. */
-        c->up = NULL;
-        c->retried = 1;
+        c->rq->up = NULL;
+        c->rq->retried = 1;
         int ok = pool_connect(c, uc->pool, 1) == 0;
         upstream_close(uc);
         if (ok) {
-            request_refresh_head(c);
-            write_request_head(c, io_output(c->up->io));
+            c->rq->xops->refresh_head(c);
+            write_request_head(c, io_output(c->rq->up->io));
         } else {
-            request_fail(c, 502);
+            c->rq->xops->fail(c, 502);
             if (!c->dead)
                 c->ops->process(c);
         }
@@ -727,7 +728,7 @@ static void up_event_cb(struct io *io, short what, void *arg)
     else
         log_warn("exchange: upstream '%s' failed: %s", cu->servers[uc->server].text,
                  evutil_socket_error_to_string(io_errno(uc->io)));
-    request_fail(c, (what & IO_TIMEOUT) ? 504 : 502);
+    c->rq->xops->fail(c, (what & IO_TIMEOUT) ? 504 : 502);
     if (!c->dead)
         c->ops->process(c);
 out:

@@ -4,16 +4,38 @@
  * (a small body buffered whole first), relay interim 1xx heads, a 101 and
  * the tunnel after it, the response head (with the rate-limit fields) and
  * body, then give the connection back or close it. Everything works on the
- * client whose request it is, and never frees it (conn.h). */
+ * client whose request it is, and never frees it (conn.h). The request
+ * above starts it and hears back only through the reports it gave
+ * (struct exchange_ops): the exchange calls nothing of request.c. */
 #ifndef SLUICE_EXCHANGE_H
 #define SLUICE_EXCHANGE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct client;
 
-/* The request is allowed: go upstream (or buffer its small body first). */
-void exchange_start(struct client *c);
+/* What the exchange tells the request (request.c fills one); each is called
+ * from inside a callback of c. */
+struct exchange_ops {
+    /* no upstream connection: answer locally (close_after: close then) */
+    void (*answer)(struct client *c, int status, int close_after);
+    /* a failure once the response may have started: answer, or cut */
+    void (*fail)(struct client *c, int status);
+    /* the head's bytes are no longer needed / are wanted again (a resend) */
+    void (*drain_head)(struct client *c);
+    void (*refresh_head)(struct client *c);
+    /* the upstream's status is known: 1 while the response waits for a
+     * count_status consumption (then exchange_resume) */
+    int (*consume_counted)(struct client *c, int status);
+    /* response metrics: its status, and bytes sent to the client */
+    void (*count_response)(struct client *c, int status);
+    void (*count_out)(struct client *c, uint64_t n);
+};
+
+/* The request is allowed: go upstream (or buffer its small body first).
+ * ops (static, not owned) hears what happens until the request ends. */
+void exchange_start(struct client *c, const struct exchange_ops *ops);
 /* Bytes arrived from the client: move what the state allows. */
 void exchange_buffer_body(struct client *c);
 void exchange_pump_request(struct client *c);

@@ -9,17 +9,19 @@
  *                                               │
  *            429 + headers ◀── denied ──────────┤
  *            on_error (allow / 503 / local) ◀── down
- *                                               ▼ allowed: c->ops->forward
+ *                                               ▼ allowed: exchange_start
  *        exchange.c: upstream pool (upstream) ◀── head + streamed body
  *                 │
  *                 └──▶ response head + rate-limit fields + streamed body ──▶ client
  *
  * Modules, each including only those below it (no cycles):
- *   worker ─▶ client ─▶ exchange ─▶ request ─▶ decide ─▶ backend ─▶ store, memstore
+ *   worker ─▶ client ─▶ request ─▶ exchange ─▶ decide ─▶ backend ─▶ store, memstore
  *                 └──────────┴───────────┴──▶ conn (struct client, lifetime, timer, flush)
- * A lower layer tells an upper one through c->ops (conn.h), set by client.c:
- * the request is allowed (forward), count_status answered (resume), it is
- * done (request_done), more input may be processed (process).
+ * A lower layer tells an upper one through pointers it was given: the
+ * exchange reports to the request through struct exchange_ops (exchange.h,
+ * request_exchange_ops here); the request tells client.c through c->ops
+ * (conn.h) that it is done (request_done) or more input may be processed
+ * (process).
  *
  * One request is handled at a time per connection (client.c); its state is
  * *c->rq, zeroed per head, so nothing it needs after a wait (the backend, the
@@ -38,6 +40,7 @@
 #include "conn.h"
 #include "conf.h"
 #include "decide.h"
+#include "exchange.h"
 #include "h1write.h"
 #include "http1.h"
 #include "io.h"
@@ -144,7 +147,7 @@ static void decide(struct client *c);
 
 static struct metrics_route *request_metrics(const struct client *c)
 {
-    return c->route ? c->route->metrics : metrics_unrouted();
+    return c->rq->route ? c->rq->route->metrics : metrics_unrouted();
 }
 
 /* The client's address as text, into the request: the peer's, computed
@@ -160,7 +163,7 @@ static void request_address(struct client *c)
         rq->ip_len = c->peer_len;
         return;
     }
-    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->hbuf, &c->head,
+    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->rq->hbuf, &c->head,
                                  rq->ip);
 }
 
@@ -194,7 +197,7 @@ void request_log_end(struct client *c)
         .method = rq->method, .method_len = rq->method_len,
         .path = rq->target, .path_len = rq->target_len,
         .status = rq->status,
-        .route = c->route ? c->route->name : NULL,
+        .route = c->rq->route ? c->rq->route->name : NULL,
         .decision = c->rq->dec.decision >= 0 ? decisions[c->rq->dec.decision] : NULL,
         .limit = r ? rl->limit[rl->shown]->name : NULL,
         .remaining = r ? r->remaining : -1,
@@ -242,7 +245,7 @@ void request_log_begin(struct client *c, int parsed)
 
 static const char *hb(const struct client *c, struct http1_span s)
 {
-    return c->hbuf + s.off;
+    return c->rq->hbuf + s.off;
 }
 
 /* Reading more input may move bytes already in the buffer (libevent
@@ -250,17 +253,17 @@ static const char *hb(const struct client *c, struct http1_span s)
  * wait before its spans are read. */
 void request_refresh_head(struct client *c)
 {
-    if (c->head_in_input)
-        c->hbuf = (const char *)evbuffer_pullup(io_input(c->io),
+    if (c->rq->head_in_input)
+        c->rq->hbuf = (const char *)evbuffer_pullup(io_input(c->io),
                                                 (ssize_t)c->head.len);
 }
 
 void request_drain_head(struct client *c)
 {
-    if (c->head_in_input) {
+    if (c->rq->head_in_input) {
         evbuffer_drain(io_input(c->io), c->head.len);
-        c->head_in_input = 0;
-        c->hbuf = NULL;
+        c->rq->head_in_input = 0;
+        c->rq->hbuf = NULL;
     }
 }
 
@@ -298,7 +301,7 @@ void request_answer(struct client *c, int status, int close_after)
                body_discardable(&c->head);
     /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
-    struct evbuffer *tmp = c->head_request ? evbuffer_new() : NULL;
+    struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
     if (status == 429)
         reply_limited(tmp ? tmp : out, &rq->dec.rl, conn, rq->rid, rq->rid_len);
@@ -306,8 +309,8 @@ void request_answer(struct client *c, int status, int close_after)
         reply_unavailable(tmp ? tmp : out, (c->rq->rt ? backend_retry_ms(runtime_backend(c->rq->rt)) : 0), conn,
                           rq->rid, rq->rid_len);
     else
-        reply_error_named(tmp ? tmp : out, status, c->error_name, conn, rq->rid, rq->rid_len);
-    c->error_name = NULL;
+        reply_error_named(tmp ? tmp : out, status, c->rq->error_name, conn, rq->rid, rq->rid_len);
+    c->rq->error_name = NULL;
     if (tmp) {
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
@@ -318,17 +321,17 @@ void request_answer(struct client *c, int status, int close_after)
     }
     request_count_response(c, status);
     request_count_out(c, evbuffer_get_length(out) - out_before);
-    c->resp_started = c->resp_done = 1;
+    c->rq->resp_started = c->rq->resp_done = 1;
     request_drain_head(c);
     if (!keep) {
         conn_close_after_write(c);
         return;
     }
     c->keep_alive = 1;
-    c->body_bytes = 0;
+    c->rq->body_bytes = 0;
     c->state = CS_DISCARD;
     if (c->head.body == HTTP1_BODY_NONE) {
-        c->req_done = 1;
+        c->rq->req_done = 1;
         c->ops->request_done(c);
     } else {        /* the rest of the body, with no gap over body_timeout */
         conn_timer(c, TM_BODY, c->conf->client.body_timeout_ms);
@@ -338,7 +341,7 @@ void request_answer(struct client *c, int status, int close_after)
 /* A local error answer that names its reason in the JSON body. */
 void request_answer_named(struct client *c, int status, const char *name, int close_after)
 {
-    c->error_name = name;
+    c->rq->error_name = name;
     request_answer(c, status, close_after);
 }
 
@@ -348,11 +351,11 @@ void request_answer_named(struct client *c, int status, const char *name, int cl
 void request_fail(struct client *c, int status)
 {
     decide_release(&c->rq->dec);    /* the upstream failed: its slots go back now */
-    if (c->up) {
-        upstream_close(c->up);
-        c->up = NULL;
+    if (c->rq->up) {
+        upstream_close(c->rq->up);
+        c->rq->up = NULL;
     }
-    if (!c->resp_started) {
+    if (!c->rq->resp_started) {
         request_answer(c, status, 1);     /* body state unknown: close */
     } else {
         conn_kill(c);
@@ -385,8 +388,8 @@ static uint64_t request_random(struct conn_env *env)
 /* The client's X-Request-Id when it is sane, otherwise a new one. */
 static void set_request_id(struct client *c)
 {
-    int i = http1_find(c->hbuf, &c->head, "x-request-id", 0);
-    if (i >= 0 && http1_find(c->hbuf, &c->head, "x-request-id", i + 1) < 0) {
+    int i = http1_find(c->rq->hbuf, &c->head, "x-request-id", 0);
+    if (i >= 0 && http1_find(c->rq->hbuf, &c->head, "x-request-id", i + 1) < 0) {
         const char *v = hb(c, c->head.h[i].value);
         size_t n = c->head.h[i].value.len;
         if (rid_acceptable(v, n)) {
@@ -433,13 +436,11 @@ void request_head(struct client *c)
     int rc = http1_head_feed(c->parser, data, n, max, 0, &c->head);
     if (rc == 1)
         return;
-    c->hbuf = data;
-    c->head_in_input = 1;
     decide_cancel(&c->rq->dec);      /* none can be pending between requests */
     request_reset(c->rq);
+    c->rq->hbuf = data;
+    c->rq->head_in_input = 1;
     if (rc != 0) {
-        c->route = NULL;
-        c->head_request = 0;
         request_log_begin(c, 0);
         request_answer(c, rc, 1);
         return;
@@ -456,26 +457,17 @@ void request_head(struct client *c)
         c->conf = env->conf;
         conf_retain(c->conf);
     }
-    c->route = NULL;
-    c->up = NULL;
-    c->retried = 0;
-    c->req_done = c->resp_started = c->resp_done = 0;
-    c->out_chunked = 0;
-    c->body_bytes = 0;
-    c->up_deadline_ms = 0;
-    c->interims = c->interims_relayed = 0;
     c->keep_alive = c->head.keep_alive && !env->stopping;
     c->state = CS_DECIDE;
 
     const struct http1_head *h = &c->head;
-    c->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
-    c->upgrade = 0;
+    c->rq->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     set_request_id(c);
     request_address(c);
     request_log_begin(c, 1);
     /* Connection naming the framing or Host (smuggling), or a '_' name
      * under underscore_headers: reject. */
-    if (h1write_request_check(c->hbuf, h, c->conf->client.underscore_headers) != 0) {
+    if (h1write_request_check(c->rq->hbuf, h, c->conf->client.underscore_headers) != 0) {
         request_answer(c, 400, 1);
         return;
     }
@@ -492,21 +484,21 @@ void request_head(struct client *c)
         request_answer_named(c, 400, "bad_host", 1);
         return;
     }
-    c->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
+    c->rq->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
                            h->method.len, host, hostlen, &c->rq->caps);
-    if (c->route == NULL && c->rq->caps.over_limit) {
+    if (c->rq->route == NULL && c->rq->caps.over_limit) {
         regex_over_limit(c);
         return;
     }
-    if (c->route == NULL) {
+    if (c->rq->route == NULL) {
         request_answer(c, 404, 0);
         return;
     }
     /* Only the route's protocols (WebSocket by default) are tunnelled; any
      * other Upgrade (h2c) goes up as a plain request without it. */
-    c->upgrade = h->upgrade && c->route->upgrade && h->body == HTTP1_BODY_NONE &&
-                 h1write_upgrade_ok(c->hbuf, h, c->route->upgrade_protos,
-                                    c->route->nupgrade_protos);
+    c->rq->upgrade = h->upgrade && c->rq->route->upgrade && h->body == HTTP1_BODY_NONE &&
+                     h1write_upgrade_ok(c->rq->hbuf, h, c->rq->route->upgrade_protos,
+                                        c->rq->route->nupgrade_protos);
     uint64_t max_body = c->conf->client.max_body_bytes;
     if (max_body && h->body == HTTP1_BODY_LENGTH && h->content_length > max_body) {
         request_answer(c, 413, 1);
@@ -520,12 +512,23 @@ void request_head(struct client *c)
 
 
 
+/* What the exchange reports back to the request. */
+static const struct exchange_ops request_exchange_ops = {
+    .answer = request_answer,
+    .fail = request_fail,
+    .drain_head = request_drain_head,
+    .refresh_head = request_refresh_head,
+    .consume_counted = request_consume_counted,
+    .count_response = request_count_response,
+    .count_out = request_count_out,
+};
+
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
 {
     switch (verdict) {
     case DECIDE_FORWARD:
-        c->ops->forward(c);
+        exchange_start(c, &request_exchange_ops);
         break;
     case DECIDE_LIMITED:
         request_answer(c, 429, 0);
@@ -564,9 +567,9 @@ static void counted_cb(void *arg, int verdict)
 {
     struct client *c = arg;
     conn_enter(c);
-    if (c->up)
-        io_enable(c->up->io, EV_READ);
-    c->ops->resume(c);
+    if (c->rq->up)
+        io_enable(c->rq->up->io, EV_READ);
+    exchange_resume(c);
     conn_leave(c);
 }
 
@@ -578,7 +581,7 @@ int request_consume_counted(struct client *c, int status)
 {
     if (!decide_count_status(&c->rq->dec, status, counted_cb, c))
         return 0;
-    io_disable(c->up->io, EV_READ);
+    io_disable(c->rq->up->io, EV_READ);
     return 1;
 }
 
@@ -596,9 +599,9 @@ static void decide(struct client *c)
     struct request *rq = c->rq;
     struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
                               c->env->base, request_holding };
-    struct route_req req = { c->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
-                             c->route->regex ? &rq->caps : NULL };
-    int v = decide_start(&rq->dec, &env, c->conf, c->route, &req, request_decided, c);
+    struct route_req req = { c->rq->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
+                             c->rq->route->regex ? &rq->caps : NULL };
+    int v = decide_start(&rq->dec, &env, c->conf, c->rq->route, &req, request_decided, c);
     if (v != DECIDE_PENDING)
         decided(c, v);
 }
@@ -606,19 +609,20 @@ static void decide(struct client *c)
 void request_discard_body(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
-    while (!c->req_done) {
+    while (!c->rq->req_done) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, NULL, &payload);
-        c->body_bytes += payload;
-        if (rc < 0 || c->body_bytes > REQUEST_DISCARD_MAX) {
+        c->rq->body_bytes += payload;
+        if (rc < 0 || c->rq->body_bytes > REQUEST_DISCARD_MAX) {
             conn_close_after_write(c);
             return;
         }
         if (rc == 0)
             return;
         if (rc == 1) {
-            c->req_done = 1;
-            c->ops->request_done(c);
+            c->rq->req_done = 1;
+            c->ops->request_done(c);    /* may give c->rq back: done with it */
+            return;
         }
     }
 }

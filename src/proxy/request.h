@@ -4,7 +4,9 @@
  * for each head (request_reset); it owns everything the request needs
  * after a suspension point (Redis, the upstream, a timer): its normalised
  * path, the client address, its id, the path_regex captures, the
- * access-log facts, and its keys and limit results (rq->dec, decide.h).
+ * access-log facts, its keys and limit results (rq->dec, decide.h), where
+ * its head is, its route, and how far its answer and its upstream exchange
+ * have gone (struct request in request_state.h).
  * The path and key buffers and the log facts are kept across requests and
  * grown as needed (freed by request_free), so a request allocates nothing
  * in the common case. A connection holds its request only while one is in
@@ -16,48 +18,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "decide.h"
-#include "route.h"
+#include "request_state.h"      /* struct request */
 
 struct conf;
-
-/* A client's X-Request-Id is kept when it is this long at most and only
- * visible ASCII; otherwise sluice makes its own. */
-#define REQUEST_RID_MAX 128
-#define REQUEST_LOG_TARGET_MAX 1024
-
-/* What the access-log line needs once the head is gone. */
-struct reqlog {
-    int64_t wall_us, start_us, upstream_us;
-    int status;
-    uint64_t bytes_in, bytes_out;
-    int active;                         /* a request is being served */
-    size_t method_len, target_len, client_len;
-    char client[ROUTE_IP_MAX];
-    char method[32];
-    char target[REQUEST_LOG_TARGET_MAX];
-};
-
-struct request {
-    /* Kept across the requests of a connection. */
-    char *path;                         /* normalised path, NUL-terminated */
-    size_t path_cap;
-    struct reqlog *log;                 /* NULL when logging is off */
-    struct runtime *rt;                 /* retained from the head until the request
-                                         * is done (the config, pools and backend it
-                                         * started with); NULL between requests */
-    struct decision dec;                /* keys, limit results, the call (decide.h);
-                                         * reset with the request */
-    struct request *spare_next;         /* in the worker's spares (request_put) */
-
-    /* Zeroed per head from here (request_reset). */
-    size_t path_len;
-    char ip[ROUTE_IP_MAX];              /* the client's address as keys use it */
-    size_t ip_len;
-    char rid[REQUEST_RID_MAX + 1];      /* X-Request-Id, sent up and back */
-    size_t rid_len;
-    struct route_captures caps;         /* path_regex groups, into path */
-};
 
 /* Zero the per-request part; keeps the buffers. */
 void request_reset(struct request *rq);
@@ -82,7 +45,7 @@ void request_spares_free(struct conn_env *env);
 char *request_path_room(struct request *rq, size_t n);
 
 /* The way of the request in progress on client c (request.c), from its
- * head to the decision and then the exchange (c->ops->forward) or a reply. */
+ * head to the decision and then the exchange (exchange_start) or a reply. */
 struct client;
 struct http1_span;
 

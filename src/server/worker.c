@@ -24,6 +24,7 @@
 #include "listener.h"
 #include "log.h"
 #include "mem.h"
+#include "memstore.h"
 #include "request.h"
 #include "runtime.h"
 #include "tls_server.h"
@@ -184,7 +185,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     w->env.rt = runtime_create(w->env.base, conf, mem, NULL);
     w->env.conf = w->env.rt->conf;
     w->env.deny = denycache_create(conf->deny_cache_max_keys);
-    w->env.local = backend_memory(w->env.base, mem);
+    w->env.local = memstore_backend_create(w->env.base, mem);
     return w;
 
 fail:

@@ -35,6 +35,7 @@
 #include "store_int.h"
 
 static int req_dispatch(struct store_req *q);
+static void store_req_settle(struct store_req *q);
 
 /* ---- slots ------------------------------------------------------------------ */
 
@@ -401,14 +402,14 @@ static void store_call_complete(struct store_call *c)
 
 /* ---- sending, replies, redirects --------------------------------------------- */
 
-int store_req_abandoned(const struct store_req *q)
+static int store_req_abandoned(const struct store_req *q)
 {
     return q->call != NULL ? q->call->answered : q->done;
 }
 
 /* A request no longer in a connection may be released: a refund when done, a
  * call when answered and idle. */
-void store_req_settle(struct store_req *q)
+static void store_req_settle(struct store_req *q)
 {
     if (q->in_hiredis)
         return;
@@ -418,7 +419,7 @@ void store_req_settle(struct store_req *q)
         store_refund_free(q);
 }
 
-void store_req_finish(struct store_req *q, enum store_status status)
+static void store_req_finish(struct store_req *q, enum store_status status)
 {
     q->done = 1;
     if (q->call != NULL && !q->call->answered)
@@ -437,7 +438,7 @@ static void req_wait_cb(evutil_socket_t fd, short what, void *arg)
 
 /* No usable node now (cluster): look again shortly. A call's own timer
  * bounds how long; a refund has its deadline. */
-void store_req_wait(struct store_req *q)
+static void store_req_wait(struct store_req *q)
 {
     if (q->call == NULL && clock_ms() > q->deadline_ms) {
         log_warn("store: refund abandoned for slot %d: no master answered", q->slot);
@@ -456,13 +457,6 @@ static struct store_node *req_target(const struct store_req *q)
     if (q->ask != NULL)
         return q->ask;
     return store_topo_owner(s, q->slot);
-}
-
-void store_req_asking_cb(struct rconn *ac, redisReply *reply, void *privdata)
-{
-    struct store_node *n = rconn_data(ac);
-    if (n != NULL && !n->s->destroying)
-        store_node_got_reply(n);
 }
 
 static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata);
@@ -497,9 +491,8 @@ static int req_dispatch(struct store_req *q)
     }
     if (q->asked) {
         q->ask = NULL;              /* ASK holds for this one command only */
-        if (rconn_send(n->ac, "*1\r\n$6\r\nASKING\r\n", 16, store_req_asking_cb, NULL) != 0)
+        if (store_node_asking(n) != 0)
             goto fail;
-        store_node_expect_reply(n);
     }
     if (rconn_send(n->ac, q->cmd, q->cmdlen, req_reply_cb, q) != 0)
         goto fail;
@@ -605,8 +598,8 @@ static enum store_status store_error_status(struct store *s, struct store_node *
  * decision, whose fields start at `at` in the batch's integers v;
  * readable: the batch reply has the shape limit.lua gives): a lost
  * connection, an error reply, or its decisions. */
-void store_req_take(struct store_req *q, struct store_node *n, const redisReply *reply,
-                    const long long *v, size_t at, int marks)
+static void store_req_take(struct store_req *q, struct store_node *n, const redisReply *reply,
+                           const long long *v, size_t at, int marks)
 {
     struct store *s = q->s;
     if (store_req_abandoned(q)) {
@@ -766,11 +759,32 @@ static void store_open_net(struct store *s)
     }
 }
 
+/* A request of a batch that could not be sent waits for the map (cluster)
+ * or for the connection being made, or fails, as a request that finds its
+ * node down does. */
+static void store_req_unsent(struct store_req *q)
+{
+    struct store *s = q->s;
+    if (!store_req_abandoned(q)) {
+        if (s->mode == STORE_CLUSTER) {
+            store_topo_refresh_soon(s);
+            store_req_wait(q);
+        } else if (store_connecting(s)) {
+            store_req_wait(q);        /* sent when the connection is up */
+        } else {
+            store_req_finish(q, STORE_ERROR);
+        }
+    }
+    store_req_settle(q);
+}
+
 static const struct store_ops store_ops = {
     .node_up = store_topo_node_up,
     .node_lost = store_topo_node_lost,
     .set_master = store_topo_set_master,
     .kick_waiting = store_kick_waiting,
+    .req_take = store_req_take,
+    .req_unsent = store_req_unsent,
 };
 
 struct store *store_create(struct event_base *base, const struct conf_redis *rc)

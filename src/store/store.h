@@ -21,33 +21,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "backend.h"        /* the decision types: struct store_limit, store_result */
 #include "conf.h"
-#include "limiter.h"
-
-#define STORE_MAX_LIMITS CONF_MAX_LIMITS
 
 struct event_base;
 struct store;
 struct store_call;
-
-/* One limit of a decision. key and params must stay valid until
- * store_decide() returns (the store copies what it sends). */
-struct store_limit {
-    const char *key;
-    size_t keylen;
-    const struct limiter_params *params;
-    int64_t cost;               /* units this request consumes, >= 1 */
-    unsigned flags;             /* STORE_SHADOW, STORE_CHECK_ONLY */
-    int64_t slot;               /* concurrency: this request's slot id (1..2^53-1),
-                                 * sent per request in the batch, out of the
-                                 * shared parameter set; 0 otherwise */
-};
-
-/* A shadow limit is decided and consumed like the others but its denial
- * never denies the request. A check-only limit can deny but consumes
- * nothing (count_status: it is consumed after the response, if at all). */
-#define STORE_SHADOW     1u
-#define STORE_CHECK_ONLY 2u
 
 /* A limit's run-time override (the admin API's PUT .../override) lives in
  * Redis at its counter key followed by this suffix (the same hash tag),
@@ -56,25 +35,14 @@ struct store_limit {
  * in the call that decides, so every proxy applies it at once. */
 #define STORE_OVERRIDE_SUFFIX ":ovr"
 
-/* STORE_OOM: Redis refused the script with -OOM (maxmemory reached under
- * maxmemory-policy noeviction); any other error reply is STORE_ERROR. */
-enum store_status { STORE_OK, STORE_ERROR, STORE_TIMEOUT, STORE_OOM };
-
-struct store_result {
-    enum store_status status;
-    int allowed;                /* STORE_OK: every limit allowed */
-    int n;
-    struct limiter_result r[STORE_MAX_LIMITS];  /* in the order given */
-};
-
-/* Called exactly once per call not cancelled, never from inside
- * store_decide(). res is valid only during the call. */
-typedef void store_cb(void *arg, const struct store_result *res);
-
 /* Connects in the background; never blocks. rc is copied. */
 struct store *store_create(struct event_base *base, const struct conf_redis *rc);
 void store_destroy(struct store *s);   /* pending callbacks are not called; what it
                                         * owes is dropped (see store_drain) */
+
+/* A Redis backend (backend.h) on base: a store of its own (store_create),
+ * behind the backend contract; backend_destroy destroys the store. */
+struct backend *store_backend_create(struct event_base *base, const struct conf_redis *rc);
 
 /* Decide limits[0..n) (1 <= n <= STORE_MAX_LIMITS). While a connection is
  * being made the call waits for it (within redis.timeout, then

@@ -3,7 +3,8 @@
  * RESP straight into a command buffer (refund.lua's call for one request;
  * limit.lua's batch of many), forming the batches of one loop iteration per
  * node (and slot), sending them at the iteration's end, and splitting each
- * batch's reply back to its requests (store_req_take, in store.c). */
+ * batch's reply back to its requests (through s->ops: store.c's req_take).
+ * It calls nothing in store.c. */
 #include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -459,31 +460,20 @@ static void store_batch_cb(struct rconn *ac, redisReply *reply, void *privdata)
         /* q's call may be reused by a callback once q is released */
         at += store_req_width(q, b->marks[i]);
         q->in_hiredis = 0;
-        store_req_take(q, n, reply, v, mine, b->marks[i]);
+        s->ops->req_take(q, n, reply, v, mine, b->marks[i]);
     }
     store_batch_free(b);
 }
 
-/* A batch that could not be sent: its requests wait for the map (cluster)
- * or for the connection being made, or fail, as a request that finds its
- * node down does. */
+/* A batch that could not be sent: each of its requests waits or fails
+ * (store.c's req_unsent). */
 static void store_batch_unsent(struct store_batch *b)
 {
     struct store *s = b->s;
     for (int i = 0; i < b->n; i++) {
         struct store_req *q = b->req[i];
         q->in_hiredis = 0;
-        if (!store_req_abandoned(q)) {
-            if (s->mode == STORE_CLUSTER) {
-                store_topo_refresh_soon(s);
-                store_req_wait(q);
-            } else if (store_connecting(s)) {
-                store_req_wait(q);        /* sent when the connection is up */
-            } else {
-                store_req_finish(q, STORE_ERROR);
-            }
-        }
-        store_req_settle(q);
+        s->ops->req_unsent(q);
     }
     store_batch_free(b);
 }
@@ -495,9 +485,8 @@ static void store_batch_send(struct store_batch *b)
         goto fail;
     size_t len = store_batch_encode(b);
     if (b->asked) {
-        if (rconn_send(n->ac, "*1\r\n$6\r\nASKING\r\n", 16, store_req_asking_cb, NULL) != 0)
+        if (store_node_asking(n) != 0)
             goto fail;
-        store_node_expect_reply(n);
     }
     /* the reply's integers are parsed straight into b->ints */
     size_t width = store_batch_width(b);

@@ -174,14 +174,19 @@ struct store_addr {
 };
 
 /* What the lower store modules tell the higher ones, through pointers
- * store.c sets (as conn.c's struct conn_ops), so that store_node.c calls
- * nothing above it: a node came up or was lost and the master a sentinel
- * names (store_topo.c's), the waiting requests look again (store.c's). */
+ * store.c sets (as conn.c's struct conn_ops), so that store_node.c and
+ * store_batch.c call nothing above them: a node came up or was lost and the
+ * master a sentinel names (store_topo.c's), the waiting requests look again,
+ * a batch's reply goes to each of its requests and a batch not sent lets
+ * each wait or fail (store.c's). */
 struct store_ops {
     void (*node_up)(struct store *s, struct store_node *n);
     void (*node_lost)(struct store *s, struct store_node *n);
     void (*set_master)(struct store *s, const char *host, int port);
     void (*kick_waiting)(struct store *s);
+    void (*req_take)(struct store_req *q, struct store_node *n, const redisReply *reply,
+                     const long long *v, size_t at, int marks);
+    void (*req_unsent)(struct store_req *q);
 };
 
 struct store {
@@ -240,13 +245,6 @@ int store_switch_master(const redisReply *reply, const char *name, char *ip, siz
 int store_connecting(const struct store *s);
 /* Requests waiting for a connection look again now. */
 void store_kick_waiting(struct store *s);
-int store_req_abandoned(const struct store_req *q);
-void store_req_settle(struct store_req *q);
-void store_req_finish(struct store_req *q, enum store_status status);
-void store_req_wait(struct store_req *q);
-void store_req_take(struct store_req *q, struct store_node *n, const redisReply *reply,
-                    const long long *v, size_t at, int marks);
-void store_req_asking_cb(struct rconn *ac, redisReply *reply, void *privdata);
 
 /* ---- store_node.c: one node, one connection ----------------------------------- */
 
@@ -254,6 +252,9 @@ void store_node_update_ready(struct store *s);
 void store_node_set_ready(struct store_node *n, int ready);
 void store_node_expect_reply(struct store_node *n);
 void store_node_got_reply(struct store_node *n);
+/* Send ASKING (the next command may run on a slot being imported) and
+ * expect its reply; -1 when it could not be sent. */
+int store_node_asking(struct store_node *n);
 /* Drop the connection once the stack has unwound (from inside its callbacks). */
 void store_node_kill_later(struct store_node *n, const char *reason);
 /* Drop it now: only from outside its callbacks. */

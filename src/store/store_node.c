@@ -69,6 +69,21 @@ void store_node_got_reply(struct store_node *n)
     n->progress_ms = clock_ms();
 }
 
+static void node_asking_cb(struct rconn *ac, redisReply *reply, void *privdata)
+{
+    struct store_node *n = rconn_data(ac);
+    if (n != NULL && !n->s->destroying)
+        store_node_got_reply(n);
+}
+
+int store_node_asking(struct store_node *n)
+{
+    if (rconn_send(n->ac, "*1\r\n$6\r\nASKING\r\n", 16, node_asking_cb, NULL) != 0)
+        return -1;
+    store_node_expect_reply(n);
+    return 0;
+}
+
 static void node_log_down(struct store_node *n, const char *reason, int64_t retry_ms)
 {
     if (n->down_logged)

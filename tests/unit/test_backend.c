@@ -27,6 +27,7 @@
 #include "backend.h"
 #include "clock.h"
 #include "memstore.h"
+#include "store.h"
 #include "testlib.h"
 
 enum kind { KIND_MEMORY, KIND_REDIS };
@@ -91,13 +92,13 @@ static void redis_stop(void)
 static struct backend *backend_new_on(enum kind k, int port)
 {
     if (k == KIND_MEMORY)
-        return backend_memory(base, mem);
+        return memstore_backend_create(base, mem);
     struct conf_redis cr = { 0 };
     cr.host = "127.0.0.1";
     cr.port = port;
     cr.timeout_ms = 2000;
     cr.prefix = "bt:";
-    return backend_redis(base, &cr);
+    return store_backend_create(base, &cr);
 }
 
 /* A backend of kind k, ready to decide. */

@@ -24,7 +24,6 @@
 #include "conf.h"
 #include "confcheck.h"
 #include "route.h"
-#include "store.h"
 
 #define DATA_DIR "data/conf"
 #define REFERENCE "../../conf/sluice.yaml"

@@ -25,6 +25,7 @@
 #include "metrics.h"
 #include "route.h"
 #include "runtime.h"
+#include "store.h"
 
 static const char CONF_HEAD[] =
     "listen: 127.0.0.1:18080\n"
@@ -94,9 +95,9 @@ static struct fixture *setup(const char *on_error, int redis)
     fx->base = event_base_new();
     fx->mem = memstore_create(1000);
     fx->conf = load(on_error);
-    fx->backend = redis ? backend_redis(fx->base, &fx->conf->redis)
-                        : backend_memory(fx->base, fx->mem);
-    fx->local = backend_memory(fx->base, fx->mem);
+    fx->backend = redis ? store_backend_create(fx->base, &fx->conf->redis)
+                        : memstore_backend_create(fx->base, fx->mem);
+    fx->local = memstore_backend_create(fx->base, fx->mem);
     fx->deny = denycache_create(100);
     fx->env = (struct decide_env){ fx->backend, fx->local, fx->deny };
     return fx;

@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "limiter.h"
-#include "store.h"
+#include "backend.h"
 
 /* ---- the table's parser (shared with test_memstore.c) ---------------------- */
 

@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "mem.h"
+#include "memstore.h"
 #include "metrics.h"
 #include "runtime.h"
 #include "store.h"
@@ -42,8 +43,8 @@ static struct runtime_backend *backend_new(struct event_base *base, const struct
     struct runtime_backend *rb = mem_calloc(1, sizeof(*rb));
     rb->refs = 1;
     rb->kind = conf->backend;
-    rb->b = conf->backend == CONF_BACKEND_REDIS ? backend_redis(base, &conf->redis)
-                                                : backend_memory(base, mem);
+    rb->b = conf->backend == CONF_BACKEND_REDIS ? store_backend_create(base, &conf->redis)
+                                                : memstore_backend_create(base, mem);
     return rb;
 }
 
