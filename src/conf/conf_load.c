@@ -288,10 +288,16 @@ static int check_route(struct ctx *x, int i)
         rc = conf_fail(x, up, "unknown upstream '%s'", conf_show(up->str, sb));
         conf_path_pop(x, o2);
     }
-    /* concurrency without a lease: the upstream's timeout + 10 s */
-    for (int a = 0; a < r->nlimits && rc == 0 && r->upstream; a++)
-        if (r->limits[a].params.algo == LIMITER_CONCURRENCY && r->limits[a].params.window_ms == 0)
-            r->limits[a].params.window_ms = r->upstream->timeout_ms + 10000;
+    /* concurrency without a lease: the upstream's timeout + 10 s, in its
+     * overrides too (their parameters were copied from the limit's before) */
+    for (int a = 0; a < r->nlimits && rc == 0 && r->upstream; a++) {
+        struct conf_limit *l = &r->limits[a];
+        if (l->params.algo != LIMITER_CONCURRENCY || l->params.window_ms != 0)
+            continue;
+        l->params.window_ms = r->upstream->timeout_ms + 10000;
+        for (int k = 0; k < l->noverrides; k++)
+            l->overrides[k].params.window_ms = l->params.window_ms;
+    }
     for (int a = 0; a < r->nlimits && rc == 0; a++) {
         for (int b = 0; b < a && rc == 0; b++) {
             if (!strcmp(r->limits[a].name, r->limits[b].name)) {

@@ -165,6 +165,18 @@ struct upstream_pool *runtime_pool(const struct runtime *rt, const struct conf_u
     return rt->pools[cu - rt->conf->upstreams];
 }
 
+int64_t runtime_owed_ms(const struct runtime *rt)
+{
+    int64_t most = 0;
+    for (; rt != NULL; rt = rt->older) {
+        struct store *s = runtime_store(rt);
+        int64_t ms = s != NULL ? store_owed_ms(s) : 0;
+        if (ms > most)
+            most = ms;
+    }
+    return most;
+}
+
 void runtime_destroy_all(struct runtime *rt)
 {
     if (rt == NULL)

@@ -83,4 +83,9 @@ struct upstream_pool *runtime_pool(const struct runtime *rt, const struct conf_u
  * (the current runtime, whatever its count) and every older one. */
 void runtime_destroy_all(struct runtime *rt);
 
+/* 0 when no runtime of rt's list (rt and the older ones still draining)
+ * owes Redis a give-back or refund; else at most how long (ms) the longest
+ * of them may still take (store_owed_ms). */
+int64_t runtime_owed_ms(const struct runtime *rt);
+
 #endif

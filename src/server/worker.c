@@ -195,12 +195,38 @@ fail:
     return NULL;
 }
 
+static void wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;    /* only ends settle()'s last wait */
+}
+
+/* The loop has ended (the last client is gone, or shutdown_timeout): the
+ * give-backs and refunds the last requests queued still reach Redis, as at
+ * a reload (store_drain), or a stop would leave their concurrency slots and
+ * reservations taken until the leases end. Each store gives up on its own
+ * budget (2 s + redis.timeout); the timer only bounds the wait. */
+static void settle(struct worker *w)
+{
+    int64_t ms = runtime_owed_ms(w->env.rt);
+    if (ms == 0)
+        return;
+    int64_t end = clock_ms() + ms;
+    struct event *wake = evtimer_new(w->env.base, wake_cb, w);
+    struct timeval tv = clock_timeval(ms);
+    if (wake == NULL || evtimer_add(wake, &tv) != 0)
+        abort();
+    while (runtime_owed_ms(w->env.rt) > 0 && clock_ms() < end)
+        event_base_loop(w->env.base, EVLOOP_ONCE);
+    event_free(wake);
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     admin_console_worker(w->env.id);
     event_base_dispatch(w->env.base);
     client_close_all(&w->env);
+    settle(w);
     return NULL;
 }
 

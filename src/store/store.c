@@ -284,6 +284,19 @@ int store_drain(struct store *s, void (*done)(void *arg), void *arg)
     return 1;
 }
 
+int64_t store_owed_ms(const struct store *s)
+{
+    int64_t last = 0;
+    for (const struct store_req *q = LIST_ITEM(s->refunds.first, struct store_req, refund);
+         q != NULL; q = LIST_ITEM(q->refund.next, struct store_req, refund))
+        if (q->deadline_ms > last)
+            last = q->deadline_ms;
+    if (last == 0)
+        return 0;
+    int64_t left = last - clock_ms();
+    return (left > 0 ? left : 0) + s->rc.timeout_ms + 1;
+}
+
 /* Give back what an allowing group consumed, because another group denied:
  * one refund.lua call on the group's slot, fire and forget. Its keys,
  * params and marks are copied: the call may be reused before it runs. */

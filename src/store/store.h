@@ -75,6 +75,11 @@ void store_give_back(struct store *s, const struct store_limit *l);
  * done is then never called). Not from inside a store callback. */
 int store_drain(struct store *s, void (*done)(void *arg), void *arg);
 
+/* 0 when s owes Redis nothing; else at most how long (ms) its queued
+ * give-backs and refunds may still take before s answers or gives them up:
+ * a stopping worker runs its loop that long at most (worker.c). */
+int64_t store_owed_ms(const struct store *s);
+
 /* Whether s's readiness counts in the process-wide gauge behind /readyz and
  * sluice_redis_connected (on from store_create). A store a reload replaced
  * but that still answers the requests started before it counts no more. */

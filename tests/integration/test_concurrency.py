@@ -12,7 +12,8 @@ import time
 import pytest
 
 from conftest import (Conn, build_request, free_port, http_get, make_conf, parallel,
-                      read_log, redis_cmd, redis_keys, stop_process, timed_get, wait_until)
+                      read_log, redis_cmd, redis_keys, rl_headers, stop_process, timed_get,
+                      wait_until)
 from proxylib import proxy_conf, top_keys
 
 ROUTES = """\
@@ -328,3 +329,109 @@ def test_reservation_refunded_after_a_reload_that_replaced_redis(sluice, redis):
     reload_with_other_redis_timeout(s)
     abort(c)
     assert wait_until(lambda: tat() == first, 3.0)[0], (first, tat())
+
+
+# ---- a graceful stop with requests in flight -------------------------------
+
+def key_slots(redis_port, k):
+    """Live slots of RELOAD_ROUTES' reloadslot limit for key k."""
+    now_ms = int(time.time() * 1000)
+    return sum(int(redis_cmd(redis_port, "ZCOUNT", x, "(%d" % now_ms, "+inf"))
+               for x in own_keys(redis_port, b"reloadslot", k))
+
+
+def stop_with_one_in_flight(sluice, redis, reload_first):
+    """SIGTERM while a request holds its slot: the request finishes (the stop
+    is graceful) and the worker's loop ends with the last client, and the
+    slot's give-back must still reach Redis (it was left queued, and a
+    rolling restart kept every key with a request in flight at 429 until
+    the lease ended). Returns the slots the key still holds."""
+    import signal
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(proxy_conf(RELOAD_ROUTES))
+    c = open_slow(s.port, 1000, hdr)
+
+    def slots():
+        return key_slots(redis.port, k)
+    try:
+        assert wait_until(lambda: slots() == 1, 2.0)[0]
+        if reload_first:
+            reload_with_other_redis_timeout(s)
+        s.proc.send_signal(signal.SIGTERM)
+        assert c.read_response().status == 200
+    finally:
+        c.close()
+    assert s.proc.wait(timeout=8) == 0, s.stderr[-2000:]
+    return slots()
+
+
+def test_slot_given_back_at_a_graceful_stop(sluice, redis):
+    assert stop_with_one_in_flight(sluice, redis, False) == 0, "the slot stayed taken"
+
+
+def test_slot_given_back_at_a_stop_after_a_reload(sluice, redis):
+    """The request's runtime is the one a reload replaced: its store drains
+    while the worker stops."""
+    assert stop_with_one_in_flight(sluice, redis, True) == 0, "the slot stayed taken"
+
+
+
+def test_slot_given_back_when_shutdown_timeout_cuts_a_request(sluice, redis):
+    """shutdown_timeout: 1s with a 4 s request in flight: the request is cut
+    when the worker's loop has already ended; its slot still goes back."""
+    import signal
+    import uuid
+    k = uuid.uuid4().hex
+    hdr = [("X-Api-Key", k)]
+    s = sluice(proxy_conf(RELOAD_ROUTES, top="shutdown_timeout: 1s\n"))
+    c = open_slow(s.port, 4000, hdr)
+
+    def slots():
+        return key_slots(redis.port, k)
+    try:
+        assert wait_until(lambda: slots() == 1, 2.0)[0]
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=8) == 0, s.stderr[-2000:]
+    finally:
+        c.close()
+    assert slots() == 0, "the slot stayed taken"
+
+# ---- a config override of a concurrency limit -----------------------------
+
+OVERRIDE_ROUTES = """\
+  - name: ov
+    match: { path: /slow }
+    upstream: api
+    limits:
+      - { name: ovslot, algorithm: concurrency, limit: 1, key: ["header:X-Api-Key"],
+          overrides: [ { key: ["vip"], limit: 2 } ] }
+"""
+
+
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+def test_config_override_of_a_concurrency_limit_counts(sluice, redis, backend):
+    """An override's parameters were copied from the limit before the
+    default lease (the upstream's timeout + 10 s) was filled in: the
+    overridden key was decided with a lease of 0, which limit.lua refuses
+    ("bad window"), so with on_error: allow that key had no limit at all, and
+    the admin API's state of it was a 503."""
+    admin = free_port()
+    s = sluice(proxy_conf(OVERRIDE_ROUTES, admin_port=admin,
+                          top=top_keys(backend=backend if backend == "memory" else None)))
+    hdr = [("X-Api-Key", "vip")]
+    held_now = [open_slow(s.port, 1500, hdr) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        r = http_get(s.port, "/slow/0", headers=hdr)
+        assert r.status == 429, (r.status, r.headers)
+        assert rl_headers(r).get("X-RateLimit-Limit") == "2", r.headers
+        st = http_get(admin, "/api/limits/ov/ovslot?key=vip")
+        assert st.status == 200, st
+        assert b'"lease_ms": 15000' in st.body, st.body
+        for c in held_now:
+            assert c.read_response().status == 200
+    finally:
+        for c in held_now:
+            c.close()
