@@ -10,6 +10,7 @@
 
 #include "addr.h"
 #include "clock.h"
+#include "list.h"
 #include "log.h"
 #include "mem.h"
 #include "rconn.h"
@@ -56,7 +57,7 @@ struct store_sync_call {
     int redirected, sentinel;   /* sentinel: the next one to ask */
     int done;
     struct store_sync_reply *out;
-    struct store_sync_call *prev, *next;
+    struct list_link link;      /* on the sync store's calls */
 };
 
 struct store_sync {
@@ -65,7 +66,7 @@ struct store_sync {
     struct rconn_tls *tls;
     const struct conf_redis *rc;    /* the settings the connections follow */
     struct sync_conn *conns[SYNC_MAX_CONNS];
-    struct store_sync_call *calls;  /* every call not yet freed */
+    struct list calls;          /* every call not yet freed */
     int ncalls;
     int master_known;               /* sentinel: master_host:port is it */
     char master_host[256];
@@ -121,15 +122,12 @@ static void sync_encode(char **buf, size_t *len, int argc, const char **argv,
 
 /* ---- calls ---- */
 
+#define CALL_OF(l) LIST_ITEM((l), struct store_sync_call, link)
+
 static void call_free(struct store_sync_call *call)
 {
     struct store_sync *ss = call->ss;
-    if (call->prev)
-        call->prev->next = call->next;
-    else
-        ss->calls = call->next;
-    if (call->next)
-        call->next->prev = call->prev;
+    list_unlink(&ss->calls, &call->link);
     ss->ncalls--;
     event_free(call->timer);
     free(call->resp);
@@ -164,7 +162,8 @@ static void call_unref(struct store_sync_call *call)
 static void conn_forget(struct sync_conn *sc)
 {
     struct store_sync *ss = sc->ss;
-    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+    for (struct store_sync_call *call = CALL_OF(ss->calls.first); call;
+         call = CALL_OF(call->link.next))
         if (call->sc == sc)
             call->sc = NULL;
     for (int i = 0; i < SYNC_MAX_CONNS; i++)
@@ -179,7 +178,8 @@ static void conn_forget(struct sync_conn *sc)
 static void conn_drop(struct sync_conn *sc, const char *why)
 {
     struct store_sync *ss = sc->ss;
-    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+    for (struct store_sync_call *call = CALL_OF(ss->calls.first); call;
+         call = CALL_OF(call->link.next))
         if (call->sc == sc && !call->done)
             call_finish(call, why);
     conn_forget(sc);
@@ -234,7 +234,8 @@ static struct sync_conn *conn_get(struct store_sync *ss, enum sync_peer peer, co
     }
     for (int i = 0; i < SYNC_MAX_CONNS && slot < 0; i++) {
         int busy = 0;
-        for (struct store_sync_call *call = ss->calls; call && !busy; call = call->next)
+        for (struct store_sync_call *call = CALL_OF(ss->calls.first); call && !busy;
+             call = CALL_OF(call->link.next))
             busy = call->sc == ss->conns[i];
         if (!busy) {
             conn_drop(ss->conns[i], "closed");
@@ -465,15 +466,20 @@ void store_sync_destroy(struct store_sync *ss)
 {
     if (ss == NULL)
         return;
-    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+    for (struct store_sync_call *call = CALL_OF(ss->calls.first); call;
+         call = CALL_OF(call->link.next))
         call->cb = NULL;        /* no one to tell any more */
-    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+    for (struct store_sync_call *call = CALL_OF(ss->calls.first); call;
+         call = CALL_OF(call->link.next))
         if (!call->done)
             call_finish(call, "closed");
     if (sync_unbind(ss))        /* a cancelled lookup is delivered from the loop */
         event_base_loop(ss->base, EVLOOP_NONBLOCK);
-    while (ss->calls != NULL)   /* calls no connection owed anything */
-        call_free(ss->calls);
+    /* calls no connection owed anything */
+    for (struct store_sync_call *call = CALL_OF(ss->calls.first), *next; call; call = next) {
+        next = CALL_OF(call->link.next);
+        call_free(call);
+    }
     evdns_base_free(ss->dns, 0);
     free(ss);
 }
@@ -484,7 +490,8 @@ struct store_sync_call *store_sync_start(struct store_sync *ss, const struct con
                                          size_t errlen)
 {
     int waiting = 0;
-    for (struct store_sync_call *call = ss->calls; call; call = call->next)
+    for (struct store_sync_call *call = CALL_OF(ss->calls.first); call;
+         call = CALL_OF(call->link.next))
         waiting += !call->done;
     if (waiting >= STORE_SYNC_MAX_CALLS) {
         snprintf(err, errlen, "%d admin requests wait for redis already (the most)",
@@ -492,7 +499,7 @@ struct store_sync_call *store_sync_start(struct store_sync *ss, const struct con
         return NULL;
     }
     if (rc != ss->rc) {         /* a reload changed the settings */
-        if (ss->calls != NULL) {
+        if (ss->calls.first != NULL) {
             snprintf(err, errlen, "redis settings changed; requests of the old ones are in "
                      "flight: try again");
             return NULL;
@@ -527,10 +534,7 @@ struct store_sync_call *store_sync_start(struct store_sync *ss, const struct con
     call->timer = evtimer_new(ss->base, call_timer_cb, call);
     if (call->timer == NULL)
         abort();
-    call->next = ss->calls;
-    if (ss->calls)
-        ss->calls->prev = call;
-    ss->calls = call;
+    list_push(&ss->calls, &call->link);
     ss->ncalls++;
     if (call_route(call) != 0) {        /* cb was still NULL: no one told */
         snprintf(err, errlen, "redis: cannot send: too many connections or closing");
