@@ -96,25 +96,27 @@ $(BUILD)/web_assets.c: $(WEB) | $(BUILD)
 $(BUILD)/web_assets.o: $(BUILD)/web_assets.c
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD):
-	mkdir -p $(BUILD)/tests
+# build/ can exist without build/tests (make lint's clang build makes
+# build/clang first): the tests' rules ask for their own folder.
+$(BUILD) $(BUILD)/tests:
+	mkdir -p $@
 
-$(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testlib.h $(BUILD)/tests/testlib.o $(LIBOBJS) | $(BUILD)
+$(BUILD)/tests/test_%: tests/unit/test_%.c tests/unit/testlib.h $(BUILD)/tests/testlib.o $(LIBOBJS) | $(BUILD)/tests
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/tests/testlib.o $(LIBOBJS) $(LDLIBS) -lcmocka
 
 # The differential test links the parser sluice had before (http1_ref.c, on
 # http_parser): the only thing still built with -lhttp_parser.
 $(BUILD)/tests/test_http1_differential: tests/unit/test_http1_differential.c tests/unit/test_http1.c \
 		tests/unit/http1_diff.h tests/unit/http1_ref.h $(BUILD)/tests/http1_ref.o \
-		$(BUILD)/tests/testlib.o $(LIBOBJS) | $(BUILD)
+		$(BUILD)/tests/testlib.o $(LIBOBJS) | $(BUILD)/tests
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/tests/http1_ref.o $(BUILD)/tests/testlib.o \
 		$(LIBOBJS) $(LDLIBS) -lhttp_parser -lcmocka
 
-$(BUILD)/tests/http1_ref.o: tests/unit/http1_ref.c tests/unit/http1_ref.h $(SRC_HDRS) | $(BUILD)
+$(BUILD)/tests/http1_ref.o: tests/unit/http1_ref.c tests/unit/http1_ref.h $(SRC_HDRS) | $(BUILD)/tests
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 # What the unit tests share (a free port, a redis-server by PID)
-$(BUILD)/tests/testlib.o: tests/unit/testlib.c tests/unit/testlib.h | $(BUILD)
+$(BUILD)/tests/testlib.o: tests/unit/testlib.c tests/unit/testlib.h | $(BUILD)/tests
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 # $(call install_missing,PACKAGES): installs only those of PACKAGES that are
