@@ -133,6 +133,10 @@ struct http1 {
     enum chunk_state cs;
     uint64_t left;              /* body bytes (or chunk bytes) still to come */
     uint32_t tlen;              /* a trailer name's bytes so far */
+    uint32_t meta;              /* chunk-size, extension and trailer bytes
+                                 * since the last data byte: at most
+                                 * HTTP1_MAX_HEAD_BYTES, as http_parser
+                                 * bounded trailers */
     unsigned tframing;          /* it may still name Content-Length (1) or
                                  * Transfer-Encoding (2) */
 };
@@ -858,6 +862,7 @@ static int head_run(struct http1 *p, const char *data, size_t len, size_t max_by
     p->body = h->body;
     p->left = h->content_length;
     p->cs = CH_SIZE0;
+    p->meta = 0;
     p->done = h->body == HTTP1_BODY_NONE;
     return 0;
 }
@@ -903,6 +908,8 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
             i++;
             break;
         case CH_SIZE:
+            if (++p->meta > HTTP1_MAX_HEAD_BYTES)
+                return -1;          /* leading zeros without end */
             if (HAS(c, C_HEX)) {
                 /* http_parser's bound, which sluice had before: a size
                  * above 2^60 is refused before it is read further */
@@ -919,15 +926,22 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
             i++;
             break;
         case CH_EXT:
-        case CH_TRAILER_VALUE:
+        case CH_TRAILER_VALUE: {
             /* the rest of a size line or of a trailer line, to its CR */
-            if ((i = run_of(d, i, n, C_EXT)) == n)
+            size_t from = i;
+            i = run_of(d, i, n, C_EXT);
+            p->meta += (uint32_t)(i - from > HTTP1_MAX_HEAD_BYTES ? HTTP1_MAX_HEAD_BYTES + 1
+                                                                  : i - from);
+            if (p->meta > HTTP1_MAX_HEAD_BYTES)
+                return -1;
+            if (i == n)
                 return (long)i;
             if (d[i] != '\r')
                 return -1;
             p->cs = p->cs == CH_EXT ? CH_SIZE_LF : CH_TRAILER_LF;
             i++;
             break;
+        }
         case CH_SIZE_LF:
             if (c != '\n')
                 return -1;
@@ -938,6 +952,7 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
             size_t take = n - i < p->left ? n - i : (size_t)p->left;
             pieces[*np] = (struct http1_piece){ i, take };
             (*np)++;
+            p->meta = 0;
             i += take;
             p->left -= take;
             if (p->left == 0)
@@ -977,6 +992,8 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
                 if (p->tlen < 17 && (c | 0x20) != (unsigned char)"transfer-encoding"[p->tlen])
                     p->tframing &= ~2u;
                 p->tlen++;
+                if (++p->meta > HTTP1_MAX_HEAD_BYTES)
+                    return -1;
                 if (++i == n)
                     return (long)i;
                 c = (unsigned char)d[i];

@@ -549,6 +549,47 @@ static void test_body_chunked_bad(void **state)
     assert_int_equal(chunked_body_result("5\r\nhel"), -2);
 }
 
+/* Size lines, extensions and trailers are bounded: HTTP1_MAX_HEAD_BYTES of
+ * them without a data byte between, as http_parser bounded trailers. Just
+ * under the bound passes, so the check is the bound and not a refusal. */
+static void test_body_chunked_meta_bounded(void **state)
+{
+    size_t big = HTTP1_MAX_HEAD_BYTES + 64, n;
+    char *b = malloc(256 * 1024);
+
+    (void)state;
+    /* leading zeros without end */
+    memset(b, '0', big);
+    strcpy(b + big, "5\r\nhello\r\n0\r\n\r\n");
+    assert_int_equal(chunked_body_result(b), -1);
+    /* one chunk extension without end */
+    n = (size_t)sprintf(b, "5;");
+    memset(b + n, 'x', big);
+    strcpy(b + n + big, "\r\nhello\r\n0\r\n\r\n");
+    assert_int_equal(chunked_body_result(b), -1);
+    /* trailer lines without end */
+    n = (size_t)sprintf(b, "0\r\n");
+    while (n < 2 * big)         /* CRLF and ':' are not counted: twice over */
+        n += (size_t)sprintf(b + n, "T: vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv\r\n");
+    strcpy(b + n, "\r\n");
+    assert_int_equal(chunked_body_result(b), -1);
+    /* under the bound: 60 KB of trailers and of extension are taken */
+    n = (size_t)sprintf(b, "0\r\n");
+    while (n < 60 * 1024)
+        n += (size_t)sprintf(b + n, "T: vvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvvv\r\n");
+    strcpy(b + n, "\r\n");
+    assert_int_equal(chunked_body_result(b), (long)n + 2);
+    n = (size_t)sprintf(b, "5;");
+    memset(b + n, 'x', 60 * 1024);
+    n += 60 * 1024;
+    n += (size_t)sprintf(b + n, "\r\nhello\r\n5;");
+    memset(b + n, 'x', 60 * 1024);      /* a data byte came between: counted anew */
+    n += 60 * 1024;
+    n += (size_t)sprintf(b + n, "\r\nhello\r\n0\r\n\r\n");
+    assert_int_equal(chunked_body_result(b), (long)n);
+    free(b);
+}
+
 /* More payload runs than the array holds: the feed stops early with a full
  * array, and the caller continues with the rest. */
 static void test_body_pieces_full(void **state)
@@ -822,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_body_none_first_feed),
         cmocka_unit_test(test_body_chunked_ext_trailers),
         cmocka_unit_test(test_body_chunked_bad),
+        cmocka_unit_test(test_body_chunked_meta_bounded),
         cmocka_unit_test(test_body_pieces_full),
         cmocka_unit_test(test_response_length_and_chunked),
         cmocka_unit_test(test_response_eof),
