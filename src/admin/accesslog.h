@@ -44,6 +44,8 @@ struct accesslog_entry {
     int64_t delay_ms;           /* a delayed request's wait; written only when > 0 */
     int key_fallback;           /* a limit counted it under the client address
                                  * (on_missing_key: ip); written only when set */
+    int http2;                  /* came on an HTTP/2 stream: written as
+                                 * "protocol":"HTTP/2.0" (HTTP/1.x: nothing) */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

@@ -208,6 +208,7 @@ void request_log_end(struct client *c)
         .tls = c->tls_version,
         .delay_ms = c->rq->dec.wait_ms,
         .key_fallback = c->rq->dec.fallback != 0,
+        .http2 = c->h2_stream,
     };
     accesslog_write(c->env->alog, &e);
 }
