@@ -16,6 +16,7 @@ import time
 from conftest import wait_until
 from h2lib import RawH2, continuation_frame, headers_frame, rst_frame
 from proxylib import proxy_conf
+from test_idle_memory import sanitized
 
 ROUTES = """\
   - name: decided
@@ -152,7 +153,8 @@ def test_ping_flood_unread(sluice):
     assert outcome == "closed", "%s after %.1f s" % (outcome, took)
     grown = rss_kb(s.proc.pid) - rss
     print("PING flood: closed after %.1f s, RSS grew %d KiB" % (took, grown))
-    assert grown < 16 * 1024
+    if not sanitized(s.proc.pid):      # ASan's quarantine is not what this bounds
+        assert grown < 16 * 1024
     c.close()
     assert prior_knowledge_ok(s.port)
 
@@ -170,7 +172,8 @@ def test_window_never_opened(sluice):
     assert c.stream(sid)["reset"] is not None or c.goaway is not None
     grown = rss_kb(s.proc.pid) - rss
     print("zero window: reset after %.1f s, RSS grew %d KiB" % (took, grown))
-    assert grown < 8 * 1024      # not the 20 MB body
+    if not sanitized(s.proc.pid):
+        assert grown < 8 * 1024  # not the 20 MB body
     c.close()
 
 
