@@ -18,6 +18,7 @@ import pytest
 
 from conftest import free_port, read_log, stop_process, wait_port, wait_until
 from proxylib import metrics, mval, start_proxy
+from tlslib import CA
 
 NGINX = "/usr/sbin/nginx"
 
@@ -56,25 +57,29 @@ ROUTES = """\
 """
 
 
-def start_decision(sluice, tmp_path, decision="", trusted=None, routes=ROUTES):
+def start_decision(sluice, tmp_path, decision="", routes=ROUTES, **kw):
     """sluice with a decision listener (its port as .dport) and an access
-    log (.log_path)."""
+    log (.log_path); kw as start_proxy's."""
     dport = free_port()
     log = tmp_path / "access.log"
     top = "access_log: %s\ndecision:\n  listen: 127.0.0.1:%d\n%s" % (log, dport, decision)
-    s = start_proxy(sluice, routes, top=top, trusted=trusted)
+    s = start_proxy(sluice, routes, top=top, **kw)
     assert wait_port(dport, s.proc), s.stderr
     s.dport, s.log_path = dport, str(log)
     return s
 
 
-def curl(port, target, headers=(), method="GET"):
-    """One request with curl: (status, {lower-case name: value}, body)."""
+def curl(port, target, headers=(), method="GET", cacert=None):
+    """One request with curl: (status, {lower-case name: value}, body);
+    with cacert, over TLS to api.test (resolved to 127.0.0.1)."""
     args = ["curl", "-sS", "--max-time", "5", "-i", "-X", method]
     for name, value in headers:
         args += ["-H", "%s: %s" % (name, value)]
-    out = subprocess.run(args + ["http://127.0.0.1:%d%s" % (port, target)], capture_output=True,
-                         timeout=10, check=True).stdout
+    url = "http://127.0.0.1:%d%s" % (port, target)
+    if cacert:
+        args += ["--cacert", cacert, "--resolve", "api.test:%d:127.0.0.1" % port]
+        url = "https://api.test:%d%s" % (port, target)
+    out = subprocess.run(args + [url], capture_output=True, timeout=10, check=True).stdout
     head, _, body = out.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     fields = {}
@@ -190,6 +195,59 @@ def test_deny_status_and_bad_descriptions(sluice, redis, tmp_path):
     status, _, body = curl(s.dport, "/decide", traefik("/api", method="GE T"))
     assert status == 400 and b"bad_method" in body
     assert curl(s.dport, "/elsewhere", traefik("/api"))[0] == 404
+
+
+OPTION_ROUTES = ROUTES.replace("  - name: api\n", """\
+  - name: quiet
+    match: { path: /quiet }
+    limits:
+      - { name: watch, algorithm: fixed_window, limit: 1, window: 1m, key: [ip], shadow: true }
+  - name: vip
+    match: { path: /vip }
+    limits:
+      - name: per_user
+        algorithm: fixed_window
+        limit: 1
+        window: 1m
+        key: ["header:X-User"]
+        overrides: [ { key: [gold], limit: 3 } ]
+  - name: api
+""", 1)
+
+
+def test_shadow_and_overrides_as_for_the_proxy(sluice, redis, tmp_path):
+    s = start_decision(sluice, tmp_path, routes=OPTION_ROUTES)
+    # a shadow limit counts and reports, never rejects
+    assert [curl(s.dport, "/decide", traefik("/quiet"))[0] for _ in range(3)] == [200] * 3
+    assert read_log(s.log_path, 3)[2]["decision"] == "shadow_limited"
+    # a config override's quota for one key
+    gold = [curl(s.dport, "/decide", traefik("/vip", more=[("X-User", "gold")]))[0]
+            for _ in range(4)]
+    assert gold == [200, 200, 200, 429]
+    assert [curl(s.dport, "/decide", traefik("/vip", more=[("X-User", "tin")]))[0]
+            for _ in range(2)] == [200, 429]
+
+
+@pytest.mark.parametrize("on_error,want", [("deny", 503), ("allow", 200)])
+def test_redis_down_on_error(sluice, redis, tmp_path, on_error, want):
+    s = start_decision(sluice, tmp_path, on_error=on_error, redis_port=free_port(),
+                       wait_redis=False, redis_timeout="200ms")
+    status, h, _ = curl(s.dport, "/decide", traefik("/orders/4"))
+    assert status == want
+    if want == 503:
+        assert int(h["retry-after"]) >= 1
+
+
+def test_tls_decision_listener(sluice, redis, tmp_path):
+    ca = CA(tmp_path / "pki")
+    cert, key = ca.leaf("dec", "ec", ["api.test"])
+    dport = free_port()
+    top = ("decision:\n  listen:\n    - address: 127.0.0.1:%d\n      tls:\n"
+           "        certificates: [ { cert_file: %s, key_file: %s } ]\n" % (dport, cert, key))
+    s = start_proxy(sluice, ROUTES, top=top)
+    assert wait_port(dport, s.proc), s.stderr
+    got = [curl(dport, "/decide", traefik("/orders/5"), cacert=ca.root)[0] for _ in range(2)]
+    assert got == [200, 429]
 
 
 def test_proxy_listener_passes_decision_only_routes_over(sluice, redis, upstream, tmp_path):
