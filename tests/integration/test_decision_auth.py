@@ -17,10 +17,10 @@ import subprocess
 import pytest
 
 from conftest import free_port, read_log, stop_process, wait_port, wait_until
+from nginxlib import NGINX, nginx_conf
 from proxylib import metrics, mval, start_proxy
 from tlslib import CA
 
-NGINX = "/usr/sbin/nginx"
 
 # /api: a route of the decision listener alone (no upstream); /shop proxied
 # and decided alike; /orders/<id>: a capture key; /w: POST only.
@@ -278,26 +278,12 @@ def test_access_log_and_metrics_say_decision_mode(sluice, redis, tmp_path):
 
 # ------------------------------------------------------------ nginx ----
 
-NGINX_CONF = """
-user root;
-worker_processes 1;
-daemon off;
-master_process off;
-pid %(t)s/nginx.pid;
-error_log %(t)s/error.log info;
-events { worker_connections 64; }
-http {
+NGINX_SERVER = """
     access_log off;
-    client_body_temp_path %(t)s/body;
-    proxy_temp_path %(t)s/proxy;
-    fastcgi_temp_path %(t)s/fastcgi;
-    uwsgi_temp_path %(t)s/uwsgi;
-    scgi_temp_path %(t)s/scgi;
     server {
         listen 127.0.0.1:%(port)d;
 %(snippet)s
     }
-}
 """
 
 
@@ -323,8 +309,8 @@ def nginx_front(tmp_path, upstream):
         d.mkdir()
         port = free_port()
         conf = d / "nginx.conf"
-        conf.write_text(NGINX_CONF % {"t": d, "port": port,
-                                      "snippet": nginx_snippet(dport, upstream.port)})
+        conf.write_text(nginx_conf(d, NGINX_SERVER % {
+            "port": port, "snippet": nginx_snippet(dport, upstream.port)}))
         errf = open(d / "nginx.stderr", "wb")
         proc = subprocess.Popen([NGINX, "-p", str(d), "-c", str(conf)],
                                 stdout=subprocess.DEVNULL, stderr=errf)
