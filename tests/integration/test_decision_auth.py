@@ -238,6 +238,16 @@ def test_redis_down_on_error(sluice, redis, tmp_path, on_error, want):
         assert int(h["retry-after"]) >= 1
 
 
+def test_decision_service_alone(sluice, redis, upstream):
+    # no listen, no upstreams: the decision listener is the only socket
+    s = sluice("decision: { listen: 127.0.0.1:@LISTEN_PORT@ }\n"
+               "redis: { url: redis://127.0.0.1:@REDIS_PORT@/0, prefix: \"alone:\" }\n"
+               "routes:\n" + ROUTES[:ROUTES.index("  - name: shop")])
+    assert [curl(s.port, "/decide", traefik("/api", more=[("X-User", "u")]))[0]
+            for _ in range(3)] == [200, 200, 429]
+    assert "listening on 127.0.0.1:%d (decision)" % s.port in s.stderr
+
+
 def test_tls_decision_listener(sluice, redis, tmp_path):
     ca = CA(tmp_path / "pki")
     cert, key = ca.leaf("dec", "ec", ["api.test"])
