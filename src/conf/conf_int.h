@@ -166,5 +166,6 @@ int conf_h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_allow(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_routes(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_paths(struct ctx *x, struct node *k, struct node *v, void *obj);
+int conf_h_plans(struct ctx *x, struct node *k, struct node *v, void *obj);
 
 #endif
