@@ -167,11 +167,15 @@ static char *decode(const char *s, size_t n, size_t *outlen)
     return o;
 }
 
+/* A route, or "plan:NAME": a plan's limits (their keys are the plan's). */
 static const struct conf_route *find_route(const struct conf *c, const char *s, size_t n)
 {
     for (int i = 0; i < c->nroutes; i++)
         if (strlen(c->routes[i].name) == n && !memcmp(c->routes[i].name, s, n))
             return &c->routes[i];
+    for (int i = 0; i < c->nplans; i++)
+        if (strlen(c->plans[i].route.name) == n && !memcmp(c->plans[i].route.name, s, n))
+            return &c->plans[i].route;
     return NULL;
 }
 

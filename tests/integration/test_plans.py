@@ -113,6 +113,10 @@ def test_usage_read_shows_the_counts(sluice, redis):
     assert lim["burst"]["state"]["remaining"] == 47, lim
     # the read consumed nothing
     assert run(s, "k-gold", 3) == [200, 200, 429]
+    # a plan's limits are a route of their own to the limits API: reset
+    code, doc, _ = api(s, "POST", "/api/limits/plan:pro/per-hour/reset?key=k-gold")
+    assert code == 200 and doc["existed"] is True, doc
+    assert call(s, "k-gold") == 200
     code, doc, _ = api(s, "GET", "/api/plans?key=k-new")
     assert doc["plan"] == "free" and doc["source"] == "default", doc
     assert doc["limits"][0]["state"]["used"] == 0, doc
