@@ -1314,8 +1314,8 @@ static int plans_assign(struct ctx *x, struct node *v)
         struct conf_plan_assign *a = &c->plan_assign[c->nplan_assign];
         size_t old = conf_path_push(x, ".%s", conf_show(v->kids[i]->str, sb));
         size_t n = strlen(v->kids[i]->str);
-        int rc = n == 0 || n > CONF_MAX_PART
-                 ? conf_fail(x, v->kids[i], "a client key of 1 to %d bytes", CONF_MAX_PART)
+        int rc = n == 0 || n > CONF_MAX_PLAN_KEY
+                 ? conf_fail(x, v->kids[i], "a client key of 1 to %d bytes", CONF_MAX_PLAN_KEY)
                  : plan_ref(x, v->kids[i + 1], &a->plan);
         conf_path_pop(x, old);
         if (rc < 0)

@@ -177,3 +177,19 @@ def test_config_errors_have_file_line_col(tmp_path):
                                  r"'limits'|unknown key 'x')", err), err
     rc, err, path = check(tmp_path, conf_with("", ROUTES))
     assert rc == 1 and re.search(re.escape(path) + r":\d+:\d+: .*no plans: section", err), err
+
+
+def test_plan_from_names_the_plan_after_the_assignments(sluice, redis):
+    routes = ROUTES.replace('    plan_key: "header:X-Api-Key"\n',
+                            '    plan_key: "header:X-Api-Key"\n    plan_from: "header:X-Plan"\n')
+    s = start(sluice, routes=routes)
+
+    def with_plan(key, plan, n):
+        return [http_get(s.port, "/api", headers=[("X-Api-Key", key), ("X-Plan", plan)]).status
+                for _ in range(n)]
+
+    assert with_plan("k-p1", "pro", 6) == [200] * 5 + [429]
+    assert with_plan("k-p2", "nosuch", 3) == [200, 200, 429]    # no such plan: default
+    code, doc, _ = api(s, "PUT", "/api/plans?key=k-p3", {"plan": "free"})
+    assert code == 200, doc
+    assert with_plan("k-p3", "pro", 3) == [200, 200, 429]       # the assignment goes first
