@@ -272,11 +272,19 @@ static int check_route_plans(struct ctx *x, const struct conf_route *r, struct n
     int rc = 0;
     if (c->nplans == 0)
         rc = conf_fail(x, at, "the route applies plans but there is no plans: section");
-    for (int i = 0; i < c->nplans && rc == 0; i++)
-        if (r->nlimits + c->plans[i].route.nlimits > CONF_MAX_LIMITS)
+    for (int i = 0; i < c->nplans && rc == 0; i++) {
+        const struct conf_route *p = &c->plans[i].route;
+        if (r->nlimits + p->nlimits > CONF_MAX_LIMITS)
             rc = conf_fail(x, at, "the route's %d limits and plan '%s''s %d are more than %d",
-                           r->nlimits, c->plans[i].name, c->plans[i].route.nlimits,
-                           CONF_MAX_LIMITS);
+                           r->nlimits, c->plans[i].name, p->nlimits, CONF_MAX_LIMITS);
+        /* one name per limit in the rate-limit fields and the 429 body */
+        for (int a = 0; a < r->nlimits && rc == 0; a++)
+            for (int b = 0; b < p->nlimits && rc == 0; b++)
+                if (!strcmp(r->limits[a].name, p->limits[b].name))
+                    rc = conf_fail(x, at, "limit name '%s' is both the route's and plan '%s''s "
+                                   "(responses name the limit that denies)",
+                                   p->limits[b].name, c->plans[i].name);
+    }
     conf_path_pop(x, old);
     return rc;
 }
