@@ -1350,8 +1350,8 @@ int conf_h_plans(struct ctx *x, struct node *k, struct node *v, void *obj)
         int rc = name ? 0 : -1;
         if (rc == 0 && val->kind == NODE_NULL)
             rc = conf_fail(x, key, "plan '%s' has no limits", name);
-        for (int j = 0; j < c->nplans && rc == 0; j++)
-            if (!strcmp(c->plans[j].name, name))
+        for (int j = 0; j < i && rc == 0; j += 2)
+            if (!strcmp(v->kids[j]->str, key->str))
                 rc = conf_fail(x, key, "duplicate plan '%s'", name);
         if (rc == 0) {
             struct conf_plan *p = &c->plans[c->nplans++];

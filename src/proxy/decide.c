@@ -298,7 +298,7 @@ static int build_keys(struct decision *dec, const struct conf *conf,
     int total = r->nlimits + (plan ? plan->route.nlimits : 0);
     dec->rl.plan = plan ? &plan->route : NULL;
     for (int i = 0; i < total && n < STORE_MAX_LIMITS; i++) {
-        const struct conf_route *kr = i < r->nlimits ? r : &plan->route;
+        const struct conf_route *kr = i < r->nlimits || plan == NULL ? r : &plan->route;
         const struct conf_limit *l = &kr->limits[i < r->nlimits ? i : i - r->nlimits];
         long klen = route_key(conf, kr, l, req, key);
         if (klen == ROUTE_KEY_AMBIGUOUS || klen == ROUTE_KEY_BAD)
