@@ -6,11 +6,14 @@
 # clear falling back, the usage read, the token rule, and config errors
 # with FILE:LINE:COL.
 
+import os
 import re
+import signal
 import subprocess
 
 from apilib import TOKEN, api, start_api, start_pair
 from conftest import http_get, make_conf, sluice_bin, wait_until
+from proxylib import wait_metric
 
 PLANS = """\
 plans:
@@ -193,3 +196,22 @@ def test_plan_from_names_the_plan_after_the_assignments(sluice, redis):
     code, doc, _ = api(s, "PUT", "/api/plans?key=k-p3", {"plan": "free"})
     assert code == 200, doc
     assert with_plan("k-p3", "pro", 3) == [200, 200, 429]       # the assignment goes first
+
+
+def test_reload_keeps_assignments_and_passes_over_a_removed_plan(sluice, redis):
+    s = start(sluice)
+    code, doc, _ = api(s, "PUT", "/api/plans?key=k-r", {"plan": "pro"})
+    assert code == 200, doc
+    assert run(s, "k-r", 2) == [200, 200]
+    # the same file again: the run-time assignment stands (pro: 3 of 5 left)
+    os.kill(s.proc.pid, signal.SIGHUP)
+    assert wait_metric(s.admin_port, "sluice_config_reloads_total", 1, result="ok")
+    assert run(s, "k-r", 4) == [200, 200, 200, 429]
+    # pro renamed: the assignment names no plan of this config, the default applies
+    s.conf_path.write_text(s.conf_path.read_text().replace("  pro:\n", "  gold:\n")
+                           .replace("k-gold: pro", "k-gold: gold"))
+    os.kill(s.proc.pid, signal.SIGHUP)
+    assert wait_metric(s.admin_port, "sluice_config_reloads_total", 2, result="ok")
+    assert run(s, "k-r", 3) == [200, 200, 429]
+    code, doc, _ = api(s, "GET", "/api/plans?key=k-r")
+    assert doc["plan"] == "free" and doc["source"] == "default", doc
