@@ -63,6 +63,15 @@ const struct conf_route *route_match(const struct conf *c,
                                      const char *method, size_t methodlen,
                                      const char *host, size_t hostlen,
                                      struct route_captures *caps);
+/* route_match over the routes a request may meet: with proxied, routes
+ * without an upstream (decision mode's alone, docs/decision.md) are passed
+ * over; without it (a decision listener's request), every route.
+ * route_match is route_match_in(c, 0, ...). */
+const struct conf_route *route_match_in(const struct conf *c, int proxied,
+                                        const char *path, size_t pathlen,
+                                        const char *method, size_t methodlen,
+                                        const char *host, size_t hostlen,
+                                        struct route_captures *caps);
 
 /* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
  * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.
@@ -112,6 +121,13 @@ long route_key_fallback(const struct conf *c, const struct conf_route *r,
 long route_key_parts(const struct conf *c, const struct conf_route *r,
                      const struct conf_limit *l, const char *const *parts,
                      const size_t *lens, int n, char *out);
+
+/* The value key source ks takes in the request, as a key part holds it
+ * (a query parameter or cookie decoded), into out[ROUTE_MAX_KEY],
+ * NUL-terminated: its length; -1 when absent or longer than ROUTE_MAX_PART;
+ * ROUTE_KEY_AMBIGUOUS or ROUTE_KEY_BAD as route_key() says. What plans read
+ * a client's key and plan name with. */
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out);
 
 /* Bit i set: key source i of l carries a credential, shown hashed by the
  * console: the Authorization and Proxy-Authorization headers, every

@@ -18,6 +18,7 @@ FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
 FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
                  h1write_request h1write_response http1_differential redis_reply admin_api \
+                 fwdauth \
                  h2srv
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
@@ -63,6 +64,9 @@ FUZZ_LEN_http1_differential := 8192
 FUZZ_LEN_redis_reply      := 8192
 FUZZ_LEN_admin_api        := 8192
 FUZZ_LEN_h2srv            := 16384
+FUZZ_OBJS_fwdauth         := fwdauth $(FUZZ_OBJS_route_key)
+FUZZ_LEN_fwdauth          := 4096
+FUZZ_DICT_fwdauth         := tests/fuzz/route.dict
 FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
 FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
 FUZZ_DICT_conf            := tests/fuzz/conf.dict
@@ -124,6 +128,7 @@ fuzz: fuzz-build
 	    redis_reply) len=$(FUZZ_LEN_redis_reply); dict=$(FUZZ_DICT_redis_reply);; \
 	    admin_api) len=$(FUZZ_LEN_admin_api); dict=$(FUZZ_DICT_admin_api);; \
 	    h2srv) len=$(FUZZ_LEN_h2srv); dict=$(FUZZ_DICT_h2srv);; \
+	    fwdauth) len=$(FUZZ_LEN_fwdauth); dict=$(FUZZ_DICT_fwdauth);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
 	  log=$(FUZZ_DIR)/$$t.log; \
