@@ -281,3 +281,14 @@ def test_sighup_new_streams_take_the_new_config(sluice, upstream):
     assert c.response(sid)[0] == 502
     assert c.goaway is None and not c.closed
     c.close()
+
+
+def test_headless_chromium_over_tls(sluice, pki, tmp_path):
+    from test_dashboard import run_chromium
+    log = tmp_path / "access.log"
+    s = start_tls(sluice, ROUTES, [pki.ec], top="access_log: %s\n" % log)
+    out, _ = run_chromium(tmp_path, "https://127.0.0.1:%d/chromium?x=1" % s.tls_port,
+                          "--ignore-certificate-errors", "--dump-dom")
+    assert "/chromium?x=1" in out, out[-2000:]
+    lines = read_log(log, 1, keep=lambda e: e["path"] == "/chromium?x=1")
+    assert lines and lines[0]["protocol"] == "HTTP/2.0" and lines[0]["tls"] == "TLSv1.3", lines
