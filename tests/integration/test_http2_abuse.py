@@ -206,3 +206,22 @@ def test_preface_without_settings_times_out(sluice):
     assert got[3:4] == b"\x04"      # our SETTINGS first, not an HTTP/1.1 400
     assert 0.5 < took < 8
     assert wait_until(lambda: prior_knowledge_ok(s.port), 5)
+
+
+def test_reset_streams_hold_their_slots_until_cancelled(sluice, upstream):
+    s = start(sluice, client="  http2_max_streams: 2\n")
+    c = RawH2(s.port)
+    heads = upstream.stats()["heads"]
+    a, b = c.request("/slow/3000"), c.request("/slow/3000")
+    assert wait_until(lambda: upstream.stats()["heads"] - heads >= 2, 10)
+    # Both reset, a third stream in the same write: nghttp2 counts two
+    # closed streams, but their exchanges are not cancelled yet: refused.
+    sid = c.next_sid
+    c.next_sid += 2
+    c.send(rst_frame(a) + rst_frame(b) + headers_frame(sid, c.block("/third")))
+    c.wait(lambda c: c.stream(sid)["reset"] is not None or c.stream(sid)["ended"], 10)
+    assert c.stream(sid)["reset"] == 7         # REFUSED_STREAM: safe to retry
+    # once cancelled (within a loop turn), the slots are free again
+    assert served(c, "/fourth") == 200
+    assert c.goaway is None
+    c.close()
