@@ -344,6 +344,17 @@ static void render_counter(struct evbuffer *out, const char *name, const char *h
                         name, (unsigned long long)load(&counters[which]));
 }
 
+/* A counter family of two series told apart by one label. */
+static void render_counter2(struct evbuffer *out, const char *name, const char *help,
+                            const char *label, const char *v1, enum metrics_counter c1,
+                            const char *v2, enum metrics_counter c2)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s{%s=\"%s\"} %llu\n"
+                             "%s{%s=\"%s\"} %llu\n", name, help, name,
+                        name, label, v1, (unsigned long long)load(&counters[c1]),
+                        name, label, v2, (unsigned long long)load(&counters[c2]));
+}
+
 /* The total as before (no label), then the same decisions by reason. */
 static void render_redis_errors(struct evbuffer *out)
 {
@@ -459,13 +470,8 @@ void metrics_render(struct evbuffer *out)
     render_counter(out, "sluice_key_fallbacks_total",
                    "Limit keys counted under the client address: a key source was absent.",
                    METRICS_KEY_FALLBACKS);
-    evbuffer_add_printf(out,
-        "# HELP sluice_client_requests_total Requests read from clients, by protocol.\n"
-        "# TYPE sluice_client_requests_total counter\n"
-        "sluice_client_requests_total{protocol=\"HTTP/1\"} %llu\n"
-        "sluice_client_requests_total{protocol=\"HTTP/2\"} %llu\n",
-        (unsigned long long)load(&counters[METRICS_REQUESTS_HTTP1]),
-        (unsigned long long)load(&counters[METRICS_REQUESTS_HTTP2]));
+    render_counter2(out, "sluice_client_requests_total", "Requests read from clients, by protocol.",
+                    "protocol", "HTTP/1", METRICS_REQUESTS_HTTP1, "HTTP/2", METRICS_REQUESTS_HTTP2);
     render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
                 &hists[METRICS_REDIS_SECONDS]);
     render_batch(out);
@@ -488,13 +494,8 @@ void metrics_render(struct evbuffer *out)
         "# HELP sluice_access_log_dropped_total Access-log lines dropped because the writer fell behind.\n"
         "# TYPE sluice_access_log_dropped_total counter\nsluice_access_log_dropped_total %llu\n",
         (unsigned long long)load(&counters[METRICS_ACCESS_LOG_DROPPED]));
-    evbuffer_add_printf(out,
-        "# HELP sluice_redis_redirects_total Redis Cluster redirects followed, by kind.\n"
-        "# TYPE sluice_redis_redirects_total counter\n"
-        "sluice_redis_redirects_total{kind=\"ask\"} %llu\n"
-        "sluice_redis_redirects_total{kind=\"moved\"} %llu\n",
-        (unsigned long long)load(&counters[METRICS_REDIS_REDIRECTS_ASK]),
-        (unsigned long long)load(&counters[METRICS_REDIS_REDIRECTS_MOVED]));
+    render_counter2(out, "sluice_redis_redirects_total", "Redis Cluster redirects followed, by kind.",
+                    "kind", "ask", METRICS_REDIS_REDIRECTS_ASK, "moved", METRICS_REDIS_REDIRECTS_MOVED);
     evbuffer_add_printf(out,
         "# HELP sluice_config_reloads_total Config reloads by result.\n"
         "# TYPE sluice_config_reloads_total counter\n"

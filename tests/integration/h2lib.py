@@ -15,7 +15,33 @@ import h2.settings
 from hyperframe.frame import ContinuationFrame, HeadersFrame
 
 
-class H2Conn:
+class _Streams:
+    """What both clients keep per stream, and their bounded waits. A
+    subclass sets .streams = {}, .closed and defines pump()."""
+
+    def stream(self, sid):
+        return self.streams.setdefault(sid, {"headers": [], "data": b"", "reset": None,
+                                             "ended": False})
+
+    def wait(self, until, timeout_s=10.0):
+        """Pumps until until(self) is true, the peer closes, or timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while not until(self) and not self.closed and time.monotonic() < deadline:
+            self.pump()
+        return until(self)
+
+    def response(self, sid, timeout_s=10.0):
+        """(final status or None, its fields as a dict, body, reset code or
+        None) once the stream ended or was reset, or timeout_s passed."""
+        st = self.stream(sid)
+        self.wait(lambda c: st["ended"] or st["reset"] is not None, timeout_s)
+        finals = [h for h in st["headers"] if not h.get(":status", "2").startswith("1")]
+        head = finals[0] if finals else {}
+        return (int(head[":status"]) if ":status" in head else None, head, st["data"],
+                st["reset"])
+
+
+class H2Conn(_Streams):
     """One HTTP/2 connection to 127.0.0.1:port, preface and SETTINGS sent."""
 
     def __init__(self, port, timeout_s=5.0, settings=None):
@@ -38,10 +64,6 @@ class H2Conn:
 
     def send_raw(self, data):
         self.sock.sendall(data)
-
-    def stream(self, sid):
-        return self.streams.setdefault(sid, {"headers": [], "data": b"", "reset": None,
-                                             "ended": False})
 
     def request(self, path="/", method="GET", authority="localhost", headers=(), body=None,
                 end=True):
@@ -79,7 +101,7 @@ class H2Conn:
             sid = getattr(ev, "stream_id", None)
             if isinstance(ev, (h2.events.ResponseReceived, h2.events.InformationalResponseReceived,
                                h2.events.TrailersReceived)):
-                self.stream(sid)["headers"].append(ev.headers)
+                self.stream(sid)["headers"].append(dict(ev.headers))
             elif isinstance(ev, h2.events.DataReceived):
                 self.stream(sid)["data"] += ev.data
                 self.conn.acknowledge_received_data(ev.flow_controlled_length, sid)
@@ -93,22 +115,6 @@ class H2Conn:
             self.flush()
         except OSError:
             self.closed = True
-
-    def wait(self, until, timeout_s=10.0):
-        """Pumps until until(self) is true, the peer closes, or timeout_s."""
-        deadline = time.monotonic() + timeout_s
-        while not until(self) and not self.closed and time.monotonic() < deadline:
-            self.pump()
-        return until(self)
-
-    def response(self, sid, timeout_s=10.0):
-        """(status, {name: value}, body, reset code) once the stream ended or was reset."""
-        st = self.stream(sid)
-        self.wait(lambda c: st["ended"] or st["reset"] is not None, timeout_s)
-        heads = [h for h in st["headers"] if not dict(h).get(":status", "2").startswith("1")]
-        head = dict(heads[0]) if heads else {}
-        return (int(head[":status"]) if ":status" in head else None, head, st["data"],
-                st["reset"])
 
     def close(self):
         self.sock.close()
@@ -133,7 +139,7 @@ def continuation_frame(sid, block, end_headers=False):
     return f.serialize()
 
 
-class RawH2:
+class RawH2(_Streams):
     """HTTP/2 by hand, for frames no well-behaved library sends (floods,
     bombs, resets by the thousand): frames out as built, frames in parsed
     with hyperframe, header blocks with our own HPACK state."""
@@ -157,10 +163,6 @@ class RawH2:
         self.streams = {}
         self.goaway = None          # (error code, last stream id)
         self.closed = False
-
-    def stream(self, sid):
-        return self.streams.setdefault(sid, {"headers": [], "data": b"", "reset": None,
-                                             "ended": False})
 
     def block(self, path, method="GET", extra=()):
         return self.enc.encode([(":method", method), (":scheme", "http"),
@@ -229,20 +231,6 @@ class RawH2:
             f.parse_body(memoryview(self.buf[9:9 + length]))
             self.buf = self.buf[9 + length:]
             self._frame(f)
-
-    def wait(self, until, timeout_s=10.0):
-        deadline = time.monotonic() + timeout_s
-        while not until(self) and not self.closed and time.monotonic() < deadline:
-            self.pump()
-        return until(self)
-
-    def response(self, sid, timeout_s=10.0):
-        """(final status or None, body, reset code or None)."""
-        st = self.stream(sid)
-        self.wait(lambda c: st["ended"] or st["reset"] is not None, timeout_s)
-        finals = [h for h in st["headers"] if not h.get(":status", "2").startswith("1")]
-        status = int(finals[0][":status"]) if finals and ":status" in finals[0] else None
-        return status, st["data"], st["reset"]
 
     def close(self):
         self.sock.close()

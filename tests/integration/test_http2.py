@@ -254,7 +254,7 @@ def test_sigterm_goaway_then_streams_finish(sluice):
     # the notice (the largest stream id), then the last stream taken
     c.wait(lambda c: c.goaway is not None, 5)
     assert c.goaway == (0, 2 ** 31 - 1)
-    status, body, rst = c.response(slow, 10)
+    status, _, body, rst = c.response(slow, 10)
     assert (status, rst) == (200, None) and json.loads(body)["target"] == "/slow/1500"
     c.wait(lambda c: c.goaway != (0, 2 ** 31 - 1), 5)
     assert c.goaway == (0, slow)
