@@ -39,6 +39,14 @@
 #define RST_BURST       1000
 #define RST_RATE        33
 #define MAX_CONTINUATIONS 8
+/* Frames that ask for work but carry no request (PING, SETTINGS,
+ * WINDOW_UPDATE, PRIORITY, empty DATA, unknown types) spend a budget that
+ * requests and payload refill, as does time (one per 10 ms); spent: GOAWAY
+ * ENHANCE_YOUR_CALM. nghttp2 1.52 bounds only the acknowledgements it owes
+ * (its glitch limiter came in 1.67). */
+#define FLOOD_BUDGET    10000
+#define FLOOD_REFILL_MS 10
+
 /* The shutdown notice is followed by the last stream id after this. */
 #define GOAWAY_DELAY_MS 1000
 /* After the last frame (a GOAWAY), input is still read and dropped this
@@ -81,9 +89,10 @@ struct h2srv {
     int nstreams;                   /* struct h2stream alive */
     uint32_t nopen;                 /* of them with an io open (in flight) */
     uint32_t nrequests;
+    int64_t budget, budget_ms;      /* FLOOD_BUDGET; refilled up to clock_ms() budget_ms */
     struct h2stream *dirty;
     unsigned got_frame : 1, goaway : 1, conn_closed : 1, ended_told : 1, freed : 1,
-             lingering : 1;
+             lingering : 1, flooded : 1;
 };
 
 static void kick(struct h2srv *s)
@@ -538,6 +547,33 @@ static struct h2stream *stream_of(struct h2srv *s, int32_t id)
     return nghttp2_session_get_stream_user_data(s->ng, id);
 }
 
+static int on_begin_frame(nghttp2_session *ng, const nghttp2_frame_hd *hd, void *user)
+{
+    struct h2srv *s = user;
+    if (hd->type == NGHTTP2_HEADERS ||
+        (hd->type == NGHTTP2_DATA && (hd->length > 0 || (hd->flags & NGHTTP2_FLAG_END_STREAM)))) {
+        if (s->budget < FLOOD_BUDGET)
+            s->budget++;
+        return 0;
+    }
+    /* CONTINUATION and RST_STREAM have nghttp2's own bounds; GOAWAY ends */
+    if (hd->type == NGHTTP2_CONTINUATION || hd->type == NGHTTP2_RST_STREAM ||
+        hd->type == NGHTTP2_GOAWAY)
+        return 0;
+    int64_t now = clock_ms();
+    int64_t refill = (now - s->budget_ms) / FLOOD_REFILL_MS;
+    if (refill > 0) {
+        s->budget = s->budget + refill > FLOOD_BUDGET ? FLOOD_BUDGET : s->budget + refill;
+        s->budget_ms += refill * FLOOD_REFILL_MS;
+    }
+    if (--s->budget < 0 && !s->flooded) {
+        s->flooded = 1;
+        s->goaway = 1;
+        nghttp2_session_terminate_session(ng, NGHTTP2_ENHANCE_YOUR_CALM);
+    }
+    return 0;
+}
+
 static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void *user)
 {
     struct h2srv *s = user;
@@ -657,6 +693,8 @@ struct h2srv *h2srv_new(struct event_base *base, struct io *io, const struct h2s
     s->tls = tls;
     s->ops = ops;
     s->arg = arg;
+    s->budget = FLOOD_BUDGET;
+    s->budget_ms = clock_ms();
     s->kick = event_new(base, -1, 0, kick_cb, s);
     s->timer = evtimer_new(base, timer_cb, s);
 
@@ -664,6 +702,7 @@ struct h2srv *h2srv_new(struct event_base *base, struct io *io, const struct h2s
     nghttp2_option *opt;
     if (nghttp2_session_callbacks_new(&cb) != 0 || nghttp2_option_new(&opt) != 0)
         abort();
+    nghttp2_session_callbacks_set_on_begin_frame_callback(cb, on_begin_frame);
     nghttp2_session_callbacks_set_on_begin_headers_callback(cb, on_begin_headers);
     nghttp2_session_callbacks_set_on_header_callback(cb, on_header);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, on_frame_recv);
