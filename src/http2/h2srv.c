@@ -120,11 +120,9 @@ static void timer_set(struct h2srv *s, enum tmode m, int64_t ms)
 
 /* ---- streams --------------------------------------------------------------- */
 
-static void stream_free(struct h2stream *st)
+/* What st owns, and st. */
+static void stream_release(struct h2stream *st)
 {
-    struct h2srv *s = st->s;
-    list_unlink(&s->streams, &st->link);
-    s->nstreams--;
     h2msg_fields_free(st->fields);
     h2msg_reader_free(st->rd);
     if (st->raw)
@@ -136,12 +134,32 @@ static void stream_free(struct h2stream *st)
     free(st);
 }
 
+static void stream_free(struct h2stream *st)
+{
+    list_unlink(&st->s->streams, &st->link);
+    st->s->nstreams--;
+    stream_release(st);
+}
+
 /* Free st when both nghttp2 and the layer above are done with it (not while
  * on the dirty list: the pump frees it). */
 static void stream_maybe_free(struct h2stream *st)
 {
     if (st->h2_closed && st->io == NULL && !st->dirty)
         stream_free(st);
+}
+
+/* After h2srv_free, once no stream io is open: the rest goes. */
+static void session_destroy(struct h2srv *s)
+{
+    for (struct h2stream *st = LIST_ITEM(s->streams.first, struct h2stream, link), *next; st;
+         st = next) {
+        next = LIST_ITEM(st->link.next, struct h2stream, link);
+        stream_release(st);
+    }
+    event_free(s->kick);
+    event_free(s->timer);
+    free(s);
 }
 
 static void stream_output(struct io *io, void *owner)
@@ -172,14 +190,8 @@ static void stream_closed(struct io *io, void *owner)
     st->to_consume += st->unacked;      /* never read: the window comes back */
     st->unacked = 0;
     mark(st);
-    if (s->freed && s->nopen == 0) {
-        /* the connection is gone: the zombie goes with its last stream */
-        while (s->streams.first)
-            stream_free(LIST_ITEM(s->streams.first, struct h2stream, link));
-        event_free(s->kick);
-        event_free(s->timer);
-        free(s);
-    }
+    if (s->freed && s->nopen == 0)
+        session_destroy(s);     /* the connection is gone: the zombie goes with its last stream */
 }
 
 static const struct io_stream_ops stream_ops = {
@@ -385,8 +397,8 @@ static void conn_close(struct h2srv *s)
     s->conn_closed = 1;
     io_free(s->io);
     s->io = NULL;
-    for (struct list_link *l = s->streams.first; l; l = l->next) {
-        struct h2stream *st = LIST_ITEM(l, struct h2stream, link);
+    for (struct h2stream *st = LIST_ITEM(s->streams.first, struct h2stream, link); st;
+         st = LIST_ITEM(st->link.next, struct h2stream, link)) {
         if (st->io)
             io_stream_end(st->io, ECONNRESET);
     }
@@ -520,8 +532,8 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         /* A stream whose response made no progress in a whole period (a
          * window never opened) is reset, as the layer above's write
          * timeout would while its io was open. */
-        for (struct list_link *l = s->streams.first; l; l = l->next) {
-            struct h2stream *st = LIST_ITEM(l, struct h2stream, link);
+        for (struct h2stream *st = LIST_ITEM(s->streams.first, struct h2stream, link); st;
+             st = LIST_ITEM(st->link.next, struct h2stream, link)) {
             if (st->h2_closed)
                 continue;
             busy = 1;
@@ -758,14 +770,10 @@ void h2srv_free(struct h2srv *s)
     s->ng = NULL;
     event_del(s->kick);
     event_del(s->timer);
-    for (struct list_link *l = s->streams.first; l; l = l->next)
-        LIST_ITEM(l, struct h2stream, link)->dirty = 0;
+    for (struct h2stream *st = LIST_ITEM(s->streams.first, struct h2stream, link); st;
+         st = LIST_ITEM(st->link.next, struct h2stream, link))
+        st->dirty = 0;
     s->dirty = NULL;
-    if (s->nopen > 0)
-        return;     /* stream_closed() frees s with its last stream */
-    while (s->streams.first)
-        stream_free(LIST_ITEM(s->streams.first, struct h2stream, link));
-    event_free(s->kick);
-    event_free(s->timer);
-    free(s);
+    if (s->nopen == 0)
+        session_destroy(s);     /* else stream_closed() does, with the last stream */
 }
