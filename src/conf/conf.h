@@ -81,6 +81,7 @@ struct conf_listen {
 enum conf_keysrc_kind {
     CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
     CONF_KEY_METHOD, CONF_KEY_PATH, CONF_KEY_CAPTURE,
+    CONF_KEY_JWT,               /* jwt:CLAIM: a verified token's claim (arg) */
 };
 
 struct conf_keysrc {
@@ -177,6 +178,26 @@ struct conf_route {
     char *policy;               /* the RateLimit-Policy value of its limits,
                                  * built once by conf_load (NULL otherwise) */
     size_t policy_len;
+    int require_jwt;            /* no verified token: 401 */
+    int uses_jwt;               /* require_jwt or a jwt:CLAIM key: its requests'
+                                 * tokens are verified (set by conf_load) */
+};
+
+struct jwt_keys;
+
+/* jwt: how tokens are verified (docs/jwt.md). keys is built from
+ * jwks_file or secret by confcheck_load (jwt.h) and released with the conf. */
+struct conf_jwt {
+    int on;                     /* the section is present */
+    char *jwks_file;            /* or NULL */
+    struct conf_mark jwks_at;   /* its value, for the errors of reading it */
+    char *secret;               /* HS256, or NULL */
+    size_t secret_len;
+    char *issuer;               /* NULL: not checked */
+    char *audience;             /* NULL: not checked */
+    int64_t leeway_s;           /* default 30 */
+    char *cookie;               /* a cookie that may carry the token; NULL */
+    struct jwt_keys *keys;
 };
 
 struct conf_redis {
@@ -257,6 +278,7 @@ struct conf {
                                  * its address, localhost and IP literals */
     int nadmin_hosts;
     char *access_log;           /* NULL = off, "stdout", or a file path */
+    struct conf_jwt jwt;
     int refs;                   /* atomic; starts at 1 */
     struct conf_cleanup *cleanups;  /* conf_cleanup_add, newest first */
 };
