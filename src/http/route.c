@@ -1076,11 +1076,11 @@ int route_jwt_token(const struct conf *c, const struct route_req *req, const cha
 {
     const char *v;
     size_t n;
-    int found = 0;
+    int found = 0, fields = 0;
     for (int i = 0; i < req->h->nheaders; i++) {
         if (!route_header_is(req->buf, req->h, i, "authorization", 13))
             continue;
-        if (found)
+        if (fields++ > 0)
             return -1;
         route_header_value(req->buf, req->h, i, &v, &n);
         found = n > 7 && route_caseeq(v, 6, "bearer", 6) && v[6] == ' ';

@@ -383,7 +383,8 @@ static int request_jwt(struct client *c)
     if (found == 1 && jwtcache_verify(c->env->jwt, j->keys, &rules, tok, len,
                                       clock_wall_us() / 1000000, &claims,
                                       &claims_len) == JWT_OK) {
-        memcpy(grow(&rq->claims, &rq->claims_cap, claims_len), claims, claims_len);
+        /* one byte more: a token without claims still has a buffer */
+        memcpy(grow(&rq->claims, &rq->claims_cap, claims_len + 1), claims, claims_len);
         rq->claims_len = claims_len;
         rq->jwt_ok = 1;
         return 0;

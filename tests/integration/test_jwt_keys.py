@@ -101,11 +101,20 @@ def test_failed_tokens_are_anonymous_or_401(sluice, redis, tmp_path):
         assert r.header("WWW-Authenticate") == 'Bearer error="invalid_token"', name
         assert r.json() == {"error": "invalid_token"}, name
     assert status(s.port, "/sub", token(k, claims(sub="carol"))) == 200  # carol's budget is whole
+    # no claim value reaches the anonymous budget, the marker's own text neither
+    assert status(s.port, "/sub", token(k, claims(sub="!anon"))) == 200
     r = http_get(s.port, "/private")
     assert r.status == 401 and r.header("WWW-Authenticate") == "Bearer", r
     assert r.json() == {"error": "missing_token"}
     r = http_get(s.port, "/private", headers=[("Authorization", "Basic YTpi")])
     assert r.status == 401 and r.header("WWW-Authenticate") == "Bearer", r
+    # two Authorization fields, one of them a good Bearer: no token is believed
+    good = token(k, claims(sub="carol"))
+    r = http_get(s.port, "/private", headers=[("Authorization", "Basic YTpi")] + bearer(good))
+    assert r.status == 401 and r.json() == {"error": "invalid_token"}, r
+    # a valid token without the claim: on_missing_key (ip) counts it, unrefused
+    assert status(s.port, "/private", token(k, claims(sub=None))) == 200
+    assert status(s.port, "/sub", token(k, claims(sub=None))) == 200
 
 
 def test_rs256_es256_eddsa_from_jwks(sluice, redis, tmp_path):
