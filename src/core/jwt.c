@@ -788,12 +788,12 @@ static int sig_ok(const struct jwt_key *k, const struct jwt_alg *a, const char *
     }
     EVP_MD_CTX *mc = EVP_MD_CTX_new();
     EVP_PKEY_CTX *pc = NULL;
-    int ok = mc != NULL &&
-             EVP_DigestVerifyInit(mc, &pc, a->md ? a->md() : NULL, NULL, k->pkey) == 1;
+    const EVP_MD *md = a->md ? a->md() : NULL;     /* NULL: EdDSA */
+    int ok = mc != NULL && EVP_DigestVerifyInit(mc, &pc, md, NULL, k->pkey) == 1;
     if (ok && a->pss)
         ok = EVP_PKEY_CTX_set_rsa_padding(pc, RSA_PKCS1_PSS_PADDING) == 1 &&
              EVP_PKEY_CTX_set_rsa_pss_saltlen(pc, RSA_PSS_SALTLEN_DIGEST) == 1 &&
-             EVP_PKEY_CTX_set_rsa_mgf1_md(pc, a->md()) == 1;
+             EVP_PKEY_CTX_set_rsa_mgf1_md(pc, md) == 1;
     ok = ok && EVP_DigestVerify(mc, sig, siglen, (const unsigned char *)msg, msglen) == 1;
     EVP_MD_CTX_free(mc);
     return ok;
