@@ -19,7 +19,10 @@
  * Both events are level-triggered and persistent; an event nothing can be
  * done for is not armed (never a spin on readiness we cannot serve). A third,
  * edge-triggered, watches a socket nothing reads for its peer's end
- * (io_watch_end), armed only while the other two are not. */
+ * (io_watch_end), armed only while the other two are not.
+ * A stream (io_new_stream) is an io with no socket: the connection that
+ * multiplexes it (HTTP/2) moves its bytes, through the same input, output
+ * and callbacks, so the layers above run on it unchanged. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -97,6 +100,15 @@ struct io {
     unsigned error_pending : 1;     /* failed, to be reported from the loop */
     unsigned up : 1;                /* connected, handshake done */
     int term;                       /* IO_CLOSED or IO_FAIL met after bytes read */
+    /* A stream (io_new_stream): no socket; rev and wev are the read and
+     * write timeouts' timers, kev delivers input, the end and drains. */
+    const struct io_stream_ops *sops;
+    void *owner;
+    struct evbuffer_cb_entry *in_cb;    /* tells the owner what was consumed */
+    unsigned fresh : 1;             /* input came since the read callback ran */
+    unsigned end_pending : 1;       /* io_stream_end, not yet reported */
+    unsigned drain_pending : 1;     /* the drained callback is due */
+    int end_err;
     int busy;                       /* our callbacks on the stack */
     int dead;                       /* io_free called while busy */
     int err;                        /* errno of the last failure */
@@ -312,6 +324,24 @@ static void tls_shutdown(struct io *io)
 
 static const struct io_ops tls_ops = { tls_recv, tls_send, tls_shutdown };
 
+/* ---- stream -------------------------------------------------------------- */
+
+/* A stream has no socket to read: its owner appends input (io_stream_input). */
+static long stream_recv(struct io *io, size_t max)
+{
+    return IO_AGAIN;
+}
+
+/* The owner takes what it can of the output; what it leaves waits for its
+ * io_stream_writable(). */
+static int stream_send(struct io *io)
+{
+    io->sops->output(io, io->owner);
+    return evbuffer_get_length(io->out) == 0 ? 1 : IO_AGAIN;
+}
+
+static const struct io_ops stream_ops = { stream_recv, stream_send, plain_shutdown };
+
 /* ---- events ------------------------------------------------------------ */
 
 /* Add or delete ev as wanted; a timeout restarts only when (re)armed. */
@@ -326,10 +356,37 @@ static void arm(struct event *ev, int want, unsigned *armed, const struct timeva
     }
 }
 
+/* A stream's state: the timers armed while their time counts (reading
+ * enabled; output waiting for the owner), and the loop's turn (kev) when
+ * input, the end or a drain is to be told. */
+static void stream_update(struct io *io)
+{
+    if (io->dead)
+        return;
+    int full = io->read_mark && evbuffer_get_length(io->in) >= io->read_mark;
+    int reading = !io->failed && (io->enabled & EV_READ) && !full;
+    io->paused = (io->enabled & EV_READ) && full;
+    unsigned ra = io->rd_armed, wa = io->wr_armed;
+    arm(&io->rev, reading && io->has_rtv, &ra, &io->rtv);
+    arm(&io->wev, !io->failed && io->write_blocked && io->has_wtv, &wa, &io->wtv);
+    io->rd_armed = ra;
+    io->wr_armed = wa;
+    if (io->failed)
+        return;
+    int tell_end = io->end_pending && !io->fresh &&
+                   (reading || io->watch_end || io->end_err);
+    if ((reading && io->fresh) || tell_end || io->drain_pending || io->kick)
+        event_active(&io->kev, EV_READ, 1);
+}
+
 /* Which events the state needs armed. */
 static void io_update(struct io *io)
 {
     int r = 0, w = 0;
+    if (io->sops) {
+        stream_update(io);
+        return;
+    }
     if (io->dead || io->fd < 0)
         return;
     if (io->failed) {
@@ -366,6 +423,8 @@ static void io_update(struct io *io)
 
 static void io_destroy(struct io *io)
 {
+    if (io->in_cb)
+        evbuffer_remove_cb_entry(io->in, io->in_cb);
     io->ops->shutdown(io);
     if (io->ssl)
         SSL_free(io->ssl);
@@ -550,6 +609,37 @@ static void io_end_event(evutil_socket_t fd, short what, void *arg)
     io_unhold(io);
 }
 
+/* A stream's turn of the loop: a drain, fresh input, then the end. */
+static void stream_deliver(struct io *io)
+{
+    if (io->drain_pending) {
+        io->drain_pending = 0;
+        if (io->drained_cb && evbuffer_get_length(io->out) <= io->write_low)
+            io->drained_cb(io, io->arg);
+        if (io->dead)
+            return;
+    }
+    if (io->failed)
+        return;
+    int full = io->read_mark && evbuffer_get_length(io->in) >= io->read_mark;
+    int reading = (io->enabled & EV_READ) && !full;
+    if (reading && io->fresh) {
+        io->fresh = 0;
+        if (io->read_cb)
+            io->read_cb(io, io->arg);
+        if (io->dead || io->failed)
+            return;
+    }
+    if (io->end_pending && !io->fresh &&
+        ((io->enabled & EV_READ) || io->watch_end || io->end_err)) {
+        io->end_pending = 0;
+        io->err = io->end_err;
+        io_report(io, io->end_err ? IO_ERROR | IO_READING : IO_EOF | IO_READING);
+        return;
+    }
+    io_update(io);
+}
+
 /* What needs the loop's turn without readiness: an error io_flush or
  * io_connect met, io_trigger_read, input OpenSSL holds. Its own event:
  * libevent does not insert an event that is active into epoll, so
@@ -566,6 +656,8 @@ static void io_kick_event(evutil_socket_t fd, short what, void *arg)
         if (io->read_cb)
             io->read_cb(io, io->arg);
         io_update(io);
+    } else if (io->sops) {
+        stream_deliver(io);
     } else if (!io->failed && !io->handshaking && io->up && (io->enabled & EV_READ) &&
                !io->rd_wants_write) {
         io_read_now(io);
@@ -664,12 +756,20 @@ void io_free(struct io *io)
         io->deadline = NULL;
     }
     io->dead = 1;
+    if (io->sops) {
+        /* The owner forgets the stream now, and hears of no more reads. */
+        evbuffer_remove_cb_entry(io->in, io->in_cb);
+        io->in_cb = NULL;
+        io->sops->closed(io, io->owner);
+    }
     if (io->busy == 0)
         io_destroy(io);
 }
 
 int io_connect(struct io *io, const struct sockaddr *sa, socklen_t len, int64_t timeout_ms)
 {
+    if (io->sops)
+        abort();    /* a stream is connected by its owner */
     int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
@@ -814,4 +914,77 @@ int io_errno(const struct io *io)
 unsigned long io_ssl_error(struct io *io)
 {
     return io->errs_at < io->nerrs ? io->errs[io->errs_at++] : 0;
+}
+
+/* ---- streams ------------------------------------------------------------- */
+
+/* The layer above took input: the owner may let its peer send that much. */
+static void stream_in_changed(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+                              void *arg)
+{
+    struct io *io = arg;
+    if (info->n_deleted > 0)
+        io->sops->consumed(io, io->owner, info->n_deleted);
+}
+
+struct io *io_new_stream(struct event_base *base, const struct io_stream_ops *ops, void *owner)
+{
+    struct io *io = mem_calloc(1, sizeof(*io));
+    io->base = base;
+    io->fd = -1;
+    io->ops = &stream_ops;
+    io->sops = ops;
+    io->owner = owner;
+    io->in = evbuffer_new();
+    io->out = evbuffer_new();
+    if (io->in == NULL || io->out == NULL)
+        abort();    /* only on allocation failure */
+    io->in_cb = evbuffer_add_cb(io->in, stream_in_changed, io);
+    if (io->in_cb == NULL)
+        abort();
+    evtimer_assign(&io->rev, base, io_read_event, io);
+    evtimer_assign(&io->wev, base, io_write_event, io);
+    event_assign(&io->kev, base, -1, 0, io_kick_event, io);
+    event_assign(&io->eev, base, -1, 0, io_kick_event, io);     /* never added */
+    io->up = 1;
+    return io;
+}
+
+void io_stream_input(struct io *io, const void *data, size_t len)
+{
+    if (io->dead || io->failed || len == 0)
+        return;
+    if (evbuffer_add(io->in, data, len) != 0)
+        abort();    /* only on allocation failure */
+    io->fresh = 1;
+    if (io->rd_armed)
+        event_add(&io->rev, &io->rtv);  /* input came: the read timeout restarts */
+    stream_update(io);
+}
+
+void io_stream_end(struct io *io, int err)
+{
+    if (io->dead || io->failed || (io->end_pending && !err))
+        return;
+    io->end_pending = 1;
+    io->end_err = err;
+    stream_update(io);
+}
+
+void io_stream_writable(struct io *io)
+{
+    if (io->dead || io->failed)
+        return;
+    size_t before = evbuffer_get_length(io->out);
+    if (before > 0)
+        io->sops->output(io, io->owner);
+    size_t after = evbuffer_get_length(io->out);
+    if (io->write_blocked && after < before) {
+        if (io->wr_armed)
+            event_add(&io->wev, &io->wtv);  /* progress: the write timeout restarts */
+        if (after <= io->write_low)
+            io->drain_pending = 1;
+    }
+    io->write_blocked = after > 0;
+    stream_update(io);
 }

@@ -5,8 +5,9 @@
  * SSL object when it has one, two level-triggered events and an input and
  * an output evbuffer. The layers above read io_input() when the read
  * callback says bytes arrived, append to io_output() and call io_flush()
- * (once per outermost callback): whether the bytes are encrypted is never
- * their concern. io_free() may be called from inside the io's own
+ * (once per outermost callback): whether the bytes are encrypted, or come
+ * from a socket at all (an HTTP/2 stream, io_new_stream), is never their
+ * concern. io_free() may be called from inside the io's own
  * callbacks: the io is freed when they return. */
 #ifndef SLUICE_IO_H
 #define SLUICE_IO_H
@@ -72,6 +73,41 @@ void io_trigger_read(struct io *io);
  * Reading stopped at the read mark resumes here once the input is below it
  * (the layer above flushes after taking input, once per callback). */
 void io_flush(struct io *io);
+
+/* ---- streams --------------------------------------------------------------
+ * An io with no socket under it: one stream of a multiplexed connection
+ * (an HTTP/2 stream), whose owner moves the bytes in and out. To the layers
+ * above it is an io like a socket's (nginx gives each HTTP/2 stream a fake
+ * connection the same way): the callbacks, read mark, timeouts (a read
+ * timeout counts while reading is enabled and no input comes, a write
+ * timeout while output waits for the owner), io_flush, io_free. It is
+ * connected from the start; io_fd() is -1, io_ssl() NULL, io_connect() a
+ * programming error. */
+struct io_stream_ops {
+    /* io_flush(), or io_stream_writable(): take what you can of
+     * io_output(io) now; what is left waits for the next
+     * io_stream_writable(). */
+    void (*output)(struct io *io, void *owner);
+    /* The layer above removed n bytes from io_input(io): the peer may send
+     * that much more. Called from inside the layer above's code: record,
+     * do not call back into it. */
+    void (*consumed)(struct io *io, void *owner, size_t n);
+    /* io_free(io): the owner forgets io. Called once; io_input(io) still
+     * holds what was never read (no consumed() for it). */
+    void (*closed)(struct io *io, void *owner);
+};
+
+struct io *io_new_stream(struct event_base *base, const struct io_stream_ops *ops, void *owner);
+/* The owner's side; none of these calls the io's callbacks: they come
+ * from the loop, as for a socket. Bytes from the peer, to the input: */
+void io_stream_input(struct io *io, const void *data, size_t len);
+/* The peer ended its side: err 0 is IO_EOF (told after the input there is
+ * read, while reading is enabled or the end watched), err != 0 is
+ * IO_ERROR with io_errno() err (e.g. ECONNRESET for a reset stream). */
+void io_stream_end(struct io *io, int err);
+/* The owner can take output again: output() runs now if output waits, and
+ * the drained callback from the loop once it is at the write low mark. */
+void io_stream_writable(struct io *io);
 
 struct evbuffer *io_input(struct io *io);
 struct evbuffer *io_output(struct io *io);

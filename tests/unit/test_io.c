@@ -418,10 +418,186 @@ static int teardown(void **state)
     return 0;
 }
 
+
+/* ---- streams ------------------------------------------------------------- */
+
+/* A stream's owner: what it took and heard. */
+struct owner {
+    size_t take;                /* bytes output() takes per call */
+    size_t taken, consumed;
+    int outputs, closed;
+    size_t unread_at_close;
+    char got[64];
+};
+
+static void own_output(struct io *io, void *arg)
+{
+    struct owner *o = arg;
+    o->outputs++;
+    size_t n = evbuffer_get_length(io_output(io));
+    if (n > o->take)
+        n = o->take;
+    if (o->taken + n <= sizeof(o->got))
+        evbuffer_copyout(io_output(io), o->got + o->taken, n);
+    evbuffer_drain(io_output(io), n);
+    o->taken += n;
+}
+
+static void own_consumed(struct io *io, void *arg, size_t n)
+{
+    ((struct owner *)arg)->consumed += n;
+}
+
+static void own_closed(struct io *io, void *arg)
+{
+    struct owner *o = arg;
+    o->closed++;
+    o->unread_at_close = evbuffer_get_length(io_input(io));
+}
+
+static const struct io_stream_ops own_ops = { own_output, own_consumed, own_closed };
+
+static void drain_read_cb(struct io *io, void *arg)
+{
+    struct seen *s = arg;
+    s->reads++;
+    evbuffer_drain(io_input(io), 3);    /* takes 3 bytes a time */
+}
+
+/* Input is told from the loop, only while reading is enabled; what the
+ * layer above drains is reported as consumed; no spin on bytes it leaves. */
+static void test_stream_input_and_consumed(void **state)
+{
+    struct owner o = { .take = 1000 };
+    struct seen s = { 0 };
+    struct io *io = io_new_stream(base, &own_ops, &o);
+    assert_true(io_connected(io));
+    assert_int_equal(io_fd(io), -1);
+    io_setcb(io, drain_read_cb, drained_cb, event_cb, &s);
+    io_stream_input(io, "hello", 5);
+    loop_count(20);
+    assert_int_equal(s.reads, 0);           /* reading not enabled */
+    io_enable(io, EV_READ);
+    assert_int_equal(s.reads, 0);           /* never from inside a call */
+    int n = loop_count(50);
+    assert_int_equal(s.reads, 1);           /* once per input, not a spin */
+    assert_true(n < 40);
+    assert_int_equal(o.consumed, 3);
+    assert_int_equal(evbuffer_get_length(io_input(io)), 2);
+    io_stream_input(io, "abc", 3);
+    loop_count(20);
+    assert_int_equal(s.reads, 2);
+    assert_int_equal(o.consumed, 6);
+    assert_int_equal(s.events, 0);
+    io_free(io);
+    assert_int_equal(o.closed, 1);
+    assert_int_equal(o.unread_at_close, 2);
+}
+
+/* io_flush hands the output to the owner; what it leaves waits (a write
+ * timeout counts) until io_stream_writable, then the drained callback. */
+static void test_stream_output_and_drained(void **state)
+{
+    struct owner o = { .take = 4 };
+    struct seen s = { 0 };
+    struct io *io = io_new_stream(base, &own_ops, &o);
+    io_setcb(io, read_cb, drained_cb, event_cb, &s);
+    evbuffer_add(io_output(io), "0123456789", 10);
+    io_flush(io);
+    assert_int_equal(o.taken, 4);
+    io_flush(io);                           /* waits for the owner */
+    assert_int_equal(o.outputs, 1);
+    o.take = 100;
+    io_stream_writable(io);
+    assert_int_equal(o.taken, 10);
+    assert_memory_equal(o.got, "0123456789", 10);
+    assert_int_equal(s.drained, 0);         /* from the loop */
+    loop_until(&s.drained, 1000);
+    assert_int_equal(s.drained, 1);
+    evbuffer_add(io_output(io), "x", 1);
+    io_flush(io);                           /* taken at once */
+    assert_int_equal(o.taken, 11);
+    loop_count(20);
+    assert_int_equal(s.drained, 1);         /* never blocked: no drain */
+    io_free(io);
+}
+
+/* The end comes after the input it follows, once; a reset at once, with its
+ * errno; neither calls back from inside io_stream_end. */
+static void test_stream_end_and_reset(void **state)
+{
+    struct owner o = { .take = 100 };
+    struct seen s = { 0 };
+    struct io *io = io_new_stream(base, &own_ops, &o);
+    io_setcb(io, read_cb, drained_cb, event_cb, &s);
+    io_enable(io, EV_READ);
+    io_stream_input(io, "last", 4);
+    io_stream_end(io, 0);
+    assert_int_equal(s.events, 0);
+    loop_until(&s.events, 1000);
+    assert_int_equal(s.reads, 1);
+    assert_int_equal(s.events, 1);
+    assert_true(s.last & IO_EOF);
+    loop_count(20);
+    assert_int_equal(s.events, 1);
+    io_free(io);
+
+    struct seen r = { 0 };
+    io = io_new_stream(base, &own_ops, &o);
+    io_setcb(io, read_cb, drained_cb, event_cb, &r);
+    io_stream_end(io, ECONNRESET);          /* told though nothing reads */
+    loop_until(&r.events, 1000);
+    assert_true(r.last & IO_ERROR);
+    assert_int_equal(io_errno(io), ECONNRESET);
+    evbuffer_add(io_output(io), "late", 4);
+    int before = o.outputs;
+    io_flush(io);                           /* failed: nothing more moves */
+    assert_int_equal(o.outputs, before);
+    io_free(io);
+}
+
+/* A read timeout counts while reading is enabled and no input comes;
+ * input restarts it. io_free from the read callback closes once. */
+static void test_stream_read_timeout_and_free_in_callback(void **state)
+{
+    struct owner o = { .take = 100 };
+    struct seen s = { 0 };
+    struct io *io = io_new_stream(base, &own_ops, &o);
+    io_setcb(io, read_cb, drained_cb, event_cb, &s);
+    struct timeval tv = clock_timeval(100);
+    io_set_timeouts(io, &tv, NULL);
+    io_enable(io, EV_READ);
+    for (int i = 0; i < 4; i++) {           /* 4 x 60 ms: longer than 100 */
+        loop_count(60);
+        io_stream_input(io, "k", 1);
+    }
+    assert_int_equal(s.events, 0);
+    loop_until(&s.events, 1000);
+    assert_true(s.last & IO_TIMEOUT);
+    io_free(io);
+    assert_int_equal(o.closed, 1);
+
+    struct owner o2 = { .take = 100 };
+    struct seen f = { .free_in_read = 1 };
+    io = io_new_stream(base, &own_ops, &o2);
+    io_setcb(io, read_cb, drained_cb, event_cb, &f);
+    io_enable(io, EV_READ);
+    io_stream_input(io, "bye", 3);
+    loop_until(&o2.closed, 1000);
+    assert_int_equal(o2.closed, 1);
+    assert_int_equal(o2.unread_at_close, 3);
+    loop_count(20);
+    assert_int_equal(f.reads, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_and_flush),
+        cmocka_unit_test(test_stream_input_and_consumed),
+        cmocka_unit_test(test_stream_output_and_drained),
+        cmocka_unit_test(test_stream_end_and_reset),
+        cmocka_unit_test(test_stream_read_timeout_and_free_in_callback),
         cmocka_unit_test(test_read_mark_stops_without_spin),
         cmocka_unit_test(test_full_socket_arms_write_until_drained),
         cmocka_unit_test(test_eof_reported_once),
