@@ -63,11 +63,12 @@ size_t jwtcache_size(const struct jwtcache *jc)
 
 int jwtcache_verify(struct jwtcache *jc, const struct jwt_keys *keys,
                     const struct jwt_rules *rules, const char *token, size_t len,
-                    int64_t now_s, const char **claims, size_t *claims_len)
+                    int64_t now_s, const char **claims, size_t *claims_len, int *hit)
 {
     char k[JWTCACHE_KEY];
     uint64_t id = jwt_keys_id(keys);
     int64_t exp;
+    *hit = 0;
     if (len == 0 || len > JWT_MAX_TOKEN)
         return JWT_MALFORMED;
     memcpy(k, &id, 8);
@@ -84,6 +85,7 @@ int jwtcache_verify(struct jwtcache *jc, const struct jwt_keys *keys,
         list_push(&jc->lru, &e->kv.lru);
         *claims = e->claims;
         *claims_len = e->claims_len;
+        *hit = 1;
         return JWT_OK;
     }
     int st = jwt_verify(keys, rules, token, len, now_s, jc->scratch, claims_len, &exp);

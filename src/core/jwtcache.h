@@ -24,10 +24,11 @@ void jwtcache_destroy(struct jwtcache *jc);
 
 /* jwt_verify through the cache: the same status; on JWT_OK the claims in
  * *claims[0..*claims_len), which stay valid until the next call on jc (the
- * caller copies what it keeps). */
+ * caller copies what it keeps), and *hit says whether the cache answered
+ * (no signature was checked). */
 int jwtcache_verify(struct jwtcache *jc, const struct jwt_keys *keys,
                     const struct jwt_rules *rules, const char *token, size_t len,
-                    int64_t now_s, const char **claims, size_t *claims_len);
+                    int64_t now_s, const char **claims, size_t *claims_len, int *hit);
 
 size_t jwtcache_size(const struct jwtcache *jc);
 

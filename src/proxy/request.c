@@ -367,6 +367,9 @@ void request_fail(struct client *c, int status)
     }
 }
 
+_Static_assert(METRICS_NJWT == METRICS_JWT_FAILED + JWT_BAD_AUDIENCE + 1,
+              "metrics.h counts every jwt_status");
+
 /* A route that reads tokens: the request's token verified through the
  * worker's cache and its claims copied into the request, which owns them
  * (a cache entry may go while the request waits). Without a valid token
@@ -379,10 +382,15 @@ static int request_jwt(struct client *c)
     struct route_req req = { rq->hbuf, &c->head };
     const char *tok, *claims;
     size_t len, claims_len;
+    int hit = 0, st = -1;
     int found = route_jwt_token(c->conf, &req, &tok, &len);
-    if (found == 1 && jwtcache_verify(c->env->jwt, j->keys, &rules, tok, len,
-                                      clock_wall_us() / 1000000, &claims,
-                                      &claims_len) == JWT_OK) {
+    if (found == 1)
+        st = jwtcache_verify(c->env->jwt, j->keys, &rules, tok, len, clock_wall_us() / 1000000,
+                             &claims, &claims_len, &hit);
+    metrics_jwt(found == 0 ? METRICS_JWT_MISSING : found < 0 ? METRICS_JWT_TWICE
+                : st != JWT_OK ? METRICS_JWT_FAILED + st
+                : hit ? METRICS_JWT_CACHED : METRICS_JWT_VERIFIED);
+    if (st == JWT_OK) {
         /* one byte more: a token without claims still has a buffer */
         memcpy(grow(&rq->claims, &rq->claims_cap, claims_len + 1), claims, claims_len);
         rq->claims_len = claims_len;

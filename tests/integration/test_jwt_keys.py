@@ -129,6 +129,24 @@ def test_rs256_es256_eddsa_from_jwks(sluice, redis, tmp_path):
     assert status(s.port, "/private", token(keys[2], claims(), kid=None)) == 200
 
 
+def test_repeat_is_a_cache_hit(sluice, redis, tmp_path):
+    """One signature check per token per worker: repeats are cache hits,
+    failures are counted by reason (sluice_jwt_tokens_total)."""
+    k = Key("EdDSA", "ed")
+    s, _ = start(sluice, tmp_path, k)
+    tok = token(k, claims(sub="frank"))
+    assert [status(s.port, "/private", tok) for _ in range(5)] == [200] * 5
+    assert status(s.port, "/private", token(k, claims(ttl_s=-300))) == 401
+    assert status(s.port, "/private", flip(tok)) == 401
+    assert status(s.port, "/private") == 401
+    assert status(s.port, "/sub", headers=bearer(tok) + bearer(tok)) == 200   # twice: anonymous
+    ms = metrics(s.admin_port)
+    got = {r: mval(ms, "sluice_jwt_tokens_total", result=r)
+           for r in ("verified", "cached", "expired", "bad_signature", "missing", "twice")}
+    assert got == {"verified": 1, "cached": 4, "expired": 1, "bad_signature": 1, "missing": 1,
+                   "twice": 1}, got
+
+
 def test_hs256_secret_from_env(sluice, redis, tmp_path):
     secret = os.urandom(24).hex()
     text = proxy_conf(ROUTES, top=jwt_top(secret="${JWT_TEST_SECRET}"))

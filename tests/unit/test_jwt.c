@@ -234,29 +234,34 @@ static void test_cache(void **state)
     char *tok = vector("valid ES256"), *bad = vector("flipped ES256");
     const char *c1, *c2, *v;
     size_t l1, l2, vlen;
+    int hit;
     int64_t now = time(NULL);
-    assert_int_equal(jwtcache_verify(jc, jwks, &rules, tok, strlen(tok), now, &c1, &l1), JWT_OK);
+    assert_int_equal(jwtcache_verify(jc, jwks, &rules, tok, strlen(tok), now, &c1, &l1, &hit),
+                     JWT_OK);
+    assert_false(hit);
     assert_int_equal(jwtcache_size(jc), 1);
-    assert_int_equal(jwtcache_verify(jc, jwks, &rules, tok, strlen(tok), now, &c2, &l2), JWT_OK);
-    assert_ptr_equal(c1, c2);           /* the entry's own claims: a hit */
+    assert_int_equal(jwtcache_verify(jc, jwks, &rules, tok, strlen(tok), now, &c2, &l2, &hit),
+                     JWT_OK);
+    assert_true(hit);
+    assert_ptr_equal(c1, c2);           /* the entry's own claims */
     assert_true(jwt_claim(c2, l2, "sub", 3, &v, &vlen));
     assert_memory_equal(v, "s-ES256", 7);
-    assert_int_equal(jwtcache_verify(jc, jwks, &rules, bad, strlen(bad), now, &c1, &l1),
+    assert_int_equal(jwtcache_verify(jc, jwks, &rules, bad, strlen(bad), now, &c1, &l1, &hit),
                      JWT_BAD_SIGNATURE);
     assert_int_equal(jwtcache_size(jc), 1);
     /* another key set (a reload's) verifies again, and refuses: no key
      * of it has the token's kid */
-    assert_int_equal(jwtcache_verify(jc, secret, &rules, tok, strlen(tok), now, &c1, &l1),
+    assert_int_equal(jwtcache_verify(jc, secret, &rules, tok, strlen(tok), now, &c1, &l1, &hit),
                      JWT_NO_KEY);
     /* past exp + leeway the entry goes */
     assert_int_equal(jwtcache_verify(jc, jwks, &rules, tok, strlen(tok), now + 3600 + 30, &c1,
-                                     &l1), JWT_EXPIRED);
+                                     &l1, &hit), JWT_EXPIRED);
     assert_int_equal(jwtcache_size(jc), 0);
     /* bounded: the least recently used goes */
     char *t2 = vector("valid RS256"), *t3 = vector("valid EdDSA");
-    jwtcache_verify(jc, jwks, &rules, tok, strlen(tok), now, &c1, &l1);
-    jwtcache_verify(jc, jwks, &rules, t2, strlen(t2), now, &c1, &l1);
-    jwtcache_verify(jc, jwks, &rules, t3, strlen(t3), now, &c1, &l1);
+    jwtcache_verify(jc, jwks, &rules, tok, strlen(tok), now, &c1, &l1, &hit);
+    jwtcache_verify(jc, jwks, &rules, t2, strlen(t2), now, &c1, &l1, &hit);
+    jwtcache_verify(jc, jwks, &rules, t3, strlen(t3), now, &c1, &l1, &hit);
     assert_int_equal(jwtcache_size(jc), 2);
     free(t2);
     free(t3);
@@ -280,14 +285,15 @@ static void test_measure(void **state)
         struct jwtcache *jc = jwtcache_create(16);
         const char *c;
         size_t clen;
+        int hit;
         int64_t t0 = clock_us();
         for (int n = 0; n < N; n++)
             assert_int_equal(jwt_verify(k, &rules, tok, strlen(tok), now, claims, &clen, &exp),
                              JWT_OK);
         int64_t t1 = clock_us();
         for (int n = 0; n < N; n++)
-            assert_int_equal(jwtcache_verify(jc, k, &rules, tok, strlen(tok), now, &c, &clen),
-                             JWT_OK);
+            assert_int_equal(jwtcache_verify(jc, k, &rules, tok, strlen(tok), now, &c, &clen,
+                                             &hit), JWT_OK);
         int64_t t2 = clock_us();
         printf("jwt %-13s verify %7.2f us, cache hit %5.2f us\n", names[i],
                (double)(t1 - t0) / N, (double)(t2 - t1) / N);
