@@ -15,6 +15,7 @@
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/ec.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/param_build.h>
 #include <openssl/rsa.h>
@@ -738,6 +739,7 @@ fail:
     free(top.p);
     free(kbuf);
     jwt_keys_free(ks);
+    ERR_clear_error();      /* what OpenSSL said is in why */
     return NULL;
 }
 
@@ -776,14 +778,18 @@ static int sig_ok(const struct jwt_key *k, const struct jwt_alg *a, const char *
         unsigned char mac[EVP_MAX_MD_SIZE];
         size_t maclen = 0;
         if (EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, k->secret, k->secretlen,
-                      (const unsigned char *)msg, msglen, mac, sizeof mac, &maclen) == NULL)
+                      (const unsigned char *)msg, msglen, mac, sizeof mac, &maclen) == NULL) {
+            ERR_clear_error();
             return 0;
+        }
         return maclen == siglen && CRYPTO_memcmp(mac, sig, siglen) == 0;
     }
     unsigned char der[2 * 48 + 16];
     if (a->kty == KTY_EC) {
-        if (siglen != 2 * a->coord || (siglen = ec_der(sig, a->coord, der, sizeof der)) == 0)
+        if (siglen != 2 * a->coord || (siglen = ec_der(sig, a->coord, der, sizeof der)) == 0) {
+            ERR_clear_error();
             return 0;
+        }
         sig = der;
     }
     EVP_MD_CTX *mc = EVP_MD_CTX_new();
@@ -796,6 +802,8 @@ static int sig_ok(const struct jwt_key *k, const struct jwt_alg *a, const char *
              EVP_PKEY_CTX_set_rsa_mgf1_md(pc, md) == 1;
     ok = ok && EVP_DigestVerify(mc, sig, siglen, (const unsigned char *)msg, msglen) == 1;
     EVP_MD_CTX_free(mc);
+    if (!ok)                /* a refused signature leaves no error queued (jwt.h) */
+        ERR_clear_error();
     return ok;
 }
 

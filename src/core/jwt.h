@@ -4,7 +4,9 @@
  * JWKS document, or one HS256 secret) with OpenSSL's EVP: RS256/384/512,
  * PS256, ES256/384, EdDSA (Ed25519), HS256; then iss, aud, exp and nbf
  * against rules and a clock given by the caller. Pure: no I/O, no clock of
- * its own, no global state; any thread may call it at once on one key set.
+ * its own, no global state; any thread may call it at once on one key set,
+ * and it leaves nothing in the thread's OpenSSL error queue, which the
+ * next OpenSSL user on the thread would otherwise read as its own.
  * The verified claims come out as a small flat buffer the caller owns. */
 #ifndef SLUICE_JWT_H
 #define SLUICE_JWT_H
