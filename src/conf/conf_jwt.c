@@ -109,34 +109,69 @@ int conf_h_jwt(struct ctx *x, struct node *k, struct node *v, void *obj)
     return 0;
 }
 
-/* Each route's use of tokens: require_jwt and jwt:CLAIM need the jwt
- * section; uses_jwt says whose requests' tokens are verified. */
+/* The first jwt:CLAIM key source of r's limits (rn: the route's or
+ * plan's node): its node, with *lim and *key its place; NULL. */
+static struct node *first_jwt_key(const struct conf_route *r, struct node *rn, int *lim,
+                                  int *key)
+{
+    struct node *limits = conf_map_get(rn, "limits");
+    for (int j = 0; j < r->nlimits; j++)
+        for (int n = 0; n < r->limits[j].nkeys; n++)
+            if (r->limits[j].keys[n].kind == CONF_KEY_JWT) {
+                *lim = j;
+                *key = n;
+                return conf_map_get(limits->kids[j], "key")->kids[n];
+            }
+    return NULL;
+}
+
+static int need_jwt_section(struct ctx *x, struct node *at)
+{
+    if (x->c->jwt.on)
+        return 0;
+    return conf_fail(x, at, "tokens are verified only with a jwt section (jwks_file or secret)");
+}
+
+/* What reads tokens needs the jwt section: require_jwt, jwt:CLAIM key
+ * sources (a plan's limits' too), plan_key or plan_from jwt:CLAIM. A
+ * route's requests' tokens are verified (uses_jwt) when it reads them
+ * itself or applies plans and some plan's limits do. */
 int conf_check_jwt(struct ctx *x, struct node *root)
 {
     struct conf *c = x->c;
-    for (int i = 0; i < c->nroutes; i++) {
+    struct node *plans = conf_map_get(root, "plans");
+    int plans_jwt = 0, j, n, rc = 0;
+    for (int i = 0; i < c->nplans && rc == 0; i++) {
+        struct node *at = first_jwt_key(&c->plans[i].route,
+                                        conf_map_get(plans, c->plans[i].name), &j, &n);
+        if (at == NULL)
+            continue;
+        plans_jwt = 1;
+        size_t old = conf_path_push(x, "plans.%s.limits[%d].key[%d]", c->plans[i].name, j, n);
+        rc = need_jwt_section(x, at);
+        conf_path_pop(x, old);
+    }
+    for (int i = 0; i < c->nroutes && rc == 0; i++) {
         struct conf_route *r = &c->routes[i];
-        struct node *rn = x->routes->kids[i], *limits = conf_map_get(rn, "limits"), *at = NULL;
+        struct node *rn = x->routes->kids[i], *at = NULL;
         size_t old = x->pathlen;
         if (r->require_jwt) {
             old = conf_path_push(x, "routes[%d].require_jwt", i);
             at = conf_map_get(rn, "require_jwt");
+        } else if ((at = first_jwt_key(r, rn, &j, &n)) != NULL) {
+            old = conf_path_push(x, "routes[%d].limits[%d].key[%d]", i, j, n);
+        } else if (r->plan_key && r->plan_key->kind == CONF_KEY_JWT) {
+            old = conf_path_push(x, "routes[%d].plan_key", i);
+            at = conf_map_get(rn, "plan_key");
+        } else if (r->plan_from && r->plan_from->kind == CONF_KEY_JWT) {
+            old = conf_path_push(x, "routes[%d].plan_from", i);
+            at = conf_map_get(rn, "plan_from");
         }
-        for (int j = 0; j < r->nlimits && at == NULL; j++)
-            for (int n = 0; n < r->limits[j].nkeys && at == NULL; n++)
-                if (r->limits[j].keys[n].kind == CONF_KEY_JWT) {
-                    old = conf_path_push(x, "routes[%d].limits[%d].key[%d]", i, j, n);
-                    at = conf_map_get(limits->kids[j], "key")->kids[n];
-                }
-        r->uses_jwt = at != NULL;
-        int rc = at != NULL && !c->jwt.on
-                 ? conf_fail(x, at, "tokens are verified only with a jwt section (jwks_file "
-                             "or secret)") : 0;
+        r->uses_jwt = at != NULL || ((r->plan_key || r->plan_from) && plans_jwt);
+        rc = at != NULL ? need_jwt_section(x, at) : 0;
         conf_path_pop(x, old);
-        if (rc < 0)
-            return -1;
     }
-    return 0;
+    return rc;
 }
 
 void conf_jwt_free(struct conf_jwt *j)

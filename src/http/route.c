@@ -1063,6 +1063,28 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
     return route_key_close(&o, out);
 }
 
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out)
+{
+    struct route_part pt;
+    enum route_seen seen = route_locate(ks, req, &pt);
+    if (seen == ROUTE_TWICE)
+        return ROUTE_KEY_AMBIGUOUS;
+    if (seen == ROUTE_BAD)
+        return ROUTE_KEY_BAD;
+    if (seen == ROUTE_ABSENT || pt.kind == ROUTE_PART_ANON)    /* no verified token */
+        return -1;
+    struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
+    route_part_emit(&pt, &k);
+    if (k.len > ROUTE_MAX_PART)
+        return -1;
+    struct route_out o = { .p = out };
+    k.mode = ROUTE_SINK_WRITE;
+    k.out = &o;
+    route_part_emit(&pt, &k);
+    out[o.len] = '\0';
+    return (long)o.len;
+}
+
 int route_jwt_claim(const struct route_req *req, const char *name, size_t namelen,
                     const char **v, size_t *vlen)
 {

@@ -147,6 +147,50 @@ def test_repeat_is_a_cache_hit(sluice, redis, tmp_path):
                    "twice": 1}, got
 
 
+PLANS = """\
+plans:
+  default: free
+  free:
+    limits:
+      - { name: plan-day, algorithm: fixed_window, limit: 2, window: 1d, key: ["jwt:sub"] }
+  pro:
+    limits:
+      - { name: plan-day, algorithm: fixed_window, limit: 4, window: 1d, key: ["jwt:sub"] }
+"""
+
+PLAN_ROUTES = """\
+  - name: by-claim
+    match: { path: /plan }
+    upstream: api
+    plan_key: "jwt:sub"
+    plan_from: "jwt:plan"
+  - name: by-header
+    match: { path: /hdr }
+    upstream: api
+    plan_key: "header:X-Api-Key"
+"""
+
+
+def test_plan_from_a_verified_claim(sluice, redis, tmp_path):
+    """plan_from: jwt:plan picks the plan; a plan's limits keyed by jwt:sub
+    read the token on every route applying plans, even one that reads no
+    token itself; without a valid token, the default plan, anonymous."""
+    k = Key("ES256", "p")
+    path = tmp_path / "jwks.json"
+    path.write_text(jwks(k))
+    s = start_proxy(sluice, PLAN_ROUTES, top=jwt_top(jwks_path=path) + PLANS)
+    pro, free = token(k, claims(sub="pat", plan="pro")), token(k, claims(sub="fay", plan="free"))
+    assert [status(s.port, "/plan", pro) for _ in range(5)] == [200] * 4 + [429]
+    assert [status(s.port, "/plan", free) for _ in range(3)] == [200, 200, 429]
+    forged = token(Key("ES256", "p"), claims(sub="mal", plan="pro"))     # not our key
+    assert [status(s.port, "/plan", forged) for _ in range(3)] == [200, 200, 429]   # free, anonymous
+    assert status(s.port, "/plan") == 429                                # the same anonymous budget
+    # by-header reads no token itself: its plans' limits make it read them
+    gus, hal = token(k, claims(sub="gus")), token(k, claims(sub="hal"))
+    assert [status(s.port, "/hdr", gus) for _ in range(3)] == [200, 200, 429]
+    assert status(s.port, "/hdr", hal) == 200
+
+
 def test_hs256_secret_from_env(sluice, redis, tmp_path):
     secret = os.urandom(24).hex()
     text = proxy_conf(ROUTES, top=jwt_top(secret="${JWT_TEST_SECRET}"))
