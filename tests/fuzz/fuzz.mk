@@ -46,7 +46,7 @@ FUZZ_OBJS_http1_differential := http1 http1_ref mem
 FUZZ_OBJS_redis_reply     := rconn store_util tls_client log mem
 FUZZ_OBJS_admin_api       := admin_api digest memstore kvtable list limiter tzcal route jwt addr regex http1 esc \
                              conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_load \
-                             resetbus loopthread store_sync store_sub store_util rconn tls_client \
+                             resetbus plantable loopthread store_sync store_sub store_util rconn tls_client \
                              metrics log mem
 FUZZ_LEN_http1_request    := 8192
 FUZZ_LEN_http1_response   := 8192
