@@ -6,6 +6,8 @@ CC       ?= cc
 PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
 # TLS for clients (src/net/tls_server.c): OpenSSL 3 under libevent's bufferevents
 PKGS     += libevent_openssl openssl
+# HTTP/2 (src/http2/): framing and HPACK
+PKGS     += libnghttp2
 CFLAGS   ?= -O2 -g
 # src/ is in folders by layer (src/README.md); every folder is on the include
 # path, so a file includes "mem.h", not "core/mem.h". Objects stay flat in
@@ -38,7 +40,7 @@ UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/tes
 # runs (tests/run-demo.sh: redis-server, Debian's python3 for the echo
 # upstream, curl to try it). `make test` installs the whole test toolchain.
 BUILD_DEBS := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
-            libpcre2-dev libssl-dev
+            libpcre2-dev libssl-dev libnghttp2-dev
 RUN_DEBS := $(BUILD_DEBS) redis-server python3 curl
 DEBS     := $(BUILD_DEBS) libcmocka-dev redis-server python3-pytest python3-requests curl
 # http_parser: only test_http1_differential and fuzz_http1_differential link

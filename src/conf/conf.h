@@ -146,6 +146,8 @@ struct conf_upstream {
     int64_t connect_timeout_ms;
     int64_t timeout_ms;         /* waiting for (each read of) the response */
     struct conf_tls_client *tls;  /* NULL: plain TCP */
+    int h2;                     /* protocol: h2 (default http/1.1): ALPN h2
+                                 * over tls, else h2c with prior knowledge */
 };
 
 struct metrics_route;

@@ -701,9 +701,11 @@ static void up_event_cb(struct io *io, short what, void *arg)
             goto out;
         }
     }
-    /* A kept-alive connection the server had closed: try once more on a
-     * fresh one if nothing was sent back and the request can be resent. */
-    if (!c->rq->resp_started && uc->reused && !c->rq->retried && c->rq->head_in_input &&
+    /* A kept-alive connection the server had closed, or an h2 request the
+     * server did not process: try once more on a fresh connection if
+     * nothing was sent back and the request can be resent. */
+    if (!c->rq->resp_started && (uc->reused || uc->unprocessed) && !c->rq->retried &&
+        c->rq->head_in_input &&
         !(what & IO_TIMEOUT)) {
         /* Borrow first: closing the last borrowed connection of a retired
          * pool frees the pool. */
