@@ -44,6 +44,9 @@ struct accesslog_entry {
     int64_t delay_ms;           /* a delayed request's wait; written only when > 0 */
     int key_fallback;           /* a limit counted it under the client address
                                  * (on_missing_key: ip); written only when set */
+    int has_grpc_status;        /* grpc_status is written */
+    int grpc_status;            /* a gRPC call's status (its trailers', or sluice's
+                                 * own answer's) */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

@@ -81,6 +81,7 @@ struct conf_listen {
 enum conf_keysrc_kind {
     CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
     CONF_KEY_METHOD, CONF_KEY_PATH, CONF_KEY_CAPTURE,
+    CONF_KEY_GRPC_SERVICE, CONF_KEY_GRPC_METHOD,    /* of a /pkg.Service/Method path */
 };
 
 struct conf_keysrc {
@@ -176,6 +177,10 @@ struct conf_route {
     int upgrade;                /* tunnel Upgrade requests after a 101 */
     char **upgrade_protos;      /* protocols tunnelled; NULL: websocket only */
     int nupgrade_protos;
+    int grpc;                   /* match.grpc: only gRPC requests
+                                 * (Content-Type application/grpc*) */
+    int grpc_limited;           /* grpc-status of a rejection: 8
+                                 * (resource_exhausted, default) or 14 */
     char *policy;               /* the RateLimit-Policy value of its limits,
                                  * built once by conf_load (NULL otherwise) */
     size_t policy_len;

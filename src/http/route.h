@@ -64,6 +64,20 @@ const struct conf_route *route_match(const struct conf *c,
                                      const char *host, size_t hostlen,
                                      struct route_captures *caps);
 
+/* 1 when the request is a gRPC call (Content-Type application/grpc, or
+ * application/grpc+FORMAT or ;params). *timeout_ms gets its grpc-timeout
+ * in milliseconds, rounded up; 0 when absent or malformed. */
+int route_grpc_call(const char *buf, const struct http1_head *h, int64_t *timeout_ms);
+
+/* route_match() for a request that is a gRPC call (grpc 1: Content-Type
+ * application/grpc*) or not (0, as route_match()): a route with match.grpc
+ * takes calls only. */
+const struct conf_route *route_match_grpc(const struct conf *c,
+                                          const char *path, size_t pathlen,
+                                          const char *method, size_t methodlen,
+                                          const char *host, size_t hostlen,
+                                          struct route_captures *caps, int grpc);
+
 /* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
  * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.
  * IPv4-mapped IPv6 is written as IPv4. Returns the length. */

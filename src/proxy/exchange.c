@@ -154,6 +154,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
 /* upstreams.timeout bounds each wait on the upstream: for a write while the
  * request is sent, and for the response only once the request is all sent
  * (an upload taking longer than the timeout is not the upstream's delay).
+ * A gRPC call's grpc-timeout caps it at what is left of its deadline.
  * Until connected, the connect timeout set by the pool is in force. */
 static void up_timeouts(struct client *c)
 {
@@ -161,6 +162,10 @@ static void up_timeouts(struct client *c)
     if (!uc->connected)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
+    if (c->rq->grpc_deadline_ms) {
+        int64_t left = c->rq->grpc_deadline_ms - clock_ms();
+        ms = left < 1 ? 1 : left < ms ? left : ms;
+    }
     struct timeval tv = clock_timeval(ms);
     if (c->rq->req_done && c->rq->up_deadline_ms == 0)
         c->rq->up_deadline_ms = clock_ms() + ms;
@@ -520,6 +525,19 @@ static int interim_response(struct client *c, int status)
     return 0;
 }
 
+/* A gRPC answer's grpc-status (in a Trailers-Only head, or in trailers),
+ * for the access log and the metrics. */
+static void grpc_status_seen(struct client *c, const char *buf, const struct http1_head *h)
+{
+    int i = c->rq->grpc ? http1_find(buf, h, "grpc-status", 0) : -1;
+    int64_t v;
+    if (i < 0 || !http1_span_uint(buf, h->h[i].value, &v) || v >= METRICS_NGRPC)
+        return;
+    if (c->rq->log)
+        c->rq->log->grpc_status = (int)v;
+    metrics_grpc(c->rq->route->metrics, (int)v);
+}
+
 /* Parse response heads until a final one is sent to the client.
  * Returns 0 to wait, 1 when the final head was written, -1 on failure
  * (already handled). */
@@ -573,6 +591,7 @@ static int read_response_head(struct client *c)
             return 0;   /* counted_done_cb resumes */
         c->rq->xops->drain_head(c);  /* the request head is no longer needed for a retry */
         c->rq->xops->count_response(c, status);
+        grpc_status_seen(c, data, &uc->head);
         size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
         c->rq->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
