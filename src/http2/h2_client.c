@@ -13,7 +13,6 @@
  * does. nghttp2 is never re-entered from its own callbacks: sending from
  * outside them goes through the session's kick event. */
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <event2/buffer.h>
@@ -23,6 +22,7 @@
 
 #include "conf.h"
 #include "h2_client.h"
+#include "h2msg.h"
 #include "http1.h"
 #include "io.h"
 #include "list.h"
@@ -51,16 +51,13 @@ struct h2_stream {
                                      * its HEADERS never went out) */
     int *unprocessed;               /* the borrower's flag (h2_client_stream) */
     /* The request as the exchange writes it. */
-    struct http1 *req;
-    struct http1_head head;
-    int head_done;
+    struct h2msg_reader *req;
     int body_done;                  /* the payload is all in body */
     int deferred;                   /* the data provider waits for body */
     int sent;                       /* the HEADERS went out */
     struct evbuffer *body;          /* payload not yet in DATA frames */
     /* The response, written into the io's input. */
-    struct evbuffer *fields;        /* the head or the trailers being read */
-    int status;
+    struct h2msg_fields *fields;    /* the head or the trailers being read */
     int final;                      /* the final head was written */
     int chunked;                    /* its body goes chunked */
     int ended;                      /* END_STREAM came */
@@ -73,6 +70,7 @@ struct h2_session {
     struct io *io;
     nghttp2_session *ngh;
     struct event *kick;             /* send from the loop */
+    struct evbuffer *text;          /* scratch: HTTP/1.1 text for a stream */
     struct list streams;
     int nstreams;
     int server;
@@ -98,9 +96,9 @@ static void stream_free(struct h2_stream *st)
         list_unlink(&st->s->streams, &st->link);
         st->s->nstreams--;
     }
-    http1_destroy(st->req);
+    h2msg_reader_free(st->req);
     evbuffer_free(st->body);
-    evbuffer_free(st->fields);
+    h2msg_fields_free(st->fields);
     free(st);
 }
 
@@ -142,6 +140,7 @@ static void session_free(struct h2_session *s, int err)
     metrics_gauge_add(METRICS_CONN_UPSTREAM, -1);
     nghttp2_session_del(s->ngh);
     event_free(s->kick);
+    evbuffer_free(s->text);
     io_free(s->io);
     free(s);
 }
@@ -291,8 +290,9 @@ static struct h2_session *session_new(struct h2_client *hc, int server)
     if (nghttp2_session_client_new2(&s->ngh, callbacks, s, options) != 0)
         abort();    /* only on allocation failure */
     s->kick = event_new(hc->base, -1, 0, kick_cb, s);
-    if (s->kick == NULL)
-        abort();
+    s->text = evbuffer_new();
+    if (s->kick == NULL || s->text == NULL)
+        abort();    /* only on allocation failure */
     const nghttp2_settings_entry iv[] = {
         { NGHTTP2_SETTINGS_ENABLE_PUSH, 0 },
         { NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, H2C_STREAM_WINDOW },
@@ -346,50 +346,24 @@ static ssize_t body_read_cb(nghttp2_session *ngh, int32_t id, uint8_t *buf, size
 
 static void stream_output(struct io *io, void *owner);
 
-static int name_is(const char *buf, struct http1_span s, const char *lit)
-{
-    size_t n = strlen(lit);
-    return s.len == n && strncasecmp(buf + s.off, lit, n) == 0;
-}
-
-/* The head the exchange wrote, as an h2 request on st's session. buf holds
- * the head (the output's first bytes). -1 when it cannot go. */
-static int submit_request(struct h2_stream *st, char *buf)
+/* The head the exchange wrote, as an h2 request on st's session, with
+ * "te: trailers" (we read trailers, and gRPC servers want to be told).
+ * -1 when it cannot go. */
+static int submit_request(struct h2_stream *st)
 {
     struct h2_session *s = st->s;
-    const struct http1_head *h = &st->head;
-    nghttp2_nv nv[HTTP1_MAX_HEADERS + 5];
-    int n = 0;
-    int host = h->host;
-    static char https[] = "https", http[] = "http", te[] = "te", trailers[] = "trailers";
-#define NV(nm, nlen, v, vlen) \
-    nv[n++] = (nghttp2_nv){ (uint8_t *)(nm), (uint8_t *)(v), (nlen), (vlen), NGHTTP2_NV_FLAG_NONE }
-    NV(":method", 7, buf + h->method.off, h->method.len);
-    NV(":scheme", 7, s->hc->cu->tls ? https : http, s->hc->cu->tls ? 5 : 4);
-    if (host >= 0)
-        NV(":authority", 10, buf + h->h[host].value.off, h->h[host].value.len);
-    else
-        NV(":authority", 10, (char *)s->hc->cu->servers[s->server].text,
-           strlen(s->hc->cu->servers[s->server].text));
-    NV(":path", 5, buf + h->target.off, h->target.len);
-    for (int i = 0; i < h->nheaders; i++) {
-        struct http1_span nm = h->h[i].name;
-        if (i == host || name_is(buf, nm, "connection") || name_is(buf, nm, "keep-alive") ||
-            name_is(buf, nm, "proxy-connection") || name_is(buf, nm, "transfer-encoding") ||
-            name_is(buf, nm, "upgrade") || name_is(buf, nm, "te") ||
-            name_is(buf, nm, "trailer"))
-            continue;
-        for (uint32_t j = 0; j < nm.len; j++)   /* h2 field names are lower case */
-            if (buf[nm.off + j] >= 'A' && buf[nm.off + j] <= 'Z')
-                buf[nm.off + j] = (char)(buf[nm.off + j] - 'A' + 'a');
-        NV(buf + nm.off, nm.len, buf + h->h[i].value.off, h->h[i].value.len);
-    }
-    /* We read trailers (gRPC servers want to be told). */
-    NV(te, 2, trailers, 8);
-#undef NV
+    size_t n;
+    const nghttp2_nv *head = h2msg_reader_nv(st->req, &n);
+    nghttp2_nv nv[HTTP1_MAX_HEADERS + 8];
+    size_t k = 0;
+    static char te[] = "te", trailers[] = "trailers";
+    for (size_t i = 0; i < n && k < sizeof(nv) / sizeof(nv[0]) - 1; i++)
+        if (!(head[i].namelen == 2 && memcmp(head[i].name, "te", 2) == 0))
+            nv[k++] = head[i];
+    nv[k++] = (nghttp2_nv){ (uint8_t *)te, (uint8_t *)trailers, 2, 8, NGHTTP2_NV_FLAG_NONE };
     nghttp2_data_provider dp = { .source.ptr = st, .read_callback = body_read_cb };
-    int32_t id = nghttp2_submit_request(s->ngh, NULL, nv, (size_t)n,
-                                        h->body == HTTP1_BODY_NONE ? NULL : &dp, st);
+    int32_t id = nghttp2_submit_request(s->ngh, NULL, nv, k,
+                                        h2msg_reader_body(st->req) ? &dp : NULL, st);
     if (id < 0) {
         log_warn("h2_client: request to '%s' not submitted: %s",
                  s->hc->cu->servers[s->server].text, nghttp2_strerror(id));
@@ -409,41 +383,29 @@ static void stream_output(struct io *io, void *owner)
         evbuffer_drain(out, evbuffer_get_length(out));  /* nobody reads it now */
         return;
     }
-    if (!st->head_done) {
-        size_t len = evbuffer_get_length(out);
-        char *buf = (char *)evbuffer_pullup(out, -1);
-        int rc = http1_head_feed(st->req, buf, len, HTTP1_MAX_HEAD_BYTES, 0, &st->head);
-        if (rc == 1)
-            return;
-        if (rc != 0 || submit_request(st, buf) < 0) {
-            evbuffer_drain(out, len);
+    while (!st->body_done && evbuffer_get_length(st->body) < H2C_BODY_MAX) {
+        size_t room = H2C_BODY_MAX - evbuffer_get_length(st->body);
+        enum h2msg_event ev = h2msg_read(st->req, out, st->body, room);
+        if (ev == H2MSG_NEED)
+            break;
+        if (ev == H2MSG_ERROR || (ev == H2MSG_HEAD && submit_request(st) < 0)) {
+            /* exchange.c writes what http1.c reads: only a refusal by
+             * nghttp2 (no stream id left) lands here */
+            evbuffer_drain(out, evbuffer_get_length(out));
             if (st->unprocessed)
-                *st->unprocessed = rc == 0;
+                *st->unprocessed = ev == H2MSG_HEAD;
+            if (st->id > 0)
+                nghttp2_submit_rst_stream(st->s->ngh, NGHTTP2_FLAG_NONE, st->id,
+                                          NGHTTP2_INTERNAL_ERROR);
             io_stream_end(io, ECONNRESET);
             st->ended = 1;
-            return;
-        }
-        evbuffer_drain(out, st->head.len);
-        st->head_done = 1;
-        st->body_done = st->head.body == HTTP1_BODY_NONE;
-    }
-    while (!st->body_done && evbuffer_get_length(st->body) < H2C_BODY_MAX) {
-        size_t len = evbuffer_get_contiguous_space(out);
-        if (len == 0)
-            break;
-        const char *data = (const char *)evbuffer_pullup(out, (ssize_t)len);
-        struct http1_piece pieces[HTTP1_MAX_PIECES];
-        int np = HTTP1_MAX_PIECES, done = 0;
-        long used = http1_body_feed(st->req, data, len, pieces, &np, &done);
-        if (used < 0) {         /* exchange.c frames what it sends: never */
-            nghttp2_submit_rst_stream(st->s->ngh, NGHTTP2_FLAG_NONE, st->id,
-                                      NGHTTP2_INTERNAL_ERROR);
             break;
         }
-        for (int i = 0; i < np; i++)
-            evbuffer_add(st->body, data + pieces[i].off, pieces[i].len);
-        evbuffer_drain(out, (size_t)used);
-        st->body_done = done;
+        if (ev == H2MSG_HEAD) {
+            st->body_done = !h2msg_reader_body(st->req);
+        } else if (ev == H2MSG_END) {
+            st->body_done = 1;      /* request trailers: exchange.c sends none */
+        }
     }
     if (st->deferred && (evbuffer_get_length(st->body) > 0 || st->body_done)) {
         st->deferred = 0;
@@ -498,7 +460,8 @@ static const struct io_stream_ops stream_ops = {
     stream_output, stream_consumed, stream_closed,
 };
 
-/* A field of a head or trailers, as an HTTP/1.1 line; -1 past H2C_HEAD_MAX. */
+/* A field of a head or trailers (h2msg_fields); past H2C_HEAD_MAX the
+ * stream is reset (the exchange sees a 502). */
 static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const uint8_t *name,
                         size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
                         void *arg)
@@ -506,74 +469,51 @@ static int on_header_cb(nghttp2_session *ngh, const nghttp2_frame *frame, const 
     struct h2_stream *st = nghttp2_session_get_stream_user_data(ngh, frame->hd.stream_id);
     if (st == NULL || st->io == NULL || frame->hd.type != NGHTTP2_HEADERS)
         return 0;
-    if (namelen == 7 && memcmp(name, ":status", 7) == 0) {
-        st->status = 0;
-        for (size_t i = 0; i < valuelen && i < 3; i++)
-            st->status = st->status * 10 + (value[i] - '0');
-        return 0;
-    }
-    if (namelen > 0 && name[0] == ':')
-        return 0;
-    if (evbuffer_get_length(st->fields) + namelen + valuelen + 4 > H2C_HEAD_MAX)
-        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;   /* resets the stream */
-    evbuffer_add(st->fields, name, namelen);
-    evbuffer_add(st->fields, ": ", 2);
-    evbuffer_add(st->fields, value, valuelen);
-    evbuffer_add(st->fields, "\r\n", 2);
+    if (h2msg_fields_add(st->fields, name, namelen, value, valuelen) != 0)
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     return 0;
 }
 
-static void input_buffer(struct h2_stream *st, struct evbuffer *b)
+/* The session's scratch text, into st's input. */
+static void input_text(struct h2_stream *st)
 {
+    struct evbuffer *b = st->s->text;
     size_t n = evbuffer_get_length(b);
     io_stream_input(st->io, evbuffer_pullup(b, (ssize_t)n), n);
     evbuffer_drain(b, n);
 }
 
-/* A response head is complete: its status line, fields and framing. */
+/* A response head is complete: a 1xx, or the final head, chunked when a
+ * body without a length follows (its trailers then end it), with
+ * Content-Length: 0 when none follows. */
 static void write_head(struct h2_stream *st, int end_stream)
 {
-    char line[64];
-    struct evbuffer *b = evbuffer_new();
-    if (b == NULL)
-        abort();
-    int interim = st->status >= 100 && st->status < 200;
-    int n = snprintf(line, sizeof(line), "HTTP/1.1 %03d \r\n", st->status);
-    evbuffer_add(b, line, (size_t)n);
-    evbuffer_add_buffer(b, st->fields);
-    if (!interim) {
-        const char *f = (const char *)evbuffer_pullup(b, -1);
-        size_t flen = evbuffer_get_length(b);
-        int has_length = memmem(f, flen, "\ncontent-length:", 16) != NULL;
-        st->final = 1;
-        if (end_stream || st->status == 204 || st->status == 304) {
-            if (!has_length && st->status != 204 && st->status != 304)
-                evbuffer_add(b, "content-length: 0\r\n", 19);
-        } else if (!has_length) {
-            st->chunked = 1;
-            evbuffer_add(b, "transfer-encoding: chunked\r\n", 28);
-        }
+    size_t n;
+    const char *status = h2msg_fields_get(st->fields, ":status", &n);
+    int interim = status && n == 3 && status[0] == '1';
+    int bodyless = end_stream && !interim && status && n == 3 &&
+                   memcmp(status, "204", 3) != 0 && memcmp(status, "304", 3) != 0 &&
+                   h2msg_fields_get(st->fields, "content-length", NULL) == NULL;
+    if (h2msg_head_text(st->fields, HTTP1_RESPONSE, !end_stream && !interim,
+                        bodyless ? "Content-Length: 0\r\n" : NULL, st->s->text,
+                        &st->chunked) != 0) {
+        nghttp2_submit_rst_stream(st->s->ngh, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_PROTOCOL_ERROR);
+        return;         /* on_stream_close tells the exchange */
     }
-    evbuffer_add(b, "\r\n", 2);
-    input_buffer(st, b);
-    evbuffer_free(b);
+    h2msg_fields_clear(st->fields);
+    st->final = !interim;
+    input_text(st);
 }
 
-/* The body's end: the last chunk with the trailers read (when chunked). */
+/* The body's end: the last chunk with the trailers read (when chunked;
+ * trailers after a Content-Length body have no place in HTTP/1.1). */
 static void write_end(struct h2_stream *st)
 {
-    if (!st->chunked) {
-        evbuffer_drain(st->fields, evbuffer_get_length(st->fields));
-        return;
+    if (st->chunked) {
+        h2msg_last_chunk(st->s->text, st->fields);
+        input_text(st);
     }
-    struct evbuffer *b = evbuffer_new();
-    if (b == NULL)
-        abort();
-    evbuffer_add(b, "0\r\n", 3);
-    evbuffer_add_buffer(b, st->fields);
-    evbuffer_add(b, "\r\n", 2);
-    input_buffer(st, b);
-    evbuffer_free(b);
+    h2msg_fields_clear(st->fields);
 }
 
 static int on_frame_recv_cb(nghttp2_session *ngh, const nghttp2_frame *frame, void *arg)
@@ -608,14 +548,12 @@ static int on_data_cb(nghttp2_session *ngh, uint8_t flags, int32_t id, const uin
         nghttp2_session_consume(ngh, id, len);
         return 0;
     }
-    if (st->chunked && len > 0) {
-        char hex[20];
-        int n = snprintf(hex, sizeof(hex), "%zx\r\n", len);
-        io_stream_input(st->io, hex, (size_t)n);
+    if (st->chunked) {
+        h2msg_chunk(st->s->text, data, len);
+        input_text(st);
+    } else {
+        io_stream_input(st->io, data, len);
     }
-    io_stream_input(st->io, data, len);
-    if (st->chunked && len > 0)
-        io_stream_input(st->io, "\r\n", 2);
     st->unconsumed += len;
     stream_consume(st);
     return 0;
@@ -741,10 +679,11 @@ struct io *h2_client_stream(struct h2_client *hc, int fresh, int *server, int *u
     st->s = s;
     st->io = io_new_stream(hc->base, &stream_ops, st);
     st->unprocessed = unprocessed;
-    st->req = http1_create(HTTP1_REQUEST);
+    st->req = h2msg_reader_new(HTTP1_REQUEST, HTTP1_MAX_HEAD_BYTES);
+    h2msg_reader_scheme(st->req, hc->cu->tls ? "https" : "http");
+    st->fields = h2msg_fields_new(H2C_HEAD_MAX);
     st->body = evbuffer_new();
-    st->fields = evbuffer_new();
-    if (st->body == NULL || st->fields == NULL)
+    if (st->body == NULL)
         abort();    /* only on allocation failure */
     list_push(&s->streams, &st->link);
     s->nstreams++;
