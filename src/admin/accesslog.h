@@ -47,6 +47,8 @@ struct accesslog_entry {
     int has_grpc_status;        /* grpc_status is written */
     int grpc_status;            /* a gRPC call's status (its trailers', or sluice's
                                  * own answer's) */
+    int http2;                  /* came on an HTTP/2 stream: written as
+                                 * "protocol":"HTTP/2.0" (HTTP/1.x: nothing) */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

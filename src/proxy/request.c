@@ -210,6 +210,7 @@ void request_log_end(struct client *c)
         .key_fallback = c->rq->dec.fallback != 0,
         .has_grpc_status = rq->grpc_status >= 0,
         .grpc_status = rq->grpc_status,
+        .http2 = c->h2_stream,
     };
     accesslog_write(c->env->alog, &e);
 }
