@@ -175,28 +175,32 @@ static int session_settle(struct h2_session *s)
     return 0;
 }
 
-/* Send what nghttp2 has, up to H2C_OUT_MAX queued. */
+/* Send what nghttp2 has, up to H2C_OUT_MAX queued at a time: more once
+ * the socket took it all at once, else when it drains (sess_drained_cb). */
 static void session_send(struct h2_session *s)
 {
     if (s->busy)
         return;                 /* the outer call sends */
     struct evbuffer *out = io_output(s->io);
+    ssize_t n = 0;
     s->busy++;
-    while (!s->failed && evbuffer_get_length(out) < H2C_OUT_MAX) {
-        const uint8_t *data;
-        ssize_t n = nghttp2_session_mem_send(s->ngh, &data);
-        if (n < 0) {
-            log_warn("h2_client: session with '%s' failed: %s",
-                     s->hc->cu->servers[s->server].text, nghttp2_strerror((int)n));
-            s->failed = 1;
-            s->err = EPROTO;
+    do {
+        while (!s->failed && evbuffer_get_length(out) < H2C_OUT_MAX) {
+            const uint8_t *data;
+            n = nghttp2_session_mem_send(s->ngh, &data);
+            if (n < 0) {
+                log_warn("h2_client: session with '%s' failed: %s",
+                         s->hc->cu->servers[s->server].text, nghttp2_strerror((int)n));
+                s->failed = 1;
+                s->err = EPROTO;
+            }
+            if (n <= 0)
+                break;
+            evbuffer_add(out, data, (size_t)n);
         }
-        if (n <= 0)
-            break;
-        evbuffer_add(out, data, (size_t)n);
-    }
+        io_flush(s->io);
+    } while (!s->failed && n > 0 && evbuffer_get_length(out) == 0);
     s->busy--;
-    io_flush(s->io);
     session_settle(s);
 }
 
