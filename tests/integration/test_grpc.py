@@ -330,3 +330,38 @@ def test_node_grpc_js_client(sluice, redis, grpc_server, tmp_path):
     # bidirectional with 5 MB messages
     out = node("127.0.0.1:%d" % s.port, "chat", "0", str(BIG))
     assert out == [{"code": 0, "messages": 3, "bytes": 3 * BIG}], out
+
+
+SHAPED = """\
+  - name: calls
+    match: { path: /demo.Echo, grpc: true }
+    upstream: grpc
+    limits:
+      - { name: one-at-a-time, algorithm: concurrency, limit: 1, key: ["header:x-tenant"],
+          on_missing_key: pass }
+      - { name: paced, algorithm: gcra, rate: 2/s, burst: 1, key: ["header:x-pace"], delay: 3s,
+          on_missing_key: pass }
+"""
+
+
+def test_concurrency_counts_a_call_until_it_ends_and_delay_holds_one(sluice, redis, grpc_server,
+                                                                    tmp_path):
+    g = grpc_server()
+    s = proxy(sluice, g.port, tmp_path, routes=SHAPED)
+    t = [("x-tenant", "c-%f" % time.time())]
+    with channel(s.port) as ch:
+        sleep = stub(ch, "unary_unary", "Sleep")
+        unary = stub(ch, "unary_unary", "Unary")
+        fut = sleep.future(b"1500", metadata=t, timeout=10)
+        assert wait_until(lambda: server_stats(g)["calls"], 5, until=lambda n: n >= 1)[0] == 1
+        with pytest.raises(grpc.RpcError) as e:     # the slot is taken while it runs
+            unary(b"x", metadata=t, timeout=10)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert fut.result() == b"slept"
+        assert unary(b"y", metadata=t, timeout=10) == b"y"     # given back at its end
+        # delay: the second call of a pair is held about 500 ms, then served
+        p = [("x-pace", "p-%f" % time.time())]
+        assert unary(b"1", metadata=p, timeout=10) == b"1"
+        t0 = time.monotonic()
+        assert unary(b"2", metadata=p, timeout=10) == b"2"
+        assert 0.3 <= time.monotonic() - t0 < 3
