@@ -196,15 +196,19 @@ const char *reply_error_name(int status)
     }
 }
 
-static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
-                          const char *rid, size_t rid_len)
+/* X-Request-Id, Content-Type (ctype), Content-Length, Connection and the
+ * empty line. */
+static void add_head_end(struct obuf *out, const char *ctype, size_t body_len, int keep_alive,
+                         const char *rid, size_t rid_len)
 {
     if (rid_len) {
         ADD_LIT(out, "X-Request-Id: ");
         obuf_add(out, rid, rid_len);
         ADD_LIT(out, "\r\n");
     }
-    ADD_LIT(out, "Content-Type: application/json\r\nContent-Length: ");
+    ADD_LIT(out, "Content-Type: ");
+    add_str(out, ctype);
+    ADD_LIT(out, "\r\nContent-Length: ");
     add_int(out, (int64_t)body_len);
     if (keep_alive == REPLY_KEEP_SAID)
         ADD_LIT(out, "\r\nConnection: keep-alive\r\n\r\n");
@@ -231,7 +235,7 @@ static void add_error(struct evbuffer *buf, int status, const char *name, int64_
         add_int(out, retry_s);
         ADD_LIT(out, "\r\n");
     }
-    add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
+    add_head_end(out, "application/json", (size_t)n, keep_alive, rid, rid_len);
     obuf_add(out, body, (size_t)n);
     obuf_end(out);
 }
@@ -292,7 +296,7 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
                       + quoted_len(l->name) + sizeof(b3) - 1 + int_len(retry) + 1;
     if (l->message)
         body_len += sizeof(b4) - 1 + quoted_len(l->message);
-    add_json_head(out, body_len, keep_alive, rid, rid_len);
+    add_head_end(out, "application/json", body_len, keep_alive, rid, rid_len);
     ADD_LIT(out, b1);
     add_quoted(out, rl->route->name);
     ADD_LIT(out, b2);
@@ -327,7 +331,7 @@ void reply_grpc(struct evbuffer *buf, int code, const char *name, const struct r
     char msg[ESC_MAX(64)];
     size_t nlen = strlen(name);
     obuf_begin(out, buf, 1024 + rid_len + ESC_MAX(nlen));
-    ADD_LIT(out, "HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\ngrpc-status: ");
+    ADD_LIT(out, "HTTP/1.1 200 OK\r\ngrpc-status: ");
     add_int(out, code);
     ADD_LIT(out, "\r\ngrpc-message: ");
     for (size_t i = 0; i < nlen; i += 64) {
@@ -349,16 +353,6 @@ void reply_grpc(struct evbuffer *buf, int code, const char *name, const struct r
         add_int(out, reply_seconds(retry_ms));
         ADD_LIT(out, "\r\n");
     }
-    if (rid_len) {
-        ADD_LIT(out, "X-Request-Id: ");
-        obuf_add(out, rid, rid_len);
-        ADD_LIT(out, "\r\n");
-    }
-    if (keep_alive == REPLY_KEEP_SAID)
-        ADD_LIT(out, "Content-Length: 0\r\nConnection: keep-alive\r\n\r\n");
-    else if (keep_alive)
-        ADD_LIT(out, "Content-Length: 0\r\n\r\n");
-    else
-        ADD_LIT(out, "Content-Length: 0\r\nConnection: close\r\n\r\n");
+    add_head_end(out, "application/grpc", 0, keep_alive, rid, rid_len);
     obuf_end(out);
 }

@@ -39,6 +39,10 @@
 #define H2C_CONN_WINDOW   (16 * 1024 * 1024)
 #define H2C_HEAD_MAX      (64 * 1024)     /* response fields, as exchange.c reads */
 #define H2C_ID_MARGIN     1024            /* new sessions before ids run out */
+/* Streams opened on a session before the server's SETTINGS say how many
+ * it takes: a burst beyond its limit would be refused (and tried again on
+ * new connections), so a few, then more sessions. */
+#define H2C_EARLY_STREAMS 16
 
 struct h2_session;
 
@@ -563,22 +567,29 @@ static int on_data_cb(nghttp2_session *ngh, uint8_t flags, int32_t id, const uin
     return 0;
 }
 
-static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *arg)
+/* nghttp2 is done with st's stream: free st if the exchange is too, else
+ * tell the exchange of a stream that ended without its response (reset;
+ * unprocessed: the server never took it, so it may go again). */
+static void stream_gone(struct h2_stream *st, int unprocessed)
 {
-    struct h2_stream *st = nghttp2_session_get_stream_user_data(ngh, id);
-    if (st == NULL)
-        return 0;
     st->gone = 1;
     if (st->io == NULL) {
         stream_free(st);
-        return 0;
+        return;
     }
     if (st->ended)
-        return 0;               /* the response is whole: the exchange ends it */
-    if (error_code == NGHTTP2_REFUSED_STREAM && st->unprocessed && !st->final)
-        *st->unprocessed = 1;   /* also above a GOAWAY's last stream id */
+        return;                 /* the response is whole: the exchange ends it */
+    if (unprocessed && st->unprocessed)
+        *st->unprocessed = 1;
     st->ended = 1;
     io_stream_end(st->io, ECONNRESET);
+}
+
+static int on_stream_close_cb(nghttp2_session *ngh, int32_t id, uint32_t error_code, void *arg)
+{
+    struct h2_stream *st = nghttp2_session_get_stream_user_data(ngh, id);
+    if (st)     /* refused: also above a GOAWAY's last stream id */
+        stream_gone(st, error_code == NGHTTP2_REFUSED_STREAM && !st->final);
     return 0;
 }
 
@@ -603,19 +614,8 @@ static int on_frame_not_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame
     for (struct list_link *l = s->streams.first; l && !st; l = l->next)
         if (LIST_ITEM(l, struct h2_stream, link)->id == frame->hd.stream_id)
             st = LIST_ITEM(l, struct h2_stream, link);
-    if (st == NULL || st->gone)
-        return 0;
-    st->gone = 1;
-    if (st->io == NULL) {
-        stream_free(st);
-        return 0;
-    }
-    if (st->ended)
-        return 0;
-    if (st->unprocessed)
-        *st->unprocessed = 1;
-    st->ended = 1;
-    io_stream_end(st->io, ECONNRESET);
+    if (st && !st->gone)
+        stream_gone(st, 1);
     return 0;
 }
 
@@ -634,6 +634,7 @@ static void setup_once(void)
     nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, on_frame_send_cb);
     nghttp2_session_callbacks_set_on_frame_not_send_callback(callbacks, on_frame_not_send_cb);
     nghttp2_option_set_no_auto_window_update(options, 1);
+    nghttp2_option_set_peer_max_concurrent_streams(options, H2C_EARLY_STREAMS);
 }
 
 struct h2_client *h2_client_create(struct event_base *base, const struct conf_upstream *cu,

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import time
 
 import grpc
@@ -24,7 +23,7 @@ import pytest
 
 from conftest import Conn, build_request, free_port, read_log, stop_process, wait_until
 from proxylib import proxy_conf
-from tlslib import make_ca, make_cert
+from tlslib import make_upstream_pki
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GRPC_UPSTREAM = os.path.join(HERE, "..", "grpc_upstream.py")
@@ -52,12 +51,7 @@ class GrpcServer:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("pki"))
-    make_ca(d, "ca", "sluice test ca")
-    make_cert(d, "server", "ca", "upstream.test",
-              "subjectAltName=DNS:upstream.test,DNS:localhost,IP:127.0.0.1\n"
-              "extendedKeyUsage=serverAuth")
-    return d
+    return make_upstream_pki(str(tmp_path_factory.mktemp("pki")))
 
 
 @pytest.fixture
@@ -270,7 +264,7 @@ def test_limit_is_resource_exhausted_and_a_retry_policy_waits_it_out(sluice, red
     opts = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY)]
     with channel(s.port, opts) as ch:
         unary = stub(ch, "unary_unary", "Unary")
-        time.sleep(1.1)
+        time.sleep(1.5)
         assert unary(b"3", metadata=md, timeout=10) == b"3"      # the bucket's token
         t0 = time.monotonic()
         assert unary(b"4", metadata=md, timeout=10) == b"4"      # refused, then retried

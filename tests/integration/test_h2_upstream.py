@@ -12,12 +12,11 @@
 import hashlib
 import os
 import subprocess
-import threading
 
 import pytest
 
-from conftest import Conn, build_request, free_port, stop_process, wait_port, wait_until
-from tlslib import make_ca, make_cert
+from conftest import Conn, build_request, free_port, parallel, stop_process, wait_port, wait_until
+from tlslib import make_upstream_pki
 
 NGINX = "/usr/sbin/nginx"
 
@@ -94,12 +93,7 @@ http {
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("pki"))
-    make_ca(d, "ca", "sluice test ca")
-    make_cert(d, "server", "ca", "upstream.test",
-              "subjectAltName=DNS:upstream.test,DNS:localhost,IP:127.0.0.1\n"
-              "extendedKeyUsage=serverAuth")
-    return d
+    return make_upstream_pki(str(tmp_path_factory.mktemp("pki")))
 
 
 @pytest.fixture
@@ -147,6 +141,15 @@ def request(port, method, target, body=None, headers=None, timeout_s=20.0):
     with Conn(port, timeout_s) as c:
         c.send(build_request(method, target, headers, body))
         return c.read_response(head_request=(method == "HEAD"))
+
+
+def gets_at_once(port, targets):
+    """GET every target at once, each on its own connection: True when each
+    got its own 200 from the echo upstream (else the results, to show)."""
+    out = parallel([lambda t=t: request(port, "GET", t) for t in targets])
+    ok = [not isinstance(r, Exception) and r.status == 200 and r.json()["target"] == t
+          for r, t in zip(out, targets)]
+    return all(ok) or out
 
 
 def sha1(b):
@@ -198,24 +201,7 @@ def test_large_bodies_both_ways(sluice, nginx, pki, tls):
 def test_parallel_requests_share_few_connections(sluice, nginx):
     n = nginx(max_streams=16)
     s = start(sluice, n.port)
-    results = []
-    lock = threading.Lock()
-
-    def one(i):
-        try:
-            r = request(s.port, "GET", "/slow/300?i=%d" % i)
-            ok = r.status == 200 and r.json()["target"] == "/slow/300?i=%d" % i
-        except (OSError, EOFError) as e:
-            ok = repr(e)
-        with lock:
-            results.append(ok)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(48)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert results.count(True) == 48, results
+    assert gets_at_once(s.port, ["/slow/300?i=%d" % i for i in range(48)])
     lines = n.lines("/slow/", count=48)
     conns = {ln[0] for ln in lines}
     # 48 at once over streams of at most 16 per connection: 3 connections,
@@ -241,24 +227,7 @@ def test_requests_refused_after_goaway_go_again(sluice, nginx):
     # connections; every client gets its answer
     n = nginx(keepalive_requests=5)
     s = start(sluice, n.port)
-    results = []
-    lock = threading.Lock()
-
-    def one(i):
-        try:
-            r = request(s.port, "GET", "/slow/200?i=%d" % i)
-            ok = r.status == 200 and r.json()["target"] == "/slow/200?i=%d" % i
-        except (OSError, EOFError) as e:
-            ok = repr(e)
-        with lock:
-            results.append(ok)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert results.count(True) == 20, results
+    assert gets_at_once(s.port, ["/slow/200?i=%d" % i for i in range(20)])
     lines = n.lines("/slow/", count=20)
     assert len(lines) == 20                 # each processed once
     assert len({ln[0] for ln in lines}) >= 4
