@@ -270,6 +270,8 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
     }
     if (e->http2)
         p = ACCESSLOG_PUT_LIT(p, ",\"protocol\":\"HTTP/2.0\"");
+    if (e->decision_mode)
+        p = ACCESSLOG_PUT_LIT(p, ",\"mode\":\"decision\"");
     p = ACCESSLOG_PUT_LIT(p, "}\n");
     if ((size_t)(p - buf) > bound)
         abort();        /* the bound above is wrong: never write past it */

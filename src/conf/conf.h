@@ -79,6 +79,24 @@ struct conf_listen {
                                  * preface) is taken by default */
     struct tls_server *server;  /* built from tls by confcheck_load (tls_server.h),
                                  * released with the conf (conf_cleanup_add) */
+    int decision;               /* a decision.listen entry: its connections are
+                                 * in decision mode (docs/decision.md) */
+};
+
+/* decision: sluice as the rate limiter of another gateway. Its listen
+ * entries follow the proxy's in conf->listens (marked decision), parsed
+ * as listen is; a request there is described, decided and answered, never
+ * forwarded. */
+struct conf_decision {
+    int on;                     /* the section is present */
+    int deny_status;            /* rejections' status; 0 (unset): each limit's
+                                 * own status, else 429 */
+    char *path_prefix;          /* default "/decide": the described-by-headers
+                                 * endpoint, and the prefix of Envoy ext_authz's
+                                 * original requests (prefix + "/...") */
+    size_t path_prefix_len;
+    struct conf_listen *listens;    /* while loading; moved to conf->listens */
+    int nlistens;
 };
 
 enum conf_keysrc_kind {
@@ -170,7 +188,7 @@ struct conf_route {
                                  * against the normalised path */
     char *path_regex;           /* as written */
     int ncaptures;              /* groups in path_regex */
-    struct conf_upstream *upstream;
+    struct conf_upstream *upstream;     /* NULL: decision mode only (decision:) */
     struct conf_limit *limits;
     int nlimits;
     struct addr_cidr *allow;    /* clients that bypass this route's limits */
@@ -187,6 +205,29 @@ struct conf_route {
     char *policy;               /* the RateLimit-Policy value of its limits,
                                  * built once by conf_load (NULL otherwise) */
     size_t policy_len;
+    /* plans (docs/plans.md): with plan_key or plan_from set, the client's
+     * plan's limits are decided with the route's own. plan_key names the
+     * client for assignments (run-time, then plans.assign); plan_from is a
+     * request source of the plan's name (a verified claim); both NULL: no
+     * plan applies. */
+    struct conf_keysrc *plan_key;
+    struct conf_keysrc *plan_from;
+};
+
+/* plans.NAME: a set of limits. route is a route of its own in all but
+ * matching (name "plan:NAME", which no route name can be: ':' is not in
+ * names): its limits' keys are PREFIX{plan:NAME|LIMIT|parts}, apart per plan
+ * and shared by every route applying the plan. */
+struct conf_plan {
+    char *name;
+    struct conf_route route;
+};
+
+/* plans.assign: a client's plan_key value and the plan it is on. */
+struct conf_plan_assign {
+    char *key;
+    size_t keylen;
+    int plan;                   /* index into conf.plans */
 };
 
 struct conf_redis {
@@ -245,8 +286,9 @@ struct conf_paths {
 struct conf {
     char *file;
     struct conf_addr listen;    /* the first of listens (for logs and checks) */
-    struct conf_listen *listens;
+    struct conf_listen *listens;    /* listen's entries, then decision.listen's */
     int nlistens;               /* >= 1 */
+    struct conf_decision decision;
     int workers;                /* >= 1; "auto" resolved at load time */
     int max_connections;        /* per process; 0 = unlimited (default 10000) */
     int64_t shutdown_timeout_ms; /* requests in flight may finish (default 10s) */
@@ -271,6 +313,11 @@ struct conf {
                                  * its address, localhost and IP literals */
     int nadmin_hosts;
     char *access_log;           /* NULL = off, "stdout", or a file path */
+    struct conf_plan *plans;    /* plans:, NULL when absent */
+    int nplans;
+    int plan_default;           /* plans.default: index into plans */
+    struct conf_plan_assign *plan_assign;   /* plans.assign, sorted by key */
+    int nplan_assign;
     int refs;                   /* atomic; starts at 1 */
     struct conf_cleanup *cleanups;  /* conf_cleanup_add, newest first */
 };
@@ -302,6 +349,11 @@ void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
  * the configured ones: conf_load keeps that text in r->policy. */
 char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
                         size_t *len);
+
+/* The plan named name[0..n) in c, or NULL. */
+const struct conf_plan *conf_plan_find(const struct conf *c, const char *name, size_t n);
+/* plans.assign's plan for a plan_key value, or NULL. A binary search. */
+const struct conf_plan *conf_plan_assigned(const struct conf *c, const char *key, size_t n);
 
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);

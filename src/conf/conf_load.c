@@ -240,13 +240,13 @@ fail:
 }
 /* route->metrics is not ours: runtime_bind_metrics() points it into its registry. */
 static const struct key_def top_keys[] = {
-    { "listen", conf_h_listen, 1 },
+    { "listen", conf_h_listen, 0 },          /* required unless decision: */
     { "workers", conf_h_workers, 0 },
     { "max_connections", conf_h_max_connections, 0 },
     { "shutdown_timeout", conf_h_shutdown_timeout, 0 },
     { "client", conf_h_client, 0 },
     { "redis", conf_h_redis, 0 },
-    { "upstreams", conf_h_upstreams, 1 },
+    { "upstreams", conf_h_upstreams, 0 },     /* required unless decision: */
     { "trusted_proxies", conf_h_trusted, 0 },
     { "routes", conf_h_routes, 1 },
     { "allow", conf_h_allow, 0 },
@@ -256,10 +256,39 @@ static const struct key_def top_keys[] = {
     { "admin", conf_h_admin, 0 },
     { "access_log", conf_h_access_log, 0 },
     { "paths", conf_h_paths, 0 },
+    { "decision", conf_h_decision, 0 },
+    { "plans", conf_h_plans, 0 },
     { NULL, NULL, 0 },
 };
 
 /* ---- phase 3: across keys */
+
+/* A route applying plans: there are plans, and its limits with any plan's
+ * fit in one decision. */
+static int check_route_plans(struct ctx *x, const struct conf_route *r, struct node *rn)
+{
+    const struct conf *c = x->c;
+    struct node *at = conf_map_get(rn, r->plan_key ? "plan_key" : "plan_from");
+    size_t old = conf_path_push(x, r->plan_key ? ".plan_key" : ".plan_from");
+    int rc = 0;
+    if (c->nplans == 0)
+        rc = conf_fail(x, at, "the route applies plans but there is no plans: section");
+    for (int i = 0; i < c->nplans && rc == 0; i++) {
+        const struct conf_route *p = &c->plans[i].route;
+        if (r->nlimits + p->nlimits > CONF_MAX_LIMITS)
+            rc = conf_fail(x, at, "the route's %d limits and plan '%s''s %d are more than %d",
+                           r->nlimits, c->plans[i].name, p->nlimits, CONF_MAX_LIMITS);
+        /* one name per limit in the rate-limit fields and the 429 body */
+        for (int a = 0; a < r->nlimits && rc == 0; a++)
+            for (int b = 0; b < p->nlimits && rc == 0; b++)
+                if (!strcmp(r->limits[a].name, p->limits[b].name))
+                    rc = conf_fail(x, at, "limit name '%s' is both the route's and plan '%s''s "
+                                   "(responses name the limit that denies)",
+                                   p->limits[b].name, c->plans[i].name);
+    }
+    conf_path_pop(x, old);
+    return rc;
+}
 
 static int check_route(struct ctx *x, int i)
 {
@@ -280,21 +309,27 @@ static int check_route(struct ctx *x, int i)
             conf_path_pop(x, o2);
         }
     }
-    for (int j = 0; j < c->nupstreams && rc == 0 && !r->upstream; j++)
+    /* A route without an upstream is the decision listener's alone
+     * (route_match passes it over for proxied requests). */
+    if (rc == 0 && up == NULL && !c->decision.on)
+        rc = conf_fail_bare(x, rn, "missing required key 'upstream' in %s (a route without "
+                            "one needs a decision section)", conf_where(x));
+    for (int j = 0; j < c->nupstreams && rc == 0 && up && !r->upstream; j++)
         if (!strcmp(c->upstreams[j].name, up->str))
             r->upstream = &c->upstreams[j];
-    if (rc == 0 && !r->upstream) {
+    if (rc == 0 && up && !r->upstream) {
         o2 = conf_path_push(x, ".upstream");
         rc = conf_fail(x, up, "unknown upstream '%s'", conf_show(up->str, sb));
         conf_path_pop(x, o2);
     }
-    /* concurrency without a lease: the upstream's timeout + 10 s, in its
-     * overrides too (their parameters were copied from the limit's before) */
-    for (int a = 0; a < r->nlimits && rc == 0 && r->upstream; a++) {
+    /* concurrency without a lease: the upstream's timeout + 10 s (without
+     * an upstream, the default timeout's), in its overrides too (their
+     * parameters were copied from the limit's before) */
+    for (int a = 0; a < r->nlimits && rc == 0; a++) {
         struct conf_limit *l = &r->limits[a];
         if (l->params.algo != LIMITER_CONCURRENCY || l->params.window_ms != 0)
             continue;
-        l->params.window_ms = r->upstream->timeout_ms + 10000;
+        l->params.window_ms = (r->upstream ? r->upstream->timeout_ms : 30000) + 10000;
         for (int k = 0; k < l->noverrides; k++)
             l->overrides[k].params.window_ms = l->params.window_ms;
     }
@@ -312,6 +347,8 @@ static int check_route(struct ctx *x, int i)
     }
     if (rc == 0)                /* written on every response: built once */
         r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
+    if (rc == 0 && (r->plan_key || r->plan_from))
+        rc = check_route_plans(x, r, rn);
     conf_path_pop(x, old);
     return rc;
 }
@@ -415,10 +452,15 @@ static int conf_from_tree(struct ctx *x, struct node *root)
                               conf_kind_name(root->kind));
     if (conf_walk_map(x, root, top_keys, x->c) < 0)
         return -1;
+    if (x->c->nlistens == 0 && !x->c->decision.on)
+        return conf_fail_bare(x, root, "missing required key 'listen' in top level");
+    if (x->c->nupstreams == 0 && !x->c->decision.on)
+        return conf_fail_bare(x, root, "missing required key 'upstreams' in top level (or a "
+                              "decision section, whose routes need none)");
     for (int i = 0; i < x->c->nroutes; i++)
         if (check_route(x, i) < 0 || check_captures(x, i) < 0 || check_paths(x, i) < 0)
             return -1;
-    if (check_admin(x, root) < 0)
+    if (conf_decision_merge(x, root) < 0 || check_admin(x, root) < 0)
         return -1;
     x->c->redis.overrides = x->c->admin_token != NULL;
     return 0;
@@ -470,6 +512,49 @@ void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg)
     c->cleanups = cl;
 }
 
+/* What a route (or a plan's route) owns. */
+static void route_free(struct conf_route *r)
+{
+    for (int j = 0; j < r->nmethods; j++)
+        free(r->methods[j]);
+    free(r->methods);
+    for (int j = 0; j < r->nupgrade_protos; j++)
+        free(r->upgrade_protos[j]);
+    free(r->upgrade_protos);
+    for (int j = 0; j < r->nlimits; j++) {
+        for (int k = 0; k < r->limits[j].nkeys; k++)
+            free(r->limits[j].keys[k].arg);
+        free(r->limits[j].keys);
+        free(r->limits[j].name);
+        free(r->limits[j].cost_header);
+        tzcal_free(r->limits[j].tz);
+        free(r->limits[j].message);
+        for (int k = 0; k < r->limits[j].noverrides; k++) {
+            struct conf_override *o = &r->limits[j].overrides[k];
+            for (int p = 0; p < o->nparts; p++)
+                free(o->parts[p]);
+            free(o->parts);
+            free(o->partlen);
+            free(o->key);
+        }
+        free(r->limits[j].overrides);
+    }
+    free(r->limits);
+    free(r->policy);
+    free(r->name);
+    free(r->path);
+    free(r->host);
+    regex_free(r->regex);
+    free(r->path_regex);
+    free(r->allow);
+    if (r->plan_key)
+        free(r->plan_key->arg);
+    free(r->plan_key);
+    if (r->plan_from)
+        free(r->plan_from->arg);
+    free(r->plan_from);
+}
+
 static void conf_free(struct conf *c)
 {
     while (c->cleanups) {
@@ -481,6 +566,7 @@ static void conf_free(struct conf *c)
     free(c->file);
     free(c->listen.text);
     conf_listens_free(c);
+    free(c->decision.path_prefix);
     conf_redis_free_target(&c->redis);
     free(c->redis.prefix);
     for (int i = 0; i < c->redis.ncluster; i++)
@@ -504,42 +590,17 @@ static void conf_free(struct conf *c)
         }
     }
     free(c->upstreams);
-    for (int i = 0; i < c->nroutes; i++) {
-        struct conf_route *r = &c->routes[i];
-        for (int j = 0; j < r->nmethods; j++)
-            free(r->methods[j]);
-        free(r->methods);
-        for (int j = 0; j < r->nupgrade_protos; j++)
-            free(r->upgrade_protos[j]);
-        free(r->upgrade_protos);
-        for (int j = 0; j < r->nlimits; j++) {
-            for (int k = 0; k < r->limits[j].nkeys; k++)
-                free(r->limits[j].keys[k].arg);
-            free(r->limits[j].keys);
-            free(r->limits[j].name);
-            free(r->limits[j].cost_header);
-            tzcal_free(r->limits[j].tz);
-            free(r->limits[j].message);
-            for (int k = 0; k < r->limits[j].noverrides; k++) {
-                struct conf_override *o = &r->limits[j].overrides[k];
-                for (int p = 0; p < o->nparts; p++)
-                    free(o->parts[p]);
-                free(o->parts);
-                free(o->partlen);
-                free(o->key);
-            }
-            free(r->limits[j].overrides);
-        }
-        free(r->limits);
-        free(r->policy);
-        free(r->name);
-        free(r->path);
-        free(r->host);
-        regex_free(r->regex);
-        free(r->path_regex);
-        free(r->allow);
-    }
+    for (int i = 0; i < c->nroutes; i++)
+        route_free(&c->routes[i]);
     free(c->routes);
+    for (int i = 0; i < c->nplans; i++) {
+        route_free(&c->plans[i].route);
+        free(c->plans[i].name);
+    }
+    free(c->plans);
+    for (int i = 0; i < c->nplan_assign; i++)
+        free(c->plan_assign[i].key);
+    free(c->plan_assign);
     free(c->trusted);
     free(c->allow);
     free(c->admin_listen.text);

@@ -47,6 +47,12 @@ static _Atomic int64_t gauges[METRICS_NGAUGES];
 static struct metrics_histogram hists[METRICS_NHIST];
 #define METRICS_MAX_WORKERS 256
 static _Atomic uint64_t worker_requests[METRICS_MAX_WORKERS];
+static _Atomic uint64_t decision_mode[METRICS_NDECISIONS];
+
+void metrics_decision_mode(enum metrics_decision d)
+{
+    atomic_fetch_add_explicit(&decision_mode[d], 1, memory_order_relaxed);
+}
 
 void metrics_worker_request(int worker)
 {
@@ -456,6 +462,13 @@ void metrics_render(struct evbuffer *out)
             evbuffer_add_printf(out, "sluice_worker_requests_total{worker=\"%d\"} %llu\n", i,
                                 (unsigned long long)v);
     }
+    evbuffer_add_printf(out, "# HELP sluice_decision_requests_total Requests a gateway asked "
+                             "the decision listener about, by decision.\n"
+                             "# TYPE sluice_decision_requests_total counter\n");
+    for (int d = 0; d < METRICS_NDECISIONS; d++)
+        evbuffer_add_printf(out, "sluice_decision_requests_total{decision=\"%s\"} %llu\n",
+                            metrics_decision_name((enum metrics_decision)d),
+                            (unsigned long long)load(&decision_mode[d]));
     render_counter(out, "sluice_redis_requests_total", "Decisions sent to Redis.",
                    METRICS_REDIS_REQUESTS);
     render_redis_errors(out);
@@ -465,6 +478,13 @@ void metrics_render(struct evbuffer *out)
     render_counter(out, "sluice_key_fallbacks_total",
                    "Limit keys counted under the client address: a key source was absent.",
                    METRICS_KEY_FALLBACKS);
+    evbuffer_add_printf(out,
+        "# HELP sluice_client_requests_total Requests read from clients, by protocol.\n"
+        "# TYPE sluice_client_requests_total counter\n"
+        "sluice_client_requests_total{protocol=\"HTTP/1\"} %llu\n"
+        "sluice_client_requests_total{protocol=\"HTTP/2\"} %llu\n",
+        (unsigned long long)load(&counters[METRICS_REQUESTS_HTTP1]),
+        (unsigned long long)load(&counters[METRICS_REQUESTS_HTTP2]));
     render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
                 &hists[METRICS_REDIS_SECONDS]);
     render_batch(out);

@@ -29,6 +29,8 @@ enum metrics_counter {
     METRICS_REDIS_REDIRECTS_ASK, METRICS_REDIS_REDIRECTS_MOVED,    /* cluster redirects followed */
     METRICS_ACCESS_LOG_DROPPED,     /* lines a writer was too far behind for */
     METRICS_KEY_FALLBACKS,          /* a key source absent: counted by client address */
+    METRICS_REQUESTS_HTTP1,         /* request heads read, by protocol */
+    METRICS_REQUESTS_HTTP2,
     METRICS_NCOUNTERS
 };
 /* Why a decision got no answer from Redis (sluice_redis_errors_total{reason}). */
@@ -76,6 +78,9 @@ void metrics_add(enum metrics_counter which, uint64_t n);
 uint64_t metrics_counter_get(enum metrics_counter which);
 /* One decision Redis did not answer: counts METRICS_REDIS_ERRORS and why. */
 void metrics_redis_error(enum metrics_redis_error why);
+/* A decision listener's request was decided d (also counted on its route):
+ * sluice_decision_requests_total{decision}. */
+void metrics_decision_mode(enum metrics_decision d);
 /* A request read by worker thread `worker` (shows that every worker serves). */
 void metrics_worker_request(int worker);
 /* TLS handshakes with clients: one completed, or one failed and why. */

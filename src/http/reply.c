@@ -83,12 +83,11 @@ static int policy_configured(const struct reply_limits *rl)
     return 1;
 }
 
-static void add_policy(struct obuf *out, const struct reply_limits *rl,
-                       const char *more, size_t more_len)
+/* One route's (or plan's) limits in RateLimit-Policy form. */
+static void add_route_policy(struct obuf *out, const struct reply_limits *rl,
+                             const struct conf_route *route, int configured)
 {
-    const struct conf_route *route = rl->route;
-    ADD_LIT(out, "RateLimit-Policy: ");
-    if (route->policy && policy_configured(rl)) {
+    if (route->policy && configured) {
         obuf_add(out, route->policy, route->policy_len);    /* built at load */
     } else {
         int64_t q[CONF_MAX_LIMITS], w_ms[CONF_MAX_LIMITS];
@@ -98,6 +97,20 @@ static void add_policy(struct obuf *out, const struct reply_limits *rl,
         char *t = conf_route_policy(route, q, w_ms, &n);
         obuf_add(out, t, n);
         free(t);
+    }
+}
+
+static void add_policy(struct obuf *out, const struct reply_limits *rl,
+                       const char *more, size_t more_len)
+{
+    int configured = policy_configured(rl);
+    ADD_LIT(out, "RateLimit-Policy: ");
+    if (rl->route->nlimits > 0)
+        add_route_policy(out, rl, rl->route, configured);
+    if (rl->plan) {         /* the client's plan's limits after the route's */
+        if (rl->route->nlimits > 0)
+            ADD_LIT(out, ", ");
+        add_route_policy(out, rl, rl->plan, configured);
     }
     if (more) {
         ADD_LIT(out, ", ");
@@ -156,7 +169,10 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
 static void add_status_line(struct obuf *out, int status)
 {
     static const struct { int code; const char *line; } lines[] = {
+        { 200, "HTTP/1.1 200 OK\r\n" },
         { 400, "HTTP/1.1 400 Bad Request\r\n" },
+        { 401, "HTTP/1.1 401 Unauthorized\r\n" },
+        { 403, "HTTP/1.1 403 Forbidden\r\n" },
         { 404, "HTTP/1.1 404 Not Found\r\n" },
         { 408, "HTTP/1.1 408 Request Timeout\r\n" },
         { 413, "HTTP/1.1 413 Content Too Large\r\n" },
@@ -196,9 +212,9 @@ const char *reply_error_name(int status)
     }
 }
 
-/* X-Request-Id, Content-Type (ctype), Content-Length, Connection and the
- * empty line. */
-static void add_head_end(struct obuf *out, const char *ctype, size_t body_len, int keep_alive,
+/* The head's last fields: X-Request-Id, Content-Type (json: JSON; none
+ * without a body), Content-Length, Connection. */
+static void add_head_end(struct obuf *out, int json, size_t body_len, int keep_alive,
                          const char *rid, size_t rid_len)
 {
     if (rid_len) {
@@ -206,9 +222,9 @@ static void add_head_end(struct obuf *out, const char *ctype, size_t body_len, i
         obuf_add(out, rid, rid_len);
         ADD_LIT(out, "\r\n");
     }
-    ADD_LIT(out, "Content-Type: ");
-    add_str(out, ctype);
-    ADD_LIT(out, "\r\nContent-Length: ");
+    if (json)
+        ADD_LIT(out, "Content-Type: application/json\r\n");
+    ADD_LIT(out, "Content-Length: ");
     add_int(out, (int64_t)body_len);
     if (keep_alive == REPLY_KEEP_SAID)
         ADD_LIT(out, "\r\nConnection: keep-alive\r\n\r\n");
@@ -235,7 +251,7 @@ static void add_error(struct evbuffer *buf, int status, const char *name, int64_
         add_int(out, retry_s);
         ADD_LIT(out, "\r\n");
     }
-    add_head_end(out, "application/json", (size_t)n, keep_alive, rid, rid_len);
+    add_head_end(out, 1, (size_t)n, keep_alive, rid, rid_len);
     obuf_add(out, body, (size_t)n);
     obuf_end(out);
 }
@@ -275,6 +291,25 @@ static size_t int_len(int64_t v)
 void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep_alive,
                    const char *rid, size_t rid_len)
 {
+    const struct conf_limit *l = rl->limit[rl->shown];
+    reply_limited_as(buf, rl, l->status ? l->status : 429, keep_alive, rid, rid_len);
+}
+
+void reply_allowed(struct evbuffer *buf, const struct reply_limits *rl, int keep_alive,
+                   const char *rid, size_t rid_len)
+{
+    struct obuf ob, *out = &ob;
+    obuf_begin(out, buf, 1024 + rid_len);
+    add_status_line(out, 200);
+    if (rl)
+        reply_limit_headers(out, rl, 0, NULL);
+    add_head_end(out, 0, 0, keep_alive, rid, rid_len);
+    obuf_end(out);
+}
+
+void reply_limited_as(struct evbuffer *buf, const struct reply_limits *rl, int status,
+                      int keep_alive, const char *rid, size_t rid_len)
+{
     struct obuf ob, *out = &ob;
     obuf_begin(out, buf, 1024 + rid_len);
     static const char b1[] = "{\"error\":\"rate_limited\",\"route\":";
@@ -287,7 +322,7 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
     if (retry < 1)
         retry = 1;
 
-    add_status_line(out, l->status ? l->status : 429);
+    add_status_line(out, status);
     ADD_LIT(out, "Retry-After: ");
     add_int(out, retry);
     ADD_LIT(out, "\r\n");
@@ -296,7 +331,7 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
                       + quoted_len(l->name) + sizeof(b3) - 1 + int_len(retry) + 1;
     if (l->message)
         body_len += sizeof(b4) - 1 + quoted_len(l->message);
-    add_head_end(out, "application/json", body_len, keep_alive, rid, rid_len);
+    add_head_end(out, 1, body_len, keep_alive, rid, rid_len);
     ADD_LIT(out, b1);
     add_quoted(out, rl->route->name);
     ADD_LIT(out, b2);
@@ -331,7 +366,7 @@ void reply_grpc(struct evbuffer *buf, int code, const char *name, const struct r
     char msg[ESC_MAX(64)];
     size_t nlen = strlen(name);
     obuf_begin(out, buf, 1024 + rid_len + ESC_MAX(nlen));
-    ADD_LIT(out, "HTTP/1.1 200 OK\r\ngrpc-status: ");
+    ADD_LIT(out, "HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\ngrpc-status: ");
     add_int(out, code);
     ADD_LIT(out, "\r\ngrpc-message: ");
     for (size_t i = 0; i < nlen; i += 64) {
@@ -353,6 +388,6 @@ void reply_grpc(struct evbuffer *buf, int code, const char *name, const struct r
         add_int(out, reply_seconds(retry_ms));
         ADD_LIT(out, "\r\n");
     }
-    add_head_end(out, "application/grpc", 0, keep_alive, rid, rid_len);
+    add_head_end(out, 0, 0, keep_alive, rid, rid_len);
     obuf_end(out);
 }

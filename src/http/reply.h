@@ -18,6 +18,7 @@ struct obuf;
 /* The outcome of one decision, as the headers show it. */
 struct reply_limits {
     const struct conf_route *route;
+    const struct conf_route *plan;          /* the client's plan's, or NULL */
     int n;                                  /* limits decided */
     const struct conf_limit *limit[STORE_MAX_LIMITS];
     /* the parameters applied: a config override's, or NULL (the limit's);
@@ -58,6 +59,15 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
 /* A complete rejection: the denying limit's status (429 unless set) with
  * Retry-After, the rate-limit fields and a JSON body. */
 void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
+                   const char *request_id, size_t request_id_len);
+
+/* The same with the status given (a decision listener's decision.deny_status). */
+void reply_limited_as(struct evbuffer *out, const struct reply_limits *rl, int status,
+                      int keep_alive, const char *request_id, size_t request_id_len);
+
+/* A decision listener's "go on": 200 with the rate-limit fields of rl (NULL:
+ * none, the route has no limits) and no body. */
+void reply_allowed(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
                    const char *request_id, size_t request_id_len);
 
 /* A complete error response with a JSON body {"error":"..."}. */

@@ -368,26 +368,17 @@ static int route_regex_meets(const struct conf_route *r, const char *path, size_
     return 1;
 }
 
-const struct conf_route *route_match(const struct conf *c,
-                                     const char *path, size_t pathlen,
-                                     const char *method, size_t methodlen,
-                                     const char *host, size_t hostlen,
-                                     struct route_captures *caps)
-{
-    return route_match_grpc(c, path, pathlen, method, methodlen, host, hostlen, caps, 0);
-}
-
-const struct conf_route *route_match_grpc(const struct conf *c,
-                                          const char *path, size_t pathlen,
-                                          const char *method, size_t methodlen,
-                                          const char *host, size_t hostlen,
-                                          struct route_captures *caps, int grpc)
+const struct conf_route *route_match_in(const struct conf *c, int how,
+                                        const char *path, size_t pathlen,
+                                        const char *method, size_t methodlen,
+                                        const char *host, size_t hostlen,
+                                        struct route_captures *caps)
 {
     if (caps)
         caps->over_limit = NULL;
     for (int i = 0; i < c->nroutes; i++) {
         const struct conf_route *r = &c->routes[i];
-        if (r->grpc && !grpc)
+        if (((how & ROUTE_PROXIED) && r->upstream == NULL) || (r->grpc && !(how & ROUTE_GRPC)))
             continue;
         if (r->regex != NULL) {
             if (!route_method_meets(r, method, methodlen) ||
@@ -409,6 +400,15 @@ const struct conf_route *route_match_grpc(const struct conf *c,
             return r;
     }
     return NULL;
+}
+
+const struct conf_route *route_match(const struct conf *c,
+                                     const char *path, size_t pathlen,
+                                     const char *method, size_t methodlen,
+                                     const char *host, size_t hostlen,
+                                     struct route_captures *caps)
+{
+    return route_match_in(c, 0, path, pathlen, method, methodlen, host, hostlen, caps);
 }
 
 /* ---- client address ---- */
@@ -1110,6 +1110,28 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
         route_put_part(&o, &pt);
     }
     return route_key_close(&o, out);
+}
+
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out)
+{
+    struct route_part pt;
+    enum route_seen seen = route_locate(ks, req, &pt);
+    if (seen == ROUTE_TWICE)
+        return ROUTE_KEY_AMBIGUOUS;
+    if (seen == ROUTE_BAD)
+        return ROUTE_KEY_BAD;
+    if (seen == ROUTE_ABSENT)
+        return -1;
+    struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
+    route_part_emit(&pt, &k);
+    if (k.len > ROUTE_MAX_PART)
+        return -1;
+    struct route_out o = { .p = out };
+    k.mode = ROUTE_SINK_WRITE;
+    k.out = &o;
+    route_part_emit(&pt, &k);
+    out[o.len] = '\0';
+    return (long)o.len;
 }
 
 /* The config override of l whose key is key, or NULL. */

@@ -63,20 +63,24 @@ const struct conf_route *route_match(const struct conf *c,
                                      const char *method, size_t methodlen,
                                      const char *host, size_t hostlen,
                                      struct route_captures *caps);
+/* route_match over the routes a request may meet, how says which: with
+ * ROUTE_PROXIED, routes without an upstream (decision mode's alone,
+ * docs/decision.md) are passed over (without it, a decision listener's
+ * request, every route); routes with match.grpc take a request only with
+ * ROUTE_GRPC (a gRPC call: route_grpc_call). route_match is
+ * route_match_in(c, 0, ...). */
+#define ROUTE_PROXIED 1
+#define ROUTE_GRPC    2
+const struct conf_route *route_match_in(const struct conf *c, int how,
+                                        const char *path, size_t pathlen,
+                                        const char *method, size_t methodlen,
+                                        const char *host, size_t hostlen,
+                                        struct route_captures *caps);
 
 /* 1 when the request is a gRPC call (Content-Type application/grpc, or
  * application/grpc+FORMAT or ;params). *timeout_ms gets its grpc-timeout
  * in milliseconds, rounded up; 0 when absent or malformed. */
 int route_grpc_call(const char *buf, const struct http1_head *h, int64_t *timeout_ms);
-
-/* route_match() for a request that is a gRPC call (grpc 1: Content-Type
- * application/grpc*) or not (0, as route_match()): a route with match.grpc
- * takes calls only. */
-const struct conf_route *route_match_grpc(const struct conf *c,
-                                          const char *path, size_t pathlen,
-                                          const char *method, size_t methodlen,
-                                          const char *host, size_t hostlen,
-                                          struct route_captures *caps, int grpc);
 
 /* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
  * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.
@@ -126,6 +130,13 @@ long route_key_fallback(const struct conf *c, const struct conf_route *r,
 long route_key_parts(const struct conf *c, const struct conf_route *r,
                      const struct conf_limit *l, const char *const *parts,
                      const size_t *lens, int n, char *out);
+
+/* The value key source ks takes in the request, as a key part holds it
+ * (a query parameter or cookie decoded), into out[ROUTE_MAX_KEY],
+ * NUL-terminated: its length; -1 when absent or longer than ROUTE_MAX_PART;
+ * ROUTE_KEY_AMBIGUOUS or ROUTE_KEY_BAD as route_key() says. What plans read
+ * a client's key and plan name with. */
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out);
 
 /* Bit i set: key source i of l carries a credential, shown hashed by the
  * console: the Authorization and Proxy-Authorization headers, every

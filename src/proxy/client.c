@@ -433,7 +433,7 @@ static int client_h2_open(void *arg, struct io *io)
 }
 
 void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen,
-                   struct tls_server *tls, int http2)
+                   struct tls_server *tls, int decision, int http2)
 {
     struct conf *conf = env->conf;
     /* max_connections is per process; each worker takes its share. */
@@ -453,6 +453,7 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     memcpy(&c->peer, peer, (size_t)peerlen < sizeof(c->peer) ? (size_t)peerlen : sizeof(c->peer));
     c->peer_len = route_client_ip(conf, peer, NULL, NULL, c->peer_text);
     c->tls = tls != NULL;
+    c->decision = decision;
     c->handshaking = c->tls;
     c->tls_version = "";
     c->http2 = http2;

@@ -41,6 +41,7 @@
 #include "conf.h"
 #include "decide.h"
 #include "exchange.h"
+#include "fwdauth.h"
 #include "h1write.h"
 #include "http1.h"
 #include "io.h"
@@ -142,6 +143,7 @@ char *request_path_room(struct request *rq, size_t n)
 
 static const char *hb(const struct client *c, struct http1_span s);
 static void decide(struct client *c);
+static int decision_view(struct client *c);
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -211,6 +213,7 @@ void request_log_end(struct client *c)
         .has_grpc_status = rq->grpc_status >= 0,
         .grpc_status = rq->grpc_status,
         .http2 = c->h2_stream,
+        .decision_mode = c->decision,
     };
     accesslog_write(c->env->alog, &e);
 }
@@ -292,6 +295,16 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
 
 static void new_request_id(struct client *c);
 
+/* A denial's status: a decision listener's decision.deny_status when set,
+ * otherwise the denying limit's own (429 unless it sets one). */
+static int limited_status(const struct client *c)
+{
+    const struct conf_limit *l = c->rq->dec.rl.limit[c->rq->dec.rl.shown];
+    if (c->decision && c->conf->decision.deny_status)
+        return c->conf->decision.deny_status;
+    return l->status ? l->status : 429;
+}
+
 /* Answer the current request ourselves: an error, or with rl set, a 429.
  * Every answer carries an id: one that came before its head was read (a
  * head refused by the parser, a head timeout) gets a new one. */
@@ -308,7 +321,7 @@ void request_answer(struct client *c, int status, int close_after)
     struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
     int64_t retry_ms = status == 503 && rq->rt ? backend_retry_ms(runtime_backend(rq->rt)) : 0;
-    if (rq->grpc) {             /* an answer a gRPC client reads: Trailers-Only */
+    if (rq->grpc && !c->decision) {     /* an answer a gRPC client reads: Trailers-Only */
         const struct conf_limit *l = status == 429 ? rq->dec.rl.limit[rq->dec.rl.shown] : NULL;
         int code = reply_grpc_code(status, rq->route ? rq->route->grpc_limited
                                                      : REPLY_GRPC_RESOURCE_EXHAUSTED);
@@ -319,22 +332,22 @@ void request_answer(struct client *c, int status, int close_after)
         if (rq->log)
             rq->log->grpc_status = code;
         metrics_grpc(request_metrics(c), code);
-    } else if (status == 429)
-        reply_limited(tmp ? tmp : out, &rq->dec.rl, conn, rq->rid, rq->rid_len);
-    else if (status == 503)     /* limiter_unavailable: try again after the backoff */
+        status = 200;
+    } else if (status == 429) { /* the denial: sent with its own status */
+        status = limited_status(c);
+        reply_limited_as(tmp ? tmp : out, &rq->dec.rl, status, conn, rq->rid, rq->rid_len);
+    } else if (status == 200) { /* decision mode's "go on" */
+        reply_allowed(tmp ? tmp : out, rq->dec.have_limits ? &rq->dec.rl : NULL, conn, rq->rid,
+                      rq->rid_len);
+    } else if (status == 503) { /* limiter_unavailable: try again after the backoff */
         reply_unavailable(tmp ? tmp : out, retry_ms, conn, rq->rid, rq->rid_len);
-    else
+    } else {
         reply_error_named(tmp ? tmp : out, status, c->rq->error_name, conn, rq->rid, rq->rid_len);
+    }
     c->rq->error_name = NULL;
     if (tmp) {
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
-    }
-    if (rq->grpc)
-        status = 200;
-    else if (status == 429) {    /* a limit may answer with its own status */
-        const struct conf_limit *l = rq->dec.rl.limit[rq->dec.rl.shown];
-        status = l->status ? l->status : 429;
     }
     request_count_response(c, status);
     request_count_out(c, evbuffer_get_length(out) - out_before);
@@ -465,6 +478,7 @@ void request_head(struct client *c)
     conn_timer(c, TM_NONE, 0);
     struct conn_env *env = c->env;
     metrics_worker_request(env->id);
+    metrics_count(c->h2_stream ? METRICS_REQUESTS_HTTP2 : METRICS_REQUESTS_HTTP1);
     /* The request keeps the runtime it starts with (config, pools,
      * backend) until it is done, whatever a reload does meanwhile. */
     runtime_release(c->rq->rt);
@@ -481,13 +495,18 @@ void request_head(struct client *c)
     c->rq->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     set_request_id(c);
     request_address(c);
-    request_log_begin(c, 1);
     /* Connection naming the framing or Host (smuggling), or a '_' name
      * under underscore_headers: reject. */
     if (h1write_request_check(c->rq->hbuf, h, c->conf->client.underscore_headers) != 0) {
+        request_log_begin(c, 1);
         request_answer(c, 400, 1);
         return;
     }
+    /* Decision mode: the head becomes the described request's (the log's
+     * method and path too). */
+    if (c->decision && !decision_view(c))
+        return;
+    request_log_begin(c, 1);
     char *path = request_path_room(c->rq, h->target.len);
     long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, path);
     if (plen < 0) {
@@ -505,8 +524,9 @@ void request_head(struct client *c)
     c->rq->grpc = route_grpc_call(c->rq->hbuf, h, &grpc_ms);
     if (grpc_ms > 0)
         c->rq->grpc_deadline_ms = clock_ms() + grpc_ms;
-    c->rq->route = route_match_grpc(c->conf, path, (size_t)plen, hb(c, h->method),
-                                    h->method.len, host, hostlen, &c->rq->caps, c->rq->grpc);
+    c->rq->route = route_match_in(c->conf, (c->decision ? 0 : ROUTE_PROXIED) |
+                                  (c->rq->grpc ? ROUTE_GRPC : 0), path, (size_t)plen,
+                                  hb(c, h->method), h->method.len, host, hostlen, &c->rq->caps);
     if (c->rq->route == NULL && c->rq->caps.over_limit) {
         regex_over_limit(c);
         return;
@@ -528,6 +548,34 @@ void request_head(struct client *c)
     decide(c);
 }
 
+/* ---- decision mode ----------------------------------------------------- */
+
+/* A decision listener's request (docs/decision.md): c->head becomes the
+ * view of the request the gateway describes (fwdauth.h), and the request
+ * goes on the ordinary way (route, keys, decide) to be answered, never
+ * forwarded: decided() answers 200 for "go on", request_answer() the
+ * denial with decision.deny_status. 0 when it was answered here. */
+static int decision_view(struct client *c)
+{
+    const char *error = NULL;
+    switch (fwdauth_describe(c->conf, c->rq->hbuf, &c->head, &error)) {
+    case FWDAUTH_DESCRIBED:
+        return 1;
+    case FWDAUTH_RLS:
+        /* Envoy's RLS v3 ShouldRateLimit (gRPC, HTTP/2): its handler goes
+         * here. Until then, and over HTTP/1.1, it is no decision path. */
+    case FWDAUTH_NOT_FOUND:
+        request_log_begin(c, 1);
+        request_answer(c, 404, 0);
+        return 0;
+    case FWDAUTH_BAD:
+        request_log_begin(c, 1);
+        request_answer_named(c, 400, error, 0);
+        return 0;
+    }
+    abort();
+}
+
 /* ---- decision ---------------------------------------------------------- */
 
 
@@ -547,9 +595,14 @@ static const struct exchange_ops request_exchange_ops = {
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
 {
+    if (c->decision && c->rq->dec.decision >= 0)
+        metrics_decision_mode((enum metrics_decision)c->rq->dec.decision);
     switch (verdict) {
     case DECIDE_FORWARD:
-        exchange_start(c, &request_exchange_ops);
+        if (c->decision)
+            request_answer(c, 200, 0);      /* the gateway's request may go on */
+        else
+            exchange_start(c, &request_exchange_ops);
         break;
     case DECIDE_LIMITED:
         request_answer(c, 429, 0);

@@ -42,6 +42,7 @@ struct worker_listen {
     char *addr;                     /* as written */
     struct listener *l;
     struct tls_server *tls;         /* retained, from the first config; NULL: plain */
+    int decision;                   /* a decision.listen entry's (conf.h) */
 };
 
 static struct tls_server *listen_tls(const struct worker_listen *wl)
@@ -66,7 +67,8 @@ static int listen_http2(const struct worker_listen *wl)
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
     struct worker_listen *wl = arg;
-    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), listen_http2(wl));
+    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), wl->decision,
+                  !wl->decision && listen_http2(wl));
 }
 
 /* Close the listening sockets; with all, free the rest too (the contexts
@@ -175,6 +177,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         wl->w = w;
         wl->index = w->nlistens;
         wl->addr = mem_strndup(cl->addr.text, strlen(cl->addr.text));
+        wl->decision = cl->decision;
         addr = cl->addr.text;
         int fd = listener_socket((const struct sockaddr *)&cl->addr.ss, cl->addr.sslen, 4096,
                                  LISTENER_REUSEPORT | LISTENER_V6ONLY);

@@ -131,3 +131,125 @@ def continuation_frame(sid, block, end_headers=False):
     if end_headers:
         f.flags.add("END_HEADERS")
     return f.serialize()
+
+
+class RawH2:
+    """HTTP/2 by hand, for frames no well-behaved library sends (floods,
+    bombs, resets by the thousand): frames out as built, frames in parsed
+    with hyperframe, header blocks with our own HPACK state."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+    def __init__(self, port, timeout_s=5.0, settings=None):
+        import hpack
+        from hyperframe.frame import SettingsFrame
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self.enc = hpack.Encoder()
+        self.dec = hpack.Decoder()
+        self.dec.max_header_list_size = 1 << 30
+        self.dec.max_allowed_table_size = 1 << 16
+        sf = SettingsFrame(0)
+        for k, v in (settings or {}).items():
+            sf.settings[k] = v
+        self.sock.sendall(self.PREFACE + sf.serialize())
+        self.buf = b""
+        self.next_sid = 1
+        self.streams = {}
+        self.goaway = None          # (error code, last stream id)
+        self.closed = False
+
+    def stream(self, sid):
+        return self.streams.setdefault(sid, {"headers": [], "data": b"", "reset": None,
+                                             "ended": False})
+
+    def block(self, path, method="GET", extra=()):
+        return self.enc.encode([(":method", method), (":scheme", "http"),
+                                (":authority", "localhost"), (":path", path), *extra])
+
+    def send(self, data):
+        try:
+            self.sock.sendall(data)
+            return True
+        except OSError:
+            self.closed = True
+            return False
+
+    def request(self, path, method="GET", extra=(), end=True):
+        sid = self.next_sid
+        self.next_sid += 2
+        self.stream(sid)
+        self.send(headers_frame(sid, self.block(path, method, extra), end_stream=end))
+        return sid
+
+    def _frame(self, f):
+        from hyperframe.frame import (DataFrame, GoAwayFrame, HeadersFrame as HF, PingFrame,
+                                      RstStreamFrame, SettingsFrame, WindowUpdateFrame)
+        if isinstance(f, SettingsFrame) and "ACK" not in f.flags:
+            ack = SettingsFrame(0)
+            ack.flags.add("ACK")
+            self.send(ack.serialize())
+        elif isinstance(f, HF):
+            self.stream(f.stream_id)["headers"].append(dict(self.dec.decode(f.data)))
+            if "END_STREAM" in f.flags:
+                self.stream(f.stream_id)["ended"] = True
+        elif isinstance(f, DataFrame):
+            st = self.stream(f.stream_id)
+            st["data"] += f.data
+            if f.flow_controlled_length:
+                for sid in (0, f.stream_id):
+                    w = WindowUpdateFrame(sid)
+                    w.window_increment = f.flow_controlled_length
+                    self.send(w.serialize())
+            if "END_STREAM" in f.flags:
+                st["ended"] = True
+        elif isinstance(f, RstStreamFrame):
+            self.stream(f.stream_id)["reset"] = f.error_code
+        elif isinstance(f, GoAwayFrame):
+            self.goaway = (f.error_code, f.last_stream_id)
+        elif isinstance(f, PingFrame):
+            pass
+
+    def pump(self, timeout_s=0.2):
+        from hyperframe.frame import Frame
+        self.sock.settimeout(max(timeout_s, 0.001))
+        try:
+            data = self.sock.recv(262144)
+        except (socket.timeout, BlockingIOError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+            return
+        self.buf += data
+        while len(self.buf) >= 9:
+            f, length = Frame.parse_frame_header(memoryview(self.buf[:9]))
+            if len(self.buf) < 9 + length:
+                break
+            f.parse_body(memoryview(self.buf[9:9 + length]))
+            self.buf = self.buf[9 + length:]
+            self._frame(f)
+
+    def wait(self, until, timeout_s=10.0):
+        deadline = time.monotonic() + timeout_s
+        while not until(self) and not self.closed and time.monotonic() < deadline:
+            self.pump()
+        return until(self)
+
+    def response(self, sid, timeout_s=10.0):
+        """(final status or None, body, reset code or None)."""
+        st = self.stream(sid)
+        self.wait(lambda c: st["ended"] or st["reset"] is not None, timeout_s)
+        finals = [h for h in st["headers"] if not h.get(":status", "2").startswith("1")]
+        status = int(finals[0][":status"]) if finals and ":status" in finals[0] else None
+        return status, st["data"], st["reset"]
+
+    def close(self):
+        self.sock.close()
+
+
+def rst_frame(sid, code=8):
+    from hyperframe.frame import RstStreamFrame
+    f = RstStreamFrame(sid)
+    f.error_code = code
+    return f.serialize()

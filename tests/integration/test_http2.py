@@ -11,13 +11,15 @@
 import hashlib
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
 from conftest import free_port, read_log, wait_port
 from h2lib import H2Conn
-from proxylib import start_proxy, top_keys
+from proxylib import metrics, mval, start_proxy, top_keys, wait_metric
 from tls_listen_lib import start_tls, tls_listen_conf
 from tlslib import CA
 
@@ -62,7 +64,7 @@ def pki(tmp_path_factory):
     return ca
 
 
-def test_prior_knowledge_curl_and_access_log(sluice, tmp_path):
+def test_prior_knowledge_curl_access_log_metrics(sluice, tmp_path):
     log = tmp_path / "access.log"
     s = start_proxy(sluice, ROUTES, top=top_keys(access_log=str(log)))
     version, status, body = curl(["--http2-prior-knowledge", "http://127.0.0.1:%d/a?b=1" % s.port])
@@ -80,6 +82,9 @@ def test_prior_knowledge_curl_and_access_log(sluice, tmp_path):
     assert by_path["/a?b=1"]["protocol"] == "HTTP/2.0"
     assert by_path["/a?b=1"]["method"] == "GET" and by_path["/a?b=1"]["status"] == 200
     assert "protocol" not in by_path["/c"]
+    ms = metrics(s.admin_port)
+    assert mval(ms, "sluice_client_requests_total", protocol="HTTP/2") == 1
+    assert mval(ms, "sluice_client_requests_total", protocol="HTTP/1") == 1
 
 
 def test_tls_alpn_h2_curl(sluice, pki):
@@ -234,4 +239,45 @@ def test_answer_before_body_end_resets_no_error(sluice):
     assert c.stream(sid)["reset"] == 0
     sid = c.request("/open-after")
     assert c.response(sid)[0] == 200
+    c.close()
+
+
+def test_sigterm_goaway_then_streams_finish(sluice):
+    from h2lib import RawH2
+    s = start_proxy(sluice, ROUTES)
+    c = RawH2(s.port)
+    sid = c.request("/first")
+    assert c.response(sid)[0] == 200
+    slow = c.request("/slow/1500")
+    time.sleep(0.3)
+    s.proc.send_signal(signal.SIGTERM)
+    # the notice (the largest stream id), then the last stream taken
+    c.wait(lambda c: c.goaway is not None, 5)
+    assert c.goaway == (0, 2 ** 31 - 1)
+    status, body, rst = c.response(slow, 10)
+    assert (status, rst) == (200, None) and json.loads(body)["target"] == "/slow/1500"
+    c.wait(lambda c: c.goaway != (0, 2 ** 31 - 1), 5)
+    assert c.goaway == (0, slow)
+    c.wait(lambda c: c.closed, 10)
+    assert c.closed
+    assert s.proc.wait(10) == 0
+
+
+def test_sighup_new_streams_take_the_new_config(sluice, upstream):
+    s = start_proxy(sluice, ROUTES, admin=True)
+    c = H2Conn(s.port)
+    sid = c.request("/moved")
+    assert c.response(sid)[0] == 200
+    # the new config sends /moved to the dead upstream: 502 on the same connection
+    text = s.conf_path.read_text().replace(
+        "  - name: open\n", "  - name: moved\n    match: { path: /moved }\n    upstream: dead\n"
+        "  - name: open\n", 1)
+    b = metrics(s.admin_port)
+    want = mval(b, "sluice_config_reloads_total", result="ok") + 1
+    s.conf_path.write_text(text)
+    os.kill(s.proc.pid, signal.SIGHUP)
+    assert wait_metric(s.admin_port, "sluice_config_reloads_total", want, result="ok") == want
+    sid = c.request("/moved")
+    assert c.response(sid)[0] == 502
+    assert c.goaway is None and not c.closed
     c.close()

@@ -1178,9 +1178,9 @@ static void test_grpc(void **state)
         { .name = "rest", .path = "/", .pathlen = 1 },
     };
     struct conf c = { .routes = routes, .nroutes = 2 };
-    assert_string_equal(route_match_grpc(&c, "/a.B/C", 6, "POST", 4, NULL, 0, NULL, 1)->name,
+    assert_string_equal(route_match_in(&c, ROUTE_GRPC, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name,
                         "calls");
-    assert_string_equal(route_match_grpc(&c, "/a.B/C", 6, "POST", 4, NULL, 0, NULL, 0)->name,
+    assert_string_equal(route_match_in(&c, 0, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name,
                         "rest");
     assert_string_equal(route_match(&c, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name, "rest");
 }
