@@ -64,6 +64,11 @@ DEBS     += chromium
 DEBS     += openssl testssl.sh
 # TLS to upstreams (nginx with ssl is the TLS upstream of test_tls_upstream) and to Redis
 DEBS     += nginx
+# gRPC (test_grpc.py): grpcio's server as the upstream and client; Node for
+# @grpc/grpc-js (tests/node, installed by npm ci from its lock file; Debian's
+# npm only where node came without one)
+DEBS     += python3-grpcio nodejs
+NPM_DEB  := $(if $(shell command -v npm 2>/dev/null),,npm)
 
 .PHONY: all deps run-deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.
@@ -159,7 +164,8 @@ define install_missing
 endef
 
 deps:
-	$(call install_missing,$(DEBS))
+	$(call install_missing,$(DEBS) $(NPM_DEB))
+	@[ -d tests/node/node_modules ] || (cd tests/node && npm ci --no-audit --no-fund)
 
 run-deps:
 	$(call install_missing,$(RUN_DEBS))

@@ -264,6 +264,10 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
     }
     if (e->key_fallback)
         p = ACCESSLOG_PUT_LIT(p, ",\"key_fallback\":true");
+    if (e->has_grpc_status) {
+        p = ACCESSLOG_PUT_LIT(p, ",\"grpc_status\":");
+        p = accesslog_put_i64(p, e->grpc_status);
+    }
     if (e->http2)
         p = ACCESSLOG_PUT_LIT(p, ",\"protocol\":\"HTTP/2.0\"");
     if (e->decision_mode)

@@ -44,6 +44,9 @@ struct accesslog_entry {
     int64_t delay_ms;           /* a delayed request's wait; written only when > 0 */
     int key_fallback;           /* a limit counted it under the client address
                                  * (on_missing_key: ip); written only when set */
+    int has_grpc_status;        /* grpc_status is written */
+    int grpc_status;            /* a gRPC call's status (its trailers', or sluice's
+                                 * own answer's) */
     int http2;                  /* came on an HTTP/2 stream: written as
                                  * "protocol":"HTTP/2.0" (HTTP/1.x: nothing) */
     int decision_mode;          /* a decision listener's request: "mode":"decision"

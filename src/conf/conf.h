@@ -102,6 +102,7 @@ struct conf_decision {
 enum conf_keysrc_kind {
     CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
     CONF_KEY_METHOD, CONF_KEY_PATH, CONF_KEY_CAPTURE,
+    CONF_KEY_GRPC_SERVICE, CONF_KEY_GRPC_METHOD,    /* of a /pkg.Service/Method path */
     CONF_KEY_JWT,               /* jwt:CLAIM: a verified token's claim (arg) */
 };
 
@@ -168,6 +169,8 @@ struct conf_upstream {
     int64_t connect_timeout_ms;
     int64_t timeout_ms;         /* waiting for (each read of) the response */
     struct conf_tls_client *tls;  /* NULL: plain TCP */
+    int h2;                     /* protocol: h2 (default http/1.1): ALPN h2
+                                 * over tls, else h2c with prior knowledge */
 };
 
 struct metrics_route;
@@ -196,6 +199,10 @@ struct conf_route {
     int upgrade;                /* tunnel Upgrade requests after a 101 */
     char **upgrade_protos;      /* protocols tunnelled; NULL: websocket only */
     int nupgrade_protos;
+    int grpc;                   /* match.grpc: only gRPC requests
+                                 * (Content-Type application/grpc*) */
+    int grpc_limited;           /* grpc-status of a rejection: 8
+                                 * (resource_exhausted, default) or 14 */
     char *policy;               /* the RateLimit-Policy value of its limits,
                                  * built once by conf_load (NULL otherwise) */
     size_t policy_len;

@@ -362,11 +362,17 @@ static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, voi
     return 0;
 }
 
+static int h_match_grpc(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_bool(x, v, &((struct conf_route *)obj)->grpc);
+}
+
 static const struct key_def match_keys[] = {
     { "path", h_match_path, 0 },
     { "path_regex", h_match_path_regex, 0 },
     { "methods", h_match_methods, 0 },
     { "host", h_match_host, 0 },
+    { "grpc", h_match_grpc, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -458,7 +464,8 @@ static int h_limit_burst(struct ctx *x, struct node *k, struct node *v, void *ob
 static const struct { const char *word; enum conf_keysrc_kind kind; int has_arg; } keysrcs[] = {
     { "ip", CONF_KEY_IP, 0 }, { "method", CONF_KEY_METHOD, 0 }, { "path", CONF_KEY_PATH, 0 },
     { "header", CONF_KEY_HEADER, 1 }, { "query", CONF_KEY_QUERY, 1 },
-    { "cookie", CONF_KEY_COOKIE, 1 }, { NULL, 0, 0 },
+    { "cookie", CONF_KEY_COOKIE, 1 }, { "grpc_service", CONF_KEY_GRPC_SERVICE, 0 },
+    { "grpc_method", CONF_KEY_GRPC_METHOD, 0 }, { NULL, 0, 0 },
 };
 
 /* s[0..n) as a prefix length 0..max (one to three digits), or -1. */
@@ -1154,6 +1161,18 @@ static int h_route_upgrade(struct ctx *x, struct node *k, struct node *v, void *
     return 0;
 }
 
+/* The gRPC status of a rejection (RESOURCE_EXHAUSTED by default, as
+ * grpc/status.h maps 429; UNAVAILABLE tells clients they may retry). */
+static int h_route_grpc_limited(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "resource_exhausted", "unavailable" };
+    int i = 0;
+    if (conf_get_enum(x, v, names, 2, "resource_exhausted or unavailable", &i) < 0)
+        return -1;
+    ((struct conf_route *)obj)->grpc_limited = i == 0 ? 8 : 14;
+    return 0;
+}
+
 /* plan_key, plan_from: one key source. What does not tell clients apart
  * (method, path, a capture) is refused; plan_from, a plan's name, not the
  * client address either. Kinds added later (jwt:CLAIM) pass as they are. */
@@ -1202,6 +1221,7 @@ static const struct key_def route_keys[] = {
     { "cost", h_route_cost, 0 },
     { "headers", h_route_headers, 0 },
     { "upgrade", h_route_upgrade, 0 },
+    { "grpc_limited", h_route_grpc_limited, 0 },
     { "require_jwt", h_route_require_jwt, 0 },
     { "plan_key", h_route_plan_key, 0 },
     { "plan_from", h_route_plan_from, 0 },
@@ -1223,6 +1243,7 @@ int conf_h_routes(struct ctx *x, struct node *k, struct node *v, void *obj)
         int rc;
         c->routes[i].cost = 1;
         c->routes[i].headers = CONF_HEADERS_FULL;
+        c->routes[i].grpc_limited = 8;
         rc = conf_walk_map(x, v->kids[i], route_keys, &c->routes[i]);
         conf_path_pop(x, old);
         if (rc < 0)

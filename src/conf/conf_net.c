@@ -445,6 +445,12 @@ static int h_up_timeout(struct ctx *x, struct node *k, struct node *v, void *obj
     return conf_get_duration(x, v, &((struct conf_upstream *)obj)->timeout_ms);
 }
 
+static int h_up_protocol(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "http/1.1", "h2" };
+    return conf_get_enum(x, v, names, 2, "http/1.1 or h2", &((struct conf_upstream *)obj)->h2);
+}
+
 /* tls: {} (or null) is TLS with every default. The files are read when
  * the file is loaded (confcheck.c, at the places marked here), so that a
  * bad one is this file's error (and sluice -t's), not a 502 later. */
@@ -469,6 +475,7 @@ static const struct key_def upstream_keys[] = {
     { "connect_timeout", h_up_connect_timeout, 0 },
     { "timeout", h_up_timeout, 0 },
     { "tls", h_up_tls, 0 },
+    { "protocol", h_up_protocol, 0 },
     { NULL, NULL, 0 },
 };
 

@@ -21,6 +21,7 @@ struct metrics_route {
     _Atomic uint64_t decisions[METRICS_NDECISIONS];
     _Atomic uint64_t status[METRICS_NSTATUS];
     _Atomic uint64_t regex_limit;
+    _Atomic uint64_t grpc[METRICS_NGRPC];   /* by grpc-status */
 };
 
 /* Upper bounds in microseconds; the last bucket is +Inf. */
@@ -101,6 +102,12 @@ void metrics_response(struct metrics_route *m, int status)
 {
     if (m && status >= 0 && status < METRICS_NSTATUS)
         atomic_fetch_add_explicit(&m->status[status], 1, memory_order_relaxed);
+}
+
+void metrics_grpc(struct metrics_route *m, int code)
+{
+    if (m && code >= 0 && code < METRICS_NGRPC)
+        atomic_fetch_add_explicit(&m->grpc[code], 1, memory_order_relaxed);
 }
 
 void metrics_regex_limit(struct metrics_route *m)
@@ -301,6 +308,18 @@ static void render_routes(struct evbuffer *out)
             evbuffer_add_printf(out, "sluice_responses_total{route=\"");
             add_label(out, m->name);
             evbuffer_add_printf(out, "\",code=\"%d\"} %llu\n", s, (unsigned long long)v);
+        }
+    evbuffer_add_printf(out, "# HELP sluice_grpc_responses_total gRPC calls answered, by "
+                             "route and grpc-status.\n"
+                             "# TYPE sluice_grpc_responses_total counter\n");
+    for (struct metrics_route *m = routes; m; m = m->next)
+        for (int s = 0; s < METRICS_NGRPC; s++) {
+            uint64_t v = load(&m->grpc[s]);
+            if (v == 0)
+                continue;
+            evbuffer_add_printf(out, "sluice_grpc_responses_total{route=\"");
+            add_label(out, m->name);
+            evbuffer_add_printf(out, "\",grpc_status=\"%d\"} %llu\n", s, (unsigned long long)v);
         }
     render_regex_limits(out);
 }

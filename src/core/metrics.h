@@ -76,6 +76,10 @@ struct metrics_route *metrics_unrouted(void);
 
 void metrics_request(struct metrics_route *m, enum metrics_decision d);
 void metrics_response(struct metrics_route *m, int status);
+/* A gRPC call ended with grpc-status code (0..16):
+ * sluice_grpc_responses_total{route,grpc_status}. */
+#define METRICS_NGRPC 17
+void metrics_grpc(struct metrics_route *m, int code);
 /* A path_regex match of route m stopped at its limit (answered 400). */
 void metrics_regex_limit(struct metrics_route *m);
 void metrics_count(enum metrics_counter which);

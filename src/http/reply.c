@@ -195,7 +195,7 @@ static void add_status_line(struct obuf *out, int status)
     ADD_LIT(out, " Error\r\n");
 }
 
-static const char *error_name(int status)
+const char *reply_error_name(int status)
 {
     switch (status) {
     case 400: return "bad_request";
@@ -243,7 +243,7 @@ static void add_error(struct evbuffer *buf, int status, const char *name, int64_
     obuf_begin(out, buf, 256 + rid_len);
     char body[64];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}",
-                     name != NULL ? name : error_name(status));
+                     name != NULL ? name : reply_error_name(status));
     if (n < 0 || (size_t)n >= sizeof(body))
         abort();                        /* names are ours and short */
     add_status_line(out, status);
@@ -348,5 +348,51 @@ void reply_limited_as(struct evbuffer *buf, const struct reply_limits *rl, int s
         add_quoted(out, l->message);
     }
     ADD_LIT(out, "}");
+    obuf_end(out);
+}
+
+int reply_grpc_code(int status, int limited)
+{
+    switch (status) {
+    case 400: return REPLY_GRPC_INVALID_ARGUMENT;
+    case 404: case 501: return REPLY_GRPC_UNIMPLEMENTED;
+    case 408: case 504: return REPLY_GRPC_DEADLINE_EXCEEDED;
+    case 413: case 414: case 431: return REPLY_GRPC_RESOURCE_EXHAUSTED;
+    case 429: return limited;
+    case 502: case 503: return REPLY_GRPC_UNAVAILABLE;
+    default: return REPLY_GRPC_UNKNOWN;
+    }
+}
+
+void reply_grpc(struct evbuffer *buf, int code, const char *name, const struct reply_limits *rl,
+                int64_t retry_ms, int keep_alive, const char *rid, size_t rid_len)
+{
+    struct obuf ob, *out = &ob;
+    char msg[ESC_MAX(64)];
+    size_t nlen = strlen(name);
+    obuf_begin(out, buf, 1024 + rid_len + ESC_MAX(nlen));
+    ADD_LIT(out, "HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\ngrpc-status: ");
+    add_int(out, code);
+    ADD_LIT(out, "\r\ngrpc-message: ");
+    for (size_t i = 0; i < nlen; i += 64) {
+        size_t k = nlen - i < 64 ? nlen - i : 64;
+        obuf_add(out, msg, (size_t)(esc_put(msg, name + i, k, ESC_PERCENT) - msg));
+    }
+    ADD_LIT(out, "\r\n");
+    if (rl) {
+        retry_ms = rl->r[rl->shown].retry_ms;
+        if (retry_ms < 1)
+            retry_ms = 1;
+        ADD_LIT(out, "grpc-retry-pushback-ms: ");
+        add_int(out, retry_ms);
+        ADD_LIT(out, "\r\n");
+        reply_limit_headers(out, rl, 1, NULL);
+    }
+    if (retry_ms > 0) {
+        ADD_LIT(out, "Retry-After: ");
+        add_int(out, reply_seconds(retry_ms));
+        ADD_LIT(out, "\r\n");
+    }
+    add_head_end(out, 0, 0, keep_alive, rid, rid_len);
     obuf_end(out);
 }

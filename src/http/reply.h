@@ -86,6 +86,30 @@ void reply_error_named(struct evbuffer *out, int status, const char *name, int k
 void reply_unavailable(struct evbuffer *out, int64_t retry_ms, int keep_alive,
                        const char *request_id, size_t request_id_len);
 
+/* gRPC status codes (grpc's include/grpc/status.h) of sluice's answers. */
+#define REPLY_GRPC_UNKNOWN            2
+#define REPLY_GRPC_INVALID_ARGUMENT   3
+#define REPLY_GRPC_DEADLINE_EXCEEDED  4
+#define REPLY_GRPC_RESOURCE_EXHAUSTED 8
+#define REPLY_GRPC_UNIMPLEMENTED      12
+#define REPLY_GRPC_UNAVAILABLE        14
+
+/* The gRPC status of a local answer that would have HTTP status `status`
+ * (limited: the code of a 429, the route's grpc_limited). */
+int reply_grpc_code(int status, int limited);
+
+/* A gRPC call's local answer, Trailers-Only written as HTTP/1.1 (an h2
+ * front sends it as one HEADERS frame with END_STREAM): 200,
+ * Content-Type: application/grpc, grpc-status `code`, grpc-message (name,
+ * percent-encoded), no body. With rl, a rejection: Retry-After,
+ * grpc-retry-pushback-ms (gRFC A6) and the rate-limit fields; without,
+ * retry_ms > 0 adds Retry-After (an unavailable limiter). */
+void reply_grpc(struct evbuffer *out, int code, const char *name, const struct reply_limits *rl,
+                int64_t retry_ms, int keep_alive, const char *request_id, size_t request_id_len);
+
+/* The JSON error name of a status ("no_route" for 404...). */
+const char *reply_error_name(int status);
+
 /* Whole seconds, rounded up, at least 1 when ms > 0. */
 int64_t reply_seconds(int64_t ms);
 

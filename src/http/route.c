@@ -369,7 +369,7 @@ static int route_regex_meets(const struct conf_route *r, const char *path, size_
     return 1;
 }
 
-const struct conf_route *route_match_in(const struct conf *c, int proxied,
+const struct conf_route *route_match_in(const struct conf *c, int how,
                                         const char *path, size_t pathlen,
                                         const char *method, size_t methodlen,
                                         const char *host, size_t hostlen,
@@ -379,7 +379,7 @@ const struct conf_route *route_match_in(const struct conf *c, int proxied,
         caps->over_limit = NULL;
     for (int i = 0; i < c->nroutes; i++) {
         const struct conf_route *r = &c->routes[i];
-        if (proxied && r->upstream == NULL)
+        if (((how & ROUTE_PROXIED) && r->upstream == NULL) || (r->grpc && !(how & ROUTE_GRPC)))
             continue;
         if (r->regex != NULL) {
             if (!route_method_meets(r, method, methodlen) ||
@@ -928,6 +928,51 @@ static enum route_seen route_capture(const char *p, size_t n, struct route_part 
     return ROUTE_ONCE;
 }
 
+int route_grpc_call(const char *buf, const struct http1_head *h, int64_t *timeout_ms)
+{
+    *timeout_ms = 0;
+    int i = http1_find(buf, h, "content-type", 0);
+    if (i < 0)
+        return 0;
+    struct http1_span v = h->h[i].value;
+    if (v.len < 16 || strncasecmp(buf + v.off, "application/grpc", 16) != 0 ||
+        (v.len > 16 && buf[v.off + 16] != '+' && buf[v.off + 16] != ';'))
+        return 0;
+    /* TimeoutValue (1 to 8 digits) and TimeoutUnit (PROTOCOL-HTTP2.md) */
+    i = http1_find(buf, h, "grpc-timeout", 0);
+    if (i >= 0 && h->h[i].value.len >= 2 && h->h[i].value.len <= 9) {
+        static const struct { char unit; int64_t per_ms_num, per_ms_den; } units[] = {
+            { 'H', 3600000, 1 }, { 'M', 60000, 1 }, { 'S', 1000, 1 }, { 'm', 1, 1 },
+            { 'u', 1, 1000 }, { 'n', 1, 1000000 },
+        };
+        struct http1_span d = { h->h[i].value.off, h->h[i].value.len - 1 };
+        char unit = buf[d.off + d.len];
+        int64_t n;
+        for (size_t u = 0; u < sizeof(units) / sizeof(units[0]); u++)
+            if (units[u].unit == unit && http1_span_uint(buf, d, &n)) {
+                int64_t den = units[u].per_ms_den;
+                *timeout_ms = (n * units[u].per_ms_num + den - 1) / den;
+                if (*timeout_ms == 0)
+                    *timeout_ms = 1;
+            }
+    }
+    return 1;
+}
+
+/* A gRPC call's path is /package.Service/Method: its service (method 0) or
+ * its method, absent from a path of another shape. */
+static enum route_seen route_grpc_part(const char *path, size_t len, int method,
+                                       const char **p, size_t *n)
+{
+    const char *slash = len > 1 && path[0] == '/' ? memchr(path + 1, '/', len - 1) : NULL;
+    if (slash == NULL || slash == path + 1 || slash == path + len - 1 ||
+        memchr(slash + 1, '/', len - (size_t)(slash + 1 - path)) != NULL)
+        return ROUTE_ABSENT;
+    *p = method ? slash + 1 : path + 1;
+    *n = method ? len - (size_t)(slash + 1 - path) : (size_t)(slash - path - 1);
+    return ROUTE_ONCE;
+}
+
 /* Locate key source ks in the request. */
 static enum route_seen route_locate(const struct conf_keysrc *ks, const struct route_req *req,
                                     struct route_part *pt)
@@ -969,6 +1014,12 @@ static enum route_seen route_locate(const struct conf_keysrc *ks, const struct r
             return ROUTE_ABSENT;
         return route_capture(req->path + req->caps->off[ks->capture],
                              req->caps->len[ks->capture], pt);
+    case CONF_KEY_GRPC_SERVICE:
+    case CONF_KEY_GRPC_METHOD:
+        if (req->path == NULL)
+            return ROUTE_ABSENT;
+        return route_grpc_part(req->path, req->pathlen, ks->kind == CONF_KEY_GRPC_METHOD,
+                               &pt->p, &pt->n);
     case CONF_KEY_JWT:
         if (req->claims == NULL) {      /* no token, or one that failed */
             pt->kind = ROUTE_PART_ANON;

@@ -63,15 +63,24 @@ const struct conf_route *route_match(const struct conf *c,
                                      const char *method, size_t methodlen,
                                      const char *host, size_t hostlen,
                                      struct route_captures *caps);
-/* route_match over the routes a request may meet: with proxied, routes
- * without an upstream (decision mode's alone, docs/decision.md) are passed
- * over; without it (a decision listener's request), every route.
- * route_match is route_match_in(c, 0, ...). */
-const struct conf_route *route_match_in(const struct conf *c, int proxied,
+/* route_match over the routes a request may meet, how says which: with
+ * ROUTE_PROXIED, routes without an upstream (decision mode's alone,
+ * docs/decision.md) are passed over (without it, a decision listener's
+ * request, every route); routes with match.grpc take a request only with
+ * ROUTE_GRPC (a gRPC call: route_grpc_call). route_match is
+ * route_match_in(c, 0, ...). */
+#define ROUTE_PROXIED 1
+#define ROUTE_GRPC    2
+const struct conf_route *route_match_in(const struct conf *c, int how,
                                         const char *path, size_t pathlen,
                                         const char *method, size_t methodlen,
                                         const char *host, size_t hostlen,
                                         struct route_captures *caps);
+
+/* 1 when the request is a gRPC call (Content-Type application/grpc, or
+ * application/grpc+FORMAT or ;params). *timeout_ms gets its grpc-timeout
+ * in milliseconds, rounded up; 0 when absent or malformed. */
+int route_grpc_call(const char *buf, const struct http1_head *h, int64_t *timeout_ms);
 
 /* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
  * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.

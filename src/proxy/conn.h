@@ -124,6 +124,9 @@ struct client {
                                          * otherwise scratch for re-framing,
                                          * empty between calls (lazy) */
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
+    struct evbuffer *trailers;          /* CS_PROXY: the response's framing since
+                                         * its last payload byte, its trailers at
+                                         * the end (lazy) */
 };
 
 void conn_enter(struct client *c);
@@ -144,5 +147,10 @@ void conn_flush(struct client *c);
 void conn_copy(struct evbuffer *dst, const char *data, size_t len);
 int conn_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
                    size_t *payload);
+/* conn_pump_once() that keeps in tail the framing read after the last
+ * payload byte (dropped when payload comes): at the message's end, a
+ * chunked body's last chunk and trailer section, as http1.c checked them. */
+int conn_pump_tail(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                   struct evbuffer *tail, size_t *payload);
 
 #endif

@@ -215,6 +215,8 @@ void request_log_end(struct client *c)
         .tls = c->tls_version,
         .delay_ms = c->rq->dec.wait_ms,
         .key_fallback = c->rq->dec.fallback != 0,
+        .has_grpc_status = rq->grpc_status >= 0,
+        .grpc_status = rq->grpc_status,
         .http2 = c->h2_stream,
         .decision_mode = c->decision,
     };
@@ -234,6 +236,7 @@ void request_log_begin(struct client *c, int parsed)
     rq->start_us = clock_us();
     rq->upstream_us = -1;
     rq->status = 0;
+    rq->grpc_status = -1;
     rq->active = 1;
     rq->bytes_out = 0;
     if (!parsed) {
@@ -322,15 +325,27 @@ void request_answer(struct client *c, int status, int close_after)
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
     struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
-    if (status == 429) {        /* the denial: sent with its own status */
+    int64_t retry_ms = status == 503 && rq->rt ? backend_retry_ms(runtime_backend(rq->rt)) : 0;
+    if (rq->grpc && !c->decision) {     /* an answer a gRPC client reads: Trailers-Only */
+        const struct conf_limit *l = status == 429 ? rq->dec.rl.limit[rq->dec.rl.shown] : NULL;
+        int code = reply_grpc_code(status, rq->route ? rq->route->grpc_limited
+                                                     : REPLY_GRPC_RESOURCE_EXHAUSTED);
+        const char *name = l ? (l->message ? l->message : "rate_limited")
+                             : rq->error_name ? rq->error_name : reply_error_name(status);
+        reply_grpc(tmp ? tmp : out, code, name, l ? &rq->dec.rl : NULL, retry_ms, conn,
+                   rq->rid, rq->rid_len);
+        if (rq->log)
+            rq->log->grpc_status = code;
+        metrics_grpc(request_metrics(c), code);
+        status = 200;
+    } else if (status == 429) { /* the denial: sent with its own status */
         status = limited_status(c);
         reply_limited_as(tmp ? tmp : out, &rq->dec.rl, status, conn, rq->rid, rq->rid_len);
     } else if (status == 200) { /* decision mode's "go on" */
         reply_allowed(tmp ? tmp : out, rq->dec.have_limits ? &rq->dec.rl : NULL, conn, rq->rid,
                       rq->rid_len);
     } else if (status == 503) { /* limiter_unavailable: try again after the backoff */
-        reply_unavailable(tmp ? tmp : out, (c->rq->rt ? backend_retry_ms(runtime_backend(c->rq->rt)) : 0), conn,
-                          rq->rid, rq->rid_len);
+        reply_unavailable(tmp ? tmp : out, retry_ms, conn, rq->rid, rq->rid_len);
     } else {
         reply_error_named(tmp ? tmp : out, status, c->rq->error_name, conn, rq->rid, rq->rid_len);
     }
@@ -546,8 +561,13 @@ void request_head(struct client *c)
         request_answer_named(c, 400, "bad_host", 1);
         return;
     }
-    c->rq->route = route_match_in(c->conf, !c->decision, path, (size_t)plen, hb(c, h->method),
-                                  h->method.len, host, hostlen, &c->rq->caps);
+    int64_t grpc_ms;
+    c->rq->grpc = route_grpc_call(c->rq->hbuf, h, &grpc_ms);
+    if (grpc_ms > 0)
+        c->rq->grpc_deadline_ms = clock_ms() + grpc_ms;
+    c->rq->route = route_match_in(c->conf, (c->decision ? 0 : ROUTE_PROXIED) |
+                                  (c->rq->grpc ? ROUTE_GRPC : 0), path, (size_t)plen,
+                                  hb(c, h->method), h->method.len, host, hostlen, &c->rq->caps);
     if (c->rq->route == NULL && c->rq->caps.over_limit) {
         regex_over_limit(c);
         return;

@@ -24,6 +24,7 @@ struct upstream_conn;
 struct reqlog {
     int64_t wall_us, start_us, upstream_us;
     int status;
+    int grpc_status;                    /* -1: none seen */
     uint64_t bytes_in, bytes_out;
     int active;                         /* a request is being served */
     size_t method_len, target_len, client_len;
@@ -65,6 +66,8 @@ struct request {
     int upgrade;                        /* Upgrade request on an upgrade route */
     const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
     uint64_t body_bytes;                /* request payload so far */
+    int grpc;                           /* a gRPC call: Content-Type application/grpc* */
+    int64_t grpc_deadline_ms;           /* clock_ms() by grpc-timeout; 0: none */
     int resp_started;                   /* response head sent to client */
     int resp_done;
 

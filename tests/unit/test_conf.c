@@ -274,6 +274,7 @@ static void test_reference(void **state)
     assert_string_equal(c->upstreams[0].name, "api");
     assert_string_equal(c->upstreams[0].servers[0].text, "127.0.0.1:9000");
     assert_int_equal(c->upstreams[0].keepalive, 32);
+    assert_int_equal(c->upstreams[0].h2, 0);
     assert_int_equal(c->upstreams[0].connect_timeout_ms, 2000);
     assert_int_equal(c->upstreams[0].timeout_ms, 30000);
     assert_int_equal(c->ntrusted, 1);

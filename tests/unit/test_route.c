@@ -1130,6 +1130,62 @@ static void test_key_shape(void **state)
     assert_int_equal(route_key(&c, &r, &l, &req, out), 0);
 }
 
+/* gRPC calls: what makes one (Content-Type), grpc-timeout in ms, the
+ * service and method key parts of a /package.Service/Method path, and a
+ * match.grpc route taking calls only. */
+static void test_grpc(void **state)
+{
+    static const struct { const char *ct, *timeout; int call; int64_t ms; } cases[] = {
+        { "application/grpc", "1S", 1, 1000 }, { "application/grpc+proto", "250m", 1, 250 },
+        { "Application/GRPC;x=1", "2M", 1, 120000 }, { "application/grpc", "1500u", 1, 2 },
+        { "application/grpc", "1n", 1, 1 }, { "application/grpc", "123456789S", 1, 0 },
+        { "application/grpc", "5s", 1, 0 }, { "application/grpc", "S", 1, 0 },
+        { "application/grpc", "1H", 1, 3600000 }, { "application/grpc-web", "1S", 0, 0 },
+        { "application/json", "1S", 0, 0 }, { "application/grp", "1S", 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char req[256];
+        int n = snprintf(req, sizeof req, "POST /a.B/C HTTP/1.1\r\nHost: h\r\nContent-Type: %s\r\n"
+                         "grpc-timeout: %s\r\nContent-Length: 0\r\n\r\n", cases[i].ct,
+                         cases[i].timeout);
+        struct http1 *p = http1_create(HTTP1_REQUEST);
+        struct http1_head h;
+        assert_int_equal(http1_head_parse(p, req, (size_t)n, 16384, 0, &h), 0);
+        int64_t ms = -1;
+        assert_int_equal(route_grpc_call(req, &h, &ms), cases[i].call);
+        assert_int_equal(ms, cases[i].ms);
+        http1_destroy(p);
+    }
+
+    struct conf_keysrc ks[] = { { CONF_KEY_GRPC_SERVICE, NULL, 0 },
+                                { CONF_KEY_GRPC_METHOD, NULL, 0 } };
+    struct conf_limit l = { .name = "m", .keys = ks, .nkeys = 2 };
+    struct http1_head h = { 0 };
+    struct route_req req = { .buf = "", .h = &h, .ip = "192.0.2.1", .iplen = 9,
+                             .path = "/pkg.v1.Echo/Say", .pathlen = 16 };
+    char out[ROUTE_MAX_KEY];
+    long n = route_key(&key_conf, &key_route, &l, &req, out);
+    assert_string_equal(out, "sluice:{r|m|11:pkg.v1.Echo3:Say}");
+    assert_int_equal(n, (long)strlen(out));
+    static const char *const not_calls[] = { "/", "/x", "/x/", "//y", "/x/y/z" };
+    for (size_t i = 0; i < sizeof(not_calls) / sizeof(not_calls[0]); i++) {
+        req.path = not_calls[i];
+        req.pathlen = strlen(not_calls[i]);
+        assert_int_equal(route_key(&key_conf, &key_route, &l, &req, out), 0);
+    }
+
+    struct conf_route routes[] = {
+        { .name = "calls", .path = "/", .pathlen = 1, .grpc = 1 },
+        { .name = "rest", .path = "/", .pathlen = 1 },
+    };
+    struct conf c = { .routes = routes, .nroutes = 2 };
+    assert_string_equal(route_match_in(&c, ROUTE_GRPC, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name,
+                        "calls");
+    assert_string_equal(route_match_in(&c, 0, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name,
+                        "rest");
+    assert_string_equal(route_match(&c, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name, "rest");
+}
+
 /* The same functions on a head parsed by the real http1.c, so the span
  * conventions of both modules are checked together. */
 static void test_with_http1_parser(void **state)
@@ -1280,6 +1336,7 @@ int main(void)
         cmocka_unit_test(test_key_too_long),
         cmocka_unit_test(test_key_shape),
         cmocka_unit_test(test_key_capture_numbers),
+        cmocka_unit_test(test_grpc),
         cmocka_unit_test(test_key_fallback),
         cmocka_unit_test(test_key_jwt),
         cmocka_unit_test(test_jwt_token),
