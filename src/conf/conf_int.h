@@ -163,6 +163,12 @@ int conf_h_backend(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_memory(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_deny_cache(struct ctx *x, struct node *k, struct node *v, void *obj);
 
+/* ---- conf_rls.c: decision.ratelimit_config's files (conf_load.c reads them) */
+struct conf_rls;
+int conf_rls_file(struct ctx *x, struct node *root, struct conf_rls *rls);
+void conf_rls_done(struct conf_rls *rls);
+void conf_rls_free(struct conf_rls *rls);
+
 /* ---- conf_limits.c */
 int conf_h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_allow(struct ctx *x, struct node *k, struct node *v, void *obj);
