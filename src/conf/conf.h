@@ -99,6 +99,8 @@ struct conf_rls_limit {
     int nreplaces;
     int shadow;                 /* shadow_mode: counted, reported OK */
     int detailed_metric;
+    char *path;                 /* "key_value.key2": its place in the domain,
+                                 * the name shown when it has none */
     struct limiter_params params;   /* fixed_window per unit unless algorithm */
 };
 

@@ -19,6 +19,7 @@
  * conf_rls_file(); the matching is rls_match.c's. */
 #include "conf.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -286,7 +287,8 @@ static int desc_limit(struct ctx *x, struct desc_src *d)
     return limit_params(x, d, l);
 }
 
-static int level_load(struct ctx *x, struct node *seq, struct conf_rls_node *parent, int depth);
+static int level_load(struct ctx *x, struct node *seq, struct conf_rls_node *parent,
+                      const char *path);
 
 /* Kids of one level in key, value order (no value first), ties by file order. */
 static int kid_cmp(const void *a, const void *b)
@@ -300,7 +302,7 @@ static int kid_cmp(const void *a, const void *b)
     return strcmp(p->value, q->value);
 }
 
-static int desc_load(struct ctx *x, struct node *m, struct conf_rls_node *n, int depth)
+static int desc_load(struct ctx *x, struct node *m, struct conf_rls_node *n, const char *parent)
 {
     struct desc_src d;
     char sb[SHOW_BUF];
@@ -337,18 +339,28 @@ static int desc_load(struct ctx *x, struct node *m, struct conf_rls_node *n, int
                          "(containing '*'), but found key '%s%s%s'", conf_show(key, sb),
                          n->value ? "_" : "", n->value ? n->value : "");
     n->share_threshold = d.share_threshold;
+    char *path = NULL;
+    if (asprintf(&path, "%s%s%s%s%s", parent, *parent ? "." : "", key, n->value ? "_" : "",
+                 n->value ? n->value : "") < 0)
+        abort();
+    int rc = 0;
     if (!d.rate_limit && (d.algorithm || d.burst || d.window))
-        return conf_fail(x, d.algorithm ? d.algorithm : d.burst ? d.burst : d.window,
-                         "algorithm, burst and window need a rate_limit");
-    if (d.rate_limit && desc_limit(x, &d) < 0)
-        return -1;
-    if (d.descriptors) {
-        size_t old = conf_path_push_key(x, "descriptors");
-        int rc = level_load(x, d.descriptors, n, depth + 1);
-        conf_path_pop(x, old);
-        return rc;
+        rc = conf_fail(x, d.algorithm ? d.algorithm : d.burst ? d.burst : d.window,
+                       "algorithm, burst and window need a rate_limit");
+    if (rc == 0 && d.rate_limit && desc_limit(x, &d) < 0)
+        rc = -1;
+    if (n->limit) {
+        n->limit->path = path;
+        path = n->limit->path;
     }
-    return 0;
+    if (rc == 0 && d.descriptors) {
+        size_t old = conf_path_push_key(x, "descriptors");
+        rc = level_load(x, d.descriptors, n, path);
+        conf_path_pop(x, old);
+    }
+    if (n->limit == NULL)
+        free(path);
+    return rc;
 }
 
 /* Wildcard kids (indexes into the sorted kids) in file order. */
@@ -360,7 +372,8 @@ static int order_cmp(const void *a, const void *b, void *kids)
 
 /* One level of descriptors into parent's kids, sorted for the lookup, a
  * composite key (key, or key and value) given twice refused. */
-static int level_load(struct ctx *x, struct node *seq, struct conf_rls_node *parent, int depth)
+static int level_load(struct ctx *x, struct node *seq, struct conf_rls_node *parent,
+                      const char *path)
 {
     if (seq->kind == NODE_NULL)
         return 0;
@@ -375,7 +388,7 @@ static int level_load(struct ctx *x, struct node *seq, struct conf_rls_node *par
         size_t old = conf_path_push(x, "[%d]", i);
         int rc = conf_expect(x, seq->kids[i], NODE_MAP);
         if (rc == 0)
-            rc = desc_load(x, seq->kids[i], &kids[i], depth);
+            rc = desc_load(x, seq->kids[i], &kids[i], path);
         conf_path_pop(x, old);
         parent->nkids = i + 1;
         if (rc < 0)
@@ -452,7 +465,7 @@ int conf_rls_file(struct ctx *x, struct node *root, struct conf_rls *rls)
     if (descs == NULL)
         return 0;
     size_t old = conf_path_push(x, "descriptors");
-    int rc = level_load(x, descs, &d->root, 0);
+    int rc = level_load(x, descs, &d->root, "");
     conf_path_pop(x, old);
     return rc;
 }
@@ -483,6 +496,7 @@ static void node_free(struct conf_rls_node *n)
     free(n->parts);
     if (n->limit) {
         free(n->limit->name);
+        free(n->limit->path);
         for (int i = 0; i < n->limit->nreplaces; i++)
             free(n->limit->replaces[i]);
         free(n->limit->replaces);

@@ -191,7 +191,7 @@ static void client_process(struct client *c)
 static void client_cancel(struct client *c)
 {
     if (c->rq)
-        decide_cancel(&c->rq->dec);
+        request_cancel(c->rq);
 }
 
 /* Our output drained below the low mark: the upstream may be read again. */
