@@ -242,7 +242,7 @@ fail:
 }
 /* route->metrics is not ours: runtime_bind_metrics() points it into its registry. */
 static const struct key_def top_keys[] = {
-    { "listen", conf_h_listen, 1 },
+    { "listen", conf_h_listen, 0 },          /* required unless decision: */
     { "workers", conf_h_workers, 0 },
     { "max_connections", conf_h_max_connections, 0 },
     { "shutdown_timeout", conf_h_shutdown_timeout, 0 },
@@ -503,6 +503,8 @@ static int conf_from_tree(struct ctx *x, struct node *root)
                               conf_kind_name(root->kind));
     if (conf_walk_map(x, root, top_keys, x->c) < 0)
         return -1;
+    if (x->c->nlistens == 0 && !x->c->decision.on)
+        return conf_fail_bare(x, root, "missing required key 'listen' in top level");
     if (x->c->nupstreams == 0 && !x->c->decision.on)
         return conf_fail_bare(x, root, "missing required key 'upstreams' in top level (or a "
                               "decision section, whose routes need none)");
@@ -571,6 +573,8 @@ static void conf_free(struct conf *c)
     free(c->listen.text);
     conf_listens_free(c);
     conf_rls_free(c->decision.rls);
+    free(c->decision.path_prefix);
+    free(c->decision.ratelimit_config);
     conf_redis_free_target(&c->redis);
     free(c->redis.prefix);
     for (int i = 0; i < c->redis.ncluster; i++)

@@ -163,8 +163,6 @@ void conf_listens_free(struct conf *c)
 {
     listens_free(c->listens, c->nlistens);
     listens_free(c->decision.listens, c->decision.nlistens);
-    free(c->decision.path_prefix);
-    free(c->decision.ratelimit_config);
 }
 
 /* ---- decision: its own listen, the status of a rejection, the prefix */
@@ -265,7 +263,8 @@ int conf_h_decision(struct ctx *x, struct node *k, struct node *v, void *obj)
 
 /* Phase 3: decision.listen's entries join listen's (marked decision), so
  * that every worker binds them as it binds the proxy's; an address on
- * both is an error at the decision entry. */
+ * both is an error at the decision entry. listen may be absent then (a
+ * decision service without a proxy listener). */
 int conf_decision_merge(struct ctx *x, struct node *root)
 {
     struct conf *c = x->c;
@@ -294,6 +293,10 @@ int conf_decision_merge(struct ctx *x, struct node *root)
     for (int i = 0; i < d->nlistens; i++) {
         c->listens[c->nlistens] = d->listens[i];
         c->listens[c->nlistens++].decision = 1;
+    }
+    if (c->listen.text == NULL) {       /* no listen: a decision service alone */
+        c->listen = c->listens[0].addr;
+        c->listen.text = xstrdup(c->listens[0].addr.text);
     }
     free(d->listens);
     d->listens = NULL;

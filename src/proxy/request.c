@@ -328,18 +328,18 @@ void request_answer(struct client *c, int status, int close_after)
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
     struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
-    int limited = status == 429;        /* the denial: sent with its own status */
-    if (limited) {
+    if (status == 429) {        /* the denial: sent with its own status */
         status = limited_status(c);
         reply_limited_as(tmp ? tmp : out, &rq->dec.rl, status, conn, rq->rid, rq->rid_len);
-    } else if (status == 200)     /* decision mode's "go on" */
+    } else if (status == 200) { /* decision mode's "go on" */
         reply_allowed(tmp ? tmp : out, rq->dec.have_limits ? &rq->dec.rl : NULL, conn, rq->rid,
                       rq->rid_len);
-    else if (status == 503)     /* limiter_unavailable: try again after the backoff */
+    } else if (status == 503) { /* limiter_unavailable: try again after the backoff */
         reply_unavailable(tmp ? tmp : out, (c->rq->rt ? backend_retry_ms(runtime_backend(c->rq->rt)) : 0), conn,
                           rq->rid, rq->rid_len);
-    else
+    } else {
         reply_error_named(tmp ? tmp : out, status, c->rq->error_name, conn, rq->rid, rq->rid_len);
+    }
     c->rq->error_name = NULL;
     if (tmp) {
         move_reply_head(tmp, out);
@@ -490,15 +490,18 @@ void request_head(struct client *c)
     c->rq->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     set_request_id(c);
     request_address(c);
-    if (c->decision && !decision_view(c))
-        return;
-    request_log_begin(c, 1);
     /* Connection naming the framing or Host (smuggling), or a '_' name
      * under underscore_headers: reject. */
     if (h1write_request_check(c->rq->hbuf, h, c->conf->client.underscore_headers) != 0) {
+        request_log_begin(c, 1);
         request_answer(c, 400, 1);
         return;
     }
+    /* Decision mode: the head becomes the described request's (the log's
+     * method and path too). */
+    if (c->decision && !decision_view(c))
+        return;
+    request_log_begin(c, 1);
     char *path = request_path_room(c->rq, h->target.len);
     long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, path);
     if (plen < 0) {
@@ -586,7 +589,8 @@ static void rls_reply(struct client *c)
     if (status == 0) {
         evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n\r\n%zx\r\n", len);
         evbuffer_add(out, msg, len);
-        evbuffer_add(out, "\r\n0\r\ngrpc-status: 0\r\n\r\n", 26);
+        static const char end[] = "\r\n0\r\ngrpc-status: 0\r\n\r\n";
+        evbuffer_add(out, end, sizeof end - 1);
     } else {
         evbuffer_add_printf(out, "grpc-status: %d\r\ngrpc-message: %s\r\n"
                             "Content-Length: 0\r\n\r\n", status, why ? why : "");

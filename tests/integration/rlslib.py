@@ -146,6 +146,7 @@ class Answer:
 def read_answer(conn):
     head = conn._until(b"\r\n\r\n")
     lines = head.split(b"\r\n")
+    assert lines[0].startswith(b"HTTP/1.1 "), lines[0]     # no stray bytes before it
     status = int(lines[0].split()[1])
     headers = {}
     for line in lines[1:]:

@@ -1225,6 +1225,15 @@ static void test_decision(void **state)
     assert_string_equal(c->decision.path_prefix, "/auth/v1");
     assert_non_null(c->routes[0].upstream);
     conf_release(c);
+
+    /* a decision service alone: no listen, no upstreams */
+    c = load_text("decision: { listen: 127.0.0.1:8081 }\n"
+                  "routes: [ { name: r, match: { path: / } } ]\n", &err);
+    assert_null(err);
+    assert_int_equal(c->nlistens, 1);
+    assert_int_equal(c->listens[0].decision, 1);
+    assert_string_equal(c->listen.text, "127.0.0.1:8081");
+    conf_release(c);
 }
 
 int main(void)
