@@ -8,6 +8,9 @@ PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
 PKGS     += libevent_openssl openssl
 # Envoy's RLS v3 messages (src/rls/proto): protoc-c's C, on libprotobuf-c
 PKGS     += libprotobuf-c
+# HTTP/2 framing and HPACK for clients (src/http2/): nghttp2, Debian's
+# 1.52.0-1+deb12u3 or later (checked below: $(BUILD)/nghttp2.ok)
+PKGS     += libnghttp2
 CFLAGS   ?= -O2 -g
 # src/ is in folders by layer (src/README.md); every folder is on the include
 # path, so a file includes "mem.h", not "core/mem.h". Objects stay flat in
@@ -47,7 +50,7 @@ UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/tes
 # runs (tests/run-demo.sh: redis-server, Debian's python3 for the echo
 # upstream, curl to try it). `make test` installs the whole test toolchain.
 BUILD_DEBS := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
-            libpcre2-dev libssl-dev protobuf-c-compiler libprotobuf-c-dev
+            libpcre2-dev libssl-dev protobuf-c-compiler libprotobuf-c-dev libnghttp2-dev
 RUN_DEBS := $(BUILD_DEBS) redis-server python3 curl
 DEBS     := $(BUILD_DEBS) libcmocka-dev redis-server python3-pytest python3-requests curl
 # http_parser: only test_http1_differential and fuzz_http1_differential link
@@ -77,8 +80,31 @@ DEBS     += python3-grpcio
 
 all: $(BUILD)/sluice
 
-$(BUILD)/sluice: $(OBJS)
+$(BUILD)/sluice: $(OBJS) | $(BUILD)/nghttp2.ok
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# nghttp2 1.52 without Debian's security fixes takes rapid reset
+# (CVE-2023-44487, +deb12u1), CONTINUATION floods (CVE-2024-28182, +deb12u2)
+# and an assertion a peer can trip (CVE-2026-27135, +deb12u3) unguarded. The
+# version macro still says 1.52.0, so the first two are a link test of the
+# options they brought; u3 added no symbol, so on Debian the package's
+# version is compared (elsewhere the link test alone decides).
+NGHTTP2_MIN_DEB := 1.52.0-1+deb12u3
+$(BUILD)/nghttp2.ok: | $(BUILD)
+	@printf '%s\n' '#include <nghttp2/nghttp2.h>' \
+	  'int main(void) { nghttp2_option *o; if (nghttp2_option_new(&o)) return 1;' \
+	  '  nghttp2_option_set_stream_reset_rate_limit(o, 1000, 33);' \
+	  '  nghttp2_option_set_max_continuations(o, 8); nghttp2_option_del(o); return 0; }' \
+	  > $(BUILD)/nghttp2_check.c
+	@$(CC) $(CFLAGS) -o $(BUILD)/nghttp2_check $(BUILD)/nghttp2_check.c $(LDLIBS) 2>/dev/null && \
+	  $(BUILD)/nghttp2_check || { echo "nghttp2: the library lacks the rapid-reset and CONTINUATION" \
+	  "limits (nghttp2_option_set_stream_reset_rate_limit, nghttp2_option_set_max_continuations):" \
+	  "install libnghttp2-dev $(NGHTTP2_MIN_DEB) or later (Debian 12: bookworm-security)" >&2; exit 1; }
+	@v=$$(dpkg-query -W -f='$${Version}' libnghttp2-14 2>/dev/null); \
+	  if [ -n "$$v" ] && ! dpkg --compare-versions "$$v" ge "$(NGHTTP2_MIN_DEB)"; then \
+	    echo "nghttp2: libnghttp2-14 $$v lacks the fix of CVE-2026-27135:" \
+	      "install $(NGHTTP2_MIN_DEB) or later (Debian 12: bookworm-security)" >&2; exit 1; fi
+	@touch $@
 
 $(BUILD)/%.o: %.c $(SRC_HDRS) $(PB_HDRS) | $(BUILD)
 	$(CC) $(CFLAGS) -c -o $@ $<

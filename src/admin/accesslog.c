@@ -266,6 +266,8 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
         p = ACCESSLOG_PUT_LIT(p, ",\"key_fallback\":true");
     if (e->decision_mode)
         p = ACCESSLOG_PUT_LIT(p, ",\"mode\":\"decision\"");
+    if (e->http2)
+        p = ACCESSLOG_PUT_LIT(p, ",\"protocol\":\"HTTP/2.0\"");
     p = ACCESSLOG_PUT_LIT(p, "}\n");
     if ((size_t)(p - buf) > bound)
         abort();        /* the bound above is wrong: never write past it */

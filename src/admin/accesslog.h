@@ -47,6 +47,8 @@ struct accesslog_entry {
     int decision_mode;          /* a decision listener's request: "mode":"decision"
                                  * (method and path are the described request's);
                                  * written only when set */
+    int http2;                  /* came on an HTTP/2 stream: written as
+                                 * "protocol":"HTTP/2.0" (HTTP/1.x: nothing) */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

@@ -66,6 +66,7 @@ struct conf_tls {
     struct conf_cert *certs;    /* the first is the default (no SNI match) */
     int ncerts;
     int min_version;            /* 12 (default) or 13: TLS 1.2 or 1.3 */
+    int no_h2;                  /* its listener's http2: false (no ALPN h2) */
 };
 
 struct tls_server;
@@ -74,6 +75,8 @@ struct tls_server;
 struct conf_listen {
     struct conf_addr addr;
     struct conf_tls *tls;       /* NULL: plain HTTP */
+    int no_http2;               /* http2: false; HTTP/2 (ALPN h2, the cleartext
+                                 * preface) is taken by default */
     struct tls_server *server;  /* built from tls by confcheck_load (tls_server.h),
                                  * released with the conf (conf_cleanup_add) */
     int decision;               /* a decision.listen entry: its connections are
@@ -296,6 +299,10 @@ struct conf_client {
     size_t buffer_body_bytes;   /* bodies up to this are read whole before an
                                  * upstream connection is taken; 0 = stream all
                                  * (default 65536) */
+    uint32_t http2_max_streams; /* HTTP/2 streams open, and in flight, per
+                                 * connection (default 128) */
+    uint32_t http2_max_requests; /* per HTTP/2 connection, then GOAWAY
+                                 * (default 1000; 0 = no bound) */
 };
 
 /* How request paths are read for matching and for path/capture keys (the

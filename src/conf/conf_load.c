@@ -532,6 +532,8 @@ static struct conf *conf_new(const char *file)
     c->client.idle_timeout_ms = 60000;
     c->client.body_timeout_ms = 60000;
     c->client.buffer_body_bytes = 65536;
+    c->client.http2_max_streams = 128;
+    c->client.http2_max_requests = 1000;
     if (conf_parse_redis_url("redis://127.0.0.1:6379/0", &c->redis) != NULL)
         abort();
     c->redis.url = xstrdup("redis://127.0.0.1:6379/0");

@@ -95,9 +95,19 @@ static int h_listen_tls(struct ctx *x, struct node *k, struct node *v, void *obj
     return conf_walk_map(x, v, tls_keys, l->tls);
 }
 
+static int h_listen_http2(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int on = 1;
+    if (conf_get_bool(x, v, &on) < 0)
+        return -1;
+    ((struct conf_listen *)obj)->no_http2 = !on;
+    return 0;
+}
+
 static const struct key_def listen_keys[] = {
     { "address", h_listen_address, 1 },
     { "tls", h_listen_tls, 0 },
+    { "http2", h_listen_http2, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -120,6 +130,8 @@ static int parse_listens(struct ctx *x, struct node *v, struct conf_listen **out
         struct conf_listen *l = &ls[i];
         int rc = v->kids[i]->kind == NODE_MAP ? conf_walk_map(x, v->kids[i], listen_keys, l)
                                               : conf_get_addr(x, v->kids[i], &l->addr);
+        if (rc == 0 && l->tls)
+            l->tls->no_h2 = l->no_http2;
         for (int j = 0; rc == 0 && j < i; j++)
             if (ls[j].addr.sslen == l->addr.sslen &&
                 !memcmp(&ls[j].addr.ss, &l->addr.ss, l->addr.sslen))
@@ -384,7 +396,27 @@ static int h_underscore_headers(struct ctx *x, struct node *k, struct node *v, v
     return 0;
 }
 
+static int h_http2_max_streams(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n;
+    if (conf_get_int(x, v, 1, 10000, &n) < 0)
+        return -1;
+    ((struct conf_client *)obj)->http2_max_streams = (uint32_t)n;
+    return 0;
+}
+
+static int h_http2_max_requests(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    int64_t n;
+    if (conf_get_int(x, v, 0, 1000000000, &n) < 0)
+        return -1;
+    ((struct conf_client *)obj)->http2_max_requests = (uint32_t)n;
+    return 0;
+}
+
 static const struct key_def client_keys[] = {
+    { "http2_max_streams", h_http2_max_streams, 0 },
+    { "http2_max_requests", h_http2_max_requests, 0 },
     { "max_header_bytes", h_max_header_bytes, 0 },
     { "max_body_bytes", h_max_body_bytes, 0 },
     { "header_timeout", h_header_timeout, 0 },

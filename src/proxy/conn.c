@@ -101,6 +101,8 @@ void conn_close_after_write(struct client *c)
  * backpressure stopped. Bounded: each round needs progress. */
 void conn_flush(struct client *c)
 {
+    if (c->state == CS_H2)
+        return;         /* the session writes its connection itself */
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
         io_flush(c->io);

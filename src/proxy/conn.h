@@ -43,6 +43,8 @@ enum client_state {
     CS_DISCARD,     /* answered locally, dropping the request body */
     CS_TUNNEL,      /* after a 101: bytes pass both ways untouched */
     CS_CLOSING,     /* flushing the last response, then free */
+    CS_H2,          /* an HTTP/2 connection: c->h2 serves it, each stream
+                     * a client of its own (h2srv.h) */
 };
 
 enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY, TM_HANDSHAKE };
@@ -102,6 +104,10 @@ struct client {
                                          * (request.c, decision.c) */
     int handshaking;                    /* TLS handshake not done yet */
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
+    int http2;                          /* its listener takes HTTP/2 */
+    int first_bytes;                    /* the preface check is still to do */
+    int h2_stream;                      /* an HTTP/2 stream's (its io is one) */
+    struct h2srv *h2;                   /* CS_H2: the session; owns io */
 
     /* The request in progress: its state is *rq (request_state.h), its
      * upstream connection included. What stays here is the two sides'

@@ -223,6 +223,7 @@ void request_log_end(struct client *c)
         .delay_ms = c->rq->dec.wait_ms,
         .key_fallback = c->rq->dec.fallback != 0,
         .decision_mode = c->decision,
+        .http2 = c->h2_stream,
     };
     accesslog_write(c->env->alog, &e);
 }

@@ -56,10 +56,18 @@ static struct tls_server *listen_tls(const struct worker_listen *wl)
     return wl->tls;
 }
 
+/* HTTP/2 unless the listener's entry says http2: false. */
+static int listen_http2(const struct worker_listen *wl)
+{
+    const struct conf *c = wl->w->env.conf;
+    return !(wl->index < c->nlistens && strcmp(c->listens[wl->index].addr.text, wl->addr) == 0 &&
+             c->listens[wl->index].no_http2);
+}
+
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
     struct worker_listen *wl = arg;
-    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), wl->decision);
+    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), wl->decision, listen_http2(wl));
 }
 
 /* Close the listening sockets; with all, free the rest too (the contexts
