@@ -7,7 +7,7 @@ import pytest
 
 from conftest import Conn, redis_cmd
 from proxylib import metrics, mval
-from rlslib import (DAY, HOUR, MINUTE, OK, OVER_LIMIT, SECOND, call_h1, frame, request,
+from rlslib import (DAY, HOUR, MINUTE, OK, OVER_LIMIT, RLS_PATH, SECOND, call_h1, frame, request,
                     descriptor, should, start_rls)
 
 BASIC = """\
@@ -217,3 +217,35 @@ def test_keys_in_redis_carry_the_domain(sluice, redis, tmp_path):
     should(port, "envoy", [[("generic_key", "slow")]])
     keys = redis_cmd(redis.port, "KEYS", "*")
     assert any(k.startswith(b"itest:{rls|5:envoy") for k in keys), keys
+
+
+def test_sighup_rereads_the_descriptors(sluice, redis, tmp_path):
+    import os
+    import signal
+    from proxylib import wait_metric
+    s, port = start_rls(sluice, tmp_path, BASIC)
+    desc = [[("generic_key", "slow")]]
+    assert should(port, "envoy", desc)["statuses"][0]["limit"]["rpu"] == 3
+    # a bad file: the reload fails at its place, the old descriptors stay
+    (tmp_path / "rls.yaml").write_text(BASIC + "  - key: generic_key\n    value: slow\n")
+    before = mval(metrics(s.admin_port), "sluice_config_reloads_total", result="error")
+    os.kill(s.proc.pid, signal.SIGHUP)
+    assert wait_metric(s.admin_port, "sluice_config_reloads_total", before + 1, result="error")
+    assert "rls.yaml:39:5: descriptors[7]: duplicate descriptor composite key " \
+           "'generic_key_slow'" in s.stderr
+    assert should(port, "envoy", desc)["statuses"][0]["limit"]["rpu"] == 3
+    # a good one applies to the next call
+    (tmp_path / "rls.yaml").write_text(BASIC.replace("requests_per_unit: 3", "requests_per_unit: 9"))
+    before = mval(metrics(s.admin_port), "sluice_config_reloads_total", result="ok")
+    os.kill(s.proc.pid, signal.SIGHUP)
+    assert wait_metric(s.admin_port, "sluice_config_reloads_total", before + 1, result="ok")
+    assert should(port, "envoy", desc)["statuses"][0]["limit"]["rpu"] == 9
+
+
+def test_not_a_grpc_call(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, BASIC)
+    body = frame(request("envoy", [[("generic_key", "slow")]]))
+    assert call_h1(port, body, content_type="application/json").status == 415
+    with Conn(port, timeout_s=10.0) as conn:
+        conn.send(b"GET " + RLS_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.read_response().status == 405
