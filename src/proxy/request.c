@@ -639,7 +639,8 @@ static void rls_body(struct client *c, const uint8_t *body, size_t len, int over
     c->state = CS_DECIDE;       /* rls_done_cb answers */
 }
 
-static const struct exchange_ops rls_exchange_ops = {
+/* What the exchange reports back to the request. */
+static const struct exchange_ops request_exchange_ops = {
     .answer = request_answer,
     .fail = request_fail,
     .drain_head = request_drain_head,
@@ -647,7 +648,7 @@ static const struct exchange_ops rls_exchange_ops = {
     .consume_counted = request_consume_counted,
     .count_response = request_count_response,
     .count_out = request_count_out,
-    .body_read = rls_body,
+    .body_read = rls_body,              /* exchange_read_body's: RLS calls */
 };
 
 /* A ShouldRateLimit call: a POST of application/grpc (or +proto); its
@@ -668,24 +669,10 @@ static void rls_begin(struct client *c)
         request_answer(c, 415, 0);
         return;
     }
-    exchange_read_body(c, &rls_exchange_ops, RLS_MAX_MESSAGE + 5);
+    exchange_read_body(c, &request_exchange_ops, RLS_MAX_MESSAGE + 5);
 }
 
 /* ---- decision ---------------------------------------------------------- */
-
-
-
-
-/* What the exchange reports back to the request. */
-static const struct exchange_ops request_exchange_ops = {
-    .answer = request_answer,
-    .fail = request_fail,
-    .drain_head = request_drain_head,
-    .refresh_head = request_refresh_head,
-    .consume_counted = request_consume_counted,
-    .count_response = request_count_response,
-    .count_out = request_count_out,
-};
 
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
