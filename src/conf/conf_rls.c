@@ -160,12 +160,14 @@ static int limit_replaces(struct ctx *x, struct node *v, struct conf_rls_limit *
                 name = e->kids[j + 1];
         }
         const char *s = rc == 0 && name ? conf_scalar(x, name) : NULL;
-        if (rc == 0 && (s == NULL || *s == '\0'))
-            rc = x->err ? -1 : conf_fail(x, name ? name : e, "should not have an empty replaces entry");
-        if (rc == 0 && l->name && strcmp(s, l->name) == 0)
+        if (s != NULL && *s == '\0')
+            s = NULL;
+        if (rc == 0 && s == NULL && !x->err)
+            conf_fail(x, name ? name : e, "should not have an empty replaces entry");
+        if (s != NULL && l->name && strcmp(s, l->name) == 0)
             rc = conf_fail(x, name, "replaces should not contain name of same descriptor");
         conf_path_pop(x, old);
-        if (rc < 0)
+        if (rc < 0 || s == NULL)
             return -1;
         l->replaces[l->nreplaces++] = xstrdup(s);
     }
