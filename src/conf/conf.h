@@ -257,6 +257,29 @@ struct conf_route {
     char *policy;               /* the RateLimit-Policy value of its limits,
                                  * built once by conf_load (NULL otherwise) */
     size_t policy_len;
+    /* plans (docs/plans.md): with plan_key or plan_from set, the client's
+     * plan's limits are decided with the route's own. plan_key names the
+     * client for assignments (run-time, then plans.assign); plan_from is a
+     * request source of the plan's name (a verified claim); both NULL: no
+     * plan applies. */
+    struct conf_keysrc *plan_key;
+    struct conf_keysrc *plan_from;
+};
+
+/* plans.NAME: a set of limits. route is a route of its own in all but
+ * matching (name "plan:NAME", which no route name can be: ':' is not in
+ * names): its limits' keys are PREFIX{plan:NAME|LIMIT|parts}, apart per plan
+ * and shared by every route applying the plan. */
+struct conf_plan {
+    char *name;
+    struct conf_route route;
+};
+
+/* plans.assign: a client's plan_key value and the plan it is on. */
+struct conf_plan_assign {
+    char *key;
+    size_t keylen;
+    int plan;                   /* index into conf.plans */
 };
 
 struct conf_redis {
@@ -342,6 +365,11 @@ struct conf {
                                  * its address, localhost and IP literals */
     int nadmin_hosts;
     char *access_log;           /* NULL = off, "stdout", or a file path */
+    struct conf_plan *plans;    /* plans:, NULL when absent */
+    int nplans;
+    int plan_default;           /* plans.default: index into plans */
+    struct conf_plan_assign *plan_assign;   /* plans.assign, sorted by key */
+    int nplan_assign;
     int refs;                   /* atomic; starts at 1 */
     struct conf_cleanup *cleanups;  /* conf_cleanup_add, newest first */
 };
@@ -377,6 +405,10 @@ char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int6
 /* An RLS unit's length in seconds as the reference counts it (a month is
  * 30 days, a year 365); 0 for a number that is no unit. */
 int64_t conf_rls_unit_seconds(int unit);
+/* The plan named name[0..n) in c, or NULL. */
+const struct conf_plan *conf_plan_find(const struct conf *c, const char *name, size_t n);
+/* plans.assign's plan for a plan_key value, or NULL. A binary search. */
+const struct conf_plan *conf_plan_assigned(const struct conf *c, const char *key, size_t n);
 
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);

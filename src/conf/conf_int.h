@@ -35,6 +35,7 @@ struct conf_tls_client;
 #define CONF_MAX_MEMORY_KEYS 100000000LL   /* memory.max_keys, deny_cache.max_keys */
 #define CONF_MAX_OVERRIDES  1000    /* overrides per limit (looked up in a list) */
 #define CONF_MAX_PART       1024    /* bytes of one override key value */
+#define CONF_MAX_PLAN_KEY   256     /* plans.assign keys (a longer key part is hashed) */
 #define CONF_MAX_TOKEN      256     /* admin.token bytes */
 #define CONF_MAX_ADMIN_HOSTS 64     /* admin.hosts names */
 #define SHOW_BUF            80
@@ -174,5 +175,6 @@ int conf_h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_allow(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_routes(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_paths(struct ctx *x, struct node *k, struct node *v, void *obj);
+int conf_h_plans(struct ctx *x, struct node *k, struct node *v, void *obj);
 
 #endif

@@ -1142,6 +1142,39 @@ static int h_route_upgrade(struct ctx *x, struct node *k, struct node *v, void *
     return 0;
 }
 
+/* plan_key, plan_from: one key source. What does not tell clients apart
+ * (method, path, a capture) is refused; plan_from, a plan's name, not the
+ * client address either. Kinds added later (jwt:CLAIM) pass as they are. */
+static int route_plan_src(struct ctx *x, struct node *v, int is_from, struct conf_keysrc **out)
+{
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    struct conf_keysrc *ks = xcalloc(1, sizeof *ks);
+    *out = ks;
+    int rc = parse_keysrc(s, ks);
+    if (rc == 0 && (ks->kind == CONF_KEY_METHOD || ks->kind == CONF_KEY_PATH ||
+                    ks->kind == CONF_KEY_CAPTURE || (ks->kind == CONF_KEY_IP && ks->net) ||
+                    (is_from && ks->kind == CONF_KEY_IP)))
+        rc = -1;
+    if (rc < 0)
+        return conf_fail(x, v, "bad %s '%s' (use %sheader:NAME, query:NAME or cookie:NAME)",
+                         is_from ? "plan source" : "plan key", conf_show(s, sb),
+                         is_from ? "" : "ip, ");
+    return 0;
+}
+
+static int h_route_plan_key(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return route_plan_src(x, v, 0, &((struct conf_route *)obj)->plan_key);
+}
+
+static int h_route_plan_from(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return route_plan_src(x, v, 1, &((struct conf_route *)obj)->plan_from);
+}
+
 static const struct key_def route_keys[] = {
     { "name", h_route_name, 1 },
     { "match", h_route_match, 1 },
@@ -1151,6 +1184,8 @@ static const struct key_def route_keys[] = {
     { "cost", h_route_cost, 0 },
     { "headers", h_route_headers, 0 },
     { "upgrade", h_route_upgrade, 0 },
+    { "plan_key", h_route_plan_key, 0 },
+    { "plan_from", h_route_plan_from, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -1175,6 +1210,180 @@ int conf_h_routes(struct ctx *x, struct node *k, struct node *v, void *obj)
             return -1;
     }
     return 0;
+}
+
+/* ---- plans: default, assign, and every other key a plan { limits } */
+
+const struct conf_plan *conf_plan_find(const struct conf *c, const char *name, size_t n)
+{
+    for (int i = 0; i < c->nplans; i++)
+        if (strlen(c->plans[i].name) == n && !memcmp(c->plans[i].name, name, n))
+            return &c->plans[i];
+    return NULL;
+}
+
+static int assign_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int d = memcmp(a, b, alen < blen ? alen : blen);
+    return d ? d : alen < blen ? -1 : alen > blen;
+}
+
+static int assign_sort_cmp(const void *a, const void *b)
+{
+    const struct conf_plan_assign *x = a, *y = b;
+    return assign_cmp(x->key, x->keylen, y->key, y->keylen);
+}
+
+const struct conf_plan *conf_plan_assigned(const struct conf *c, const char *key, size_t n)
+{
+    int lo = 0, hi = c->nplan_assign;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        const struct conf_plan_assign *a = &c->plan_assign[mid];
+        int d = assign_cmp(key, n, a->key, a->keylen);
+        if (d == 0)
+            return &c->plans[a->plan];
+        if (d < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
+
+/* A plan name where one is expected (default, an assignment). */
+static int plan_ref(struct ctx *x, struct node *v, int *out)
+{
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    const struct conf_plan *p = conf_plan_find(x->c, s, strlen(s));
+    if (p == NULL)
+        return conf_fail(x, v, "unknown plan '%s'", conf_show(s, sb));
+    *out = (int)(p - x->c->plans);
+    return 0;
+}
+
+static int h_plan_limits(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    char sb[SHOW_BUF];
+    if (h_route_limits(x, k, v, obj) < 0)
+        return -1;
+    if (r->nlimits == 0)
+        return conf_fail(x, v, "a plan needs at least one limit");
+    for (int i = 0; i < r->nlimits; i++) {
+        struct conf_limit *l = &r->limits[i];
+        struct node *ln = v->kids[i];
+        size_t old = conf_path_push(x, "[%d]", i);
+        int rc = 0;
+        for (int j = 0; j < i && rc == 0; j++)
+            if (!strcmp(l->name, r->limits[j].name))
+                rc = conf_fail(x, conf_map_get(ln, "name"), "duplicate limit name '%s' in this "
+                               "plan", conf_show(l->name, sb));
+        for (int j = 0; j < l->nkeys && rc == 0; j++)
+            if (l->keys[j].kind == CONF_KEY_CAPTURE)
+                rc = conf_fail(x, conf_map_get(ln, "key")->kids[j], "capture:%d in a plan "
+                               "(a plan's limits serve many routes)", l->keys[j].capture);
+        if (rc == 0 && l->params.algo == LIMITER_CONCURRENCY && l->params.window_ms == 0)
+            rc = conf_fail_bare(x, ln, "missing required key 'lease' in %s (a plan's "
+                                "concurrency limit has no upstream to take it from)",
+                                conf_where(x));
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
+    return 0;
+}
+
+static const struct key_def plan_keys[] = {
+    { "limits", h_plan_limits, 1 },
+    { NULL, NULL, 0 },
+};
+
+static int plans_assign(struct ctx *x, struct node *v)
+{
+    struct conf *c = x->c;
+    char sb[SHOW_BUF];
+    if (conf_expect(x, v, NODE_MAP) < 0)
+        return -1;
+    c->plan_assign = xcalloc((size_t)v->nkids / 2, sizeof *c->plan_assign);
+    for (int i = 0; i + 1 < v->nkids; i += 2) {
+        struct conf_plan_assign *a = &c->plan_assign[c->nplan_assign];
+        size_t old = conf_path_push(x, ".%s", conf_show(v->kids[i]->str, sb));
+        size_t n = strlen(v->kids[i]->str);
+        int rc = n == 0 || n > CONF_MAX_PLAN_KEY
+                 ? conf_fail(x, v->kids[i], "a client key of 1 to %d bytes", CONF_MAX_PLAN_KEY)
+                 : plan_ref(x, v->kids[i + 1], &a->plan);
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+        a->key = xstrndup(v->kids[i]->str, n);
+        a->keylen = n;
+        c->nplan_assign++;
+    }
+    qsort(c->plan_assign, (size_t)c->nplan_assign, sizeof *c->plan_assign, assign_sort_cmp);
+    return 0;
+}
+
+int conf_h_plans(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    char sb[SHOW_BUF];
+    struct node *def = NULL, *assign = NULL;
+    if (conf_expect(x, v, NODE_MAP) < 0)
+        return -1;
+    c->plans = xcalloc((size_t)v->nkids / 2, sizeof *c->plans);
+    for (int i = 0; i + 1 < v->nkids; i += 2) {
+        struct node *key = v->kids[i], *val = v->kids[i + 1];
+        int is_def = !strcmp(key->str, "default");
+        if (is_def || !strcmp(key->str, "assign")) {
+            if (is_def ? def != NULL : assign != NULL)
+                return conf_fail_bare(x, key, "duplicate key '%s' in plans", key->str);
+            *(is_def ? &def : &assign) = val;
+            continue;
+        }
+        size_t old = conf_path_push_key(x, key->str);
+        const char *name = conf_name_scalar(x, key);
+        int rc = name ? 0 : -1;
+        if (rc == 0 && val->kind == NODE_NULL)
+            rc = conf_fail(x, key, "plan '%s' has no limits", name);
+        for (int j = 0; j < i && rc == 0; j += 2)
+            if (!strcmp(v->kids[j]->str, key->str))
+                rc = conf_fail(x, key, "duplicate plan '%s'", name);
+        if (rc == 0) {
+            struct conf_plan *p = &c->plans[c->nplans++];
+            p->name = xstrdup(name);
+            size_t rl = strlen(name) + 6;
+            p->route.name = xcalloc(1, rl);
+            snprintf(p->route.name, rl, "plan:%s", name);
+            p->route.cost = 1;
+            rc = conf_walk_map(x, val, plan_keys, &p->route);
+        }
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    if (c->nplans == 0)
+        return conf_fail(x, v, "plans: defines no plan (give each plan a name and its limits)");
+    if (def == NULL)
+        return conf_fail(x, v, "missing required key 'default' in plans (the plan of a client "
+                         "no other source names)");
+    size_t old = conf_path_push_key(x, "default");
+    int rc = plan_ref(x, def, &c->plan_default);
+    conf_path_pop(x, old);
+    if (rc == 0 && assign != NULL) {
+        old = conf_path_push_key(x, "assign");
+        rc = plans_assign(x, assign);
+        conf_path_pop(x, old);
+    }
+    for (int i = 1; i < c->nplan_assign && rc == 0; i++)
+        if (assign_sort_cmp(&c->plan_assign[i - 1], &c->plan_assign[i]) == 0)
+            rc = conf_fail(x, assign, "plans.assign: client key '%s' given twice",
+                           conf_show(c->plan_assign[i].key, sb));
+    return rc;
 }
 
 static int h_paths_case(struct ctx *x, struct node *k, struct node *v, void *obj)

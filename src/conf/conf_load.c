@@ -259,10 +259,38 @@ static const struct key_def top_keys[] = {
     { "access_log", conf_h_access_log, 0 },
     { "paths", conf_h_paths, 0 },
     { "decision", conf_h_decision, 0 },
+    { "plans", conf_h_plans, 0 },
     { NULL, NULL, 0 },
 };
 
 /* ---- phase 3: across keys */
+
+/* A route applying plans: there are plans, and its limits with any plan's
+ * fit in one decision. */
+static int check_route_plans(struct ctx *x, const struct conf_route *r, struct node *rn)
+{
+    const struct conf *c = x->c;
+    struct node *at = conf_map_get(rn, r->plan_key ? "plan_key" : "plan_from");
+    size_t old = conf_path_push(x, r->plan_key ? ".plan_key" : ".plan_from");
+    int rc = 0;
+    if (c->nplans == 0)
+        rc = conf_fail(x, at, "the route applies plans but there is no plans: section");
+    for (int i = 0; i < c->nplans && rc == 0; i++) {
+        const struct conf_route *p = &c->plans[i].route;
+        if (r->nlimits + p->nlimits > CONF_MAX_LIMITS)
+            rc = conf_fail(x, at, "the route's %d limits and plan '%s''s %d are more than %d",
+                           r->nlimits, c->plans[i].name, p->nlimits, CONF_MAX_LIMITS);
+        /* one name per limit in the rate-limit fields and the 429 body */
+        for (int a = 0; a < r->nlimits && rc == 0; a++)
+            for (int b = 0; b < p->nlimits && rc == 0; b++)
+                if (!strcmp(r->limits[a].name, p->limits[b].name))
+                    rc = conf_fail(x, at, "limit name '%s' is both the route's and plan '%s''s "
+                                   "(responses name the limit that denies)",
+                                   p->limits[b].name, c->plans[i].name);
+    }
+    conf_path_pop(x, old);
+    return rc;
+}
 
 static int check_route(struct ctx *x, int i)
 {
@@ -321,6 +349,8 @@ static int check_route(struct ctx *x, int i)
     }
     if (rc == 0)                /* written on every response: built once */
         r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
+    if (rc == 0 && (r->plan_key || r->plan_from))
+        rc = check_route_plans(x, r, rn);
     conf_path_pop(x, old);
     return rc;
 }
@@ -563,6 +593,49 @@ void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg)
     c->cleanups = cl;
 }
 
+/* What a route (or a plan's route) owns. */
+static void route_free(struct conf_route *r)
+{
+    for (int j = 0; j < r->nmethods; j++)
+        free(r->methods[j]);
+    free(r->methods);
+    for (int j = 0; j < r->nupgrade_protos; j++)
+        free(r->upgrade_protos[j]);
+    free(r->upgrade_protos);
+    for (int j = 0; j < r->nlimits; j++) {
+        for (int k = 0; k < r->limits[j].nkeys; k++)
+            free(r->limits[j].keys[k].arg);
+        free(r->limits[j].keys);
+        free(r->limits[j].name);
+        free(r->limits[j].cost_header);
+        tzcal_free(r->limits[j].tz);
+        free(r->limits[j].message);
+        for (int k = 0; k < r->limits[j].noverrides; k++) {
+            struct conf_override *o = &r->limits[j].overrides[k];
+            for (int p = 0; p < o->nparts; p++)
+                free(o->parts[p]);
+            free(o->parts);
+            free(o->partlen);
+            free(o->key);
+        }
+        free(r->limits[j].overrides);
+    }
+    free(r->limits);
+    free(r->policy);
+    free(r->name);
+    free(r->path);
+    free(r->host);
+    regex_free(r->regex);
+    free(r->path_regex);
+    free(r->allow);
+    if (r->plan_key)
+        free(r->plan_key->arg);
+    free(r->plan_key);
+    if (r->plan_from)
+        free(r->plan_from->arg);
+    free(r->plan_from);
+}
+
 static void conf_free(struct conf *c)
 {
     while (c->cleanups) {
@@ -600,42 +673,17 @@ static void conf_free(struct conf *c)
         }
     }
     free(c->upstreams);
-    for (int i = 0; i < c->nroutes; i++) {
-        struct conf_route *r = &c->routes[i];
-        for (int j = 0; j < r->nmethods; j++)
-            free(r->methods[j]);
-        free(r->methods);
-        for (int j = 0; j < r->nupgrade_protos; j++)
-            free(r->upgrade_protos[j]);
-        free(r->upgrade_protos);
-        for (int j = 0; j < r->nlimits; j++) {
-            for (int k = 0; k < r->limits[j].nkeys; k++)
-                free(r->limits[j].keys[k].arg);
-            free(r->limits[j].keys);
-            free(r->limits[j].name);
-            free(r->limits[j].cost_header);
-            tzcal_free(r->limits[j].tz);
-            free(r->limits[j].message);
-            for (int k = 0; k < r->limits[j].noverrides; k++) {
-                struct conf_override *o = &r->limits[j].overrides[k];
-                for (int p = 0; p < o->nparts; p++)
-                    free(o->parts[p]);
-                free(o->parts);
-                free(o->partlen);
-                free(o->key);
-            }
-            free(r->limits[j].overrides);
-        }
-        free(r->limits);
-        free(r->policy);
-        free(r->name);
-        free(r->path);
-        free(r->host);
-        regex_free(r->regex);
-        free(r->path_regex);
-        free(r->allow);
-    }
+    for (int i = 0; i < c->nroutes; i++)
+        route_free(&c->routes[i]);
     free(c->routes);
+    for (int i = 0; i < c->nplans; i++) {
+        route_free(&c->plans[i].route);
+        free(c->plans[i].name);
+    }
+    free(c->plans);
+    for (int i = 0; i < c->nplan_assign; i++)
+        free(c->plan_assign[i].key);
+    free(c->plan_assign);
     free(c->trusted);
     free(c->allow);
     free(c->admin_listen.text);

@@ -83,12 +83,11 @@ static int policy_configured(const struct reply_limits *rl)
     return 1;
 }
 
-static void add_policy(struct obuf *out, const struct reply_limits *rl,
-                       const char *more, size_t more_len)
+/* One route's (or plan's) limits in RateLimit-Policy form. */
+static void add_route_policy(struct obuf *out, const struct reply_limits *rl,
+                             const struct conf_route *route, int configured)
 {
-    const struct conf_route *route = rl->route;
-    ADD_LIT(out, "RateLimit-Policy: ");
-    if (route->policy && policy_configured(rl)) {
+    if (route->policy && configured) {
         obuf_add(out, route->policy, route->policy_len);    /* built at load */
     } else {
         int64_t q[CONF_MAX_LIMITS], w_ms[CONF_MAX_LIMITS];
@@ -98,6 +97,20 @@ static void add_policy(struct obuf *out, const struct reply_limits *rl,
         char *t = conf_route_policy(route, q, w_ms, &n);
         obuf_add(out, t, n);
         free(t);
+    }
+}
+
+static void add_policy(struct obuf *out, const struct reply_limits *rl,
+                       const char *more, size_t more_len)
+{
+    int configured = policy_configured(rl);
+    ADD_LIT(out, "RateLimit-Policy: ");
+    if (rl->route->nlimits > 0)
+        add_route_policy(out, rl, rl->route, configured);
+    if (rl->plan) {         /* the client's plan's limits after the route's */
+        if (rl->route->nlimits > 0)
+            ADD_LIT(out, ", ");
+        add_route_policy(out, rl, rl->plan, configured);
     }
     if (more) {
         ADD_LIT(out, ", ");

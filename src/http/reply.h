@@ -18,6 +18,7 @@ struct obuf;
 /* The outcome of one decision, as the headers show it. */
 struct reply_limits {
     const struct conf_route *route;
+    const struct conf_route *plan;          /* the client's plan's, or NULL */
     int n;                                  /* limits decided */
     const struct conf_limit *limit[STORE_MAX_LIMITS];
     /* the parameters applied: a config override's, or NULL (the limit's);

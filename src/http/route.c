@@ -1061,6 +1061,28 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
     return route_key_close(&o, out);
 }
 
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out)
+{
+    struct route_part pt;
+    enum route_seen seen = route_locate(ks, req, &pt);
+    if (seen == ROUTE_TWICE)
+        return ROUTE_KEY_AMBIGUOUS;
+    if (seen == ROUTE_BAD)
+        return ROUTE_KEY_BAD;
+    if (seen == ROUTE_ABSENT)
+        return -1;
+    struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
+    route_part_emit(&pt, &k);
+    if (k.len > ROUTE_MAX_PART)
+        return -1;
+    struct route_out o = { .p = out };
+    k.mode = ROUTE_SINK_WRITE;
+    k.out = &o;
+    route_part_emit(&pt, &k);
+    out[o.len] = '\0';
+    return (long)o.len;
+}
+
 /* The config override of l whose key is key, or NULL. */
 const struct conf_override *route_override(const struct conf_limit *l, const char *key,
                                            size_t len)

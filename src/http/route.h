@@ -122,6 +122,13 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
                      const struct conf_limit *l, const char *const *parts,
                      const size_t *lens, int n, char *out);
 
+/* The value key source ks takes in the request, as a key part holds it
+ * (a query parameter or cookie decoded), into out[ROUTE_MAX_KEY],
+ * NUL-terminated: its length; -1 when absent or longer than ROUTE_MAX_PART;
+ * ROUTE_KEY_AMBIGUOUS or ROUTE_KEY_BAD as route_key() says. What plans read
+ * a client's key and plan name with. */
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out);
+
 /* Bit i set: key source i of l carries a credential, shown hashed by the
  * console: the Authorization and Proxy-Authorization headers, every
  * cookie, and a header or query parameter whose name contains token,

@@ -72,20 +72,28 @@ static int build_listen_tls(struct conf *c, char **err)
 
 /* The Redis key of each override: the one route_key makes for a request
  * with those values (none when it would not fit: never matched). */
-static void make_override_keys(struct conf *c)
+static void make_route_override_keys(struct conf *c, struct conf_route *r)
 {
     char key[ROUTE_MAX_KEY];
-    for (int i = 0; i < c->nroutes; i++)
-        for (int j = 0; j < c->routes[i].nlimits; j++) {
-            struct conf_limit *l = &c->routes[i].limits[j];
-            for (int k = 0; k < l->noverrides; k++) {
-                struct conf_override *o = &l->overrides[k];
-                long n = route_key_parts(c, &c->routes[i], l, (const char *const *)o->parts,
-                                         o->partlen, o->nparts, key);
-                o->key = n > 0 ? mem_strndup(key, (size_t)n) : NULL;
-                o->keylen = n > 0 ? (size_t)n : 0;
-            }
+    for (int j = 0; j < r->nlimits; j++) {
+        struct conf_limit *l = &r->limits[j];
+        for (int k = 0; k < l->noverrides; k++) {
+            struct conf_override *o = &l->overrides[k];
+            long n = route_key_parts(c, r, l, (const char *const *)o->parts, o->partlen,
+                                     o->nparts, key);
+            o->key = n > 0 ? mem_strndup(key, (size_t)n) : NULL;
+            o->keylen = n > 0 ? (size_t)n : 0;
         }
+    }
+}
+
+/* Every route's, and every plan's (keys of the plan's own). */
+static void make_override_keys(struct conf *c)
+{
+    for (int i = 0; i < c->nroutes; i++)
+        make_route_override_keys(c, &c->routes[i]);
+    for (int i = 0; i < c->nplans; i++)
+        make_route_override_keys(c, &c->plans[i].route);
 }
 
 struct conf *confcheck_load(const char *file, char **err)

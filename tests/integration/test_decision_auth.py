@@ -13,6 +13,7 @@
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -211,6 +212,10 @@ OPTION_ROUTES = ROUTES.replace("  - name: api\n", """\
         window: 1m
         key: ["header:X-User"]
         overrides: [ { key: [gold], limit: 3 } ]
+  - name: smooth
+    match: { path: /smooth }
+    limits:
+      - { name: paced, algorithm: gcra, rate: 1/2s, burst: 1, key: [ip], delay: 3s }
   - name: api
 """, 1)
 
@@ -226,6 +231,15 @@ def test_shadow_and_overrides_as_for_the_proxy(sluice, redis, tmp_path):
     assert gold == [200, 200, 200, 429]
     assert [curl(s.dport, "/decide", traefik("/vip", more=[("X-User", "tin")]))[0]
             for _ in range(2)] == [200, 429]
+
+
+def test_delay_holds_the_answer(sluice, redis, tmp_path):
+    s = start_decision(sluice, tmp_path, routes=OPTION_ROUTES)
+    assert curl(s.dport, "/decide", traefik("/smooth"))[0] == 200
+    t0 = time.monotonic()
+    assert curl(s.dport, "/decide", traefik("/smooth"))[0] == 200
+    assert time.monotonic() - t0 >= 0.3       # held up to 2 s, then allowed
+    assert read_log(s.log_path, 2)[1]["decision"] == "delayed"
 
 
 @pytest.mark.parametrize("on_error,want", [("deny", 503), ("allow", 200)])
