@@ -205,20 +205,14 @@ def rls_top(config_path, listen_port, extra=""):
 
 
 def start_rls(sluice, tmp_path, rls_yaml, extra="", on_error="allow", redis_port=None,
-              files=None):
-    """sluice with a decision listener reading rls_yaml (a string, one
-    file) or files ({name: text}, a directory); returns (sluice, port)."""
+              top_extra=""):
+    """sluice with a decision listener reading rls_yaml (tmp_path/rls.yaml),
+    more top-level YAML in top_extra; returns (sluice, port)."""
     from proxylib import start_proxy
-    if files is not None:
-        path = tmp_path / "rls.d"
-        path.mkdir()
-        for name, text in files.items():
-            (path / name).write_text(text)
-    else:
-        path = tmp_path / "rls.yaml"
-        path.write_text(rls_yaml)
+    path = tmp_path / "rls.yaml"
+    path.write_text(rls_yaml)
     port = free_port()
-    s = start_proxy(sluice, ROUTES, top=rls_top(path, port, extra), on_error=on_error,
+    s = start_proxy(sluice, ROUTES, top=top_extra + rls_top(path, port, extra), on_error=on_error,
                     redis_port=redis_port, admin=True, wait_redis=redis_port is None)
     from conftest import wait_port
     assert wait_port(port, s.proc), s.stderr

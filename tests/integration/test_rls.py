@@ -249,3 +249,35 @@ def test_not_a_grpc_call(sluice, redis, tmp_path):
     with Conn(port, timeout_s=10.0) as conn:
         conn.send(b"GET " + RLS_PATH.encode() + b" HTTP/1.1\r\nHost: x\r\n\r\n")
         assert conn.read_response().status == 405
+
+
+REPLACES = """\
+domain: envoy
+descriptors:
+  - key: user
+    rate_limit: { name: per-user, unit: minute, requests_per_unit: 1 }
+  - key: vip
+    rate_limit:
+      name: vip
+      unit: minute
+      requests_per_unit: 5
+      replaces: [ { name: per-user } ]
+"""
+
+
+def test_replaces_drops_the_replaced_limit(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, REPLACES)
+    both = [[("user", "u1")], [("vip", "yes")]]
+    got = [should(port, "envoy", both) for _ in range(3)]
+    # per-user (1/min) is replaced: OK without a limit; vip counts
+    assert [r["overall"] for r in got] == [OK, OK, OK]
+    assert [r["statuses"][0]["limit"] for r in got] == [None] * 3
+    assert [r["statuses"][1]["remaining"] for r in got] == [4, 3, 2]
+    # alone, per-user applies
+    assert [should(port, "envoy", [both[0]])["overall"] for _ in range(2)] == [OK, OVER_LIMIT]
+
+
+def test_memory_backend_decides_the_same(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, BASIC, top_extra="backend: memory\n")
+    got = [should(port, "envoy", [[("generic_key", "slow")]])["overall"] for _ in range(4)]
+    assert got == [OK, OK, OK, OVER_LIMIT]
