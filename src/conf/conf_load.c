@@ -468,6 +468,12 @@ static int rls_load_file(struct ctx *x, const char *path, struct conf_rls *rls)
     memset(&sub, 0, sizeof sub);
     sub.file = path;
     sub.c = x->c;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {     /* a FIFO would block */
+        if (asprintf(&x->err, "%s: cannot read: not a regular file", path) < 0)
+            abort();
+        return -1;
+    }
     char *buf = read_file(&sub, &sub.len);
     struct node *root = NULL;
     if (buf) {

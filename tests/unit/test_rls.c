@@ -218,6 +218,19 @@ static void test_directory(void **state)
         unlink(path);
     }
     rmdir(dir);
+    /* a FIFO is not read (it would block) */
+    char fifo[] = "/tmp/sluice_test_rls_fifo_XXXXXX";
+    int fd = mkstemp(fifo);
+    assert_true(fd >= 0);
+    close(fd);
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    c = load_with(fifo, NULL, &err);
+    assert_null(c);
+    snprintf(want, sizeof want, "%s: cannot read: not a regular file", fifo);
+    assert_string_equal(err, want);
+    free(err);
+    unlink(fifo);
     /* a path that is not there: blamed at the key of the main file */
     c = load_with("/nonexistent/rls", NULL, &err);
     assert_null(c);
