@@ -1,6 +1,7 @@
 /* sluice - conf_int.h: private to the config loader; include it after
  * conf.h. Its files, each calling only those under it: conf_load.c on top,
- * then conf_net.c, conf_redis.c, conf_limits.c, then conf_tls.c, then
+ * then conf_net.c, conf_redis.c, conf_limits.c, conf_rls.c (the files of
+ * decision.ratelimit_config, which conf_load.c reads), then conf_tls.c, then
  * conf_value.c, then conf.c at the ground. The
  * node tree of phase 1, the walker's context and key tables of phase 2, and
  * the helpers the section files share. src/conf.h is the public interface. */
