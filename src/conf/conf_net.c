@@ -182,6 +182,8 @@ void conf_listens_free(struct conf *c)
 static int h_decision_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_decision *d = obj;
+    /* HTTP/2 as on listen (Envoy's RLS is gRPC; an entry's http2: false
+     * keeps it to HTTP/1.1) */
     return parse_listens(x, v, &d->listens, &d->nlistens);
 }
 

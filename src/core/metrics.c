@@ -459,6 +459,13 @@ void metrics_render(struct evbuffer *out)
     render_counter(out, "sluice_key_fallbacks_total",
                    "Limit keys counted under the client address: a key source was absent.",
                    METRICS_KEY_FALLBACKS);
+    evbuffer_add_printf(out,
+        "# HELP sluice_client_requests_total Requests read from clients, by protocol.\n"
+        "# TYPE sluice_client_requests_total counter\n"
+        "sluice_client_requests_total{protocol=\"HTTP/1\"} %llu\n"
+        "sluice_client_requests_total{protocol=\"HTTP/2\"} %llu\n",
+        (unsigned long long)load(&counters[METRICS_REQUESTS_HTTP1]),
+        (unsigned long long)load(&counters[METRICS_REQUESTS_HTTP2]));
     render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
                 &hists[METRICS_REDIS_SECONDS]);
     render_batch(out);

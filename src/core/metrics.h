@@ -29,6 +29,8 @@ enum metrics_counter {
     METRICS_REDIS_REDIRECTS_ASK, METRICS_REDIS_REDIRECTS_MOVED,    /* cluster redirects followed */
     METRICS_ACCESS_LOG_DROPPED,     /* lines a writer was too far behind for */
     METRICS_KEY_FALLBACKS,          /* a key source absent: counted by client address */
+    METRICS_REQUESTS_HTTP1,         /* request heads read, by protocol */
+    METRICS_REQUESTS_HTTP2,
     METRICS_NCOUNTERS
 };
 /* Why a decision got no answer from Redis (sluice_redis_errors_total{reason}). */

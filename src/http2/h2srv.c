@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <nghttp2/nghttp2.h>
@@ -40,6 +41,10 @@
 #define MAX_CONTINUATIONS 8
 /* The shutdown notice is followed by the last stream id after this. */
 #define GOAWAY_DELAY_MS 1000
+/* After the last frame (a GOAWAY), input is still read and dropped this
+ * long: a close with unread input would reset the connection, and the
+ * client could lose the GOAWAY that says why (nginx's lingering close). */
+#define LINGER_MS       1000
 
 struct h2stream {
     struct h2srv *s;
@@ -60,7 +65,7 @@ struct h2stream {
     struct h2stream *next_dirty;
 };
 
-enum tmode { TM_PREFACE, TM_IDLE, TM_GOAWAY };
+enum tmode { TM_PREFACE, TM_IDLE, TM_GOAWAY, TM_LINGER };
 
 struct h2srv {
     struct event_base *base;
@@ -78,7 +83,7 @@ struct h2srv {
     uint32_t nrequests;
     struct h2stream *dirty;
     unsigned got_frame : 1, goaway : 1, conn_closed : 1, ended_told : 1, freed : 1,
-             in_read : 1;
+             lingering : 1;
 };
 
 static void kick(struct h2srv *s)
@@ -379,9 +384,23 @@ static void conn_close(struct h2srv *s)
     kick(s);        /* tells ended() from the loop */
 }
 
+/* Nothing more to send or read: the FIN goes (plain connections; TLS sends
+ * its close_notify at io_free), what still comes is dropped for LINGER_MS,
+ * then the connection closes. */
+static void conn_linger(struct h2srv *s)
+{
+    if (s->lingering)
+        return;
+    s->lingering = 1;
+    if (io_ssl(s->io) == NULL && io_fd(s->io) >= 0)
+        shutdown(io_fd(s->io), SHUT_WR);
+    io_enable(s->io, EV_READ);
+    timer_set(s, TM_LINGER, LINGER_MS);
+}
+
 static void session_send(struct h2srv *s)
 {
-    if (s->conn_closed)
+    if (s->conn_closed || s->lingering)
         return;
     struct evbuffer *out = io_output(s->io);
     while (evbuffer_get_length(out) < H2SRV_OUT_MAX) {
@@ -398,7 +417,7 @@ static void session_send(struct h2srv *s)
     io_flush(s->io);
     if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
         evbuffer_get_length(out) == 0)
-        conn_close(s);
+        conn_linger(s);
 }
 
 static void kick_cb(evutil_socket_t fd, short what, void *arg)
@@ -426,7 +445,7 @@ static void kick_cb(evutil_socket_t fd, short what, void *arg)
         return;
     }
     session_send(s);
-    if (!s->conn_closed && evbuffer_get_length(io_output(s->io)) < H2SRV_OUT_MAX)
+    if (!s->conn_closed && !s->lingering && evbuffer_get_length(io_output(s->io)) < H2SRV_OUT_MAX)
         io_enable(s->io, EV_READ);
 }
 
@@ -434,7 +453,10 @@ static void read_cb(struct io *io, void *arg)
 {
     struct h2srv *s = arg;
     struct evbuffer *in = io_input(io);
-    s->in_read = 1;
+    if (s->lingering) {
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
     while (!s->conn_closed && evbuffer_get_length(in) > 0) {
         struct evbuffer_iovec v;
         if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
@@ -444,18 +466,16 @@ static void read_cb(struct io *io, void *arg)
             /* flood, bad preface, too many CONTINUATIONs...: nghttp2
              * queued a GOAWAY where it could; send it, then close */
             evbuffer_drain(in, evbuffer_get_length(in));
-            io_disable(io, EV_READ);
             s->goaway = 1;
             nghttp2_session_terminate_session(s->ng, NGHTTP2_PROTOCOL_ERROR);
             break;
         }
         evbuffer_drain(in, (size_t)n);
     }
-    s->in_read = 0;
     if (s->tmode == TM_PREFACE && s->got_frame)
         timer_set(s, TM_IDLE, s->lim.idle_timeout_ms);
     /* a peer that does not read what it asks for stops being read */
-    if (!s->conn_closed && evbuffer_get_length(io_output(io)) >= H2SRV_OUT_MAX)
+    if (!s->conn_closed && !s->lingering && evbuffer_get_length(io_output(io)) >= H2SRV_OUT_MAX)
         io_disable(io, EV_READ);
     kick(s);
 }
@@ -477,6 +497,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
         return;
     switch (s->tmode) {
     case TM_PREFACE:
+    case TM_LINGER:
         conn_close(s);
         return;
     case TM_GOAWAY:

@@ -475,6 +475,7 @@ void request_head(struct client *c)
     conn_timer(c, TM_NONE, 0);
     struct conn_env *env = c->env;
     metrics_worker_request(env->id);
+    metrics_count(c->h2_stream ? METRICS_REQUESTS_HTTP2 : METRICS_REQUESTS_HTTP1);
     /* The request keeps the runtime it starts with (config, pools,
      * backend) until it is done, whatever a reload does meanwhile. */
     runtime_release(c->rq->rt);

@@ -18,7 +18,7 @@ FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
 FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
                  h1write_request h1write_response http1_differential redis_reply admin_api \
-                 fwdauth rls
+                 fwdauth rls h2srv
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) -Ibuild/proto $(FUZZ_SAN) $(FUZZ_EXTRA) \
@@ -34,6 +34,8 @@ FUZZ_LIBS     := -lhttp_parser $(shell pkg-config --libs yaml-0.1 libevent libpc
 FUZZ_LIBS_redis_reply := -lhiredis $(shell pkg-config --libs libevent_openssl openssl 2>/dev/null)
 FUZZ_LIBS_admin_api   := $(FUZZ_LIBS_redis_reply)
 FUZZ_LIBS_rls         := -lprotobuf-c
+# the HTTP/2 session: nghttp2, and io.o's OpenSSL
+FUZZ_LIBS_h2srv       := $(shell pkg-config --libs libnghttp2 openssl 2>/dev/null)
 FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 
 # The src/ modules each target links, and its longest input.
@@ -54,6 +56,7 @@ FUZZ_OBJS_rls             := rls_wire rls_match digest mem conf conf_value conf_
                              conf_redis conf_limits conf_rls conf_load addr limiter tzcal regex esc \
                              rls.pb-c ratelimit.pb-c base.pb-c duration.pb-c wrappers.pb-c \
                              ratelimit_unit.pb-c
+FUZZ_OBJS_h2srv           := h2srv h2msg http1 io list log mem
 FUZZ_LEN_http1_request    := 8192
 FUZZ_LEN_http1_response   := 8192
 FUZZ_LEN_conf             := 8192
@@ -64,6 +67,7 @@ FUZZ_LEN_h1write_response := 8192
 FUZZ_LEN_http1_differential := 8192
 FUZZ_LEN_redis_reply      := 8192
 FUZZ_LEN_admin_api        := 8192
+FUZZ_LEN_h2srv            := 16384
 FUZZ_OBJS_fwdauth         := fwdauth $(FUZZ_OBJS_route_key)
 FUZZ_LEN_fwdauth          := 4096
 FUZZ_DICT_fwdauth         := tests/fuzz/route.dict
@@ -79,6 +83,7 @@ FUZZ_DICT_http1_differential := tests/fuzz/http1.dict
 FUZZ_DICT_redis_reply     := tests/fuzz/resp.dict
 FUZZ_DICT_admin_api       := tests/fuzz/admin_api.dict
 FUZZ_DICT_rls             := tests/fuzz/rls.dict
+FUZZ_DICT_h2srv           := tests/fuzz/h2srv.dict
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 
@@ -135,6 +140,7 @@ fuzz: fuzz-build
 	    redis_reply) len=$(FUZZ_LEN_redis_reply); dict=$(FUZZ_DICT_redis_reply);; \
 	    admin_api) len=$(FUZZ_LEN_admin_api); dict=$(FUZZ_DICT_admin_api);; \
 	    rls) len=$(FUZZ_LEN_rls); dict=$(FUZZ_DICT_rls);; \
+	    h2srv) len=$(FUZZ_LEN_h2srv); dict=$(FUZZ_DICT_h2srv);; \
 	    fwdauth) len=$(FUZZ_LEN_fwdauth); dict=$(FUZZ_DICT_fwdauth);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \

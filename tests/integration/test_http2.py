@@ -64,7 +64,7 @@ def pki(tmp_path_factory):
     return ca
 
 
-def test_prior_knowledge_curl_and_access_log(sluice, tmp_path):
+def test_prior_knowledge_curl_access_log_metrics(sluice, tmp_path):
     log = tmp_path / "access.log"
     s = start_proxy(sluice, ROUTES, top=top_keys(access_log=str(log)))
     version, status, body = curl(["--http2-prior-knowledge", "http://127.0.0.1:%d/a?b=1" % s.port])
@@ -82,6 +82,9 @@ def test_prior_knowledge_curl_and_access_log(sluice, tmp_path):
     assert by_path["/a?b=1"]["protocol"] == "HTTP/2.0"
     assert by_path["/a?b=1"]["method"] == "GET" and by_path["/a?b=1"]["status"] == 200
     assert "protocol" not in by_path["/c"]
+    ms = metrics(s.admin_port)
+    assert mval(ms, "sluice_client_requests_total", protocol="HTTP/2") == 1
+    assert mval(ms, "sluice_client_requests_total", protocol="HTTP/1") == 1
 
 
 def test_tls_alpn_h2_curl(sluice, pki):
@@ -278,3 +281,14 @@ def test_sighup_new_streams_take_the_new_config(sluice, upstream):
     assert c.response(sid)[0] == 502
     assert c.goaway is None and not c.closed
     c.close()
+
+
+def test_headless_chromium_over_tls(sluice, pki, tmp_path):
+    from test_dashboard import run_chromium
+    log = tmp_path / "access.log"
+    s = start_tls(sluice, ROUTES, [pki.ec], top="access_log: %s\n" % log)
+    out, _ = run_chromium(tmp_path, "https://127.0.0.1:%d/chromium?x=1" % s.tls_port,
+                          "--ignore-certificate-errors", "--dump-dom")
+    assert "/chromium?x=1" in out, out[-2000:]
+    lines = read_log(log, 1, keep=lambda e: e["path"] == "/chromium?x=1")
+    assert lines and lines[0]["protocol"] == "HTTP/2.0" and lines[0]["tls"] == "TLSv1.3", lines

@@ -16,6 +16,7 @@ import time
 from conftest import wait_until
 from h2lib import RawH2, continuation_frame, headers_frame, rst_frame
 from proxylib import proxy_conf
+from test_idle_memory import sanitized
 
 ROUTES = """\
   - name: decided
@@ -152,7 +153,8 @@ def test_ping_flood_unread(sluice):
     assert outcome == "closed", "%s after %.1f s" % (outcome, took)
     grown = rss_kb(s.proc.pid) - rss
     print("PING flood: closed after %.1f s, RSS grew %d KiB" % (took, grown))
-    assert grown < 16 * 1024
+    if not sanitized(s.proc.pid):      # ASan's quarantine is not what this bounds
+        assert grown < 16 * 1024
     c.close()
     assert prior_knowledge_ok(s.port)
 
@@ -170,7 +172,8 @@ def test_window_never_opened(sluice):
     assert c.stream(sid)["reset"] is not None or c.goaway is not None
     grown = rss_kb(s.proc.pid) - rss
     print("zero window: reset after %.1f s, RSS grew %d KiB" % (took, grown))
-    assert grown < 8 * 1024      # not the 20 MB body
+    if not sanitized(s.proc.pid):
+        assert grown < 8 * 1024  # not the 20 MB body
     c.close()
 
 
@@ -203,3 +206,22 @@ def test_preface_without_settings_times_out(sluice):
     assert got[3:4] == b"\x04"      # our SETTINGS first, not an HTTP/1.1 400
     assert 0.5 < took < 8
     assert wait_until(lambda: prior_knowledge_ok(s.port), 5)
+
+
+def test_reset_streams_hold_their_slots_until_cancelled(sluice, upstream):
+    s = start(sluice, client="  http2_max_streams: 2\n")
+    c = RawH2(s.port)
+    heads = upstream.stats()["heads"]
+    a, b = c.request("/slow/3000"), c.request("/slow/3000")
+    assert wait_until(lambda: upstream.stats()["heads"] - heads >= 2, 10)
+    # Both reset, a third stream in the same write: nghttp2 counts two
+    # closed streams, but their exchanges are not cancelled yet: refused.
+    sid = c.next_sid
+    c.next_sid += 2
+    c.send(rst_frame(a) + rst_frame(b) + headers_frame(sid, c.block("/third")))
+    c.wait(lambda c: c.stream(sid)["reset"] is not None or c.stream(sid)["ended"], 10)
+    assert c.stream(sid)["reset"] == 7         # REFUSED_STREAM: safe to retry
+    # once cancelled (within a loop turn), the slots are free again
+    assert served(c, "/fourth") == 200
+    assert c.goaway is None
+    c.close()
