@@ -6,6 +6,8 @@ CC       ?= cc
 PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
 # TLS for clients (src/net/tls_server.c): OpenSSL 3 under libevent's bufferevents
 PKGS     += libevent_openssl openssl
+# Envoy's RLS v3 messages (src/rls/proto): protoc-c's C, on libprotobuf-c
+PKGS     += libprotobuf-c
 # HTTP/2 framing and HPACK for clients (src/http2/): nghttp2, Debian's
 # 1.52.0-1+deb12u3 or later (checked below: $(BUILD)/nghttp2.ok)
 PKGS     += libnghttp2
@@ -18,7 +20,7 @@ SRC_INC  := $(patsubst %/,-I%,$(SRC_DIRS))
 SRC_HDRS := $(wildcard src/*/*.h)
 vpath %.c $(SRC_DIRS)
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
-            $(SRC_INC) -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+            $(SRC_INC) -Ibuild -I$(BUILD)/proto $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhiredis -lpthread -lm
 ifeq ($(SANITIZE),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -32,8 +34,15 @@ PYTEST   := /usr/bin/python3 -m pytest
 SRCS     := $(wildcard src/*/*.c)
 SCRIPTS  := $(wildcard src/store/scripts/*.lua)
 WEB      := $(sort $(wildcard src/admin/web/*))
+# The .proto files the project writes from Envoy's published ones
+# (src/rls/proto/PATH.proto) become $(BUILD)/proto/PATH.pb-c.[ch] and the
+# objects $(BUILD)/NAME.pb-c.o (their base names are unique).
+PROTOS   := $(shell find src/rls/proto -name '*.proto')
+PB_SRCS  := $(patsubst src/rls/proto/%.proto,$(BUILD)/proto/%.pb-c.c,$(PROTOS))
+PB_HDRS  := $(PB_SRCS:.c=.h)
 OBJS     := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(SRCS))) \
-            $(patsubst src/store/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS)) $(BUILD)/web_assets.o
+            $(patsubst src/store/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS)) $(BUILD)/web_assets.o \
+            $(patsubst %.c,$(BUILD)/%.o,$(notdir $(PB_SRCS)))
 LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
 UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
@@ -41,7 +50,7 @@ UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/tes
 # runs (tests/run-demo.sh: redis-server, Debian's python3 for the echo
 # upstream, curl to try it). `make test` installs the whole test toolchain.
 BUILD_DEBS := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
-            libpcre2-dev libssl-dev libnghttp2-dev
+            libpcre2-dev libssl-dev protobuf-c-compiler libprotobuf-c-dev libnghttp2-dev
 RUN_DEBS := $(BUILD_DEBS) redis-server python3 curl
 DEBS     := $(BUILD_DEBS) libcmocka-dev redis-server python3-pytest python3-requests curl
 # http_parser: only test_http1_differential and fuzz_http1_differential link
@@ -102,8 +111,16 @@ $(BUILD)/nghttp2.ok: | $(BUILD)
 	      "install $(NGHTTP2_MIN_DEB) or later (Debian 12: bookworm-security)" >&2; exit 1; fi
 	@touch $@
 
-$(BUILD)/%.o: %.c $(SRC_HDRS) | $(BUILD)
+$(BUILD)/%.o: %.c $(SRC_HDRS) $(PB_HDRS) | $(BUILD)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+# protoc-c writes every generated file at once (the files import each other).
+$(PB_SRCS) $(PB_HDRS) &: $(PROTOS) | $(BUILD)
+	mkdir -p $(BUILD)/proto
+	protoc-c --c_out=$(BUILD)/proto -Isrc/rls/proto $(PROTOS)
+
+$(BUILD)/%.pb-c.o: $(PB_SRCS) $(PB_HDRS)
+	$(CC) $(CFLAGS) -c -o $@ $(filter %/$*.pb-c.c,$(PB_SRCS))
 
 # Each Redis script (src/store/scripts/NAME.lua) is embedded as the C strings
 # NAME_lua and NAME_lua_sha, so EVALSHA works from the first request and

@@ -83,6 +83,57 @@ struct conf_listen {
                                  * in decision mode (docs/decision.md) */
 };
 
+/* Envoy's rate limit service configuration, in envoyproxy/ratelimit's own
+ * format (domain, nested descriptors), loaded from decision.ratelimit_config
+ * (conf_rls.c). A descriptor tree per domain; matching is rls_match.c's. */
+enum conf_rls_on_error { CONF_RLS_ON_ERROR_REDIS, CONF_RLS_ON_ERROR_ALLOW,
+                         CONF_RLS_ON_ERROR_DENY, CONF_RLS_ON_ERROR_UNAVAILABLE };
+/* The RLS units (RateLimitResponse.RateLimit.Unit's numbers). */
+enum conf_rls_unit { CONF_RLS_SECOND = 1, CONF_RLS_MINUTE = 2, CONF_RLS_HOUR = 3,
+                     CONF_RLS_DAY = 4, CONF_RLS_MONTH = 5, CONF_RLS_YEAR = 6,
+                     CONF_RLS_WEEK = 7 };
+
+struct conf_rls_limit {
+    int unlimited;
+    int64_t requests_per_unit;
+    int unit;                   /* enum conf_rls_unit; 0 when unlimited */
+    char *name;                 /* rate_limit.name, or NULL */
+    char **replaces;            /* names of the limits this one replaces */
+    int nreplaces;
+    int shadow;                 /* shadow_mode: counted, reported OK */
+    int detailed_metric;
+    char *path;                 /* "key_value.key2": its place in the domain,
+                                 * the name shown when it has none */
+    struct limiter_params params;   /* fixed_window per unit unless algorithm */
+};
+
+struct conf_rls_node {
+    char *key;
+    char *value;                /* NULL: any value (no value in the config) */
+    char **parts;               /* value split at '*' (wildcard), else NULL */
+    int nparts;
+    int share_threshold;        /* wildcard: its values share one counter */
+    struct conf_rls_limit *limit;   /* NULL: no rate_limit here */
+    struct conf_rls_node *kids; /* sorted by key, then value (NULL first) */
+    int nkids;
+    int *wild;                  /* indexes of the wildcard kids, in file order */
+    int nwild;
+    int order;                  /* its place in its level in the file */
+};
+
+struct metrics_route;
+
+struct conf_rls_domain {
+    char *name;
+    struct conf_rls_node root;  /* its kids are the domain's descriptors */
+    struct metrics_route *metrics;  /* "rls:NAME", set by runtime_bind_metrics() */
+};
+
+struct conf_rls {
+    struct conf_rls_domain *domains;    /* sorted by name */
+    int ndomains;
+};
+
 /* decision: sluice as the rate limiter of another gateway. Its listen
  * entries follow the proxy's in conf->listens (marked decision), parsed
  * as listen is; a request there is described, decided and answered, never
@@ -97,6 +148,14 @@ struct conf_decision {
     size_t path_prefix_len;
     struct conf_listen *listens;    /* while loading; moved to conf->listens */
     int nlistens;
+    /* Envoy's RLS v3 (docs/decision.md): the descriptors of
+     * decision.ratelimit_config, and how a call is decided. */
+    char *ratelimit_config;     /* a file or a directory of files; NULL: none */
+    struct conf_rls *rls;       /* loaded from it (an empty set without it) */
+    int rls_count_each;         /* rls_consume: every_descriptor (the reference's:
+                                 * each descriptor consumes when it allows, even
+                                 * when another is over); 0: all_or_nothing */
+    enum conf_rls_on_error rls_on_error;    /* Redis down; default: redis.on_error */
 };
 
 enum conf_keysrc_kind {
@@ -373,6 +432,9 @@ void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
 char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
                         size_t *len);
 
+/* An RLS unit's length in seconds as the reference counts it (a month is
+ * 30 days, a year 365); 0 for a number that is no unit. */
+int64_t conf_rls_unit_seconds(int unit);
 /* The plan named name[0..n) in c, or NULL. */
 const struct conf_plan *conf_plan_find(const struct conf *c, const char *name, size_t n);
 /* plans.assign's plan for a plan_key value, or NULL. A binary search. */

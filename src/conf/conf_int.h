@@ -1,6 +1,7 @@
 /* sluice - conf_int.h: private to the config loader; include it after
  * conf.h. Its files, each calling only those under it: conf_load.c on top,
- * then conf_net.c, conf_redis.c, conf_limits.c, conf_jwt.c, then conf_tls.c, then
+ * then conf_net.c, conf_redis.c, conf_limits.c, conf_jwt.c, conf_rls.c (the
+ * files of decision.ratelimit_config, which conf_load.c reads), then conf_tls.c, then
  * conf_value.c, then conf.c at the ground. The
  * node tree of phase 1, the walker's context and key tables of phase 2, and
  * the helpers the section files share. src/conf.h is the public interface. */
@@ -164,6 +165,12 @@ int conf_h_redis(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_backend(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_memory(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_deny_cache(struct ctx *x, struct node *k, struct node *v, void *obj);
+
+/* ---- conf_rls.c: decision.ratelimit_config's files (conf_load.c reads them) */
+struct conf_rls;
+int conf_rls_file(struct ctx *x, struct node *root, struct conf_rls *rls);
+void conf_rls_done(struct conf_rls *rls);
+void conf_rls_free(struct conf_rls *rls);
 
 /* ---- conf_limits.c */
 int conf_h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj);

@@ -20,7 +20,9 @@
  * reporting, the key path, the walker). What they share is in conf_int.h. */
 #include "conf.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -446,6 +448,91 @@ static int check_admin(struct ctx *x, struct node *root)
     return -1;
 }
 
+static char *read_file(struct ctx *x, size_t *len);
+
+static int rls_name_cmp(const struct dirent **a, const struct dirent **b)
+{
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+static int rls_yaml_name(const struct dirent *e)
+{
+    size_t n = strlen(e->d_name);
+    return e->d_name[0] != '.' && ((n > 5 && !strcmp(e->d_name + n - 5, ".yaml")) ||
+                                   (n > 4 && !strcmp(e->d_name + n - 4, ".yml")));
+}
+
+/* One file of decision.ratelimit_config, with errors at its own places. */
+static int rls_load_file(struct ctx *x, const char *path, struct conf_rls *rls)
+{
+    struct ctx sub;
+    memset(&sub, 0, sizeof sub);
+    sub.file = path;
+    sub.c = x->c;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {     /* a FIFO would block */
+        if (asprintf(&x->err, "%s: cannot read: not a regular file", path) < 0)
+            abort();
+        return -1;
+    }
+    char *buf = read_file(&sub, &sub.len);
+    struct node *root = NULL;
+    if (buf) {
+        sub.buf = buf;
+        root = tree_load(&sub);
+        if (root)
+            conf_rls_file(&sub, root, rls);
+    }
+    node_free(root);
+    free(buf);
+    x->err = sub.err;
+    return sub.err ? -1 : 0;
+}
+
+/* Phase 3: the RLS descriptors, from a file or every *.yaml and *.yml of a
+ * directory in name order (hidden files left out); read again at each
+ * reload with the rest. */
+static int load_rls(struct ctx *x, struct node *root)
+{
+    struct conf_decision *d = &x->c->decision;
+    d->rls = xcalloc(1, sizeof *d->rls);
+    if (d->ratelimit_config == NULL)
+        return 0;
+    struct node *at = conf_map_get(conf_map_get(root, "decision"), "ratelimit_config");
+    struct stat st;
+    if (stat(d->ratelimit_config, &st) < 0) {
+        size_t old = conf_path_push(x, "decision.ratelimit_config");
+        conf_fail(x, at, "cannot read '%s': %s", d->ratelimit_config, strerror(errno));
+        conf_path_pop(x, old);
+        return -1;
+    }
+    int rc = 0;
+    if (!S_ISDIR(st.st_mode))
+        rc = rls_load_file(x, d->ratelimit_config, d->rls);
+    else {
+        struct dirent **names = NULL;
+        int n = scandir(d->ratelimit_config, &names, rls_yaml_name, rls_name_cmp);
+        if (n < 0) {
+            size_t old = conf_path_push(x, "decision.ratelimit_config");
+            conf_fail(x, at, "cannot read '%s': %s", d->ratelimit_config, strerror(errno));
+            conf_path_pop(x, old);
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            char *path = NULL;
+            if (rc == 0 && asprintf(&path, "%s/%s", d->ratelimit_config, names[i]->d_name) < 0)
+                abort();
+            if (rc == 0)
+                rc = rls_load_file(x, path, d->rls);
+            free(path);
+            free(names[i]);
+        }
+        free(names);
+    }
+    conf_rls_done(d->rls);
+    return rc;
+}
+
 static int conf_from_tree(struct ctx *x, struct node *root)
 {
     if (root->kind != NODE_MAP)
@@ -461,7 +548,7 @@ static int conf_from_tree(struct ctx *x, struct node *root)
     for (int i = 0; i < x->c->nroutes; i++)
         if (check_route(x, i) < 0 || check_captures(x, i) < 0 || check_paths(x, i) < 0)
             return -1;
-    if (conf_decision_merge(x, root) < 0 || check_admin(x, root) < 0 ||
+    if (conf_decision_merge(x, root) < 0 || load_rls(x, root) < 0 || check_admin(x, root) < 0 ||
         conf_check_jwt(x, root) < 0)
         return -1;
     x->c->redis.overrides = x->c->admin_token != NULL;
@@ -568,7 +655,9 @@ static void conf_free(struct conf *c)
     free(c->file);
     free(c->listen.text);
     conf_listens_free(c);
+    conf_rls_free(c->decision.rls);
     free(c->decision.path_prefix);
+    free(c->decision.ratelimit_config);
     conf_redis_free_target(&c->redis);
     free(c->redis.prefix);
     for (int i = 0; i < c->redis.ncluster; i++)

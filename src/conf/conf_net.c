@@ -182,14 +182,9 @@ void conf_listens_free(struct conf *c)
 static int h_decision_listen(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct conf_decision *d = obj;
-    if (parse_listens(x, v, &d->listens, &d->nlistens) < 0)
-        return -1;
-    for (int i = 0; i < d->nlistens; i++) {     /* proxies ask in HTTP/1.1: no ALPN h2 */
-        d->listens[i].no_http2 = 1;
-        if (d->listens[i].tls)
-            d->listens[i].tls->no_h2 = 1;
-    }
-    return 0;
+    /* HTTP/2 as on listen (Envoy's RLS is gRPC; an entry's http2: false
+     * keeps it to HTTP/1.1) */
+    return parse_listens(x, v, &d->listens, &d->nlistens);
 }
 
 /* nginx's auth_request passes on 401 and 403 only (any other status is
@@ -230,10 +225,44 @@ static int h_decision_path_prefix(struct ctx *x, struct node *k, struct node *v,
     return 0;
 }
 
+/* Envoy's RLS: the descriptors' file or directory (read in phase 3 by
+ * conf_load.c), how a call consumes, and what it gets while Redis is down. */
+static int h_decision_ratelimit_config(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_decision *d = obj;
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (!*s)
+        return conf_fail(x, v, "expected a file or directory path");
+    d->ratelimit_config = xstrdup(s);
+    return 0;
+}
+
+static int h_decision_rls_consume(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "all_or_nothing", "every_descriptor" };
+    return conf_get_enum(x, v, names, 2, "all_or_nothing or every_descriptor",
+                         &((struct conf_decision *)obj)->rls_count_each);
+}
+
+static int h_decision_rls_on_error(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "allow", "deny", "unavailable" };
+    int i = 0;
+    if (conf_get_enum(x, v, names, 3, "allow, deny or unavailable", &i) < 0)
+        return -1;
+    ((struct conf_decision *)obj)->rls_on_error = (enum conf_rls_on_error)(i + 1);
+    return 0;
+}
+
 static const struct key_def decision_keys[] = {
     { "listen", h_decision_listen, 1 },
     { "deny_status", h_decision_deny_status, 0 },
     { "path_prefix", h_decision_path_prefix, 0 },
+    { "ratelimit_config", h_decision_ratelimit_config, 0 },
+    { "rls_consume", h_decision_rls_consume, 0 },
+    { "rls_on_error", h_decision_rls_on_error, 0 },
     { NULL, NULL, 0 },
 };
 

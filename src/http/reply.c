@@ -312,6 +312,20 @@ void reply_allowed(struct evbuffer *buf, const struct reply_limits *rl, int keep
     obuf_end(out);
 }
 
+void reply_limit_fields(struct evbuffer *buf, const struct reply_limits *rl, int denied)
+{
+    struct obuf ob, *out = &ob;
+    obuf_begin(out, buf, 512);
+    if (denied) {
+        int64_t retry = reply_seconds(rl->r[rl->shown].retry_ms);
+        ADD_LIT(out, "Retry-After: ");
+        add_int(out, retry < 1 ? 1 : retry);
+        ADD_LIT(out, "\r\n");
+    }
+    reply_limit_headers(out, rl, denied, NULL);
+    obuf_end(out);
+}
+
 void reply_limited_as(struct evbuffer *buf, const struct reply_limits *rl, int status,
                       int keep_alive, const char *rid, size_t rid_len)
 {

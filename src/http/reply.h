@@ -49,6 +49,12 @@ void reply_pick(struct reply_limits *rl, int allowed);
 void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int denied,
                          const struct reply_upstream *up);
 
+/* The fields alone, each ending in CRLF, into buf: Retry-After when denied
+ * (as reply_limited sends it), then reply_limit_headers' (no upstream).
+ * For answers that carry them in another form (Envoy's RLS
+ * response_headers_to_add). */
+void reply_limit_fields(struct evbuffer *buf, const struct reply_limits *rl, int denied);
+
 /* keep_alive for the replies below: close after it (Connection: close),
  * stay open as HTTP/1.1 does by default, or stay open and say so, for an
  * HTTP/1.0 client that asked for keep-alive. */

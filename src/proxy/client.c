@@ -258,7 +258,7 @@ static void client_process(struct client *c)
 static void client_cancel(struct client *c)
 {
     if (c->rq)
-        decide_cancel(&c->rq->dec);
+        request_cancel(c->rq);
 }
 
 /* Our output drained below the low mark: the upstream may be read again. */
@@ -426,6 +426,7 @@ static int client_h2_open(void *arg, struct io *io)
     memcpy(c->peer_text, p->peer_text, sizeof(c->peer_text));
     c->peer_len = p->peer_len;
     c->tls = p->tls;
+    c->decision = p->decision;          /* a decision listener's streams are too */
     c->tls_version = p->tls_version;
     client_start_io(c);
     conn_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);

@@ -340,9 +340,36 @@ static int body_counted(struct client *c, int rc, size_t payload)
     return 0;
 }
 
+/* exchange_read_body's end: the body (a copy, as c->body is let go first:
+ * the answer may start the next request) to the request's body_read. */
+static void read_body_done(struct client *c, int over)
+{
+    size_t n = c->body ? evbuffer_get_length(c->body) : 0;
+    uint8_t *copy = mem_alloc(n);
+    if (n)
+        evbuffer_remove(c->body, copy, n);
+    buffer_drop(c);
+    c->rq->xops->body_read(c, copy, n, over);
+    free(copy);
+}
+
+void exchange_read_body(struct client *c, const struct exchange_ops *ops, size_t max)
+{
+    c->rq->xops = ops;
+    c->rq->read_max = max > 0 ? max : 1;
+    if (c->head.body == HTTP1_BODY_NONE) {
+        c->rq->req_done = 1;
+        read_body_done(c, 0);
+    } else if (c->head.body == HTTP1_BODY_LENGTH && c->head.content_length > max)
+        read_body_done(c, 1);
+    else
+        buffer_begin(c);
+}
+
 void exchange_buffer_body(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
+    size_t max = c->rq->read_max ? c->rq->read_max : c->conf->client.buffer_body_bytes;
     for (;;) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, c->body, &payload);
@@ -352,7 +379,7 @@ void exchange_buffer_body(struct client *c)
             c->rq->req_done = 1;
             break;
         }
-        if (c->rq->body_bytes > c->conf->client.buffer_body_bytes)
+        if (c->rq->body_bytes > max)
             break;
         if (rc == 0) {
             if (c->eof)         /* the rest can never come */
@@ -363,7 +390,10 @@ void exchange_buffer_body(struct client *c)
         }
     }
     conn_timer(c, TM_NONE, 0);
-    exchange_start(c, c->rq->xops);
+    if (c->rq->read_max)
+        read_body_done(c, !c->rq->req_done);
+    else
+        exchange_start(c, c->rq->xops);
 }
 
 /* Behind the head: the body read so far, framed as streaming would have

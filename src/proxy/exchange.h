@@ -31,11 +31,19 @@ struct exchange_ops {
     /* response metrics: its status, and bytes sent to the client */
     void (*count_response)(struct client *c, int status);
     void (*count_out)(struct client *c, uint64_t n);
+    /* exchange_read_body: the whole body, body[0..len) (a copy, valid
+     * during the call), or its first len bytes when it is larger than the
+     * max (over: 1; the rest is unread) */
+    void (*body_read)(struct client *c, const uint8_t *body, size_t len, int over);
 };
 
 /* The request is allowed: go upstream (or buffer its small body first).
  * ops (static, not owned) hears what happens until the request ends. */
 void exchange_start(struct client *c, const struct exchange_ops *ops);
+/* A request answered here, not forwarded (Envoy's RLS calls): read its
+ * whole body, at most max payload bytes, as a small body is buffered
+ * (CS_BUFFER, the same timeouts), then ops->body_read. */
+void exchange_read_body(struct client *c, const struct exchange_ops *ops, size_t max);
 /* Bytes arrived from the client: move what the state allows. */
 void exchange_buffer_body(struct client *c);
 void exchange_pump_request(struct client *c);

@@ -42,6 +42,8 @@
 #include "decide.h"
 #include "exchange.h"
 #include "fwdauth.h"
+#include "rls.h"
+#include "rls_wire.h"
 #include "h1write.h"
 #include "http1.h"
 #include "io.h"
@@ -66,8 +68,17 @@ void request_reset(struct request *rq)
     decide_reset(&rq->dec);
 }
 
+void request_cancel(struct request *rq)
+{
+    decide_cancel(&rq->dec);
+    if (rq->rls)
+        rls_cancel(rq->rls);
+}
+
 void request_free(struct request *rq)
 {
+    rls_call_free(rq->rls);
+    rq->rls = NULL;
     runtime_release(rq->rt);
     rq->rt = NULL;
     free(rq->path);
@@ -99,7 +110,7 @@ void request_put(struct conn_env *env, struct request *rq)
 {
     if (rq == NULL)
         return;
-    decide_cancel(&rq->dec);
+    request_cancel(rq);
     runtime_release(rq->rt);
     rq->rt = NULL;
     if (env->nspares >= REQUEST_SPARES_MAX) {
@@ -149,6 +160,7 @@ char *request_path_room(struct request *rq, size_t n)
 static const char *hb(const struct client *c, struct http1_span s);
 static void decide(struct client *c);
 static int decision_view(struct client *c);
+static void rls_begin(struct client *c);
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -605,8 +617,9 @@ static int decision_view(struct client *c)
     case FWDAUTH_DESCRIBED:
         return 1;
     case FWDAUTH_RLS:
-        /* Envoy's RLS v3 ShouldRateLimit (gRPC, HTTP/2): its handler goes
-         * here. Until then, and over HTTP/1.1, it is no decision path. */
+        request_log_begin(c, 1);
+        rls_begin(c);
+        return 0;
     case FWDAUTH_NOT_FOUND:
         request_log_begin(c, 1);
         request_answer(c, 404, 0);
@@ -619,10 +632,76 @@ static int decision_view(struct client *c)
     abort();
 }
 
-/* ---- decision ---------------------------------------------------------- */
+/* ---- Envoy's RLS v3 (gRPC) on the decision listener ------------------- */
 
+/* The answer of the call in c->rq->rls, as HTTP/1.1 that the HTTP/2 layer
+ * turns into gRPC's frames: 200, application/grpc, the framed message as
+ * a chunked body and grpc-status 0 in the trailer; an error as a bodyless
+ * 200 with grpc-status and grpc-message (gRPC's Trailers-Only). */
+static void rls_reply(struct client *c)
+{
+    const uint8_t *msg = NULL;
+    size_t len = 0;
+    const char *why = NULL;
+    int status = rls_answer(c->rq->rls, &msg, &len, &why);
+    struct evbuffer *out = io_output(c->io);
+    size_t before = evbuffer_get_length(out);
+    int keep = c->rq->req_done && c->head.keep_alive && !c->eof && !c->env->stopping &&
+               c->head.minor >= 1;
+    evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+                        "X-Request-Id: %.*s\r\n%s", (int)c->rq->rid_len, c->rq->rid,
+                        keep ? "" : "Connection: close\r\n");
+    if (status == 0) {
+        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n\r\n%zx\r\n", len);
+        evbuffer_add(out, msg, len);
+        static const char end[] = "\r\n0\r\ngrpc-status: 0\r\n\r\n";
+        evbuffer_add(out, end, sizeof end - 1);
+    } else {
+        evbuffer_add_printf(out, "grpc-status: %d\r\ngrpc-message: %s\r\n"
+                            "Content-Length: 0\r\n\r\n", status, why ? why : "");
+    }
+    request_count_response(c, 200);
+    request_count_out(c, evbuffer_get_length(out) - before);
+    c->rq->resp_started = c->rq->resp_done = 1;
+    request_drain_head(c);
+    if (!keep) {
+        conn_close_after_write(c);
+        return;
+    }
+    c->keep_alive = 1;
+    c->state = CS_DISCARD;
+    c->ops->request_done(c);
+}
 
+static void rls_done_cb(void *arg)
+{
+    struct client *c = arg;
+    conn_enter(c);
+    rls_reply(c);
+    if (!c->dead)
+        c->ops->process(c);
+    conn_leave(c);
+}
 
+static void rls_body(struct client *c, const uint8_t *body, size_t len, int over)
+{
+    if (c->rq->rls == NULL)
+        c->rq->rls = rls_call_new();
+    if (over) {
+        /* the rest of the body is not read: answered, then closed */
+        c->rq->req_done = 0;
+        rls_refuse(c->rq->rls, RLS_GRPC_RESOURCE_EXHAUSTED,
+                   "the request message is larger than 64 KiB");
+        rls_reply(c);
+        return;
+    }
+    struct rls_env env = { runtime_backend(c->rq->rt), c->env->local };
+    if (rls_start(c->rq->rls, &env, c->conf, body, len, rls_done_cb, c)) {
+        rls_reply(c);
+        return;
+    }
+    c->state = CS_DECIDE;       /* rls_done_cb answers */
+}
 
 /* What the exchange reports back to the request. */
 static const struct exchange_ops request_exchange_ops = {
@@ -633,7 +712,31 @@ static const struct exchange_ops request_exchange_ops = {
     .consume_counted = request_consume_counted,
     .count_response = request_count_response,
     .count_out = request_count_out,
+    .body_read = rls_body,              /* exchange_read_body's: RLS calls */
 };
+
+/* A ShouldRateLimit call: a POST of application/grpc (or +proto); its
+ * message is read whole (at most RLS_MAX_MESSAGE), then decided. */
+static void rls_begin(struct client *c)
+{
+    const struct http1_head *h = &c->head;
+    int ct = http1_find(c->rq->hbuf, h, "content-type", 0);
+    const char *v = ct >= 0 ? hb(c, h->h[ct].value) : NULL;
+    size_t vlen = ct >= 0 ? h->h[ct].value.len : 0;
+    int grpc = vlen >= 16 && strncasecmp(v, "application/grpc", 16) == 0 &&
+               (vlen == 16 || v[16] == '+' || v[16] == ';');
+    if (!(h->method.len == 4 && memcmp(hb(c, h->method), "POST", 4) == 0)) {
+        request_answer(c, 405, 0);
+        return;
+    }
+    if (!grpc) {
+        request_answer(c, 415, 0);
+        return;
+    }
+    exchange_read_body(c, &request_exchange_ops, RLS_MAX_MESSAGE + 5);
+}
+
+/* ---- decision ---------------------------------------------------------- */
 
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)

@@ -13,6 +13,7 @@
 #include "route.h"
 
 struct exchange_ops;
+struct rls_call;
 struct upstream_conn;
 
 /* A client's X-Request-Id is kept when it is this long at most and only
@@ -44,6 +45,8 @@ struct request {
     struct decision dec;                /* keys, limit results, the call (decide.h);
                                          * reset with the request */
     struct request *spare_next;         /* in the worker's spares (request_put) */
+    struct rls_call *rls;               /* an Envoy RLS call's (rls.h), made on the
+                                         * first; kept across requests */
     char *claims;                       /* the verified token's claims (jwt.h) */
     size_t claims_cap;
 
@@ -77,6 +80,7 @@ struct request {
     int retried;
     int out_chunked;                    /* response re-framed as chunked */
     int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
+    size_t read_max;                    /* exchange_read_body: its bound; 0: forwarding */
     int64_t upstream_start_us;          /* when the request was forwarded */
     int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
     int interims;                       /* 1xx heads read for this request */

@@ -68,8 +68,7 @@ static int listen_http2(const struct worker_listen *wl)
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
     struct worker_listen *wl = arg;
-    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), wl->decision,
-                  !wl->decision && listen_http2(wl));
+    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), wl->decision, listen_http2(wl));
 }
 
 /* Close the listening sockets; with all, free the rest too (the contexts
