@@ -1171,8 +1171,9 @@ def plot(res, tmp, png):
             v = res["rows"][key]["median"]["proxy_cpu_per_10k"] or 0.0
             f.write('%d "%s" %.6f\n' % (i, PLOT_LABELS[key], v))
     subprocess.run(["gnuplot", "-e", "datafile='%s'; outfile='%s'; subtitle='%s'; width=%d" % (
-        data, png, "%s, %s, wrk -c%d, median of %d" % (
-            res["started"][:10], res["machine"]["cpu_model"], res["conns"], res["reps"]),
+        data, png, "%s, %s, wrk -c%d%s, median of %d" % (
+            res["started"][:10], res["machine"]["cpu_model"], res["conns"],
+            ", h2load -c%d" % H2_CONNS if any(k in H2LOAD_ROWS for k in shown) else "", res["reps"]),
         max(1100, 100 * len(shown))),
         os.path.join(BENCH, "plot.gp")], check=True, timeout=60)
 
