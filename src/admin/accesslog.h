@@ -44,6 +44,9 @@ struct accesslog_entry {
     int64_t delay_ms;           /* a delayed request's wait; written only when > 0 */
     int key_fallback;           /* a limit counted it under the client address
                                  * (on_missing_key: ip); written only when set */
+    int decision_mode;          /* a decision listener's request: "mode":"decision"
+                                 * (method and path are the described request's);
+                                 * written only when set */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

@@ -76,6 +76,24 @@ struct conf_listen {
     struct conf_tls *tls;       /* NULL: plain HTTP */
     struct tls_server *server;  /* built from tls by confcheck_load (tls_server.h),
                                  * released with the conf (conf_cleanup_add) */
+    int decision;               /* a decision.listen entry: its connections are
+                                 * in decision mode (docs/decision.md) */
+};
+
+/* decision: sluice as the rate limiter of another gateway. Its listen
+ * entries follow the proxy's in conf->listens (marked decision), parsed
+ * as listen is; a request there is described, decided and answered, never
+ * forwarded. */
+struct conf_decision {
+    int on;                     /* the section is present */
+    int deny_status;            /* rejections' status; 0 (unset): each limit's
+                                 * own status, else 429 */
+    char *path_prefix;          /* default "/decide": the described-by-headers
+                                 * endpoint, and the prefix of Envoy ext_authz's
+                                 * original requests (prefix + "/...") */
+    size_t path_prefix_len;
+    struct conf_listen *listens;    /* while loading; moved to conf->listens */
+    int nlistens;
 };
 
 enum conf_keysrc_kind {
@@ -164,7 +182,7 @@ struct conf_route {
                                  * against the normalised path */
     char *path_regex;           /* as written */
     int ncaptures;              /* groups in path_regex */
-    struct conf_upstream *upstream;
+    struct conf_upstream *upstream;     /* NULL: decision mode only (decision:) */
     struct conf_limit *limits;
     int nlimits;
     struct addr_cidr *allow;    /* clients that bypass this route's limits */
@@ -254,8 +272,9 @@ struct conf_paths {
 struct conf {
     char *file;
     struct conf_addr listen;    /* the first of listens (for logs and checks) */
-    struct conf_listen *listens;
+    struct conf_listen *listens;    /* listen's entries, then decision.listen's */
     int nlistens;               /* >= 1 */
+    struct conf_decision decision;
     int workers;                /* >= 1; "auto" resolved at load time */
     int max_connections;        /* per process; 0 = unlimited (default 10000) */
     int64_t shutdown_timeout_ms; /* requests in flight may finish (default 10s) */

@@ -145,6 +145,8 @@ int conf_check_tls_file(struct ctx *x, struct node *tls, const char *key, const 
 /* ---- conf_net.c */
 int conf_h_listen(struct ctx *x, struct node *k, struct node *v, void *obj);
 void conf_listens_free(struct conf *c);
+int conf_h_decision(struct ctx *x, struct node *k, struct node *v, void *obj);
+int conf_decision_merge(struct ctx *x, struct node *root);
 int conf_h_workers(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_max_connections(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_shutdown_timeout(struct ctx *x, struct node *k, struct node *v, void *obj);

@@ -1178,7 +1178,7 @@ static int h_route_plan_from(struct ctx *x, struct node *k, struct node *v, void
 static const struct key_def route_keys[] = {
     { "name", h_route_name, 1 },
     { "match", h_route_match, 1 },
-    { "upstream", h_route_upstream, 1 },
+    { "upstream", h_route_upstream, 0 },   /* required unless decision: (phase 3) */
     { "limits", h_route_limits, 0 },
     { "allow", h_route_allow, 0 },
     { "cost", h_route_cost, 0 },

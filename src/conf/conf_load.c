@@ -240,13 +240,13 @@ fail:
 }
 /* route->metrics is not ours: runtime_bind_metrics() points it into its registry. */
 static const struct key_def top_keys[] = {
-    { "listen", conf_h_listen, 1 },
+    { "listen", conf_h_listen, 0 },          /* required unless decision: */
     { "workers", conf_h_workers, 0 },
     { "max_connections", conf_h_max_connections, 0 },
     { "shutdown_timeout", conf_h_shutdown_timeout, 0 },
     { "client", conf_h_client, 0 },
     { "redis", conf_h_redis, 0 },
-    { "upstreams", conf_h_upstreams, 1 },
+    { "upstreams", conf_h_upstreams, 0 },     /* required unless decision: */
     { "trusted_proxies", conf_h_trusted, 0 },
     { "routes", conf_h_routes, 1 },
     { "allow", conf_h_allow, 0 },
@@ -256,6 +256,7 @@ static const struct key_def top_keys[] = {
     { "admin", conf_h_admin, 0 },
     { "access_log", conf_h_access_log, 0 },
     { "paths", conf_h_paths, 0 },
+    { "decision", conf_h_decision, 0 },
     { "plans", conf_h_plans, 0 },
     { NULL, NULL, 0 },
 };
@@ -308,21 +309,27 @@ static int check_route(struct ctx *x, int i)
             conf_path_pop(x, o2);
         }
     }
-    for (int j = 0; j < c->nupstreams && rc == 0 && !r->upstream; j++)
+    /* A route without an upstream is the decision listener's alone
+     * (route_match passes it over for proxied requests). */
+    if (rc == 0 && up == NULL && !c->decision.on)
+        rc = conf_fail_bare(x, rn, "missing required key 'upstream' in %s (a route without "
+                            "one needs a decision section)", conf_where(x));
+    for (int j = 0; j < c->nupstreams && rc == 0 && up && !r->upstream; j++)
         if (!strcmp(c->upstreams[j].name, up->str))
             r->upstream = &c->upstreams[j];
-    if (rc == 0 && !r->upstream) {
+    if (rc == 0 && up && !r->upstream) {
         o2 = conf_path_push(x, ".upstream");
         rc = conf_fail(x, up, "unknown upstream '%s'", conf_show(up->str, sb));
         conf_path_pop(x, o2);
     }
-    /* concurrency without a lease: the upstream's timeout + 10 s, in its
-     * overrides too (their parameters were copied from the limit's before) */
-    for (int a = 0; a < r->nlimits && rc == 0 && r->upstream; a++) {
+    /* concurrency without a lease: the upstream's timeout + 10 s (without
+     * an upstream, the default timeout's), in its overrides too (their
+     * parameters were copied from the limit's before) */
+    for (int a = 0; a < r->nlimits && rc == 0; a++) {
         struct conf_limit *l = &r->limits[a];
         if (l->params.algo != LIMITER_CONCURRENCY || l->params.window_ms != 0)
             continue;
-        l->params.window_ms = r->upstream->timeout_ms + 10000;
+        l->params.window_ms = (r->upstream ? r->upstream->timeout_ms : 30000) + 10000;
         for (int k = 0; k < l->noverrides; k++)
             l->overrides[k].params.window_ms = l->params.window_ms;
     }
@@ -445,10 +452,15 @@ static int conf_from_tree(struct ctx *x, struct node *root)
                               conf_kind_name(root->kind));
     if (conf_walk_map(x, root, top_keys, x->c) < 0)
         return -1;
+    if (x->c->nlistens == 0 && !x->c->decision.on)
+        return conf_fail_bare(x, root, "missing required key 'listen' in top level");
+    if (x->c->nupstreams == 0 && !x->c->decision.on)
+        return conf_fail_bare(x, root, "missing required key 'upstreams' in top level (or a "
+                              "decision section, whose routes need none)");
     for (int i = 0; i < x->c->nroutes; i++)
         if (check_route(x, i) < 0 || check_captures(x, i) < 0 || check_paths(x, i) < 0)
             return -1;
-    if (check_admin(x, root) < 0)
+    if (conf_decision_merge(x, root) < 0 || check_admin(x, root) < 0)
         return -1;
     x->c->redis.overrides = x->c->admin_token != NULL;
     return 0;
@@ -552,6 +564,7 @@ static void conf_free(struct conf *c)
     free(c->file);
     free(c->listen.text);
     conf_listens_free(c);
+    free(c->decision.path_prefix);
     conf_redis_free_target(&c->redis);
     free(c->redis.prefix);
     for (int i = 0; i < c->redis.ncluster; i++)

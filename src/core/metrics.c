@@ -46,6 +46,12 @@ static _Atomic int64_t gauges[METRICS_NGAUGES];
 static struct metrics_histogram hists[METRICS_NHIST];
 #define METRICS_MAX_WORKERS 256
 static _Atomic uint64_t worker_requests[METRICS_MAX_WORKERS];
+static _Atomic uint64_t decision_mode[METRICS_NDECISIONS];
+
+void metrics_decision_mode(enum metrics_decision d)
+{
+    atomic_fetch_add_explicit(&decision_mode[d], 1, memory_order_relaxed);
+}
 
 void metrics_worker_request(int worker)
 {
@@ -437,6 +443,13 @@ void metrics_render(struct evbuffer *out)
             evbuffer_add_printf(out, "sluice_worker_requests_total{worker=\"%d\"} %llu\n", i,
                                 (unsigned long long)v);
     }
+    evbuffer_add_printf(out, "# HELP sluice_decision_requests_total Requests a gateway asked "
+                             "the decision listener about, by decision.\n"
+                             "# TYPE sluice_decision_requests_total counter\n");
+    for (int d = 0; d < METRICS_NDECISIONS; d++)
+        evbuffer_add_printf(out, "sluice_decision_requests_total{decision=\"%s\"} %llu\n",
+                            metrics_decision_name((enum metrics_decision)d),
+                            (unsigned long long)load(&decision_mode[d]));
     render_counter(out, "sluice_redis_requests_total", "Decisions sent to Redis.",
                    METRICS_REDIS_REQUESTS);
     render_redis_errors(out);

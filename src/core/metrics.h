@@ -72,6 +72,9 @@ void metrics_add(enum metrics_counter which, uint64_t n);
 uint64_t metrics_counter_get(enum metrics_counter which);
 /* One decision Redis did not answer: counts METRICS_REDIS_ERRORS and why. */
 void metrics_redis_error(enum metrics_redis_error why);
+/* A decision listener's request was decided d (also counted on its route):
+ * sluice_decision_requests_total{decision}. */
+void metrics_decision_mode(enum metrics_decision d);
 /* A request read by worker thread `worker` (shows that every worker serves). */
 void metrics_worker_request(int worker);
 /* TLS handshakes with clients: one completed, or one failed and why. */

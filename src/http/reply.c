@@ -169,7 +169,10 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
 static void add_status_line(struct obuf *out, int status)
 {
     static const struct { int code; const char *line; } lines[] = {
+        { 200, "HTTP/1.1 200 OK\r\n" },
         { 400, "HTTP/1.1 400 Bad Request\r\n" },
+        { 401, "HTTP/1.1 401 Unauthorized\r\n" },
+        { 403, "HTTP/1.1 403 Forbidden\r\n" },
         { 404, "HTTP/1.1 404 Not Found\r\n" },
         { 408, "HTTP/1.1 408 Request Timeout\r\n" },
         { 413, "HTTP/1.1 413 Content Too Large\r\n" },
@@ -209,15 +212,19 @@ static const char *error_name(int status)
     }
 }
 
-static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
-                          const char *rid, size_t rid_len)
+/* The head's last fields: X-Request-Id, Content-Type (json: JSON; none
+ * without a body), Content-Length, Connection. */
+static void add_head_end(struct obuf *out, int json, size_t body_len, int keep_alive,
+                         const char *rid, size_t rid_len)
 {
     if (rid_len) {
         ADD_LIT(out, "X-Request-Id: ");
         obuf_add(out, rid, rid_len);
         ADD_LIT(out, "\r\n");
     }
-    ADD_LIT(out, "Content-Type: application/json\r\nContent-Length: ");
+    if (json)
+        ADD_LIT(out, "Content-Type: application/json\r\n");
+    ADD_LIT(out, "Content-Length: ");
     add_int(out, (int64_t)body_len);
     if (keep_alive == REPLY_KEEP_SAID)
         ADD_LIT(out, "\r\nConnection: keep-alive\r\n\r\n");
@@ -244,7 +251,7 @@ static void add_error(struct evbuffer *buf, int status, const char *name, int64_
         add_int(out, retry_s);
         ADD_LIT(out, "\r\n");
     }
-    add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
+    add_head_end(out, 1, (size_t)n, keep_alive, rid, rid_len);
     obuf_add(out, body, (size_t)n);
     obuf_end(out);
 }
@@ -284,6 +291,25 @@ static size_t int_len(int64_t v)
 void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep_alive,
                    const char *rid, size_t rid_len)
 {
+    const struct conf_limit *l = rl->limit[rl->shown];
+    reply_limited_as(buf, rl, l->status ? l->status : 429, keep_alive, rid, rid_len);
+}
+
+void reply_allowed(struct evbuffer *buf, const struct reply_limits *rl, int keep_alive,
+                   const char *rid, size_t rid_len)
+{
+    struct obuf ob, *out = &ob;
+    obuf_begin(out, buf, 1024 + rid_len);
+    add_status_line(out, 200);
+    if (rl)
+        reply_limit_headers(out, rl, 0, NULL);
+    add_head_end(out, 0, 0, keep_alive, rid, rid_len);
+    obuf_end(out);
+}
+
+void reply_limited_as(struct evbuffer *buf, const struct reply_limits *rl, int status,
+                      int keep_alive, const char *rid, size_t rid_len)
+{
     struct obuf ob, *out = &ob;
     obuf_begin(out, buf, 1024 + rid_len);
     static const char b1[] = "{\"error\":\"rate_limited\",\"route\":";
@@ -296,7 +322,7 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
     if (retry < 1)
         retry = 1;
 
-    add_status_line(out, l->status ? l->status : 429);
+    add_status_line(out, status);
     ADD_LIT(out, "Retry-After: ");
     add_int(out, retry);
     ADD_LIT(out, "\r\n");
@@ -305,7 +331,7 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
                       + quoted_len(l->name) + sizeof(b3) - 1 + int_len(retry) + 1;
     if (l->message)
         body_len += sizeof(b4) - 1 + quoted_len(l->message);
-    add_json_head(out, body_len, keep_alive, rid, rid_len);
+    add_head_end(out, 1, body_len, keep_alive, rid, rid_len);
     ADD_LIT(out, b1);
     add_quoted(out, rl->route->name);
     ADD_LIT(out, b2);

@@ -61,6 +61,15 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
 void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
                    const char *request_id, size_t request_id_len);
 
+/* The same with the status given (a decision listener's decision.deny_status). */
+void reply_limited_as(struct evbuffer *out, const struct reply_limits *rl, int status,
+                      int keep_alive, const char *request_id, size_t request_id_len);
+
+/* A decision listener's "go on": 200 with the rate-limit fields of rl (NULL:
+ * none, the route has no limits) and no body. */
+void reply_allowed(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
+                   const char *request_id, size_t request_id_len);
+
 /* A complete error response with a JSON body {"error":"..."}. */
 void reply_error(struct evbuffer *out, int status, int keep_alive,
                  const char *request_id, size_t request_id_len);

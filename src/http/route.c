@@ -368,16 +368,18 @@ static int route_regex_meets(const struct conf_route *r, const char *path, size_
     return 1;
 }
 
-const struct conf_route *route_match(const struct conf *c,
-                                     const char *path, size_t pathlen,
-                                     const char *method, size_t methodlen,
-                                     const char *host, size_t hostlen,
-                                     struct route_captures *caps)
+const struct conf_route *route_match_in(const struct conf *c, int proxied,
+                                        const char *path, size_t pathlen,
+                                        const char *method, size_t methodlen,
+                                        const char *host, size_t hostlen,
+                                        struct route_captures *caps)
 {
     if (caps)
         caps->over_limit = NULL;
     for (int i = 0; i < c->nroutes; i++) {
         const struct conf_route *r = &c->routes[i];
+        if (proxied && r->upstream == NULL)
+            continue;
         if (r->regex != NULL) {
             if (!route_method_meets(r, method, methodlen) ||
                 !route_host_meets(r, host, hostlen))
@@ -398,6 +400,15 @@ const struct conf_route *route_match(const struct conf *c,
             return r;
     }
     return NULL;
+}
+
+const struct conf_route *route_match(const struct conf *c,
+                                     const char *path, size_t pathlen,
+                                     const char *method, size_t methodlen,
+                                     const char *host, size_t hostlen,
+                                     struct route_captures *caps)
+{
+    return route_match_in(c, 0, path, pathlen, method, methodlen, host, hostlen, caps);
 }
 
 /* ---- client address ---- */

@@ -63,6 +63,15 @@ const struct conf_route *route_match(const struct conf *c,
                                      const char *method, size_t methodlen,
                                      const char *host, size_t hostlen,
                                      struct route_captures *caps);
+/* route_match over the routes a request may meet: with proxied, routes
+ * without an upstream (decision mode's alone, docs/decision.md) are passed
+ * over; without it (a decision listener's request), every route.
+ * route_match is route_match_in(c, 0, ...). */
+const struct conf_route *route_match_in(const struct conf *c, int proxied,
+                                        const char *path, size_t pathlen,
+                                        const char *method, size_t methodlen,
+                                        const char *host, size_t hostlen,
+                                        struct route_captures *caps);
 
 /* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
  * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.

@@ -317,7 +317,7 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen,
-                   struct tls_server *tls)
+                   struct tls_server *tls, int decision)
 {
     struct conf *conf = env->conf;
     /* max_connections is per process; each worker takes its share. */
@@ -347,6 +347,7 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
     c->timer = evtimer_new(env->base, client_timer_cb, c);
     c->state = CS_HEAD;
     c->tls = tls != NULL;
+    c->decision = decision;
     c->handshaking = c->tls;
     c->tls_version = "";
     list_push(&env->clients, &c->link);

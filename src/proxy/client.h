@@ -15,9 +15,11 @@ struct conn_env;
 struct tls_server;
 
 /* tls: the listener's contexts (NULL: plain HTTP); the handshake must be
- * done within client.header_timeout. */
+ * done within client.header_timeout. decision: a decision listener's
+ * connection (conf.h: struct conf_listen), whose requests are decided and
+ * answered, never forwarded (request.c). */
 void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen,
-                   struct tls_server *tls);
+                   struct tls_server *tls, int decision);
 /* Shutting down: close idle connections now, the others after the response
  * in progress; the worker's loop exits when none is left. */
 void client_drain(struct conn_env *env);

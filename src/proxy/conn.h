@@ -97,6 +97,9 @@ struct client {
     int eof;                            /* client closed its sending side */
     int input_bounded;                  /* CS_DECIDE: reading stopped (client.c) */
     int tls;                            /* a TLS listener's (tls_server.h) */
+    int decision;                       /* a decision listener's: requests are
+                                         * decided and answered, never forwarded
+                                         * (request.c, decision.c) */
     int handshaking;                    /* TLS handshake not done yet */
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
 

@@ -41,6 +41,7 @@
 #include "conf.h"
 #include "decide.h"
 #include "exchange.h"
+#include "fwdauth.h"
 #include "h1write.h"
 #include "http1.h"
 #include "io.h"
@@ -142,6 +143,7 @@ char *request_path_room(struct request *rq, size_t n)
 
 static const char *hb(const struct client *c, struct http1_span s);
 static void decide(struct client *c);
+static int decision_view(struct client *c);
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -208,6 +210,7 @@ void request_log_end(struct client *c)
         .tls = c->tls_version,
         .delay_ms = c->rq->dec.wait_ms,
         .key_fallback = c->rq->dec.fallback != 0,
+        .decision_mode = c->decision,
     };
     accesslog_write(c->env->alog, &e);
 }
@@ -288,6 +291,16 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
 
 static void new_request_id(struct client *c);
 
+/* A denial's status: a decision listener's decision.deny_status when set,
+ * otherwise the denying limit's own (429 unless it sets one). */
+static int limited_status(const struct client *c)
+{
+    const struct conf_limit *l = c->rq->dec.rl.limit[c->rq->dec.rl.shown];
+    if (c->decision && c->conf->decision.deny_status)
+        return c->conf->decision.deny_status;
+    return l->status ? l->status : 429;
+}
+
 /* Answer the current request ourselves: an error, or with rl set, a 429.
  * Every answer carries an id: one that came before its head was read (a
  * head refused by the parser, a head timeout) gets a new one. */
@@ -303,21 +316,22 @@ void request_answer(struct client *c, int status, int close_after)
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
     struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
-    if (status == 429)
-        reply_limited(tmp ? tmp : out, &rq->dec.rl, conn, rq->rid, rq->rid_len);
-    else if (status == 503)     /* limiter_unavailable: try again after the backoff */
+    if (status == 429) {        /* the denial: sent with its own status */
+        status = limited_status(c);
+        reply_limited_as(tmp ? tmp : out, &rq->dec.rl, status, conn, rq->rid, rq->rid_len);
+    } else if (status == 200) { /* decision mode's "go on" */
+        reply_allowed(tmp ? tmp : out, rq->dec.have_limits ? &rq->dec.rl : NULL, conn, rq->rid,
+                      rq->rid_len);
+    } else if (status == 503) { /* limiter_unavailable: try again after the backoff */
         reply_unavailable(tmp ? tmp : out, (c->rq->rt ? backend_retry_ms(runtime_backend(c->rq->rt)) : 0), conn,
                           rq->rid, rq->rid_len);
-    else
+    } else {
         reply_error_named(tmp ? tmp : out, status, c->rq->error_name, conn, rq->rid, rq->rid_len);
+    }
     c->rq->error_name = NULL;
     if (tmp) {
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
-    }
-    if (status == 429) {    /* a limit may answer with its own status */
-        const struct conf_limit *l = rq->dec.rl.limit[rq->dec.rl.shown];
-        status = l->status ? l->status : 429;
     }
     request_count_response(c, status);
     request_count_out(c, evbuffer_get_length(out) - out_before);
@@ -464,13 +478,18 @@ void request_head(struct client *c)
     c->rq->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     set_request_id(c);
     request_address(c);
-    request_log_begin(c, 1);
     /* Connection naming the framing or Host (smuggling), or a '_' name
      * under underscore_headers: reject. */
     if (h1write_request_check(c->rq->hbuf, h, c->conf->client.underscore_headers) != 0) {
+        request_log_begin(c, 1);
         request_answer(c, 400, 1);
         return;
     }
+    /* Decision mode: the head becomes the described request's (the log's
+     * method and path too). */
+    if (c->decision && !decision_view(c))
+        return;
+    request_log_begin(c, 1);
     char *path = request_path_room(c->rq, h->target.len);
     long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, path);
     if (plen < 0) {
@@ -484,8 +503,8 @@ void request_head(struct client *c)
         request_answer_named(c, 400, "bad_host", 1);
         return;
     }
-    c->rq->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
-                           h->method.len, host, hostlen, &c->rq->caps);
+    c->rq->route = route_match_in(c->conf, !c->decision, path, (size_t)plen, hb(c, h->method),
+                                  h->method.len, host, hostlen, &c->rq->caps);
     if (c->rq->route == NULL && c->rq->caps.over_limit) {
         regex_over_limit(c);
         return;
@@ -507,6 +526,34 @@ void request_head(struct client *c)
     decide(c);
 }
 
+/* ---- decision mode ----------------------------------------------------- */
+
+/* A decision listener's request (docs/decision.md): c->head becomes the
+ * view of the request the gateway describes (fwdauth.h), and the request
+ * goes on the ordinary way (route, keys, decide) to be answered, never
+ * forwarded: decided() answers 200 for "go on", request_answer() the
+ * denial with decision.deny_status. 0 when it was answered here. */
+static int decision_view(struct client *c)
+{
+    const char *error = NULL;
+    switch (fwdauth_describe(c->conf, c->rq->hbuf, &c->head, &error)) {
+    case FWDAUTH_DESCRIBED:
+        return 1;
+    case FWDAUTH_RLS:
+        /* Envoy's RLS v3 ShouldRateLimit (gRPC, HTTP/2): its handler goes
+         * here. Until then, and over HTTP/1.1, it is no decision path. */
+    case FWDAUTH_NOT_FOUND:
+        request_log_begin(c, 1);
+        request_answer(c, 404, 0);
+        return 0;
+    case FWDAUTH_BAD:
+        request_log_begin(c, 1);
+        request_answer_named(c, 400, error, 0);
+        return 0;
+    }
+    abort();
+}
+
 /* ---- decision ---------------------------------------------------------- */
 
 
@@ -526,9 +573,14 @@ static const struct exchange_ops request_exchange_ops = {
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
 {
+    if (c->decision && c->rq->dec.decision >= 0)
+        metrics_decision_mode((enum metrics_decision)c->rq->dec.decision);
     switch (verdict) {
     case DECIDE_FORWARD:
-        exchange_start(c, &request_exchange_ops);
+        if (c->decision)
+            request_answer(c, 200, 0);      /* the gateway's request may go on */
+        else
+            exchange_start(c, &request_exchange_ops);
         break;
     case DECIDE_LIMITED:
         request_answer(c, 429, 0);

@@ -42,6 +42,7 @@ struct worker_listen {
     char *addr;                     /* as written */
     struct listener *l;
     struct tls_server *tls;         /* retained, from the first config; NULL: plain */
+    int decision;                   /* a decision.listen entry's (conf.h) */
 };
 
 static struct tls_server *listen_tls(const struct worker_listen *wl)
@@ -58,7 +59,7 @@ static struct tls_server *listen_tls(const struct worker_listen *wl)
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
     struct worker_listen *wl = arg;
-    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl));
+    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), wl->decision);
 }
 
 /* Close the listening sockets; with all, free the rest too (the contexts
@@ -167,6 +168,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         wl->w = w;
         wl->index = w->nlistens;
         wl->addr = mem_strndup(cl->addr.text, strlen(cl->addr.text));
+        wl->decision = cl->decision;
         addr = cl->addr.text;
         int fd = listener_socket((const struct sockaddr *)&cl->addr.ss, cl->addr.sslen, 4096,
                                  LISTENER_REUSEPORT | LISTENER_V6ONLY);

@@ -17,7 +17,8 @@ FUZZ_CC       ?= clang-14
 FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
 FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
-                 h1write_request h1write_response http1_differential redis_reply admin_api
+                 h1write_request h1write_response http1_differential redis_reply admin_api \
+                 fwdauth
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXTRA) \
@@ -58,6 +59,9 @@ FUZZ_LEN_h1write_response := 8192
 FUZZ_LEN_http1_differential := 8192
 FUZZ_LEN_redis_reply      := 8192
 FUZZ_LEN_admin_api        := 8192
+FUZZ_OBJS_fwdauth         := fwdauth $(FUZZ_OBJS_route_key)
+FUZZ_LEN_fwdauth          := 4096
+FUZZ_DICT_fwdauth         := tests/fuzz/route.dict
 FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
 FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
 FUZZ_DICT_conf            := tests/fuzz/conf.dict
@@ -117,6 +121,7 @@ fuzz: fuzz-build
 	    http1_differential) len=$(FUZZ_LEN_http1_differential); dict=$(FUZZ_DICT_http1_differential);; \
 	    redis_reply) len=$(FUZZ_LEN_redis_reply); dict=$(FUZZ_DICT_redis_reply);; \
 	    admin_api) len=$(FUZZ_LEN_admin_api); dict=$(FUZZ_DICT_admin_api);; \
+	    fwdauth) len=$(FUZZ_LEN_fwdauth); dict=$(FUZZ_DICT_fwdauth);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
 	  log=$(FUZZ_DIR)/$$t.log; \

@@ -166,6 +166,20 @@ KEYS = [
 for i, (m, peer, text) in enumerate(KEYS):
     write("route_key", "k%02d" % i, bytes([m, peer]) + text)
 
+# fwdauth: the prefix byte (0 /decide, 1 /a/b, 2 /x), then a request head.
+DESCRIBED = [
+    (0, b"GET /decide HTTP/1.1\nHost: s\nX-Forwarded-Method: POST\nX-Forwarded-Uri: /api/a?b=1\n"
+        b"X-Forwarded-Host: app.test\nX-Forwarded-Proto: https\nX-Forwarded-For: 192.0.2.1\n\n"),
+    (0, b"GET /decide?x HTTP/1.1\nHost: s\nX-Original-URI: /w\nX-Original-Method: DELETE\n\n"),
+    (1, b"HEAD /a/b/api/x?y=1 HTTP/1.1\nHost: app\nX-Forwarded-Uri: /other\n\n"),
+    (0, b"GET /decide HTTP/1.1\nHost: s\nX-Forwarded-Uri: /a\nX-Original-URI: /b\n\n"),
+    (0, b"GET /decide HTTP/1.1\nHost: s\nX-Forwarded-Uri: /a\nX-Forwarded-Method: G T\n\n"),
+    (2, b"POST /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit HTTP/1.1\nHost: s\n\n"),
+    (0, b"GET /decider HTTP/1.1\nHost: s\nX-Forwarded-Uri:\n\n"),
+]
+for i, (prefix, text) in enumerate(DESCRIBED):
+    write("fwdauth", "d%02d" % i, bytes([prefix]) + text)
+
 # h1write targets: one option byte (see fuzz_h1write_request.c and
 # fuzz_h1write_response.c), then the message.
 H1W_REQUESTS = {
