@@ -602,8 +602,11 @@ def start_everything(procs, tmp, sluice_bin, selected=None, unavailable=None):
             why = h2_probe(port, key, tmp)
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             why = str(e).strip().splitlines()
-            # sluice's config error is the last line of its output.
-            why = "did not start: " + (why[-1] if why else "?")
+            # sluice's config error is the last line of its output; its
+            # lines are the template's (fill() keeps them).
+            why = "%s: %s" % ("exited (its config refused?)" if p.poll() is not None
+                              else "did not answer",
+                              (why[-1] if why else "?").replace(conf, "bench/conf/" + template))
         if why:
             unavailable[key] = "%s %s" % (kind, why)
             log("%s: unavailable: %s" % (label, unavailable[key]))
