@@ -378,16 +378,21 @@ def run_wrk(procs, port, duration_s, conns, script=None, env=None, key=None):
     if key in NEWCONN_ROWS:
         argv += ["-H", "Connection: close"]     # wrk reconnects after each response
     argv.append("%s://127.0.0.1:%d/" % ("https" if key in TLS_ROWS else "http", port))
-    p = procs.start("wrk", argv, env=env)
+    return parse_wrk(run_tool(procs, "wrk", argv, duration_s, env))
+
+
+def run_tool(procs, name, argv, duration_s, env=None):
+    """Run a load generator for duration_s (30 s of grace); its output."""
+    p = procs.start(name, argv, env=env)
     try:
         p.wait(timeout=duration_s + 30)
     except subprocess.TimeoutExpired:
-        raise RuntimeError("wrk did not finish within %ds" % (duration_s + 30))
+        raise RuntimeError("%s did not finish within %ds" % (name, duration_s + 30))
     out = procs.log_tail(p, 1 << 16)
     procs.stop(p)
     if p.returncode != 0:
-        raise RuntimeError("wrk failed (%s):\n%s" % (p.returncode, out))
-    return parse_wrk(out)
+        raise RuntimeError("%s failed (%s):\n%s" % (name, p.returncode, out[-4000:]))
+    return out
 
 
 # ------------------------------------------------------------------- h2load
@@ -455,17 +460,8 @@ def latency_ms(log_file):
 
 def run_h2load(procs, port, duration_s, key, rps=None):
     log_file = os.path.join(procs.tmp, "h2load.tsv")
-    p = procs.start("h2load", h2load_argv(port, key, duration_s=duration_s, rps=rps,
-                                          log_file=log_file, tmp=procs.tmp))
-    try:
-        p.wait(timeout=duration_s + 30)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError("h2load did not finish within %ds" % (duration_s + 30))
-    out = procs.log_tail(p, 1 << 16)
-    procs.stop(p)
-    if p.returncode != 0:
-        raise RuntimeError("h2load failed (%s):\n%s" % (p.returncode, out[-2000:]))
-    r = parse_h2load(out)
+    r = parse_h2load(run_tool(procs, "h2load", h2load_argv(
+        port, key, duration_s=duration_s, rps=rps, log_file=log_file, tmp=procs.tmp), duration_s))
     r["p50_ms"], r["p99_ms"] = latency_ms(log_file)
     os.unlink(log_file)
     return r
@@ -698,6 +694,30 @@ def idle_connections(port, n, timeout_s=120.0):
     return socks, connected
 
 
+def idle_rss(p, port, n, open_batch=None, request_batch_fn=None):
+    """The RSS of process p with n idle client connections on port: once they
+    are connected (and open_batch, run as request_all's batch_fn, has set
+    them up) and once each did one request (request_batch_fn; default an
+    HTTP/1.1 GET) and went idle. The sockets are closed on return."""
+    out = {}
+    socks, connected = idle_connections(port, n)
+    try:
+        out["connected"] = connected
+        if open_batch:
+            out["handshakes"] = request_all(socks, batch_fn=open_batch)
+        time.sleep(1.0)
+        out["rss_kib_connected"] = rss_kib(p.pid)
+        out["statuses"] = request_all(socks, batch_fn=request_batch_fn)
+        out["answered"] = out["statuses"].get("200", 0)
+        time.sleep(1.0)
+        out["rss_kib_idle"] = rss_kib(p.pid)
+        out["alive"] = p.poll() is None
+    finally:
+        for so in socks:
+            so.close()
+    return out
+
+
 def request_all(socks, batch=256, timeout_s=120.0, batch_fn=None):
     """One GET on every socket, responses read: they are then idle keep-alive
     clients. Sent batch sockets at a time: 10,000 requests at once would
@@ -713,48 +733,66 @@ def request_all(socks, batch=256, timeout_s=120.0, batch_fn=None):
     return statuses
 
 
-def request_batch(socks, timeout_s):
-    req = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
+def exchange_batch(socks, timeout_s, send, answered, bufs):
+    """Send send on every socket, then read until answered(sock), which looks
+    at bufs[sock] (all read so far, or what it left there), gives a status.
+    Returns {status or "closed" or "no answer": count}."""
     sel = selectors.DefaultSelector()
-    bufs = {}
-    for s in socks:
-        s.setblocking(False)
+    statuses, pending = {}, set()
+
+    def finish(so, status):
+        statuses[status] = statuses.get(status, 0) + 1
+        sel.unregister(so)
+        pending.discard(so)
+
+    for so in socks:
+        so.setblocking(False)
         try:
-            s.send(req)
+            so.send(send)
         except OSError:
+            statuses["closed"] = statuses.get("closed", 0) + 1
             continue
-        bufs[s] = b""
-        sel.register(s, selectors.EVENT_READ)
-    statuses = {}
+        sel.register(so, selectors.EVENT_READ)
+        pending.add(so)
+        bufs.setdefault(so, b"")
+        status = answered(so)
+        if status:
+            finish(so, status)
     deadline = time.monotonic() + timeout_s
-    while bufs and time.monotonic() < deadline:
+    while pending and time.monotonic() < deadline:
         for key, _ in sel.select(timeout=1.0):
-            s = key.fileobj
+            so = key.fileobj
             try:
-                data = s.recv(65536)
+                data = so.recv(65536)
             except BlockingIOError:
                 continue
             except OSError:
                 data = b""
             if not data:
-                statuses["closed"] = statuses.get("closed", 0) + 1
-                sel.unregister(s)
-                del bufs[s]
+                finish(so, "closed")
                 continue
-            bufs[s] += data
-            head, sep, body = bufs[s].partition(b"\r\n\r\n")
-            if not sep:
-                continue
-            m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
-            if m and len(body) >= int(m.group(1)):
-                status = head[9:12].decode("ascii", "replace")
-                statuses[status] = statuses.get(status, 0) + 1
-                sel.unregister(s)
-                del bufs[s]
-    if bufs:
-        statuses["no answer"] = len(bufs)
+            bufs[so] += data
+            status = answered(so)
+            if status:
+                finish(so, status)
+    if pending:
+        statuses["no answer"] = len(pending)
     sel.close()
     return statuses
+
+
+def request_batch(socks, timeout_s):
+    bufs = {}
+
+    def answered(so):
+        head, sep, body = bufs[so].partition(b"\r\n\r\n")
+        if not sep:
+            return None
+        m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+        if m and len(body) >= int(m.group(1)):
+            return head[9:12].decode("ascii", "replace")
+        return None
+    return exchange_batch(socks, timeout_s, b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n", answered, bufs)
 
 
 # HTTP/2 with prior knowledge, frame by frame: the idle-connection RSS of
@@ -773,20 +811,11 @@ H2_GET = h2_frame(1, 0x5, 1, b"\x82\x86\x84\x01\x05bench")
 
 
 def h2_batch(socks, timeout_s, send, done, bufs):
-    """Send send on every socket, then read frames until done(sock, type,
-    flags, stream, payload) gives a status for it. bufs {sock: bytes} keeps
-    what was read past that frame for the next batch on the socket.
-    Returns {status or "closed" or "refused" or "no answer": count}."""
-    sel = selectors.DefaultSelector()
-    statuses, pending = {}, set()
-
-    def finish(so, status):
-        statuses[status] = statuses.get(status, 0) + 1
-        sel.unregister(so)
-        pending.discard(so)
-
-    def frames(so):
-        buf = bufs.get(so, b"")
+    """exchange_batch reading HTTP/2 frames until done(sock, type, flags,
+    stream, payload) gives a status; what was read past that frame stays in
+    bufs for the next batch on the socket. "refused": HTTP/1.1 came back."""
+    def answered(so):
+        buf = bufs[so]
         if buf.startswith(b"HTTP/"):
             return "refused"
         while len(buf) >= 9:
@@ -801,40 +830,7 @@ def h2_batch(socks, timeout_s, send, done, bufs):
                 return status
         bufs[so] = buf
         return None
-
-    for so in socks:
-        so.setblocking(False)
-        try:
-            so.send(send)
-        except OSError:
-            statuses["closed"] = statuses.get("closed", 0) + 1
-            continue
-        sel.register(so, selectors.EVENT_READ)
-        pending.add(so)
-        status = frames(so)
-        if status:
-            finish(so, status)
-    deadline = time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=1.0):
-            so = key.fileobj
-            try:
-                data = so.recv(65536)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                finish(so, "closed")
-                continue
-            bufs[so] = bufs.get(so, b"") + data
-            status = frames(so)
-            if status:
-                finish(so, status)
-    if pending:
-        statuses["no answer"] = len(pending)
-    sel.close()
-    return statuses
+    return exchange_batch(socks, timeout_s, send, answered, bufs)
 
 
 def h2_settings_seen(so, ftype, flags, stream, payload):
@@ -873,49 +869,35 @@ def memory_h2(procs, tmp, sluice_bin, ports, idle_n):
     """sluice's RSS with idle_n idle HTTP/2 connections (h2c): at start,
     once each sent the preface and SETTINGS and got the server's SETTINGS,
     and once each then did one GET / (decided in Redis, proxied)."""
-    port = free_port()
-    d = os.path.join(tmp, "h2mem")
-    os.makedirs(d)
-    conf = fill("sluice-h2mem.yaml", os.path.join(d, "sluice.yaml"), PORT=port,
-                UPSTREAM_PORT=ports["upstream"], REDIS_PORT=ports["redis"])
-    p = procs.start("sluice-h2mem", [sluice_bin, "-c", conf])
-    wait_port(procs, p, port, "sluice (HTTP/2 memory)")
+    p, port = start_sluice(procs, tmp, sluice_bin, ports, "h2mem", "sluice-h2mem.yaml")
     out = {"rss_kib_start": rss_kib(p.pid)}
     why = h2_refusal(port, False)
     if why:
         out["unavailable"] = "sluice " + why
         procs.stop(p)
         return out
-    socks, connected = idle_connections(port, idle_n)
     bufs, decoders = {}, {}
-    try:
-        out["connected"] = connected
-        out["handshakes"] = request_all(socks, batch_fn=lambda b, t: h2_batch(
-            b, t, H2_PREFACE + h2_frame(4, 0, 0), h2_settings_seen, bufs))
-        time.sleep(1.0)
-        out["rss_kib_connected"] = rss_kib(p.pid)
-        out["statuses"] = request_all(socks, batch_fn=lambda b, t: h2_batch(
-            b, t, h2_frame(4, 1, 0) + H2_GET, h2_response_done(decoders), bufs))
-        out["answered"] = out["statuses"].get("200", 0)
-        decoders.clear()
-        time.sleep(1.0)
-        out["rss_kib_idle"] = rss_kib(p.pid)
-        out["alive"] = p.poll() is None
-    finally:
-        for so in socks:
-            so.close()
+    out.update(idle_rss(p, port, idle_n, lambda b, t: h2_batch(
+        b, t, H2_PREFACE + h2_frame(4, 0, 0), h2_settings_seen, bufs), lambda b, t: h2_batch(
+        b, t, h2_frame(4, 1, 0) + H2_GET, h2_response_done(decoders), bufs)))
     procs.stop(p)
     return out
 
 
-def memory(procs, tmp, sluice_bin, ports, redis, idle_n):
+def start_sluice(procs, tmp, sluice_bin, ports, name, template):
+    """A sluice of its own for a memory figure: (process, port)."""
     port = free_port()
-    d = os.path.join(tmp, "mem")
+    d = os.path.join(tmp, name)
     os.makedirs(d)
-    conf = fill("sluice-mem.yaml", os.path.join(d, "sluice.yaml"), PORT=port,
+    conf = fill(template, os.path.join(d, "sluice.yaml"), PORT=port,
                 UPSTREAM_PORT=ports["upstream"], REDIS_PORT=ports["redis"])
-    p = procs.start("sluice-mem", [sluice_bin, "-c", conf])
-    wait_port(procs, p, port, "sluice (memory)")
+    p = procs.start("sluice-" + name, [sluice_bin, "-c", conf])
+    wait_port(procs, p, port, "sluice (%s)" % name)
+    return p, port
+
+
+def memory(procs, tmp, sluice_bin, ports, redis, idle_n):
+    p, port = start_sluice(procs, tmp, sluice_bin, ports, "mem", "sluice-mem.yaml")
     out = {"keys": {}}
 
     # Redis memory per key: 100 keys per algorithm, one request each; and one
@@ -953,19 +935,7 @@ def memory(procs, tmp, sluice_bin, ports, redis, idle_n):
 
     # RSS with idle_n idle client connections.
     out["rss_kib_start"] = rss_kib(p.pid)
-    socks, connected = idle_connections(port, idle_n)
-    try:
-        time.sleep(1.0)
-        out["connected"] = connected
-        out["rss_kib_connected"] = rss_kib(p.pid)
-        out["statuses"] = request_all(socks)
-        out["answered"] = out["statuses"].get("200", 0)
-        time.sleep(1.0)
-        out["rss_kib_idle"] = rss_kib(p.pid)
-        out["alive"] = p.poll() is None
-    finally:
-        for s in socks:
-            s.close()
+    out.update(idle_rss(p, port, idle_n))
     procs.stop(p)
     return out
 
