@@ -1206,6 +1206,13 @@ def main():
     for tool in tools:
         if not shutil.which(tool):
             sys.exit("bench: %s not found (make bench installs it)" % tool)
+    for module, deb, needed in (("grpc", "python3-grpcio", {"grpc", "rls"}),
+                                ("hpack", "python3-hpack", {"h2"})):
+        if needed & set(groups):
+            try:
+                __import__(module)
+            except ImportError:
+                sys.exit("bench: %s not found (make bench installs it)" % deb)
     if not os.access(args.sluice, os.X_OK):
         sys.exit("bench: no sluice binary at %s (run make first)" % args.sluice)
     signal.signal(signal.SIGTERM, on_signal)
@@ -1277,7 +1284,9 @@ def main():
 
         # The decision service at half of its peak rate: h2load --rps paces
         # each connection (sent on schedule, whatever the answers: open loop).
-        if "sluicerls" in rows:
+        if "sluicerls" in rows and not res["rows"]["sluicerls"]["median"]["rps"]:
+            res["problems"].append("19: no calls answered, no half-rate figure")
+        elif "sluicerls" in rows:
             port, pid = rows["sluicerls"]
             rate = res["rows"]["sluicerls"]["median"]["rps"] / 2
             runs = []
