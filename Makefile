@@ -51,6 +51,9 @@ DEBS     += apache2-utils
 DEBS     += prometheus
 # yaml: the tests read docs/prometheus/alerts.yml
 DEBS     += python3-yaml
+# cryptography: tests/integration/jwtlib.py makes the JWT tests' keys and
+# signs their tokens (test_jwt, test_jwt_keys)
+DEBS     += python3-cryptography
 # headless Chromium: test_dashboard loads the admin console's page in it
 DEBS     += chromium
 # TLS listeners: OpenSSL 3 (openssl CLI for the tests' certificates), and

@@ -99,6 +99,7 @@ struct conf_decision {
 enum conf_keysrc_kind {
     CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
     CONF_KEY_METHOD, CONF_KEY_PATH, CONF_KEY_CAPTURE,
+    CONF_KEY_JWT,               /* jwt:CLAIM: a verified token's claim (arg) */
 };
 
 struct conf_keysrc {
@@ -202,6 +203,10 @@ struct conf_route {
      * plan applies. */
     struct conf_keysrc *plan_key;
     struct conf_keysrc *plan_from;
+    int require_jwt;            /* no verified token: 401 */
+    int uses_jwt;               /* its requests' tokens are verified: require_jwt,
+                                 * a jwt:CLAIM key source, plan_key or plan_from,
+                                 * or a plan's limit (set by conf_load) */
 };
 
 /* plans.NAME: a set of limits. route is a route of its own in all but
@@ -218,6 +223,23 @@ struct conf_plan_assign {
     char *key;
     size_t keylen;
     int plan;                   /* index into conf.plans */
+};
+
+struct jwt_keys;
+
+/* jwt: how tokens are verified (docs/jwt.md). keys is built from
+ * jwks_file or secret by confcheck_load (jwt.h) and released with the conf. */
+struct conf_jwt {
+    int on;                     /* the section is present */
+    char *jwks_file;            /* or NULL */
+    struct conf_mark jwks_at;   /* its value, for the errors of reading it */
+    char *secret;               /* HS256, or NULL */
+    size_t secret_len;
+    char *issuer;               /* NULL: not checked */
+    char *audience;             /* NULL: not checked */
+    int64_t leeway_s;           /* default 30 */
+    char *cookie;               /* a cookie that may carry the token; NULL */
+    struct jwt_keys *keys;
 };
 
 struct conf_redis {
@@ -304,6 +326,7 @@ struct conf {
     int plan_default;           /* plans.default: index into plans */
     struct conf_plan_assign *plan_assign;   /* plans.assign, sorted by key */
     int nplan_assign;
+    struct conf_jwt jwt;
     int refs;                   /* atomic; starts at 1 */
     struct conf_cleanup *cleanups;  /* conf_cleanup_add, newest first */
 };

@@ -1,6 +1,6 @@
 /* sluice - conf_int.h: private to the config loader; include it after
  * conf.h. Its files, each calling only those under it: conf_load.c on top,
- * then conf_net.c, conf_redis.c, conf_limits.c, then conf_tls.c, then
+ * then conf_net.c, conf_redis.c, conf_limits.c, conf_jwt.c, then conf_tls.c, then
  * conf_value.c, then conf.c at the ground. The
  * node tree of phase 1, the walker's context and key tables of phase 2, and
  * the helpers the section files share. src/conf.h is the public interface. */
@@ -14,6 +14,7 @@
 
 struct conf;
 struct conf_addr;
+struct conf_jwt;
 struct conf_mark;
 struct conf_redis;
 struct conf_tls_client;
@@ -170,5 +171,10 @@ int conf_h_allow(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_routes(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_paths(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_plans(struct ctx *x, struct node *k, struct node *v, void *obj);
+
+/* ---- conf_jwt.c */
+int conf_h_jwt(struct ctx *x, struct node *k, struct node *v, void *obj);
+int conf_check_jwt(struct ctx *x, struct node *root);
+void conf_jwt_free(struct conf_jwt *j);
 
 #endif

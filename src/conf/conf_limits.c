@@ -504,6 +504,18 @@ static int parse_keysrc(const char *s, struct conf_keysrc *out)
         out->net = 1;
         return parse_ip_prefix(s + 3, out) < 0 ? -3 : 0;
     }
+    if (!strncmp(s, "jwt:", 4)) {       /* any claim name: "https://x/org" too */
+        size_t n = strlen(s + 4);
+        if (n == 0 || n > 256)
+            return -1;
+        for (size_t i = 4; s[i]; i++)
+            if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
+                return -1;
+        out->kind = CONF_KEY_JWT;
+        out->arg = xstrdup(s + 4);
+        out->arglen = n;
+        return 0;
+    }
     if (wl == 7 && !strncmp(s, "capture", 7)) {
         if (!colon || colon[1] < '1' || colon[1] > '0' + CONF_MAX_CAPTURES || colon[2])
             return -2;
@@ -549,7 +561,7 @@ static int h_limit_key(struct ctx *x, struct node *k, struct node *v, void *obj)
                       conf_show(s, sb));
         else if (s && rc < 0)
             conf_fail(x, v->kids[i], "bad key source '%s' (use ip, ip/N, method, path, "
-                      "header:NAME, query:NAME or cookie:NAME)", conf_show(s, sb));
+                      "header:NAME, query:NAME, cookie:NAME or jwt:CLAIM)", conf_show(s, sb));
         conf_path_pop(x, old);
         if (rc < 0)
             return -1;
@@ -1159,7 +1171,8 @@ static int route_plan_src(struct ctx *x, struct node *v, int is_from, struct con
                     (is_from && ks->kind == CONF_KEY_IP)))
         rc = -1;
     if (rc < 0)
-        return conf_fail(x, v, "bad %s '%s' (use %sheader:NAME, query:NAME or cookie:NAME)",
+        return conf_fail(x, v, "bad %s '%s' (use %sheader:NAME, query:NAME, cookie:NAME or "
+                         "jwt:CLAIM)",
                          is_from ? "plan source" : "plan key", conf_show(s, sb),
                          is_from ? "" : "ip, ");
     return 0;
@@ -1175,6 +1188,11 @@ static int h_route_plan_from(struct ctx *x, struct node *k, struct node *v, void
     return route_plan_src(x, v, 1, &((struct conf_route *)obj)->plan_from);
 }
 
+static int h_route_require_jwt(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_bool(x, v, &((struct conf_route *)obj)->require_jwt);
+}
+
 static const struct key_def route_keys[] = {
     { "name", h_route_name, 1 },
     { "match", h_route_match, 1 },
@@ -1184,6 +1202,7 @@ static const struct key_def route_keys[] = {
     { "cost", h_route_cost, 0 },
     { "headers", h_route_headers, 0 },
     { "upgrade", h_route_upgrade, 0 },
+    { "require_jwt", h_route_require_jwt, 0 },
     { "plan_key", h_route_plan_key, 0 },
     { "plan_from", h_route_plan_from, 0 },
     { NULL, NULL, 0 },

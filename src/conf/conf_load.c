@@ -258,6 +258,7 @@ static const struct key_def top_keys[] = {
     { "paths", conf_h_paths, 0 },
     { "decision", conf_h_decision, 0 },
     { "plans", conf_h_plans, 0 },
+    { "jwt", conf_h_jwt, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -460,7 +461,8 @@ static int conf_from_tree(struct ctx *x, struct node *root)
     for (int i = 0; i < x->c->nroutes; i++)
         if (check_route(x, i) < 0 || check_captures(x, i) < 0 || check_paths(x, i) < 0)
             return -1;
-    if (conf_decision_merge(x, root) < 0 || check_admin(x, root) < 0)
+    if (conf_decision_merge(x, root) < 0 || check_admin(x, root) < 0 ||
+        conf_check_jwt(x, root) < 0)
         return -1;
     x->c->redis.overrides = x->c->admin_token != NULL;
     return 0;
@@ -607,6 +609,7 @@ static void conf_free(struct conf *c)
         free(c->admin_hosts[i]);
     free(c->admin_hosts);
     free(c->access_log);
+    conf_jwt_free(&c->jwt);
     free(c);
 }
 

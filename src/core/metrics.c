@@ -42,6 +42,7 @@ static _Atomic uint64_t counters[METRICS_NCOUNTERS];
 static _Atomic uint64_t redis_errors[METRICS_NREDIS_ERRORS];
 static _Atomic uint64_t tls_handshakes;
 static _Atomic uint64_t tls_failures[METRICS_NTLS_FAILURES];
+static _Atomic uint64_t jwt_results[METRICS_NJWT];
 static _Atomic int64_t gauges[METRICS_NGAUGES];
 static struct metrics_histogram hists[METRICS_NHIST];
 #define METRICS_MAX_WORKERS 256
@@ -137,6 +138,12 @@ void metrics_tls_handshake(void)
 void metrics_tls_failure(enum metrics_tls_failure why)
 {
     atomic_fetch_add_explicit(&tls_failures[why], 1, memory_order_relaxed);
+}
+
+void metrics_jwt(int result)
+{
+    if (result >= 0 && result < METRICS_NJWT)
+        atomic_fetch_add_explicit(&jwt_results[result], 1, memory_order_relaxed);
 }
 
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta)
@@ -375,6 +382,25 @@ static void render_tls(struct evbuffer *out)
                             reasons[i], (unsigned long long)load(&tls_failures[i]));
 }
 
+/* The results seen so far only: most configs read no tokens. */
+static void render_jwt(struct evbuffer *out)
+{
+    static const char *const results[METRICS_NJWT] = {
+        "verified", "cached", "missing", "twice", "",
+        "malformed", "bad_alg", "no_key", "bad_signature", "expired", "not_yet_valid",
+        "bad_issuer", "bad_audience",
+    };
+    evbuffer_add_printf(out,
+        "# HELP sluice_jwt_tokens_total Tokens of requests on routes that read them, by result.\n"
+        "# TYPE sluice_jwt_tokens_total counter\n");
+    for (int i = 0; i < METRICS_NJWT; i++) {
+        uint64_t v = load(&jwt_results[i]);
+        if (v)
+            evbuffer_add_printf(out, "sluice_jwt_tokens_total{result=\"%s\"} %llu\n", results[i],
+                                (unsigned long long)v);
+    }
+}
+
 /* ---- TLS to upstreams: failures by upstream and reason, handshakes */
 
 struct metrics_up_tls_failure {
@@ -459,6 +485,7 @@ void metrics_render(struct evbuffer *out)
     render_counter(out, "sluice_key_fallbacks_total",
                    "Limit keys counted under the client address: a key source was absent.",
                    METRICS_KEY_FALLBACKS);
+    render_jwt(out);
     render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
                 &hists[METRICS_REDIS_SECONDS]);
     render_batch(out);

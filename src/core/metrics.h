@@ -50,6 +50,15 @@ enum metrics_tls_failure {
     METRICS_TLS_OTHER,
     METRICS_NTLS_FAILURES
 };
+/* What became of the token of a request on a route that reads tokens
+ * (sluice_jwt_tokens_total{result}): its signature checked, a repeat the
+ * worker's cache answered, none, given twice, or METRICS_JWT_FAILED plus
+ * the jwt_status (jwt.h, 1..8) it failed with. */
+enum metrics_jwt {
+    METRICS_JWT_VERIFIED, METRICS_JWT_CACHED, METRICS_JWT_MISSING, METRICS_JWT_TWICE,
+    METRICS_JWT_FAILED,
+    METRICS_NJWT = METRICS_JWT_FAILED + 9
+};
 enum metrics_gauge {
     METRICS_CONN_CLIENT, METRICS_CONN_UPSTREAM, METRICS_REDIS_CONNECTED, METRICS_NGAUGES
 };
@@ -77,6 +86,7 @@ void metrics_redis_error(enum metrics_redis_error why);
 void metrics_decision_mode(enum metrics_decision d);
 /* A request read by worker thread `worker` (shows that every worker serves). */
 void metrics_worker_request(int worker);
+void metrics_jwt(int result);
 /* TLS handshakes with clients: one completed, or one failed and why. */
 void metrics_tls_handshake(void);
 void metrics_tls_failure(enum metrics_tls_failure why);

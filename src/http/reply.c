@@ -199,6 +199,7 @@ static const char *error_name(int status)
 {
     switch (status) {
     case 400: return "bad_request";
+    case 401: return "missing_token";
     case 404: return "no_route";
     case 408: return "request_timeout";
     case 413: return "body_too_large";
@@ -246,6 +247,10 @@ static void add_error(struct evbuffer *buf, int status, const char *name, int64_
     if (n < 0 || (size_t)n >= sizeof(body))
         abort();                        /* names are ours and short */
     add_status_line(out, status);
+    if (status == 401 && name != NULL && strcmp(name, "invalid_token") == 0)
+        ADD_LIT(out, "WWW-Authenticate: Bearer error=\"invalid_token\"\r\n");
+    else if (status == 401)     /* no token: no error code (RFC 6750 3.1) */
+        ADD_LIT(out, "WWW-Authenticate: Bearer\r\n");
     if (retry_s > 0) {
         ADD_LIT(out, "Retry-After: ");
         add_int(out, retry_s);

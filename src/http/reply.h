@@ -76,7 +76,8 @@ void reply_error(struct evbuffer *out, int status, int keep_alive,
 
 /* The same with the JSON error name given (NULL: the status's own), for
  * the 400s that say why: "ambiguous_key", "missing_key", "bad_key", "bad_host",
- * "regex_limit". */
+ * "regex_limit"; a 401 carries WWW-Authenticate: Bearer, with
+ * error="invalid_token" when name is "invalid_token" (RFC 6750 3.1). */
 void reply_error_named(struct evbuffer *out, int status, const char *name, int keep_alive,
                        const char *request_id, size_t request_id_len);
 

@@ -13,6 +13,7 @@
 #include <strings.h>
 #include "addr.h"
 #include "digest.h"
+#include "jwt.h"
 #include "mem.h"
 #include "regex.h"
 #include "route.h"
@@ -494,7 +495,8 @@ static void route_sink_put(struct route_sink *k, const char *p, size_t n)
 }
 
 /* One part, located in the request but not yet copied. */
-enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_QUERY, ROUTE_PART_COOKIE, ROUTE_PART_NUMBER };
+enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_QUERY, ROUTE_PART_COOKIE, ROUTE_PART_NUMBER,
+                       ROUTE_PART_ANON };
 
 struct route_part {
     enum route_part_kind kind;
@@ -708,6 +710,10 @@ static void route_part_emit(const struct route_part *pt, struct route_sink *k)
 static void route_put_part(struct route_out *o, const struct route_part *pt)
 {
     struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
+    if (pt->kind == ROUTE_PART_ANON) {      /* no "<len>:": no claim can write it */
+        route_put(o, ROUTE_JWT_ANON, sizeof ROUTE_JWT_ANON - 1);
+        return;
+    }
     route_part_emit(pt, &k);
     char num[32];
     if (k.len > ROUTE_MAX_PART || (k.len == 41 && k.first == '#')) {
@@ -963,6 +969,13 @@ static enum route_seen route_locate(const struct conf_keysrc *ks, const struct r
             return ROUTE_ABSENT;
         return route_capture(req->path + req->caps->off[ks->capture],
                              req->caps->len[ks->capture], pt);
+    case CONF_KEY_JWT:
+        if (req->claims == NULL) {      /* no token, or one that failed */
+            pt->kind = ROUTE_PART_ANON;
+            return ROUTE_ONCE;
+        }
+        return route_jwt_claim(req, ks->arg, ks->arglen, &pt->p, &pt->n) ? ROUTE_ONCE
+                                                                          : ROUTE_ABSENT;
     }
     abort();                            /* conf.c only makes the kinds above */
 }
@@ -1069,7 +1082,7 @@ long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, 
         return ROUTE_KEY_AMBIGUOUS;
     if (seen == ROUTE_BAD)
         return ROUTE_KEY_BAD;
-    if (seen == ROUTE_ABSENT)
+    if (seen == ROUTE_ABSENT || pt.kind == ROUTE_PART_ANON)    /* no verified token */
         return -1;
     struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
     route_part_emit(&pt, &k);
@@ -1081,6 +1094,44 @@ long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, 
     route_part_emit(&pt, &k);
     out[o.len] = '\0';
     return (long)o.len;
+}
+
+int route_jwt_claim(const struct route_req *req, const char *name, size_t namelen,
+                    const char **v, size_t *vlen)
+{
+    return req->claims != NULL && jwt_claim(req->claims, req->claims_len, name, namelen, v, vlen);
+}
+
+/* "Bearer" is a case-insensitive scheme (RFC 7235), then one or more
+ * spaces and the token; anything after the token makes it none. */
+int route_jwt_token(const struct conf *c, const struct route_req *req, const char **tok,
+                    size_t *len)
+{
+    const char *v;
+    size_t n;
+    int found = 0, fields = 0;
+    for (int i = 0; i < req->h->nheaders; i++) {
+        if (!route_header_is(req->buf, req->h, i, "authorization", 13))
+            continue;
+        if (fields++ > 0)
+            return -1;
+        route_header_value(req->buf, req->h, i, &v, &n);
+        found = n > 7 && route_caseeq(v, 6, "bearer", 6) && v[6] == ' ';
+        if (!found)
+            continue;
+        for (v += 7, n -= 7; n > 0 && v[0] == ' '; v++, n--)
+            ;
+        *tok = v;
+        *len = n;
+        if (n == 0 || memchr(v, ' ', n) != NULL || memchr(v, '\t', n) != NULL)
+            return -1;
+    }
+    if (found)
+        return 1;
+    if (c->jwt.cookie == NULL)
+        return 0;
+    enum route_seen seen = route_find_cookie(req, c->jwt.cookie, strlen(c->jwt.cookie), tok, len);
+    return seen == ROUTE_TWICE ? -1 : seen == ROUTE_ONCE && *len > 0;
 }
 
 /* The config override of l whose key is key, or NULL. */

@@ -88,6 +88,9 @@ struct route_req {
     const char *path;           /* normalised */
     size_t pathlen;
     const struct route_captures *caps;  /* NULL when the route has no regex */
+    const char *claims;         /* a verified token's claims (jwt.h), or NULL:
+                                 * none, or one that failed verification */
+    size_t claims_len;
 };
 
 /* Write the Redis key of limit l of route r for this request into
@@ -109,6 +112,27 @@ long route_key(const struct conf *c, const struct conf_route *r,
                const struct conf_limit *l, const struct route_req *req,
                char *out);
 
+/* What a jwt:CLAIM key part is for a request without a verified token
+ * (none, or one that failed): written without the "<len>:" every other
+ * part starts with, so no claim value can be it. */
+#define ROUTE_JWT_ANON "!anon"
+
+/* The token a request carries (c->jwt): an Authorization: Bearer field,
+ * else the cookie c->jwt.cookie. 1 with it in *tok, *len (into the head);
+ * 0 when there is none; -1 when it is given twice (two Authorization
+ * fields, the cookie twice) or the field holds more than one token: the
+ * request has no valid token. */
+int route_jwt_token(const struct conf *c, const struct route_req *req, const char **tok,
+                    size_t *len);
+
+/* The claim name[0..namelen) of the request's verified token: 1 with a
+ * string claim's decoded value or an integer claim's digits in *v, *vlen;
+ * 0 without a verified token, or without that claim as a string or an
+ * integer. What a jwt:CLAIM key part reads, and what any other use of a
+ * claim (a plan) should read. */
+int route_jwt_claim(const struct route_req *req, const char *name, size_t namelen,
+                    const char **v, size_t *vlen);
+
 /* The key limit l counts a request under when one of its key sources is
  * absent and on_missing_key is ip: the client address, in a key space no
  * route_key() key can reach. Returns its length, or -1. */
@@ -124,7 +148,8 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
 
 /* The value key source ks takes in the request, as a key part holds it
  * (a query parameter or cookie decoded), into out[ROUTE_MAX_KEY],
- * NUL-terminated: its length; -1 when absent or longer than ROUTE_MAX_PART;
+ * NUL-terminated: its length; -1 when absent (a jwt:CLAIM source without a
+ * verified token too) or longer than ROUTE_MAX_PART;
  * ROUTE_KEY_AMBIGUOUS or ROUTE_KEY_BAD as route_key() says. What plans read
  * a client's key and plan name with. */
 long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out);

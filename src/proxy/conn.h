@@ -60,6 +60,7 @@ struct conn_env {
     struct runtime *rt;                 /* current; requests retain their own */
     struct backend *local;              /* memory over mem, for on_error: local */
     struct denycache *deny;             /* keys Redis denied, until when */
+    struct jwtcache *jwt;               /* tokens this worker verified */
     struct accesslog *alog;             /* shared; not owned; NULL when off */
     uint64_t rng[2];                    /* xorshift128+ state, for request ids */
     struct request *spares;             /* requests idle connections gave back */

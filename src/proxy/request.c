@@ -45,6 +45,8 @@
 #include "h1write.h"
 #include "http1.h"
 #include "io.h"
+#include "jwt.h"
+#include "jwtcache.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
@@ -69,6 +71,9 @@ void request_free(struct request *rq)
     runtime_release(rq->rt);
     rq->rt = NULL;
     free(rq->path);
+    free(rq->claims);
+    rq->claims = NULL;
+    rq->claims_cap = 0;
     decide_free(&rq->dec);
     free(rq->log);
     rq->path = NULL;
@@ -376,6 +381,42 @@ void request_fail(struct client *c, int status)
     }
 }
 
+_Static_assert(METRICS_NJWT == METRICS_JWT_FAILED + JWT_BAD_AUDIENCE + 1,
+              "metrics.h counts every jwt_status");
+
+/* A route that reads tokens: the request's token verified through the
+ * worker's cache and its claims copied into the request, which owns them
+ * (a cache entry may go while the request waits). Without a valid token
+ * the request is anonymous, or, under require_jwt, answered 401 (-1). */
+static int request_jwt(struct client *c)
+{
+    struct request *rq = c->rq;
+    const struct conf_jwt *j = &c->conf->jwt;
+    struct jwt_rules rules = { j->issuer, j->audience, j->leeway_s };
+    struct route_req req = { rq->hbuf, &c->head };
+    const char *tok, *claims;
+    size_t len, claims_len;
+    int hit = 0, st = -1;
+    int found = route_jwt_token(c->conf, &req, &tok, &len);
+    if (found == 1)
+        st = jwtcache_verify(c->env->jwt, j->keys, &rules, tok, len, clock_wall_us() / 1000000,
+                             &claims, &claims_len, &hit);
+    metrics_jwt(found == 0 ? METRICS_JWT_MISSING : found < 0 ? METRICS_JWT_TWICE
+                : st != JWT_OK ? METRICS_JWT_FAILED + st
+                : hit ? METRICS_JWT_CACHED : METRICS_JWT_VERIFIED);
+    if (st == JWT_OK) {
+        /* one byte more: a token without claims still has a buffer */
+        memcpy(grow(&rq->claims, &rq->claims_cap, claims_len + 1), claims, claims_len);
+        rq->claims_len = claims_len;
+        rq->jwt_ok = 1;
+        return 0;
+    }
+    if (!rq->route->require_jwt)
+        return 0;
+    request_answer_named(c, 401, found == 0 ? "missing_token" : "invalid_token", 0);
+    return -1;
+}
+
 /* ---- request head ------------------------------------------------------ */
 
 static int rid_acceptable(const char *v, size_t n)
@@ -523,6 +564,8 @@ void request_head(struct client *c)
         request_answer(c, 413, 1);
         return;
     }
+    if (c->rq->route->uses_jwt && request_jwt(c) < 0)
+        return;
     decide(c);
 }
 
@@ -652,7 +695,8 @@ static void decide(struct client *c)
     struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
                               c->env->base, request_holding };
     struct route_req req = { c->rq->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
-                             c->rq->route->regex ? &rq->caps : NULL };
+                             c->rq->route->regex ? &rq->caps : NULL,
+                             rq->jwt_ok ? rq->claims : NULL, rq->claims_len };
     int v = decide_start(&rq->dec, &env, c->conf, c->rq->route, &req, request_decided, c);
     if (v != DECIDE_PENDING)
         decided(c, v);

@@ -43,6 +43,8 @@ struct request {
     struct decision dec;                /* keys, limit results, the call (decide.h);
                                          * reset with the request */
     struct request *spare_next;         /* in the worker's spares (request_put) */
+    char *claims;                       /* the verified token's claims (jwt.h) */
+    size_t claims_cap;
 
     /* Zeroed per head from here (request_reset). */
     size_t path_len;
@@ -55,6 +57,9 @@ struct request {
     int head_in_input;
     int head_held;                      /* hbuf points into the client's held */
     const struct conf_route *route;
+    int jwt_ok;                         /* claims[0..claims_len) hold a verified
+                                         * token's claims */
+    size_t claims_len;
     int head_request;                   /* method HEAD: response has no body */
     int req_done;                       /* request body fully read */
     int upgrade;                        /* Upgrade request on an upgrade route */

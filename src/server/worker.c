@@ -21,6 +21,7 @@
 #include "conn.h"
 #include "clock.h"
 #include "denycache.h"
+#include "jwtcache.h"
 #include "listener.h"
 #include "log.h"
 #include "mem.h"
@@ -188,6 +189,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     w->env.rt = runtime_create(w->env.base, conf, mem, NULL);
     w->env.conf = w->env.rt->conf;
     w->env.deny = denycache_create(conf->deny_cache_max_keys);
+    w->env.jwt = jwtcache_create(JWTCACHE_MAX_TOKENS);
     w->env.local = memstore_backend_create(w->env.base, mem);
     return w;
 
@@ -301,6 +303,7 @@ void worker_destroy(struct worker *w)
         conf_release(w->pending);
 
     denycache_destroy(w->env.deny);
+    jwtcache_destroy(w->env.jwt);
     listens_close(w, 1);
     if (w->notify_ev)
         event_free(w->notify_ev);
