@@ -116,8 +116,9 @@ static void session_send(struct h2_session *s);
 static int idle_sessions(const struct h2_client *hc)
 {
     int n = 0;
-    for (struct list_link *l = hc->sessions.first; l; l = l->next)
-        n += LIST_ITEM(l, struct h2_session, link)->nstreams == 0;
+    for (const struct h2_session *x = LIST_ITEM(hc->sessions.first, struct h2_session, link); x;
+         x = LIST_ITEM(x->link.next, struct h2_session, link))
+        n += x->nstreams == 0;
     return n;
 }
 
@@ -125,16 +126,15 @@ static int idle_sessions(const struct h2_client *hc)
  * HEADERS never went out may go again elsewhere. Not from inside nghttp2. */
 static void session_free(struct h2_session *s, int err)
 {
-    struct list_link *l;
-    while ((l = s->streams.first) != NULL) {
-        struct h2_stream *st = LIST_ITEM(l, struct h2_stream, link);
+    struct h2_stream *st;
+    while ((st = LIST_ITEM(s->streams.first, struct h2_stream, link)) != NULL) {
+        list_unlink(&s->streams, &st->link);
+        s->nstreams--;
+        st->s = NULL;
         if (st->io == NULL) {
             stream_free(st);
             continue;
         }
-        list_unlink(&s->streams, l);
-        s->nstreams--;
-        st->s = NULL;
         if (!st->sent && st->unprocessed)
             *st->unprocessed = 1;
         if (!st->ended)
@@ -611,9 +611,10 @@ static int on_frame_not_send_cb(nghttp2_session *ngh, const nghttp2_frame *frame
     if (frame->hd.type != NGHTTP2_HEADERS)
         return 0;
     struct h2_stream *st = NULL;    /* a stream never opened has no user data */
-    for (struct list_link *l = s->streams.first; l && !st; l = l->next)
-        if (LIST_ITEM(l, struct h2_stream, link)->id == frame->hd.stream_id)
-            st = LIST_ITEM(l, struct h2_stream, link);
+    for (struct h2_stream *x = LIST_ITEM(s->streams.first, struct h2_stream, link); x && !st;
+         x = LIST_ITEM(x->link.next, struct h2_stream, link))
+        if (x->id == frame->hd.stream_id)
+            st = x;
     if (st && !st->gone)
         stream_gone(st, 1);
     return 0;
@@ -652,19 +653,20 @@ void h2_client_destroy(struct h2_client *hc)
 {
     if (hc == NULL)
         return;
-    h2_client_drain(hc);
-    while (hc->sessions.first)      /* none should be left */
-        session_free(LIST_ITEM(hc->sessions.first, struct h2_session, link), ECONNRESET);
+    /* The worker ends: every session goes now, its streams hear it. */
+    hc->draining = 1;
+    struct h2_session *s;
+    while ((s = LIST_ITEM(hc->sessions.first, struct h2_session, link)) != NULL)
+        session_free(s, ECONNRESET);
     free(hc);
 }
 
 void h2_client_drain(struct h2_client *hc)
 {
     hc->draining = 1;
-    struct list_link *l = hc->sessions.first;
-    while (l) {
-        struct h2_session *s = LIST_ITEM(l, struct h2_session, link);
-        l = l->next;
+    for (struct h2_session *s = LIST_ITEM(hc->sessions.first, struct h2_session, link), *next; s;
+         s = next) {
+        next = LIST_ITEM(s->link.next, struct h2_session, link);
         session_settle(s);
     }
 }
@@ -673,11 +675,10 @@ struct io *h2_client_stream(struct h2_client *hc, int fresh, int *server, int *u
 {
     int sv = (int)(hc->next_server++ % (unsigned)hc->cu->nservers);
     struct h2_session *s = NULL;
-    for (struct list_link *l = hc->sessions.first; l && !fresh && !s; l = l->next) {
-        struct h2_session *x = LIST_ITEM(l, struct h2_session, link);
+    for (struct h2_session *x = LIST_ITEM(hc->sessions.first, struct h2_session, link);
+         x && !fresh && !s; x = LIST_ITEM(x->link.next, struct h2_session, link))
         if (x->server == sv && session_room(x))
             s = x;
-    }
     if (s == NULL && (s = session_new(hc, sv)) == NULL)
         return NULL;
     struct h2_stream *st = mem_calloc(1, sizeof(*st));
