@@ -516,6 +516,7 @@ static void conf_free(struct conf *c)
             free(r->limits[j].keys);
             free(r->limits[j].name);
             free(r->limits[j].cost_header);
+            free(r->limits[j].cost_name);
             tzcal_free(r->limits[j].tz);
             free(r->limits[j].message);
             for (int k = 0; k < r->limits[j].noverrides; k++) {

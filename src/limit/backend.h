@@ -55,6 +55,8 @@ struct store_result {
     int allowed;                /* STORE_OK: every limit allowed */
     int n;
     struct limiter_result r[STORE_MAX_LIMITS];  /* in the order given */
+    int64_t time_us;            /* STORE_OK: the decider's clock when it decided
+                                 * (Redis TIME), for limiter_mark() */
 };
 
 /* Called exactly once per call not cancelled, never from inside the decide
@@ -105,7 +107,10 @@ int backend_ready(const struct backend *b);
  *   backend_release  a request ended: give its slot (l->slot) back
  *   backend_renew    a request still runs: renew its slot's lease
  *   backend_refund   a held (delayed) request's client went away: give back
- *                    the cost its token_bucket or gcra reservation took */
+ *                    the cost its token_bucket or gcra reservation took; or
+ *                    a cost_from settlement: l->cost is what to give back
+ *                    (< 0: charge more), l->slot the admission's
+ *                    limiter_mark() */
 void backend_release(struct backend *b, const struct store_limit *l);
 void backend_renew(struct backend *b, const struct store_limit *l);
 void backend_refund(struct backend *b, const struct store_limit *l);

@@ -72,6 +72,7 @@ void decide_reset(struct decision *dec)
     size_t from = offsetof(struct decision, key_used);
     memset((char *)dec + from, 0, sizeof(*dec) - from);
     dec->decision = -1;
+    dec->charged = -1;
 }
 
 void decide_free(struct decision *dec)
@@ -258,6 +259,55 @@ static int take_shaping(struct decision *dec, const struct store_result *res, in
     return DECIDE_PENDING;
 }
 
+/* An admitted request's cost_from keys wait for their settlement, in the
+ * window the backend that decided consumed from. */
+static void note_settle(struct decision *dec, const struct store_result *res, int verdict)
+{
+    dec->settle = 0;
+    if (verdict != DECIDE_FORWARD || !res->allowed)
+        return;
+    for (int i = 0; i < res->n && i < dec->nkeys; i++)
+        if (dec->rl.limit[i]->cost_from && res->r[i].allowed) {
+            dec->settle |= 1u << i;
+            dec->mark[i] = limiter_mark(dec->key[i].params, res->time_us);
+            if (dec->charged < 0)
+                dec->charged = dec->key[i].cost;
+        }
+    dec->settle_b = dec->call_b;
+}
+
+const struct conf_limit *decide_cost_limit(const struct decision *dec)
+{
+    for (int i = 0; i < dec->nkeys; i++)
+        if (dec->settle & (1u << i))
+            return dec->rl.limit[i];
+    return NULL;
+}
+
+void decide_settle(struct decision *dec, int64_t cost)
+{
+    unsigned settle = dec->settle;
+    dec->settle = 0;
+    if (settle == 0)
+        return;
+    if (cost < 0) {                 /* the estimate stands */
+        metrics_cost(dec->rl.route->metrics, dec->charged);
+        return;
+    }
+    if (cost > LIMITER_MAX_LIMIT)
+        cost = LIMITER_MAX_LIMIT;
+    dec->charged = cost;
+    for (int i = 0; i < dec->nkeys; i++)
+        if (settle & (1u << i)) {
+            struct store_limit l = key_limit(dec, i);
+            l.cost = dec->key[i].cost - cost;       /* < 0: a charge */
+            l.slot = dec->mark[i];
+            if (l.cost != 0)
+                backend_refund(dec->settle_b, &l);
+        }
+    metrics_cost(dec->rl.route->metrics, cost);
+}
+
 /* The keys of the route's limits, into the request's buffer, with
  * dec->rl.limit[]; returns how many count the request, -1 for a bad
  * cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice,
@@ -286,6 +336,9 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         int64_t cost = r->cost > 0 ? r->cost : 1;
         if (l->cost_header && decide_cost(req, l->cost_header, &cost) < 0)
             return -1;
+        if (l->cost_from)   /* an estimate above the limit counts as the limit */
+            cost = l->estimate < l->params.limit || l->params.limit < 1 ? l->estimate :
+                   l->params.limit;
         unsigned flags = (l->shadow ? STORE_SHADOW : 0) |
                          (l->has_count_status ? STORE_CHECK_ONLY : 0);
         /* a config override of this key: its parameters (a run-time one,
@@ -465,7 +518,9 @@ static void local_cb(void *arg, const struct store_result *res)
         finish(dec, memory_failed(dec, "on_error: local"));
         return;
     }
-    finish(dec, take_shaping(dec, res, apply_decision(dec, res, 0)));
+    int verdict = apply_decision(dec, res, 0);
+    note_settle(dec, res, verdict);
+    finish(dec, take_shaping(dec, res, verdict));
 }
 
 static void backend_cb(void *arg, const struct store_result *res)
@@ -485,7 +540,9 @@ static void backend_cb(void *arg, const struct store_result *res)
         finish(dec, apply_on_error(dec));
         return;
     }
-    finish(dec, take_shaping(dec, res, apply_decision(dec, res, 1)));
+    int verdict = apply_decision(dec, res, 1);
+    note_settle(dec, res, verdict);
+    finish(dec, take_shaping(dec, res, verdict));
 }
 
 int decide_start(struct decision *dec, const struct decide_env *env, const struct conf *conf,
@@ -585,6 +642,7 @@ void decide_cancel(struct decision *dec)
         dec->call = NULL;
     }
     decide_release(dec);
+    decide_settle(dec, -1);         /* the estimate stands */
     if (dec->count_call) {
         backend_cancel(dec->backend, dec->count_call);
         dec->count_call = NULL;

@@ -67,6 +67,13 @@ struct decision {
     int64_t wait_ms;                    /* the delay it is (was) held for */
     int64_t hold_start_us;
     struct backend *slot_b;
+    /* cost_from: the keys admitted with their estimate (key[i].cost), each
+     * settled once after the response, on settle_b (the backend that
+     * decided), in the window mark[i] it was admitted in. */
+    unsigned settle;                    /* bit i: key i waits for its settlement */
+    int64_t mark[STORE_MAX_LIMITS];
+    struct backend *settle_b;
+    int64_t charged;                    /* what the first such key was charged; -1: none */
     struct event_base *base;
     void (*done)(void *arg, int verdict);
     void (*holding)(void *arg);         /* decide_env's */
@@ -117,6 +124,18 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
  * consume now. Returns 1 when done(arg, 0) will follow (the response waits
  * for it), 0 when nothing waits. */
 int decide_count_status(struct decision *dec, int status, decide_done *done, void *arg);
+
+/* The cost_from limit whose source the response is read for (a route's
+ * cost_from limits share one source), or NULL when the request has nothing
+ * to settle. */
+const struct conf_limit *decide_cost_limit(const struct decision *dec);
+
+/* The response reported cost (>= 0), or did not (-1: no value, an upstream
+ * error, a client gone; the estimate stands): each key admitted with an
+ * estimate is settled, the difference given back or charged (fire and
+ * forget, pipelined with the decisions: one refund.lua call per key).
+ * Once; later calls do nothing. */
+void decide_settle(struct decision *dec, int64_t cost);
 
 /* The answers are no longer wanted: no callback runs after this. Gives back
  * what the request holds (decide_release), including the slots a decision

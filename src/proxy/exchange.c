@@ -77,13 +77,45 @@ static void move_all(struct evbuffer *dst, struct evbuffer *src)
     }
 }
 
+/* cost_from json and sse: the response body is scanned up to this many
+ * payload bytes; what comes after streams on unread. */
+#define EXCHANGE_COST_SCAN_MAX (16u << 20)
+
+/* The last n bytes of b are payload of a response scanned for its cost. */
+static void cost_feed(struct request *rq, struct evbuffer *b, size_t n)
+{
+    if (n > EXCHANGE_COST_SCAN_MAX - rq->cost_scanned)
+        n = EXCHANGE_COST_SCAN_MAX - rq->cost_scanned;
+    if (n == 0)
+        return;
+    rq->cost_scanned += n;
+    struct evbuffer_ptr at;
+    struct evbuffer_iovec v[8];
+    evbuffer_ptr_set(b, &at, evbuffer_get_length(b) - n, EVBUFFER_PTR_SET);
+    while (n > 0) {
+        int k = evbuffer_peek(b, (ev_ssize_t)n, &at, v, 8);
+        size_t fed = 0;
+        for (int i = 0; i < k && i < 8 && fed < n; i++) {
+            size_t m = v[i].iov_len < n - fed ? v[i].iov_len : n - fed;
+            jsonscan_feed(&rq->cost_scan, v[i].iov_base, m);
+            fed += m;
+        }
+        if (fed == 0)
+            return;
+        n -= fed;
+        evbuffer_ptr_set(b, &at, fed, EVBUFFER_PTR_ADD);
+    }
+}
+
 /* Decode what src holds of a body into dst, about `room` payload bytes at
  * most (one run more): as is, or with chunked, as one chunk of our own
  * framing for all of it, so a body of 1-byte chunks goes on in chunks as
  * large as what arrived, not one chunk per byte. scratch is empty before and
- * after. Returns as pump_once; *payload gets the payload bytes moved. */
+ * after. Returns as pump_once; *payload gets the payload bytes moved. A
+ * response scanned for its cost (cost not NULL) has its payload fed. */
 static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
-                     struct evbuffer *scratch, int chunked, size_t room, size_t *payload)
+                     struct evbuffer *scratch, int chunked, size_t room, size_t *payload,
+                     struct request *cost)
 {
     struct evbuffer *to = chunked ? scratch : dst;
     int rc;
@@ -93,6 +125,8 @@ static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst
         size_t n;
         rc = conn_pump_once(p, src, to, &n);
         *payload += n;
+        if (cost && cost->cost_scanning && n > 0)
+            cost_feed(cost, to, n);
     } while (rc == 2 && *payload < room);
     if (!chunked)
         return rc;
@@ -385,7 +419,7 @@ void exchange_pump_request(struct client *c)
             return;
         size_t payload;
         int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
-                           CONN_HIGH_WATER - queued, &payload);
+                           CONN_HIGH_WATER - queued, &payload, NULL);
         if (body_counted(c, rc, payload) < 0)
             return;
         if (rc == 1) {
@@ -424,6 +458,70 @@ static void upstream_limits(const char *buf, const struct http1_head *h,
         }
     }
     up->has_legacy = have[0] && have[1] && have[2];
+}
+
+/* A header's or trailer's cost: a whole number, OWS around it; -1 when
+ * it is not one (or above LIMITER_MAX_LIMIT). */
+static int64_t cost_number(const char *v, size_t n)
+{
+    size_t i = 0;
+    int64_t x = 0;
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    while (i < n && (v[i] == ' ' || v[i] == '\t'))
+        i++;
+    if (i == n)
+        return -1;
+    for (; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9' || x > LIMITER_MAX_LIMIT)
+            return -1;
+        x = x * 10 + (v[i] - '0');
+    }
+    return x > LIMITER_MAX_LIMIT ? -1 : x;
+}
+
+/* The final response head is in: where its cost_from limit's cost comes
+ * from. A header settles now; a trailer is watched for and a JSON or SSE
+ * body scanned, both settled at the body's end (cost_end). */
+static void cost_begin(struct client *c, const char *buf)
+{
+    const struct conf_limit *l = decide_cost_limit(&c->rq->dec);
+    struct upstream_conn *uc = c->rq->up;
+    if (l == NULL)
+        return;
+    int body = uc->head.body != HTTP1_BODY_NONE;
+    if (l->cost_from == CONF_COST_HEADER) {
+        int i = http1_find(buf, &uc->head, l->cost_name, 0);
+        int64_t v = i < 0 || http1_find(buf, &uc->head, l->cost_name, i + 1) >= 0 ? -1 :
+                    cost_number(buf + uc->head.h[i].value.off, uc->head.h[i].value.len);
+        decide_settle(&c->rq->dec, v);
+    } else if (l->cost_from == CONF_COST_TRAILER && uc->head.body == HTTP1_BODY_CHUNKED) {
+        http1_trailer_watch(uc->parser, l->cost_name);
+    } else if ((l->cost_from == CONF_COST_JSON || l->cost_from == CONF_COST_SSE) && body) {
+        jsonscan_init(&c->rq->cost_scan, l->cost_name, l->cost_from == CONF_COST_SSE);
+        c->rq->cost_scanning = 1;
+    } else {
+        decide_settle(&c->rq->dec, -1);     /* no body, no trailer: the estimate */
+    }
+}
+
+/* The response body ended: settle with what it carried. */
+static void cost_end(struct client *c)
+{
+    const struct conf_limit *l = decide_cost_limit(&c->rq->dec);
+    int64_t v = -1;
+    if (l == NULL)
+        return;
+    if (l->cost_from == CONF_COST_TRAILER) {
+        const char *t;
+        size_t n;
+        if (http1_trailer_value(c->rq->up->parser, &t, &n))
+            v = cost_number(t, n);
+    } else if (c->rq->cost_scanning && !jsonscan_result(&c->rq->cost_scan, &v)) {
+        v = -1;
+    }
+    c->rq->cost_scanning = 0;
+    decide_settle(&c->rq->dec, v);
 }
 
 /* Status line and fields as the upstream sent them, less hop-by-hop fields,
@@ -573,6 +671,7 @@ static int read_response_head(struct client *c)
             return 0;   /* counted_done_cb resumes */
         c->rq->xops->drain_head(c);  /* the request head is no longer needed for a retry */
         c->rq->xops->count_response(c, status);
+        cost_begin(c, data);
         size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
         c->rq->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
@@ -598,7 +697,7 @@ void exchange_pump_response(struct client *c)
         }
         size_t payload;
         int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->rq->out_chunked,
-                           CONN_HIGH_WATER - queued, &payload);
+                           CONN_HIGH_WATER - queued, &payload, c->rq);
         c->rq->xops->count_out(c, payload);
         if (rc < 0) {
             log_warn("exchange: bad response body from upstream '%s': cutting the client",
@@ -606,10 +705,12 @@ void exchange_pump_response(struct client *c)
             c->rq->xops->fail(c, 502);
             return;
         }
-        if (rc == 1)
+        if (rc == 1) {
             c->rq->resp_done = 1;
-        else if (rc == 0)
+            cost_end(c);
+        } else if (rc == 0) {
             return;
+        }
     }
 }
 
@@ -694,6 +795,7 @@ static void up_event_cb(struct io *io, short what, void *arg)
         exchange_pump_response(c);
         if (!c->dead && !c->rq->resp_done && http1_body_eof(uc->parser)) {
             c->rq->resp_done = 1;
+            cost_end(c);
             if (c->rq->out_chunked)
                 evbuffer_add(io_output(c->io), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);

@@ -208,6 +208,8 @@ void request_log_end(struct client *c)
         .tls = c->tls_version,
         .delay_ms = c->rq->dec.wait_ms,
         .key_fallback = c->rq->dec.fallback != 0,
+        .has_cost = c->rq->dec.charged >= 0,
+        .cost = c->rq->dec.charged,
     };
     accesslog_write(c->env->alog, &e);
 }

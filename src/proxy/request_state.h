@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "decide.h"
+#include "jsonscan.h"
 #include "route.h"
 
 struct exchange_ops;
@@ -73,6 +74,10 @@ struct request {
     int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
     int interims;                       /* 1xx heads read for this request */
     int interims_relayed;
+    /* cost_from: the response body scanned for the cost (exchange.c) */
+    int cost_scanning;
+    uint64_t cost_scanned;              /* payload bytes fed so far */
+    struct jsonscan cost_scan;
 };
 
 #endif

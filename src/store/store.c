@@ -330,14 +330,15 @@ static void store_refund(struct store_call *c, const struct store_req *g)
 }
 
 /* One limit's give-back (store.h): refund.lua with TIME 0 0 (only
- * sliding_log reads it) and the slot id as the mark, sent like a refund. */
+ * sliding_log reads it) and the slot id (a settlement: the window) as the
+ * mark, sent like a refund. */
 void store_give_back(struct store *s, const struct store_limit *l)
 {
     struct store_call tmp;
     int li[1] = { 0 };
     int64_t times[2] = { 0, 0 }, marks[1] = { l->slot };
     if (l->params->algo == LIMITER_CONCURRENCY ? l->slot < 1 :
-        l->params->algo != LIMITER_TOKEN_BUCKET && l->params->algo != LIMITER_GCRA)
+        l->params->algo == LIMITER_SLIDING_LOG || l->cost == 0)
         return;
     memset(&tmp, 0, sizeof(tmp));
     tmp.n = 1;

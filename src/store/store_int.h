@@ -101,7 +101,7 @@ struct store_req {
     int n;
     int idx[STORE_MAX_LIMITS];      /* which limits of the call */
     int allowed;
-    int64_t time_s, time_us;        /* with marks (m < 0): TIME the script ran at */
+    int64_t time_s, time_us;        /* TIME the script ran at */
     int64_t mark[STORE_MAX_LIMITS];
 };
 
