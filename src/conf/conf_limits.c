@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "conf_int.h"
 #include "jsonscan.h"
@@ -1154,6 +1155,19 @@ static int h_route_limits(struct ctx *x, struct node *k, struct node *v, void *o
         conf_path_pop(x, old);
         if (rc < 0)
             return -1;
+    }
+    /* one response, one place its cost is read from */
+    const struct conf_limit *first = NULL;
+    for (int i = 0; i < r->nlimits; i++) {
+        const struct conf_limit *l = &r->limits[i];
+        if (!l->cost_from)
+            continue;
+        if (first == NULL)
+            first = l;
+        else if (l->cost_from != first->cost_from || strcasecmp(l->cost_name, first->cost_name))
+            return conf_fail(x, v->kids[i], "the cost_from of limit '%s' differs from limit "
+                             "'%s''s: a route's limits read the cost from one place",
+                             l->name, first->name);
     }
     return 0;
 }

@@ -17,7 +17,8 @@ FUZZ_CC       ?= clang-14
 FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
 FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
-                 h1write_request h1write_response http1_differential redis_reply admin_api
+                 h1write_request h1write_response http1_differential redis_reply admin_api \
+                 jsonscan
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) $(FUZZ_SAN) $(FUZZ_EXTRA) \
@@ -37,15 +38,16 @@ FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 # The src/ modules each target links, and its longest input.
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
-FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter tzcal regex esc mem
-FUZZ_OBJS_route_normalize := route digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc mem
-FUZZ_OBJS_route_key       := route digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc http1 mem
+FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_load addr limiter tzcal regex esc jsonscan mem
+FUZZ_OBJS_route_normalize := route digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc jsonscan mem
+FUZZ_OBJS_route_key       := route digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_load limiter tzcal regex esc jsonscan http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_OBJS_http1_differential := http1 http1_ref mem
 FUZZ_OBJS_redis_reply     := rconn store_util tls_client log mem
+FUZZ_OBJS_jsonscan        := jsonscan
 FUZZ_OBJS_admin_api       := admin_api digest memstore kvtable list limiter tzcal route addr regex http1 esc \
-                             conf conf_value conf_tls conf_net conf_redis conf_limits conf_load \
+                             conf conf_value conf_tls conf_net conf_redis conf_limits conf_load jsonscan \
                              resetbus loopthread store_sync store_sub store_util rconn tls_client \
                              metrics log mem
 FUZZ_LEN_http1_request    := 8192
@@ -58,6 +60,7 @@ FUZZ_LEN_h1write_response := 8192
 FUZZ_LEN_http1_differential := 8192
 FUZZ_LEN_redis_reply      := 8192
 FUZZ_LEN_admin_api        := 8192
+FUZZ_LEN_jsonscan         := 8192
 FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
 FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
 FUZZ_DICT_conf            := tests/fuzz/conf.dict
@@ -68,6 +71,7 @@ FUZZ_DICT_h1write_response := tests/fuzz/http1.dict
 FUZZ_DICT_http1_differential := tests/fuzz/http1.dict
 FUZZ_DICT_redis_reply     := tests/fuzz/resp.dict
 FUZZ_DICT_admin_api       := tests/fuzz/admin_api.dict
+FUZZ_DICT_jsonscan        := tests/fuzz/jsonscan.dict
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 
@@ -117,6 +121,7 @@ fuzz: fuzz-build
 	    http1_differential) len=$(FUZZ_LEN_http1_differential); dict=$(FUZZ_DICT_http1_differential);; \
 	    redis_reply) len=$(FUZZ_LEN_redis_reply); dict=$(FUZZ_DICT_redis_reply);; \
 	    admin_api) len=$(FUZZ_LEN_admin_api); dict=$(FUZZ_DICT_admin_api);; \
+	    jsonscan) len=$(FUZZ_LEN_jsonscan); dict=$(FUZZ_DICT_jsonscan);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
 	  log=$(FUZZ_DIR)/$$t.log; \
