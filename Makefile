@@ -58,6 +58,9 @@ DEBS     += chromium
 DEBS     += openssl testssl.sh
 # TLS to upstreams (nginx with ssl is the TLS upstream of test_tls_upstream) and to Redis
 DEBS     += nginx
+# Node and npm: the npm clients of tests/node (the openai client in
+# test_cost_from), installed by `npm ci` from tests/node/package-lock.json
+DEBS     += nodejs
 
 .PHONY: all deps run-deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.
@@ -131,6 +134,7 @@ endef
 
 deps:
 	$(call install_missing,$(DEBS))
+	@[ -d tests/node/node_modules ] || (cd tests/node && npm ci --no-audit --no-fund)
 
 run-deps:
 	$(call install_missing,$(RUN_DEBS))

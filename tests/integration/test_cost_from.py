@@ -197,3 +197,28 @@ def test_config_errors(tmp_path, limit, expect):
     err = p.stderr.decode()
     assert p.returncode != 0
     assert ("%s:11:" % conf) in err and expect in err, err
+
+
+NODE_DIR = os.path.join(os.path.dirname(HERE), "node")
+
+
+def test_openai_client_honours_retry_after(sluice, llm, redis):
+    """The openai npm client: four calls complete, the fifth gets 429, and the
+    client's own retry (maxRetries) waits out Retry-After and succeeds."""
+    assert os.path.isdir(os.path.join(NODE_DIR, "node_modules", "openai")), \
+        "run `make deps` (npm ci in tests/node)"
+    s = start_proxy(sluice, "  - name: llm\n    match: { path: /v1/chat/completions }\n"
+                    "    upstream: api\n    limits:\n"
+                    "      - { name: tokens, algorithm: token_bucket, rate: 1000/3s, burst: 1000,"
+                    " key: [\"header:Authorization\"], cost_from: { json: usage.total_tokens } }\n",
+                    upstream_port=llm)
+    p = subprocess.run(["node", os.path.join(NODE_DIR, "openai_calls.js"),
+                        "http://127.0.0.1:%d/v1" % s.port, "sk-" + uuid.uuid4().hex],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    calls = json.loads(p.stdout)
+    assert calls[:4] == [{"ok": True, "tokens": 300}] * 4, calls
+    # 1,200 on 1,000 refilled at 1000/3s: the debt of ~200 refills in ~0.6 s
+    assert calls[4] == {"ok": False, "status": 429, "retry_after": "1"}, calls
+    assert calls[5]["ok"] and calls[5]["tokens"] == 300, calls
+    assert calls[5]["waited_ms"] >= 900, calls     # it waited the Retry-After
