@@ -121,6 +121,8 @@ struct conf_limit {
     enum conf_cost_src cost_from;
     char *cost_name;            /* the header or trailer name, or the path */
     int64_t estimate;           /* 1..CONF_MAX_COST, default 1 */
+    char *estimate_json;        /* estimate: {json: PATH}: read from the request
+                                 * body (buffered first); NULL: estimate alone */
     /* count_status: only responses with these statuses consume; the check
      * before forwarding still rejects a key already over its limit. */
     int has_count_status;

@@ -616,10 +616,39 @@ static int h_limit_cost_from(struct ctx *x, struct node *k, struct node *v, void
     return 0;
 }
 
+static int h_estimate_json(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_limit *l = obj;
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (jsonscan_path_valid(s) < 0)
+        return conf_fail(x, v, "bad JSON path '%s' (up to %d keys of letters, digits, '_' "
+                         "and '-', joined by '.', e.g. max_tokens)", conf_show(s, sb),
+                         JSONSCAN_MAX_SEGS);
+    l->estimate_json = xstrdup(s);
+    return 0;
+}
+
+static int h_estimate_default(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_int(x, v, 1, CONF_MAX_COST, &((struct conf_limit *)obj)->estimate);
+}
+
+static const struct key_def estimate_keys[] = {
+    { "json", h_estimate_json, 1 },
+    { "default", h_estimate_default, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* estimate: N | { json: PATH, default: N } */
 static int h_limit_estimate(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     struct limit_src *ls = obj;
     ls->estimate_k = k;
+    if (v->kind == NODE_MAP)
+        return conf_walk_map(x, v, estimate_keys, ls->l);
     return conf_get_int(x, v, 1, CONF_MAX_COST, &ls->l->estimate);
 }
 

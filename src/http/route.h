@@ -79,6 +79,9 @@ struct route_req {
     const char *path;           /* normalised */
     size_t pathlen;
     const struct route_captures *caps;  /* NULL when the route has no regex */
+    const char *body;           /* the request body when it was buffered whole
+                                 * before the decision (estimate: {json}); NULL */
+    size_t body_len;
 };
 
 /* Write the Redis key of limit l of route r for this request into

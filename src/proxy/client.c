@@ -59,6 +59,8 @@ static void client_free(struct client *c)
         evbuffer_free(c->body);
     if (c->held)
         evbuffer_free(c->held);
+    if (c->tail)
+        evbuffer_free(c->tail);
     conf_release(c->conf);
     free(c);
     if (env->stopping && env->nclients == 0)    /* drained: the worker's loop ends */

@@ -114,6 +114,8 @@ struct client {
                                          * otherwise scratch for re-framing,
                                          * empty between calls (lazy) */
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
+    struct evbuffer *tail;              /* cost_from: a response's last bytes, held
+                                         * until its settlement is applied */
 };
 
 void conn_enter(struct client *c);

@@ -27,6 +27,7 @@
 #include "decide.h"
 #include "denycache.h"
 #include "http1.h"
+#include "jsonscan.h"
 #include "log.h"
 #include "metrics.h"
 #include "resetbus.h"
@@ -45,6 +46,23 @@ static int decide_cost(const struct route_req *req, const char *name, int64_t *c
         return -1;
     *cost = v;
     return 0;
+}
+
+/* cost_from: the estimate taken at admission; with estimate: {json: PATH},
+ * the whole number at PATH of a request body buffered before the decision
+ * (at least 1), else the default. */
+#define DECIDE_MAX_ESTIMATE 1000000     /* as conf bounds a fixed estimate */
+static int64_t decide_estimate(const struct conf_limit *l, const struct route_req *req)
+{
+    struct jsonscan j;
+    int64_t v;
+    if (l->estimate_json == NULL || req->body == NULL)
+        return l->estimate;
+    jsonscan_init(&j, l->estimate_json, 0);
+    jsonscan_feed(&j, req->body, req->body_len);
+    if (!jsonscan_result(&j, &v))
+        return l->estimate;
+    return v < 1 ? 1 : v > DECIDE_MAX_ESTIMATE ? DECIDE_MAX_ESTIMATE : v;
 }
 
 /* Is the client on the top-level or the route's allow list? */
@@ -284,28 +302,47 @@ const struct conf_limit *decide_cost_limit(const struct decision *dec)
     return NULL;
 }
 
-void decide_settle(struct decision *dec, int64_t cost)
+/* The settlement is applied: the response's end may go. */
+static void settled_cb(void *arg)
 {
+    struct decision *dec = arg;
+    dec->settle_call = NULL;
+    dec->done(dec->arg, 0);
+}
+
+int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *arg)
+{
+    struct store_limit sl[STORE_MAX_LIMITS];
+    int n = 0;
     unsigned settle = dec->settle;
     dec->settle = 0;
     if (settle == 0)
-        return;
+        return 0;
     if (cost < 0) {                 /* the estimate stands */
         metrics_cost(dec->rl.route->metrics, dec->charged);
-        return;
+        return 0;
     }
     if (cost > LIMITER_MAX_LIMIT)
         cost = LIMITER_MAX_LIMIT;
     dec->charged = cost;
-    for (int i = 0; i < dec->nkeys; i++)
-        if (settle & (1u << i)) {
-            struct store_limit l = key_limit(dec, i);
-            l.cost = dec->key[i].cost - cost;       /* < 0: a charge */
-            l.slot = dec->mark[i];
-            if (l.cost != 0)
-                backend_refund(dec->settle_b, &l);
-        }
     metrics_cost(dec->rl.route->metrics, cost);
+    for (int i = 0; i < dec->nkeys; i++)
+        if ((settle & (1u << i)) && dec->key[i].cost != cost) {
+            sl[n] = key_limit(dec, i);
+            sl[n].cost = dec->key[i].cost - cost;   /* < 0: a charge */
+            sl[n].slot = dec->mark[i];
+            n++;
+        }
+    if (n == 0)
+        return 0;
+    if (done == NULL) {
+        backend_settle(dec->settle_b, sl, n, NULL, NULL);
+        return 0;
+    }
+    dec->done = done;
+    dec->arg = arg;
+    dec->settle_call = backend_settle(dec->settle_b, sl, n, settled_cb, dec);
+    return dec->settle_call != NULL;
 }
 
 /* The keys of the route's limits, into the request's buffer, with
@@ -336,9 +373,11 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         int64_t cost = r->cost > 0 ? r->cost : 1;
         if (l->cost_header && decide_cost(req, l->cost_header, &cost) < 0)
             return -1;
-        if (l->cost_from)   /* an estimate above the limit counts as the limit */
-            cost = l->estimate < l->params.limit || l->params.limit < 1 ? l->estimate :
-                   l->params.limit;
+        if (l->cost_from) {     /* an estimate above the limit counts as the limit */
+            cost = decide_estimate(l, req);
+            if (cost > l->params.limit && l->params.limit >= 1)
+                cost = l->params.limit;
+        }
         unsigned flags = (l->shadow ? STORE_SHADOW : 0) |
                          (l->has_count_status ? STORE_CHECK_ONLY : 0);
         /* a config override of this key: its parameters (a run-time one,
@@ -642,7 +681,11 @@ void decide_cancel(struct decision *dec)
         dec->call = NULL;
     }
     decide_release(dec);
-    decide_settle(dec, -1);         /* the estimate stands */
+    decide_settle(dec, -1, NULL, NULL);     /* the estimate stands */
+    if (dec->settle_call) {         /* applied in Redis all the same */
+        backend_settle_cancel(dec->settle_b, dec->settle_call);
+        dec->settle_call = NULL;
+    }
     if (dec->count_call) {
         backend_cancel(dec->backend, dec->count_call);
         dec->count_call = NULL;

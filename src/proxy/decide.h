@@ -73,6 +73,7 @@ struct decision {
     unsigned settle;                    /* bit i: key i waits for its settlement */
     int64_t mark[STORE_MAX_LIMITS];
     struct backend *settle_b;
+    struct backend_call *settle_call;   /* the response's end waits for it */
     int64_t charged;                    /* what the first such key was charged; -1: none */
     struct event_base *base;
     void (*done)(void *arg, int verdict);
@@ -132,10 +133,13 @@ const struct conf_limit *decide_cost_limit(const struct decision *dec);
 
 /* The response reported cost (>= 0), or did not (-1: no value, an upstream
  * error, a client gone; the estimate stands): each key admitted with an
- * estimate is settled, the difference given back or charged (fire and
- * forget, pipelined with the decisions: one refund.lua call per key).
+ * estimate is settled, the difference given back or charged (one
+ * refund.lua call per key, pipelined with the decisions). Returns 1 when
+ * done(arg, 0) follows once Redis has applied it (with done not NULL: the
+ * caller holds the response's end until then, so the client's next
+ * request, through any proxy, is decided after it), 0 when nothing waits.
  * Once; later calls do nothing. */
-void decide_settle(struct decision *dec, int64_t cost);
+int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *arg);
 
 /* The answers are no longer wanted: no callback runs after this. Gives back
  * what the request holds (decide_release), including the slots a decision

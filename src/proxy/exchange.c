@@ -236,7 +236,7 @@ static void buffer_drop(struct client *c);
 void exchange_start(struct client *c, const struct exchange_ops *ops)
 {
     c->rq->xops = ops;
-    if (c->state != CS_BUFFER && buffer_wanted(c)) {
+    if (c->state != CS_BUFFER && !c->rq->body_buffered && buffer_wanted(c)) {
         buffer_begin(c);
         return;
     }
@@ -345,6 +345,31 @@ static int body_counted(struct client *c, int rc, size_t payload)
     return 0;
 }
 
+int exchange_buffer_first(struct client *c, const struct exchange_ops *ops)
+{
+    if (!buffer_wanted(c))
+        return 0;
+    c->rq->xops = ops;
+    c->rq->body_first = 1;
+    buffer_begin(c);
+    exchange_buffer_body(c);        /* what came with the head */
+    return 1;
+}
+
+const char *exchange_buffered(struct client *c, size_t *len)
+{
+    if (!c->rq->body_buffered || c->body == NULL)
+        return NULL;
+    *len = evbuffer_get_length(c->body);
+    return (const char *)evbuffer_pullup(c->body, -1);
+}
+
+void exchange_buffer_drop(struct client *c)
+{
+    if (c->rq->body_buffered)
+        buffer_drop(c);
+}
+
 void exchange_buffer_body(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
@@ -368,6 +393,12 @@ void exchange_buffer_body(struct client *c)
         }
     }
     conn_timer(c, TM_NONE, 0);
+    if (c->rq->body_first) {        /* the decision waited for the body */
+        c->rq->body_first = 0;
+        c->rq->body_buffered = 1;
+        c->rq->xops->buffered(c);
+        return;
+    }
     exchange_start(c, c->rq->xops);
 }
 
@@ -480,39 +511,48 @@ static int64_t cost_number(const char *v, size_t n)
     return x > LIMITER_MAX_LIMIT ? -1 : x;
 }
 
+static void cost_settled(void *arg, int verdict);
+
 /* The final response head is in: where its cost_from limit's cost comes
- * from. A header settles now; a trailer is watched for and a JSON or SSE
- * body scanned, both settled at the body's end (cost_end). */
-static void cost_begin(struct client *c, const char *buf)
+ * from. A header settles now, and the head waits until Redis has applied
+ * it (returns 1: cost_settled resumes); a trailer is watched for and a
+ * JSON or SSE body scanned, both settled at the body's end (cost_end),
+ * the body passing through c->tail so that its last bytes can wait. */
+static int cost_begin(struct client *c, const char *buf)
 {
     const struct conf_limit *l = decide_cost_limit(&c->rq->dec);
     struct upstream_conn *uc = c->rq->up;
     if (l == NULL)
-        return;
+        return 0;
     int body = uc->head.body != HTTP1_BODY_NONE;
     if (l->cost_from == CONF_COST_HEADER) {
         int i = http1_find(buf, &uc->head, l->cost_name, 0);
         int64_t v = i < 0 || http1_find(buf, &uc->head, l->cost_name, i + 1) >= 0 ? -1 :
                     cost_number(buf + uc->head.h[i].value.off, uc->head.h[i].value.len);
-        decide_settle(&c->rq->dec, v);
-    } else if (l->cost_from == CONF_COST_TRAILER && uc->head.body == HTTP1_BODY_CHUNKED) {
+        if (!decide_settle(&c->rq->dec, v, cost_settled, c))
+            return 0;
+        io_disable(uc->io, EV_READ);
+        return 1;
+    }
+    if (l->cost_from == CONF_COST_TRAILER && uc->head.body == HTTP1_BODY_CHUNKED) {
         http1_trailer_watch(uc->parser, l->cost_name);
+        c->rq->cost_hold = 1;
     } else if ((l->cost_from == CONF_COST_JSON || l->cost_from == CONF_COST_SSE) && body) {
         jsonscan_init(&c->rq->cost_scan, l->cost_name, l->cost_from == CONF_COST_SSE);
         c->rq->cost_scanning = 1;
+        c->rq->cost_hold = 1;
     } else {
-        decide_settle(&c->rq->dec, -1);     /* no body, no trailer: the estimate */
+        decide_settle(&c->rq->dec, -1, NULL, NULL);     /* no body, no trailer: the estimate */
     }
+    return 0;
 }
 
-/* The response body ended: settle with what it carried. */
-static void cost_end(struct client *c)
+/* The cost the response's body or trailer carried; -1: none. */
+static int64_t cost_end_value(struct client *c)
 {
     const struct conf_limit *l = decide_cost_limit(&c->rq->dec);
     int64_t v = -1;
-    if (l == NULL)
-        return;
-    if (l->cost_from == CONF_COST_TRAILER) {
+    if (l != NULL && l->cost_from == CONF_COST_TRAILER) {
         const char *t;
         size_t n;
         if (http1_trailer_value(c->rq->up->parser, &t, &n))
@@ -521,7 +561,14 @@ static void cost_end(struct client *c)
         v = -1;
     }
     c->rq->cost_scanning = 0;
-    decide_settle(&c->rq->dec, v);
+    return v;
+}
+
+/* The response body ended: settle with what it carried. Returns 1 while
+ * its end waits for that (cost_settled follows). */
+static int cost_end(struct client *c)
+{
+    return decide_settle(&c->rq->dec, cost_end_value(c), cost_settled, c);
 }
 
 /* Status line and fields as the upstream sent them, less hop-by-hop fields,
@@ -669,9 +716,10 @@ static int read_response_head(struct client *c)
         }
         if (c->rq->dec.count_call || c->rq->xops->consume_counted(c, status))
             return 0;   /* counted_done_cb resumes */
+        if (c->rq->dec.settle_call || cost_begin(c, data))
+            return 0;   /* cost_settled resumes */
         c->rq->xops->drain_head(c);  /* the request head is no longer needed for a retry */
         c->rq->xops->count_response(c, status);
-        cost_begin(c, data);
         size_t out_before = evbuffer_get_length(io_output(c->io));
         write_response_head(c, data);
         c->rq->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
@@ -688,7 +736,7 @@ void exchange_pump_response(struct client *c)
     struct upstream_conn *uc = c->rq->up;
     struct evbuffer *ui = io_input(uc->io);
     struct evbuffer *out = io_output(c->io);
-    while (!c->rq->resp_done) {
+    while (!c->rq->resp_done && !c->rq->dec.settle_call) {
         size_t queued = evbuffer_get_length(out);
         if (queued > CONN_HIGH_WATER) {
             io_disable(uc->io, EV_READ);
@@ -696,22 +744,49 @@ void exchange_pump_response(struct client *c)
             return;
         }
         size_t payload;
-        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body), c->rq->out_chunked,
+        struct evbuffer *to = c->rq->cost_hold ? lazy_buffer(&c->tail) : out;
+        int rc = pump_body(uc->parser, ui, to, lazy_buffer(&c->body), c->rq->out_chunked,
                            CONN_HIGH_WATER - queued, &payload, c->rq);
         c->rq->xops->count_out(c, payload);
         if (rc < 0) {
+            evbuffer_drain(to, evbuffer_get_length(to));
             log_warn("exchange: bad response body from upstream '%s': cutting the client",
                      upstream_conf(uc->pool)->servers[uc->server].text);
             c->rq->xops->fail(c, 502);
             return;
         }
-        if (rc == 1) {
-            c->rq->resp_done = 1;
-            cost_end(c);
-        } else if (rc == 0) {
+        if (rc == 1 && cost_end(c)) {
+            io_disable(uc->io, EV_READ);    /* the end waits: cost_settled */
             return;
         }
+        if (to != out)
+            move_all(out, to);
+        if (rc == 1)
+            c->rq->resp_done = 1;
+        else if (rc == 0)
+            return;
     }
+}
+
+/* A settlement is applied: the response's head, or its last bytes, go on. */
+static void cost_settled(void *arg, int verdict)
+{
+    struct client *c = arg;
+    conn_enter(c);
+    if (c->rq->up)
+        io_enable(c->rq->up->io, EV_READ);
+    if (!c->rq->resp_started) {
+        exchange_resume(c);
+    } else {
+        if (c->tail)
+            move_all(io_output(c->io), c->tail);
+        c->rq->resp_done = 1;
+        if (!c->dead && c->rq->up)
+            exchange_maybe_finish(c);
+        if (!c->dead)
+            c->ops->process(c);
+    }
+    conn_leave(c);
 }
 
 /* Both directions finished: give the upstream connection back when it is
@@ -795,7 +870,9 @@ static void up_event_cb(struct io *io, short what, void *arg)
         exchange_pump_response(c);
         if (!c->dead && !c->rq->resp_done && http1_body_eof(uc->parser)) {
             c->rq->resp_done = 1;
-            cost_end(c);
+            decide_settle(&c->rq->dec, cost_end_value(c), NULL, NULL);  /* the close ends it */
+            if (c->tail)
+                move_all(io_output(c->io), c->tail);
             if (c->rq->out_chunked)
                 evbuffer_add(io_output(c->io), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);

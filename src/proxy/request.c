@@ -289,6 +289,17 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
 }
 
 static void new_request_id(struct client *c);
+static const struct exchange_ops request_exchange_ops;
+
+/* A limit of the route estimates its cost from the request body: the body
+ * is buffered (when small enough) before the decision. */
+static int body_estimated(const struct conf_route *r)
+{
+    for (int i = 0; i < r->nlimits; i++)
+        if (r->limits[i].estimate_json)
+            return 1;
+    return 0;
+}
 
 /* Answer the current request ourselves: an error, or with rl set, a 429.
  * Every answer carries an id: one that came before its head was read (a
@@ -506,6 +517,8 @@ void request_head(struct client *c)
         request_answer(c, 413, 1);
         return;
     }
+    if (body_estimated(c->rq->route) && exchange_buffer_first(c, &request_exchange_ops))
+        return;                     /* request_buffered decides */
     decide(c);
 }
 
@@ -513,6 +526,13 @@ void request_head(struct client *c)
 
 
 
+
+/* The body a decision waited for is in. */
+static void request_buffered(struct client *c)
+{
+    c->state = CS_DECIDE;
+    decide(c);
+}
 
 /* What the exchange reports back to the request. */
 static const struct exchange_ops request_exchange_ops = {
@@ -523,11 +543,14 @@ static const struct exchange_ops request_exchange_ops = {
     .consume_counted = request_consume_counted,
     .count_response = request_count_response,
     .count_out = request_count_out,
+    .buffered = request_buffered,
 };
 
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
 {
+    if (verdict != DECIDE_FORWARD)
+        exchange_buffer_drop(c);    /* a body buffered for the decision */
     switch (verdict) {
     case DECIDE_FORWARD:
         exchange_start(c, &request_exchange_ops);
@@ -602,7 +625,8 @@ static void decide(struct client *c)
     struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
                               c->env->base, request_holding };
     struct route_req req = { c->rq->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
-                             c->rq->route->regex ? &rq->caps : NULL };
+                             c->rq->route->regex ? &rq->caps : NULL, NULL, 0 };
+    req.body = exchange_buffered(c, &req.body_len);
     int v = decide_start(&rq->dec, &env, c->conf, c->rq->route, &req, request_decided, c);
     if (v != DECIDE_PENDING)
         decided(c, v);

@@ -150,6 +150,27 @@ def test_estimate_stops_a_parallel_burst(sluice, llm, redis):
     assert 400 <= tokens_left(redis.port, "llm", key) <= 460
 
 
+def test_estimate_from_the_request_body(sluice, llm, redis):
+    """estimate: {json: max_tokens}: read from the buffered request body, so
+    a burst asking for 400 tokens each stops at two, while requests that
+    ask for nothing take the default."""
+    s = start_proxy(sluice, route("llm", "/v1/chat/completions", BUCKET,
+                                  cost_from="{ json: usage.total_tokens }",
+                                  estimate="{ json: max_tokens, default: 1 }"),
+                    upstream_port=llm)
+    big = json.dumps({"model": "m", "max_tokens": 400,
+                      "messages": [{"role": "user", "content": "hi"}]}).encode()
+    key = uuid.uuid4().hex
+    out = parallel([lambda: call(s.port, "/v1/chat/completions", key, body=big,
+                                 delay_ms=1500) for _ in range(4)])
+    assert sorted(r.status for r in out) == [200, 200, 429, 429], out
+    assert all(r.json()["usage"]["total_tokens"] == 300 for r in out if r.status == 200)
+    key = uuid.uuid4().hex
+    out = parallel([lambda: call(s.port, "/v1/chat/completions", key, body=CHAT,
+                                 delay_ms=1500) for _ in range(4)])
+    assert [r.status for r in out] == [200] * 4, out
+
+
 def test_no_value_keeps_the_estimate(sluice, llm, redis):
     s = start_proxy(sluice, route("llm", "/nousage", BUCKET,
                                   cost_from="{ json: usage.total_tokens }", estimate=250),
