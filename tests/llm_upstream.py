@@ -4,13 +4,15 @@
 # A real HTTP/1.1 server (threads, raw writes for chunked bodies and
 # trailers) that reports each answer's token usage where a limit can read
 # it. The tokens come from the X-Tokens request header (default 300); an
-# X-Delay-Ms header holds the answer that long first.
+# X-Delay-Ms header holds the answer that long first, X-Gap-Ms each chunk
+# of a chunked body after the first.
 #
 #   POST /v1/chat/completions   JSON with "usage"; with "stream": true a
 #                               text/event-stream whose last chunk carries usage
 #   GET  /header                X-Usage-Tokens: N
 #   GET  /trailer               chunked, with the trailer X-Usage-Tokens: N
 #   GET  /nousage               JSON without usage
+#   GET  /cut                   JSON whose connection closes before its end
 #
 #   /usr/bin/python3 tests/llm_upstream.py --port P   (0: first stdout line is the port)
 
@@ -51,7 +53,10 @@ class Handler(BaseHTTPRequestHandler):
         if trailers:
             self.send_header("Trailer", ", ".join(k for k, _ in trailers))
         self.end_headers()
-        for p in parts:
+        gap = int(self.headers.get("X-Gap-Ms", "0")) / 1000.0
+        for i, p in enumerate(parts):
+            if i and gap:
+                time.sleep(gap)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(p), p))
             self.wfile.flush()
         self.wfile.write(b"0\r\n" + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode())
@@ -100,6 +105,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_body(200, "text/plain", b"ok\n", [("X-Usage-Tokens", n)])
         elif self.path.startswith("/trailer"):
             self.chunked("text/plain", [b"o", b"k\n"], [("X-Usage-Tokens", n)])
+        elif self.path.startswith("/cut"):
+            body = b'{"usage":{"total_tokens":%s}}' % n.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body) + 100))
+            self.end_headers()
+            self.wfile.write(body)
+            self.wfile.flush()
+            self.close_connection = True
         elif self.path.startswith("/nousage"):
             self.send_body(200, "application/json", b'{"choices":[]}')
         else:

@@ -10,13 +10,14 @@
 
 import json
 import os
+import socket
 import subprocess
 import time
 import uuid
 
 import pytest
 
-from conftest import (free_port, http_get, parallel, read_log, redis_cmd, redis_time_s,
+from conftest import (build_request, free_port, http_get, parallel, read_log, redis_cmd, redis_time_s,
                       sluice_bin, stop_process)
 from proxylib import metrics, mval, start_proxy
 
@@ -179,6 +180,37 @@ def test_no_value_keeps_the_estimate(sluice, llm, redis):
     for i in range(4):
         assert call(s.port, "/nousage", key).status == 200, i
     assert call(s.port, "/nousage", key).status == 429
+
+
+def test_failures_keep_the_estimate(sluice, llm, redis):
+    """An upstream that cuts its body, and a client gone mid-stream: the
+    estimate is what the request cost."""
+    routes = (route("cut", "/cut", BUCKET, cost_from="{ json: usage.total_tokens }",
+                    estimate=250) +
+              route("sse", "/v1/chat/completions", BUCKET,
+                    cost_from="{ sse: usage.total_tokens }", estimate=250))
+    s = start_proxy(sluice, routes, upstream_port=llm)
+    key = uuid.uuid4().hex
+    try:
+        call(s.port, "/cut", key, tokens=900)
+    except Exception:               # noqa: BLE001 - the body is cut: either way
+        pass
+    assert 750 <= tokens_left(redis.port, "cut", key) <= 760
+    key = uuid.uuid4().hex
+    c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+    c.sendall(build_request("POST", "/v1/chat/completions",
+                            [("X-Key", key), ("X-Tokens", "900"), ("X-Gap-Ms", "1000"),
+                             ("Content-Type", "application/json")], CHAT_STREAM))
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 65536:
+        more = c.recv(4096)
+        if not more:
+            break
+        head += more
+    assert head.startswith(b"HTTP/1.1 200 "), head
+    c.close()                       # before the final chunk with its usage
+    time.sleep(3.5)                 # the upstream finishes its stream meanwhile
+    assert 750 <= tokens_left(redis.port, "sse", key) <= 810
 
 
 def test_log_and_metrics_show_the_charge(sluice, llm, redis, tmp_path):
