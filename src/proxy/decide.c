@@ -99,7 +99,9 @@ void decide_free(struct decision *dec)
         event_free(dec->hold_ev);
     if (dec->renew_ev)
         event_free(dec->renew_ev);
-    dec->hold_ev = dec->renew_ev = NULL;
+    if (dec->settle_ev)
+        event_free(dec->settle_ev);
+    dec->hold_ev = dec->renew_ev = dec->settle_ev = NULL;
     free(dec->keybuf);
     dec->keybuf = NULL;
     dec->key_cap = 0;
@@ -307,6 +309,18 @@ static void settled_cb(void *arg)
 {
     struct decision *dec = arg;
     dec->settle_call = NULL;
+    if (dec->settle_ev)
+        event_del(dec->settle_ev);
+    dec->done(dec->arg, 0);
+}
+
+/* Redis did not answer within redis.timeout: the response goes on, the
+ * settlement is still applied when it arrives. */
+static void settle_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct decision *dec = arg;
+    backend_settle_cancel(dec->settle_b, dec->settle_call);
+    dec->settle_call = NULL;
     dec->done(dec->arg, 0);
 }
 
@@ -342,7 +356,15 @@ int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *a
     dec->done = done;
     dec->arg = arg;
     dec->settle_call = backend_settle(dec->settle_b, sl, n, settled_cb, dec);
-    return dec->settle_call != NULL;
+    if (dec->settle_call == NULL)
+        return 0;
+    if (dec->base != NULL) {
+        if (dec->settle_ev == NULL)
+            dec->settle_ev = event_new(dec->base, -1, 0, settle_timeout_cb, dec);
+        struct timeval tv = clock_timeval(dec->conf->redis.timeout_ms);
+        event_add(dec->settle_ev, &tv);
+    }
+    return 1;
 }
 
 /* The keys of the route's limits, into the request's buffer, with
@@ -686,6 +708,8 @@ void decide_cancel(struct decision *dec)
         backend_settle_cancel(dec->settle_b, dec->settle_call);
         dec->settle_call = NULL;
     }
+    if (dec->settle_ev)
+        event_del(dec->settle_ev);
     if (dec->count_call) {
         backend_cancel(dec->backend, dec->count_call);
         dec->count_call = NULL;

@@ -41,6 +41,7 @@ struct decision {
     size_t key_cap;
     struct event *hold_ev;              /* delay: forwards when due (made once) */
     struct event *renew_ev;             /* concurrency: renews the leases */
+    struct event *settle_ev;            /* cost_from: bounds the wait for a settlement */
 
     /* Zeroed per request from here (decide_reset). */
     size_t key_used;
@@ -135,9 +136,10 @@ const struct conf_limit *decide_cost_limit(const struct decision *dec);
  * error, a client gone; the estimate stands): each key admitted with an
  * estimate is settled, the difference given back or charged (one
  * refund.lua call per key, pipelined with the decisions). Returns 1 when
- * done(arg, 0) follows once Redis has applied it (with done not NULL: the
- * caller holds the response's end until then, so the client's next
- * request, through any proxy, is decided after it), 0 when nothing waits.
+ * done(arg, 0) follows once Redis has applied it, or after redis.timeout
+ * without an answer (with done not NULL: the caller holds the response's
+ * end until then, so the client's next request, through any proxy, is
+ * decided after it), 0 when nothing waits.
  * Once; later calls do nothing. */
 int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *arg);
 

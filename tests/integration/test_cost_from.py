@@ -10,6 +10,7 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -211,6 +212,30 @@ def test_failures_keep_the_estimate(sluice, llm, redis):
     c.close()                       # before the final chunk with its usage
     time.sleep(3.5)                 # the upstream finishes its stream meanwhile
     assert 750 <= tokens_left(redis.port, "sse", key) <= 810
+
+
+def test_a_frozen_redis_holds_the_end_at_most_its_timeout(sluice, llm, own_redis):
+    """The response's end waits for its settlement, but no longer than
+    redis.timeout: Redis frozen (SIGSTOP) while the upstream answers, the
+    client still gets the whole response."""
+    s = start_proxy(sluice, route("llm", "/header", BUCKET,
+                                  cost_from="{ header: X-Usage-Tokens }"),
+                    upstream_port=llm, redis_port=own_redis.port, redis_timeout="500ms")
+    key = uuid.uuid4().hex
+    assert call(s.port, "/header", key).status == 200       # the script is loaded
+
+    def freeze():
+        time.sleep(0.3)             # the second request was decided meanwhile
+        os.kill(own_redis.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        out = parallel([lambda: call(s.port, "/header", key, delay_ms=1000), freeze])
+        took = time.monotonic() - t0
+    finally:
+        os.kill(own_redis.proc.pid, signal.SIGCONT)
+    assert not isinstance(out[0], Exception), out
+    assert out[0].status == 200 and out[0].body == b"ok\n", out[0]
+    assert 1.4 <= took < 5, took    # 1 s upstream + 0.5 s redis.timeout
 
 
 def test_log_and_metrics_show_the_charge(sluice, llm, redis, tmp_path):
