@@ -6,6 +6,11 @@ CC       ?= cc
 PKGS     := libevent libevent_pthreads hiredis yaml-0.1 libpcre2-8
 # TLS for clients (src/net/tls_server.c): OpenSSL 3 under libevent's bufferevents
 PKGS     += libevent_openssl openssl
+# Envoy's RLS v3 messages (src/rls/proto): protoc-c's C, on libprotobuf-c
+PKGS     += libprotobuf-c
+# HTTP/2 framing and HPACK for clients (src/http2/): nghttp2, Debian's
+# 1.52.0-1+deb12u3 or later (checked below: $(BUILD)/nghttp2.ok)
+PKGS     += libnghttp2
 CFLAGS   ?= -O2 -g
 # src/ is in folders by layer (src/README.md); every folder is on the include
 # path, so a file includes "mem.h", not "core/mem.h". Objects stay flat in
@@ -15,7 +20,7 @@ SRC_INC  := $(patsubst %/,-I%,$(SRC_DIRS))
 SRC_HDRS := $(wildcard src/*/*.h)
 vpath %.c $(SRC_DIRS)
 CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-missing-field-initializers \
-            $(SRC_INC) -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+            $(SRC_INC) -Ibuild -I$(BUILD)/proto $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhiredis -lpthread -lm
 ifeq ($(SANITIZE),1)
 CFLAGS   += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -29,8 +34,15 @@ PYTEST   := /usr/bin/python3 -m pytest
 SRCS     := $(wildcard src/*/*.c)
 SCRIPTS  := $(wildcard src/store/scripts/*.lua)
 WEB      := $(sort $(wildcard src/admin/web/*))
+# The .proto files the project writes from Envoy's published ones
+# (src/rls/proto/PATH.proto) become $(BUILD)/proto/PATH.pb-c.[ch] and the
+# objects $(BUILD)/NAME.pb-c.o (their base names are unique).
+PROTOS   := $(shell find src/rls/proto -name '*.proto')
+PB_SRCS  := $(patsubst src/rls/proto/%.proto,$(BUILD)/proto/%.pb-c.c,$(PROTOS))
+PB_HDRS  := $(PB_SRCS:.c=.h)
 OBJS     := $(patsubst %.c,$(BUILD)/%.o,$(notdir $(SRCS))) \
-            $(patsubst src/store/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS)) $(BUILD)/web_assets.o
+            $(patsubst src/store/scripts/%.lua,$(BUILD)/%_lua.o,$(SCRIPTS)) $(BUILD)/web_assets.o \
+            $(patsubst %.c,$(BUILD)/%.o,$(notdir $(PB_SRCS)))
 LIBOBJS  := $(filter-out $(BUILD)/main.o,$(OBJS))
 UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 
@@ -38,7 +50,7 @@ UNIT     := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/tes
 # runs (tests/run-demo.sh: redis-server, Debian's python3 for the echo
 # upstream, curl to try it). `make test` installs the whole test toolchain.
 BUILD_DEBS := build-essential pkg-config libevent-dev libhiredis-dev libyaml-dev \
-            libpcre2-dev libssl-dev
+            libpcre2-dev libssl-dev protobuf-c-compiler libprotobuf-c-dev libnghttp2-dev
 RUN_DEBS := $(BUILD_DEBS) redis-server python3 curl
 DEBS     := $(BUILD_DEBS) libcmocka-dev redis-server python3-pytest python3-requests curl
 # http_parser: only test_http1_differential and fuzz_http1_differential link
@@ -51,6 +63,9 @@ DEBS     += apache2-utils
 DEBS     += prometheus
 # yaml: the tests read docs/prometheus/alerts.yml
 DEBS     += python3-yaml
+# cryptography: tests/integration/jwtlib.py makes the JWT tests' keys and
+# signs their tokens (test_jwt, test_jwt_keys)
+DEBS     += python3-cryptography
 # headless Chromium: test_dashboard loads the admin console's page in it
 DEBS     += chromium
 # TLS listeners: OpenSSL 3 (openssl CLI for the tests' certificates), and
@@ -58,9 +73,11 @@ DEBS     += chromium
 DEBS     += openssl testssl.sh
 # TLS to upstreams (nginx with ssl is the TLS upstream of test_tls_upstream) and to Redis
 DEBS     += nginx
-# Node and npm: the npm clients of tests/node (the openai client in
-# test_cost_from), installed by `npm ci` from tests/node/package-lock.json
-DEBS     += nodejs
+# gRPC (test_grpc.py): grpcio's server as the upstream and client; Node for
+# @grpc/grpc-js and the openai client (test_cost_from) (tests/node, installed
+# by npm ci from its lock file; Debian's npm only where node came without one)
+DEBS     += python3-grpcio nodejs
+NPM_DEB  := $(if $(shell command -v npm 2>/dev/null),,npm)
 
 .PHONY: all deps run-deps run test test-unit test-integration test-slow clean
 # Keep the generated script sources (build/NAME_lua.c) for inspection.
@@ -68,11 +85,42 @@ DEBS     += nodejs
 
 all: $(BUILD)/sluice
 
-$(BUILD)/sluice: $(OBJS)
+$(BUILD)/sluice: $(OBJS) | $(BUILD)/nghttp2.ok
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/%.o: %.c $(SRC_HDRS) | $(BUILD)
+# nghttp2 1.52 without Debian's security fixes takes rapid reset
+# (CVE-2023-44487, +deb12u1), CONTINUATION floods (CVE-2024-28182, +deb12u2)
+# and an assertion a peer can trip (CVE-2026-27135, +deb12u3) unguarded. The
+# version macro still says 1.52.0, so the first two are a link test of the
+# options they brought; u3 added no symbol, so on Debian the package's
+# version is compared (elsewhere the link test alone decides).
+NGHTTP2_MIN_DEB := 1.52.0-1+deb12u3
+$(BUILD)/nghttp2.ok: | $(BUILD)
+	@printf '%s\n' '#include <nghttp2/nghttp2.h>' \
+	  'int main(void) { nghttp2_option *o; if (nghttp2_option_new(&o)) return 1;' \
+	  '  nghttp2_option_set_stream_reset_rate_limit(o, 1000, 33);' \
+	  '  nghttp2_option_set_max_continuations(o, 8); nghttp2_option_del(o); return 0; }' \
+	  > $(BUILD)/nghttp2_check.c
+	@$(CC) $(CFLAGS) -o $(BUILD)/nghttp2_check $(BUILD)/nghttp2_check.c $(LDLIBS) 2>/dev/null && \
+	  $(BUILD)/nghttp2_check || { echo "nghttp2: the library lacks the rapid-reset and CONTINUATION" \
+	  "limits (nghttp2_option_set_stream_reset_rate_limit, nghttp2_option_set_max_continuations):" \
+	  "install libnghttp2-dev $(NGHTTP2_MIN_DEB) or later (Debian 12: bookworm-security)" >&2; exit 1; }
+	@v=$$(dpkg-query -W -f='$${Version}' libnghttp2-14 2>/dev/null); \
+	  if [ -n "$$v" ] && ! dpkg --compare-versions "$$v" ge "$(NGHTTP2_MIN_DEB)"; then \
+	    echo "nghttp2: libnghttp2-14 $$v lacks the fix of CVE-2026-27135:" \
+	      "install $(NGHTTP2_MIN_DEB) or later (Debian 12: bookworm-security)" >&2; exit 1; fi
+	@touch $@
+
+$(BUILD)/%.o: %.c $(SRC_HDRS) $(PB_HDRS) | $(BUILD)
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+# protoc-c writes every generated file at once (the files import each other).
+$(PB_SRCS) $(PB_HDRS) &: $(PROTOS) | $(BUILD)
+	mkdir -p $(BUILD)/proto
+	protoc-c --c_out=$(BUILD)/proto -Isrc/rls/proto $(PROTOS)
+
+$(BUILD)/%.pb-c.o: $(PB_SRCS) $(PB_HDRS)
+	$(CC) $(CFLAGS) -c -o $@ $(filter %/$*.pb-c.c,$(PB_SRCS))
 
 # Each Redis script (src/store/scripts/NAME.lua) is embedded as the C strings
 # NAME_lua and NAME_lua_sha, so EVALSHA works from the first request and
@@ -133,7 +181,7 @@ define install_missing
 endef
 
 deps:
-	$(call install_missing,$(DEBS))
+	$(call install_missing,$(DEBS) $(NPM_DEB))
 	@[ -d tests/node/node_modules ] || (cd tests/node && npm ci --no-audit --no-fund)
 
 run-deps:

@@ -2,9 +2,10 @@
 # Installs what the benchmark needs from Debian when missing (dpkg -s, then
 # apt-get: needs root), builds sluice, and runs bench/run.py, which starts and
 # stops its own upstream, redis-server, sluice, nginx and HAProxy on loopback.
-# BENCH_ARGS passes options to run.py (e.g. BENCH_ARGS="--duration 5").
+# BENCH_ARGS passes options to run.py (e.g. BENCH_ARGS="--duration 5", or
+# BENCH_ARGS="--groups h2,grpc,rls" for the HTTP/2, gRPC and RLS rows only).
 
-BENCH_DEBS := wrk nginx haproxy redis-server gnuplot-nox
+BENCH_DEBS := wrk nginx haproxy redis-server gnuplot-nox nghttp2-client python3-grpcio python3-hpack
 BENCH_ARGS ?=
 BENCH_SLUICE ?= $(abspath $(or $(BUILD),build)/sluice)
 

@@ -1,7 +1,7 @@
 # sluice bench - plot.gp: proxy CPU-seconds per 10k requests for every row.
 # run.py calls: gnuplot -e "datafile='...'; outfile='...'; subtitle='...'" plot.gp
 # The data file has one line per row: index, "label", CPU-s per 10k.
-set terminal png size 1100,600 font ",11"
+set terminal png size (exists("width") ? width : 1100),600 font ",11"
 set output outfile
 set title "Proxy CPU-seconds per 10k requests (lower is better)\n{/*0.8 ".subtitle."}"
 set ylabel "CPU-seconds / 10k requests"

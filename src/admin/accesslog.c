@@ -268,6 +268,14 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
         p = ACCESSLOG_PUT_LIT(p, ",\"cost\":");
         p = accesslog_put_i64(p, e->cost);
     }
+    if (e->has_grpc_status) {
+        p = ACCESSLOG_PUT_LIT(p, ",\"grpc_status\":");
+        p = accesslog_put_i64(p, e->grpc_status);
+    }
+    if (e->http2)
+        p = ACCESSLOG_PUT_LIT(p, ",\"protocol\":\"HTTP/2.0\"");
+    if (e->decision_mode)
+        p = ACCESSLOG_PUT_LIT(p, ",\"mode\":\"decision\"");
     p = ACCESSLOG_PUT_LIT(p, "}\n");
     if ((size_t)(p - buf) > bound)
         abort();        /* the bound above is wrong: never write past it */

@@ -47,6 +47,14 @@ struct accesslog_entry {
     int has_cost;               /* cost_from: the request was charged cost units
                                  * (the response's, or the estimate) */
     int64_t cost;
+    int has_grpc_status;        /* grpc_status is written */
+    int grpc_status;            /* a gRPC call's status (its trailers', or sluice's
+                                 * own answer's) */
+    int http2;                  /* came on an HTTP/2 stream: written as
+                                 * "protocol":"HTTP/2.0" (HTTP/1.x: nothing) */
+    int decision_mode;          /* a decision listener's request: "mode":"decision"
+                                 * (method and path are the described request's);
+                                 * written only when set */
 };
 
 /* target is "stdout" or a path (opened O_APPEND|O_CREAT, mode 0640; a FIFO

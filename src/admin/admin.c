@@ -177,11 +177,14 @@ static void serve(struct admin_conn *c, const char *data)
     evbuffer_free(body);
 }
 
-/* /api/limits...: the admin API (admin_api.c), JSON, with its body. */
+/* /api/limits..., /api/plans: the admin API (admin_api.c), JSON, with its body. */
 static int is_api(const char *path, size_t plen)
 {
-    size_t n = sizeof(ADMIN_API_PREFIX) - 1;
-    return plen >= n && memcmp(path, ADMIN_API_PREFIX, n) == 0 && (plen == n || path[n] == '/');
+    size_t n = sizeof(ADMIN_API_PREFIX) - 1, pn = sizeof(ADMIN_API_PLANS) - 1;
+    return (plen >= n && memcmp(path, ADMIN_API_PREFIX, n) == 0 &&
+            (plen == n || path[n] == '/')) ||
+           (plen >= pn && memcmp(path, ADMIN_API_PLANS, pn) == 0 &&
+            (plen == pn || path[pn] == '/'));
 }
 
 static void api_answer(struct admin_conn *c, int status, struct evbuffer *out,

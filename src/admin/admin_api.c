@@ -28,6 +28,7 @@
 #include "esc.h"
 #include "mem.h"
 #include "memstore.h"
+#include "plantable.h"
 #include "resetbus.h"
 #include "route.h"
 #include "store.h"
@@ -69,6 +70,7 @@ struct api_req {
     struct limiter_params p;            /* PUT: the override */
     int64_t ttl_ms;                     /* PUT: its ttl, 0 none */
     int reset;                          /* POST reset, not DELETE override */
+    const struct conf_plan *plan;       /* /api/plans PUT: the plan assigned */
 };
 
 /* The admin thread's Redis: one store_sync (persistent connections) and the
@@ -165,11 +167,15 @@ static char *decode(const char *s, size_t n, size_t *outlen)
     return o;
 }
 
+/* A route, or "plan:NAME": a plan's limits (their keys are the plan's). */
 static const struct conf_route *find_route(const struct conf *c, const char *s, size_t n)
 {
     for (int i = 0; i < c->nroutes; i++)
         if (strlen(c->routes[i].name) == n && !memcmp(c->routes[i].name, s, n))
             return &c->routes[i];
+    for (int i = 0; i < c->nplans; i++)
+        if (strlen(c->plans[i].route.name) == n && !memcmp(c->plans[i].route.name, s, n))
+            return &c->plans[i].route;
     return NULL;
 }
 
@@ -699,6 +705,23 @@ static int state_answer(const struct api_req *q, const struct limiter_params *ef
     return 200;
 }
 
+/* limit.lua's check-only answer for params cp: { time_s, time_us, v,
+ * reset_ms [, limit] }, v the remaining or -retry_ms. 0, or -1. */
+static int state_result(const struct store_sync_reply *rep, const struct limiter_params *cp,
+                        int ro, struct limiter_result *r)
+{
+    if (rep->type != STORE_SYNC_ARRAY || rep->nints != 4 + (ro ? 1 : 0))
+        return -1;
+    int64_t got = rep->ints[2];
+    r->allowed = got >= 0;
+    r->remaining = got >= 0 ? got : 0;
+    r->reset_ms = rep->ints[3];
+    r->retry_ms = got >= 0 ? 0 : got < -INT64_MAX ? INT64_MAX : -got;
+    r->limit = ro ? rep->ints[4] : cp->limit;
+    limiter_clamp(r, cp, ro);
+    return 0;
+}
+
 /* limit.lua's check, GET and PTTL of the override key came back. */
 static int state_finish(struct api_req *q, const struct store_sync_reply *rep,
                         struct evbuffer *out)
@@ -708,16 +731,8 @@ static int state_finish(struct api_req *q, const struct store_sync_reply *rep,
     struct limiter_result r = { 0 };
     int ro = q->conf->redis.overrides, runtime = 0;
     int64_t ttl_ms = -1;
-    /* { time_s, time_us, v, reset_ms [, limit] }: v = remaining, or -retry_ms */
-    if (rep[0].type != STORE_SYNC_ARRAY || rep[0].nints != 4 + (ro ? 1 : 0))
+    if (state_result(rep, cp, ro, &r) < 0)
         return api_error(out, 503, "redis: unexpected reply from limit.lua");
-    int64_t got = rep[0].ints[2];
-    r.allowed = got >= 0;
-    r.remaining = got >= 0 ? got : 0;
-    r.reset_ms = rep[0].ints[3];
-    r.retry_ms = got >= 0 ? 0 : got < -INT64_MAX ? INT64_MAX : -got;
-    r.limit = ro ? rep[0].ints[4] : cp->limit;
-    limiter_clamp(&r, cp, ro);
     if (ro && rep[1].type == STORE_SYNC_STR &&
         parse_ovr(rep[1].str, rep[1].len, cp, &eff) == 0) {
         runtime = 1;
@@ -726,6 +741,53 @@ static int state_finish(struct api_req *q, const struct store_sync_reply *rep,
     if (ro)
         eff.limit = r.limit;
     return state_answer(q, &eff, &r, runtime, ttl_ms, out);
+}
+
+/* limit.lua's batch protocol, one request of one limit, check only:
+ * EVAL script K KEY [KEY:ovr] d 1 algo L W I 1 1 ref cost=1 [slot] [ovr]
+ * (see limit.lua); without admin.token decisions do not read overrides:
+ * nor does this. The integers after "d 1": algo L W I 1 1 ref cost, then
+ * the slot (concurrency) and the override key's index (admin.token). */
+enum { STATE_NV = 8 + 1 + 1, STATE_ARGC = 5 + 2 + STATE_NV };
+struct state_cmd {
+    const char *argv[STATE_ARGC];
+    size_t lens[STATE_ARGC];
+    char num[STATE_NV][24];
+    char ok[ROUTE_MAX_KEY + 8];         /* KEY:ovr; KEY is ok[0..oklen - 4) */
+    size_t oklen;
+};
+
+/* The check of key under cp into *cmd, its strings (key too) in sc, which
+ * must live as long as cmd. */
+static void state_cmd(const struct conf *conf, const struct limiter_params *cp,
+                      const char *key, size_t keylen, struct state_cmd *sc,
+                      struct store_sync_cmd *cmd)
+{
+    memcpy(sc->ok, key, keylen);
+    memcpy(sc->ok + keylen, STORE_OVERRIDE_SUFFIX, sizeof(STORE_OVERRIDE_SUFFIX));
+    sc->oklen = keylen + sizeof(STORE_OVERRIDE_SUFFIX) - 1;
+    int ro = conf->redis.overrides, nk = ro ? 2 : 1;
+    int conc = cp->algo == LIMITER_CONCURRENCY;
+    int64_t v[STATE_NV] = { cp->algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
+                     STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
+    int nv = 8;
+    if (conc)
+        v[nv++] = 9007199254740991LL;       /* a slot id no request has: 2^53 - 1 */
+    if (ro)
+        v[nv++] = 2;                        /* KEYS[2] is the override key */
+    assert(nv <= STATE_NV && 5 + nk + nv <= STATE_ARGC);
+    const char *a0[5] = { "EVAL", store_limit_script(), ro ? "2" : "1", sc->ok, sc->ok };
+    size_t l0[5] = { 4, strlen(a0[1]), 1, keylen, sc->oklen };
+    memcpy(sc->argv, a0, sizeof(a0));
+    memcpy(sc->lens, l0, sizeof(l0));
+    sc->argv[3 + nk] = "d", sc->lens[3 + nk] = 1;
+    sc->argv[4 + nk] = "1", sc->lens[4 + nk] = 1;
+    for (int i = 0; i < nv; i++) {
+        snprintf(sc->num[i], sizeof(sc->num[i]), "%lld", (long long)v[i]);
+        sc->argv[5 + nk + i] = sc->num[i];
+        sc->lens[5 + nk + i] = strlen(sc->num[i]);
+    }
+    *cmd = (struct store_sync_cmd){ 5 + nk + nv, sc->argv, sc->lens };
 }
 
 static int op_state(const struct api_ctx *x, struct api_req *q, struct evbuffer *out)
@@ -749,39 +811,15 @@ static int op_state(const struct api_ctx *x, struct api_req *q, struct evbuffer 
             return api_error(out, 500, "the memory limiter refused the check");
         return state_answer(q, &eff, &res.r[0], runtime, ttl_ms, out);
     }
-    /* the integers after "d 1": algo L W I 1 1 ref cost, then the slot
-     * (concurrency) and the override key's index (admin.token) */
-    enum { STATE_NV = 8 + 1 + 1, STATE_ARGC = 5 + 2 + STATE_NV };
-    char ok[ROUTE_MAX_KEY + 8], num[STATE_NV][24];
-    size_t oklen;
-    ovr_key(q, ok, &oklen);
-    /* limit.lua's batch protocol, one request of one limit, check only:
-     * EVAL script K KEY [KEY:ovr] d 1 algo L W I 1 1 ref cost=1 [slot] [ovr]
-     * (see limit.lua); without admin.token decisions do not read
-     * overrides: nor does this */
-    int ro = q->conf->redis.overrides, nk = ro ? 2 : 1;
-    int conc = cp->algo == LIMITER_CONCURRENCY;
-    int64_t v[STATE_NV] = { cp->algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
-                     STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
-    int nv = 8;
-    if (conc)
-        v[nv++] = 9007199254740991LL;       /* a slot id no request has: 2^53 - 1 */
-    if (ro)
-        v[nv++] = 2;                        /* KEYS[2] is the override key */
-    assert(nv <= STATE_NV && 5 + nk + nv <= STATE_ARGC);
-    const char *argv[STATE_ARGC] = { "EVAL", store_limit_script(), ro ? "2" : "1", q->key, ok };
-    size_t lens[STATE_ARGC] = { 4, strlen(argv[1]), 1, q->keylen, oklen };
-    argv[3 + nk] = "d", lens[3 + nk] = 1;
-    argv[4 + nk] = "1", lens[4 + nk] = 1;
-    for (int i = 0; i < nv; i++) {
-        snprintf(num[i], sizeof(num[i]), "%lld", (long long)v[i]);
-        argv[5 + nk + i] = num[i];
-        lens[5 + nk + i] = strlen(num[i]);
-    }
+    struct state_cmd sc;
+    struct store_sync_cmd cmds[3];
+    state_cmd(q->conf, cp, q->key, q->keylen, &sc, &cmds[0]);
+    const char *ok = sc.ok;
+    size_t oklen = sc.oklen;
     const char *get[2] = { "GET", ok }, *pttl[2] = { "PTTL", ok };
     size_t getl[2] = { 3, oklen }, pttll[2] = { 4, oklen };
-    struct store_sync_cmd cmds[3] = { { 5 + nk + nv, argv, lens }, { 2, get, getl },
-                                      { 2, pttl, pttll } };
+    cmds[1] = (struct store_sync_cmd){ 2, get, getl };
+    cmds[2] = (struct store_sync_cmd){ 2, pttl, pttll };
     return api_redis(x, q, 3, cmds, state_finish, out);
 }
 
@@ -870,6 +908,287 @@ static int op_delete(const struct api_ctx *x, struct api_req *q, struct evbuffer
     return api_redis(x, q, 2, cmds, delete_finish, out);
 }
 
+/* ---- /api/plans?key=V: a client's plan, its usage, its run-time assignment ---- */
+
+enum plan_source { PLAN_RUNTIME, PLAN_CONFIG, PLAN_DEFAULT };
+static const char *const plan_source_name[] = { "runtime", "config", "default" };
+
+/* The plan a client key is on, as decide.c finds it without a request:
+ * this process's copy of the run-time assignments, plans.assign, default. */
+static const struct conf_plan *plan_of(const struct conf *c, const char *k, size_t n,
+                                       enum plan_source *src)
+{
+    char name[PLANTABLE_MAX_PLAN + 1];
+    const struct conf_plan *p = NULL;
+    if (plantable_get(k, n, name) && (p = conf_plan_find(c, name, strlen(name))) != NULL) {
+        *src = PLAN_RUNTIME;
+    } else if ((p = conf_plan_assigned(c, k, n)) != NULL) {
+        *src = PLAN_CONFIG;
+    } else {
+        p = &c->plans[c->plan_default];
+        *src = PLAN_DEFAULT;
+    }
+    return p;
+}
+
+/* ?key=V, once: into q->parts[0]. 0, or 400. */
+static int plans_target(struct api_req *q, const char *data, const struct http1_head *h,
+                        struct evbuffer *out)
+{
+    const char *t = data + h->target.off, *tend = t + h->target.len;
+    const char *qs = memchr(t, '?', h->target.len);
+    q->parts = mem_calloc(1, sizeof(*q->parts));
+    q->partlen = mem_calloc(1, sizeof(*q->partlen));
+    for (const char *a = qs ? qs + 1 : tend; a < tend;) {
+        const char *amp = memchr(a, '&', (size_t)(tend - a));
+        const char *pe = amp ? amp : tend;
+        const char *eq = memchr(a, '=', (size_t)(pe - a));
+        if (!(eq && eq - a == 3 && !memcmp(a, "key", 3)) || q->nparts > 0)
+            return api_error(out, 400, "use ?key=VALUE once: the client's plan_key value");
+        size_t n;
+        char *v = decode(eq + 1, (size_t)(pe - eq - 1), &n);
+        if (v == NULL || n == 0 || n > PLANTABLE_MAX_KEY) {
+            free(v);
+            return api_error(out, 400, "key: 1 to %d bytes, %%-escaped", PLANTABLE_MAX_KEY);
+        }
+        q->parts[0] = v;
+        q->partlen[q->nparts++] = n;
+        a = amp ? amp + 1 : tend;
+    }
+    if (q->nparts != 1)
+        return api_error(out, 400, "use ?key=VALUE: the client's plan_key value");
+    return 0;
+}
+
+/* The Redis key and parameters of plan limit l for the client: only a limit
+ * keyed by one source is read (with the client's key as its value). */
+static int plan_limit_key(const struct api_req *q, const struct conf_plan *p,
+                          const struct conf_limit *l, char *key, size_t *keylen,
+                          const struct limiter_params **cp)
+{
+    long n = l->nkeys == 1 ? route_key_parts(q->conf, &p->route, l,
+                                             (const char *const *)q->parts, q->partlen, 1, key)
+                           : -1;
+    if (n <= 0)
+        return -1;
+    *keylen = (size_t)n;
+    const struct conf_override *o = route_override(l, key, *keylen);
+    *cp = o ? &o->params : &l->params;
+    return 0;
+}
+
+static void plans_head(struct evbuffer *out, const struct api_req *q, const struct conf_plan *p,
+                       enum plan_source src)
+{
+    evbuffer_add_printf(out, "{\"key\": ");
+    put_str(out, q->parts[0], q->partlen[0]);
+    evbuffer_add_printf(out, ", \"plan\": ");
+    put_str(out, p->name, strlen(p->name));
+    evbuffer_add_printf(out, ", \"source\": \"%s\"", plan_source_name[src]);
+}
+
+/* The GET answer; res[i] the state of limit i (NULL: not read). */
+static int plans_answer(const struct api_req *q, const struct conf_plan *p,
+                        enum plan_source src, const struct limiter_result *const *res,
+                        struct evbuffer *out)
+{
+    plans_head(out, q, p, src);
+    evbuffer_add_printf(out, ", \"limits\": [");
+    for (int i = 0; i < p->route.nlimits; i++) {
+        const struct conf_limit *l = &p->route.limits[i];
+        const struct limiter_result *r = res[i];
+        evbuffer_add_printf(out, "%s{\"limit\": ", i ? ", " : "");
+        put_str(out, l->name, strlen(l->name));
+        evbuffer_add_printf(out, ", \"algorithm\": \"%s\", \"params\": ",
+                            limiter_algo_name(l->params.algo));
+        put_params(out, &l->params);
+        if (r == NULL) {
+            evbuffer_add_printf(out, ", \"state\": null}");
+            continue;
+        }
+        int64_t used = r->limit > r->remaining ? r->limit - r->remaining : 0;
+        evbuffer_add_printf(out, ", \"state\": {\"limit\": %lld, \"used\": %lld, "
+                            "\"remaining\": %lld, \"allowed\": %s, \"reset_ms\": %lld, "
+                            "\"retry_ms\": ", (long long)r->limit, (long long)used,
+                            (long long)r->remaining, r->allowed ? "true" : "false",
+                            (long long)r->reset_ms);
+        if (r->allowed)
+            evbuffer_add_printf(out, "null}}");
+        else
+            evbuffer_add_printf(out, "%lld}}", (long long)r->retry_ms);
+    }
+    evbuffer_add_printf(out, "]}\n");
+    return 200;
+}
+
+/* The checks of the plan's limits came back, in the order of its limits
+ * that plan_limit_key reads. */
+static int plans_state_finish(struct api_req *q, const struct store_sync_reply *rep,
+                              struct evbuffer *out)
+{
+    enum plan_source src;
+    const struct conf_plan *p = q->plan;
+    struct limiter_result r[CONF_MAX_LIMITS];
+    const struct limiter_result *res[CONF_MAX_LIMITS] = { 0 };
+    char key[ROUTE_MAX_KEY];
+    size_t kl;
+    int k = 0;
+    plan_of(q->conf, q->parts[0], q->partlen[0], &src);
+    for (int i = 0; i < p->route.nlimits; i++) {
+        const struct limiter_params *cp;
+        if (plan_limit_key(q, p, &p->route.limits[i], key, &kl, &cp) < 0)
+            continue;
+        memset(&r[i], 0, sizeof(r[i]));
+        if (state_result(&rep[k++], cp, q->conf->redis.overrides, &r[i]) < 0)
+            return api_error(out, 503, "redis: unexpected reply from limit.lua");
+        res[i] = &r[i];
+    }
+    /* the plan may have changed meanwhile: the one whose state was read */
+    return plans_answer(q, p, q->plan == plan_of(q->conf, q->parts[0], q->partlen[0], &src)
+                              ? src : PLAN_RUNTIME, res, out);
+}
+
+static int plans_state(const struct api_ctx *x, struct api_req *q, struct evbuffer *out)
+{
+    enum plan_source src;
+    const struct conf_plan *p = plan_of(q->conf, q->parts[0], q->partlen[0], &src);
+    struct limiter_result r[CONF_MAX_LIMITS];
+    const struct limiter_result *res[CONF_MAX_LIMITS] = { 0 };
+    struct store_sync_cmd cmds[CONF_MAX_LIMITS];
+    struct state_cmd *sc = mem_calloc(CONF_MAX_LIMITS, sizeof(*sc));
+    char key[ROUTE_MAX_KEY];
+    size_t kl;
+    int k = 0;
+    for (int i = 0; i < p->route.nlimits; i++) {
+        const struct limiter_params *cp;
+        if (plan_limit_key(q, p, &p->route.limits[i], key, &kl, &cp) < 0)
+            continue;
+        if (q->conf->backend == CONF_BACKEND_MEMORY) {
+            struct store_limit sl = { key, kl, cp, 1, STORE_CHECK_ONLY };
+            struct store_result sr;
+            if (memstore_decide(q->mem, &sl, 1, clock_wall_us(), &sr) == 0) {
+                r[i] = sr.r[0];
+                res[i] = &r[i];
+            }
+            continue;
+        }
+        state_cmd(q->conf, cp, key, kl, &sc[k], &cmds[k]);
+        k++;
+    }
+    int rc;
+    q->plan = p;
+    if (k == 0)
+        rc = plans_answer(q, p, src, res, out);
+    else
+        rc = api_redis(x, q, k, cmds, plans_state_finish, out);
+    free(sc);           /* store_sync_start copied the commands */
+    return rc;
+}
+
+/* PUT: HSET and PUBLISH in one script (at most PLANTABLE_MAX keys, -1
+ * beyond); DELETE: HDEL and PUBLISH. */
+static const char plan_set_lua[] =
+    "if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 and "
+    "redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[4]) then return -1 end "
+    "redis.call('HSET', KEYS[1], ARGV[2], ARGV[3]) "
+    "redis.call('PUBLISH', ARGV[1], 'S ' .. ARGV[3] .. ' ' .. ARGV[2]) return 1";
+static const char plan_del_lua[] =
+    "local n = redis.call('HDEL', KEYS[1], ARGV[2]) "
+    "redis.call('PUBLISH', ARGV[1], 'D ' .. ARGV[2]) return n";
+
+static int plans_write_answer(struct api_req *q, int existed, struct evbuffer *out)
+{
+    enum plan_source src;
+    const struct conf_plan *p = plan_of(q->conf, q->parts[0], q->partlen[0], &src);
+    plans_head(out, q, p, src);
+    if (q->plan == NULL)
+        evbuffer_add_printf(out, ", \"cleared\": true, \"existed\": %s",
+                            existed ? "true" : "false");
+    evbuffer_add_printf(out, "}\n");
+    return 200;
+}
+
+static int plans_write_finish(struct api_req *q, const struct store_sync_reply *rep,
+                              struct evbuffer *out)
+{
+    if (rep[0].type != STORE_SYNC_INT)
+        return api_error(out, 503, "redis: unexpected reply to the plan's write");
+    if (q->plan == NULL) {
+        plantable_del(q->parts[0], q->partlen[0]);  /* here at once; its message follows */
+        return plans_write_answer(q, rep[0].integer > 0, out);
+    }
+    if (rep[0].integer < 0)
+        return api_error(out, 400, "at most %d run-time plan assignments", PLANTABLE_MAX);
+    plantable_set(q->parts[0], q->partlen[0], q->plan->name, strlen(q->plan->name));
+    return plans_write_answer(q, 1, out);
+}
+
+/* {"plan": "NAME"}: the plan, or 400. */
+static int plans_body(struct api_req *q, const char *b, size_t len, struct evbuffer *out)
+{
+    const char *p = skip_ws(b, b + len), *e = b + len;
+    char field[16], name[PLANTABLE_MAX_PLAN + 1];
+    if (p >= e || *p != '{' ||
+        (p = json_str(skip_ws(p + 1, e), e, field, sizeof(field))) == NULL ||
+        strcmp(field, "plan") != 0 || (p = skip_ws(p, e)) >= e || *p != ':' ||
+        (p = json_str(skip_ws(p + 1, e), e, name, sizeof(name))) == NULL ||
+        (p = skip_ws(p, e)) >= e || *p != '}' || skip_ws(p + 1, e) != e)
+        return api_error(out, 400, "body: expected {\"plan\": \"NAME\"}");
+    q->plan = conf_plan_find(q->conf, name, strlen(name));
+    if (q->plan == NULL)
+        return api_error(out, 400, "unknown plan '%s'", name);
+    return 0;
+}
+
+static int plans_write(const struct api_ctx *x, struct api_req *q, int put, const char *body,
+                       size_t len, struct evbuffer *out)
+{
+    int rc = put ? plans_body(q, body, len, out) : 0;
+    if (rc != 0)
+        return rc;
+    if (q->conf->backend == CONF_BACKEND_MEMORY) {
+        if (!put)
+            return plans_write_answer(q, plantable_del(q->parts[0], q->partlen[0]), out);
+        if (plantable_set(q->parts[0], q->partlen[0], q->plan->name, strlen(q->plan->name)))
+            return api_error(out, 400, "at most %d run-time plan assignments", PLANTABLE_MAX);
+        return plans_write_answer(q, 1, out);
+    }
+    char name[512], max[16];
+    snprintf(name, sizeof(name), "%s" PLANTABLE_KEY, q->conf->redis.prefix);
+    snprintf(max, sizeof(max), "%d", PLANTABLE_MAX);
+    const char *lua = put ? plan_set_lua : plan_del_lua;
+    const char *argv[8] = { "EVAL", lua, "1", name, name, q->parts[0],
+                            put ? q->plan->name : "", max };
+    size_t lens[8] = { 4, strlen(lua), 1, strlen(name), strlen(name), q->partlen[0],
+                       strlen(argv[6]), strlen(max) };
+    struct store_sync_cmd cmd = { 8, argv, lens };
+    return api_redis(x, q, 1, &cmd, plans_write_finish, out);
+}
+
+static int plans_serve(const struct api_ctx *x, struct api_req *q, const char *data,
+                       const struct http1_head *h, const char *body, size_t len,
+                       struct evbuffer *out, struct evbuffer *hdr)
+{
+    const char *m = data + h->method.off;
+    size_t ml = h->method.len;
+#define METHOD_IS(s) (ml == sizeof(s) - 1 && memcmp(m, s, ml) == 0)
+    int get = METHOD_IS("GET") || METHOD_IS("HEAD"), put = METHOD_IS("PUT");
+    int del = METHOD_IS("DELETE");
+#undef METHOD_IS
+    if (!get && !put && !del) {
+        evbuffer_add_printf(hdr, "Allow: GET, PUT, DELETE\r\n");
+        return api_error(out, 405, "use GET, PUT or DELETE");
+    }
+    int rc = check_token(q->conf, data, h, out, hdr);   /* a read shows keys too */
+    if (rc == 0 && q->conf->nplans == 0)
+        rc = api_error(out, 400, "no plans are configured");
+    if (rc == 0)
+        rc = plans_target(q, data, h, out);
+    if (rc != 0)
+        return rc;
+    return get ? plans_state(x, q, out) : plans_write(x, q, put, body, len, out);
+}
+
 struct admin_api *admin_api_create(struct event_base *base)
 {
     struct admin_api *api = mem_calloc(1, sizeof(*api));
@@ -913,10 +1232,18 @@ int admin_api_serve(struct admin_api *api, const char *data, const struct http1_
         return api_error(out, 503, "no config loaded");
     q.conf = c;
     q.mem = mem;
+    int rc;
+    if (plen >= sizeof(ADMIN_API_PLANS) - 1 &&
+        !memcmp(path, ADMIN_API_PLANS, sizeof(ADMIN_API_PLANS) - 1)) {
+        rc = plen == sizeof(ADMIN_API_PLANS) - 1
+             ? plans_serve(&x, &q, data, h, body, len, out, hdr)
+             : api_error(out, 404, "not found: use %s?key=...", ADMIN_API_PLANS);
+        goto done;
+    }
     const char *m = data + h->method.off;
     size_t ml = h->method.len;
 #define METHOD_IS(s) (ml == sizeof(s) - 1 && memcmp(m, s, ml) == 0)
-    int rc = parse_target(&q, data, h, path, plen, out);
+    rc = parse_target(&q, data, h, path, plen, out);
     if (rc != 0)
         goto done;
     assert(q.route != NULL && q.limit != NULL);     /* parse_target's 0 says both were found */

@@ -4,6 +4,9 @@
  *   PUT    /api/limits/ROUTE/LIMIT/override?key=...    a run-time override
  *   DELETE /api/limits/ROUTE/LIMIT/override?key=...    back to the config
  *   POST   /api/limits/ROUTE/LIMIT/reset?key=...       counters gone, deny caches too
+ *   GET    /api/plans?key=V                            a client's plan and its usage
+ *   PUT    /api/plans?key=V  {"plan": "NAME"}          a run-time plan, every proxy
+ *   DELETE /api/plans?key=V                            back to plans.assign or default
  *
  * Served on the admin thread (admin.c hands every /api/limits request
  * here, with its body of at most ADMIN_API_MAX_BODY bytes). Writes need
@@ -21,6 +24,7 @@
 
 #define ADMIN_API_MAX_BODY 4096
 #define ADMIN_API_PREFIX "/api/limits"
+#define ADMIN_API_PLANS "/api/plans"
 
 #define ADMIN_API_PENDING 0
 

@@ -11,6 +11,7 @@
 #include "log.h"
 #include "loopthread.h"
 #include "mem.h"
+#include "plantable.h"
 #include "resetbus.h"
 #include "store.h"
 
@@ -19,6 +20,7 @@ static _Atomic uint64_t resetbus_epoch_now;
 struct resetbus {
     struct loopthread *loop;
     struct store_sub *sub;
+    struct store_sub *plans;    /* PREFIX "plans" (plantable.h), with plans: only */
     struct conf_redis rc;       /* as started: compared on reload (not owned) */
     char *prefix;
     struct conf *conf;          /* retained: rc's strings live in it */
@@ -34,14 +36,29 @@ void resetbus_bump(void)
     atomic_fetch_add(&resetbus_epoch_now, 1);
 }
 
-static void resetbus_message(void *arg)
+static void resetbus_message(void *arg, const char *msg, size_t len)
 {
     resetbus_bump();
+}
+
+/* A plan assigned or cleared, or the plans read whole: the deny caches
+ * may hold what the old plan denied under another plan's keys, which stay
+ * right; nothing to forget. */
+static void resetbus_plan(void *arg, const char *msg, size_t len)
+{
+    if (msg != NULL)
+        plantable_message(msg, len);
+}
+
+static void resetbus_plans(void *arg, int n, const char *const *s, const size_t *lens)
+{
+    plantable_replace(n, s, lens);
 }
 
 static void resetbus_free(struct resetbus *rb)
 {
     store_sub_destroy(rb->sub);
+    store_sub_destroy(rb->plans);
     loopthread_destroy(rb->loop);
     if (rb->conf)
         conf_release(rb->conf);
@@ -63,8 +80,13 @@ struct resetbus *resetbus_start(const struct conf *conf)
     if (rb->loop == NULL || rb->prefix == NULL)
         goto fail;
     snprintf(channel, sizeof(channel), "%s" RESETBUS_CHANNEL, rb->prefix);
-    rb->sub = store_sub_create(loopthread_base(rb->loop), &conf->redis, channel,
-                               resetbus_message, rb);
+    rb->sub = store_sub_create(loopthread_base(rb->loop), &conf->redis, channel, NULL,
+                               resetbus_message, NULL, rb);
+    if (conf->nplans > 0) {
+        snprintf(channel, sizeof(channel), "%s" PLANTABLE_KEY, rb->prefix);
+        rb->plans = store_sub_create(loopthread_base(rb->loop), &conf->redis, channel, channel,
+                                     resetbus_plan, resetbus_plans, rb);
+    }
     if (loopthread_start(rb->loop) != 0)
         goto fail;
     return rb;
@@ -79,6 +101,7 @@ struct resetbus *resetbus_reload(struct resetbus *rb, const struct conf *conf)
     int wanted = conf->backend == CONF_BACKEND_REDIS && conf->redis.overrides;
     int same = rb != NULL && wanted &&
                store_same_conf(&rb->rc, &conf->redis) &&
+               (rb->plans != NULL) == (conf->nplans > 0) &&
                !strcmp(rb->prefix, conf->redis.prefix ? conf->redis.prefix : "");
     if (same || (rb == NULL && !wanted))
         return rb;

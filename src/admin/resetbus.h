@@ -24,7 +24,8 @@ uint64_t resetbus_epoch(void);
 void resetbus_bump(void);
 
 /* With backend redis and admin.token set (redis.overrides): a thread
- * subscribed to PREFIX "reset" on conf's Redis. NULL (nothing to run)
+ * subscribed to PREFIX "reset" on conf's Redis, and with plans: to PREFIX
+ * "plans" too (plantable.h: the run-time plans, read whole first). NULL (nothing to run)
  * otherwise: the memory backend, or a proxy without the admin API's writes. */
 struct resetbus *resetbus_start(const struct conf *conf);
 /* A reload: started again when the Redis settings or prefix changed. */

@@ -66,6 +66,7 @@ struct conf_tls {
     struct conf_cert *certs;    /* the first is the default (no SNI match) */
     int ncerts;
     int min_version;            /* 12 (default) or 13: TLS 1.2 or 1.3 */
+    int no_h2;                  /* its listener's http2: false (no ALPN h2) */
 };
 
 struct tls_server;
@@ -74,13 +75,94 @@ struct tls_server;
 struct conf_listen {
     struct conf_addr addr;
     struct conf_tls *tls;       /* NULL: plain HTTP */
+    int no_http2;               /* http2: false; HTTP/2 (ALPN h2, the cleartext
+                                 * preface) is taken by default */
     struct tls_server *server;  /* built from tls by confcheck_load (tls_server.h),
                                  * released with the conf (conf_cleanup_add) */
+    int decision;               /* a decision.listen entry: its connections are
+                                 * in decision mode (docs/decision.md) */
+};
+
+/* Envoy's rate limit service configuration, in envoyproxy/ratelimit's own
+ * format (domain, nested descriptors), loaded from decision.ratelimit_config
+ * (conf_rls.c). A descriptor tree per domain; matching is rls_match.c's. */
+enum conf_rls_on_error { CONF_RLS_ON_ERROR_REDIS, CONF_RLS_ON_ERROR_ALLOW,
+                         CONF_RLS_ON_ERROR_DENY, CONF_RLS_ON_ERROR_UNAVAILABLE };
+/* The RLS units (RateLimitResponse.RateLimit.Unit's numbers). */
+enum conf_rls_unit { CONF_RLS_SECOND = 1, CONF_RLS_MINUTE = 2, CONF_RLS_HOUR = 3,
+                     CONF_RLS_DAY = 4, CONF_RLS_MONTH = 5, CONF_RLS_YEAR = 6,
+                     CONF_RLS_WEEK = 7 };
+
+struct conf_rls_limit {
+    int unlimited;
+    int64_t requests_per_unit;
+    int unit;                   /* enum conf_rls_unit; 0 when unlimited */
+    char *name;                 /* rate_limit.name, or NULL */
+    char **replaces;            /* names of the limits this one replaces */
+    int nreplaces;
+    int shadow;                 /* shadow_mode: counted, reported OK */
+    int detailed_metric;
+    char *path;                 /* "key_value.key2": its place in the domain,
+                                 * the name shown when it has none */
+    struct limiter_params params;   /* fixed_window per unit unless algorithm */
+};
+
+struct conf_rls_node {
+    char *key;
+    char *value;                /* NULL: any value (no value in the config) */
+    char **parts;               /* value split at '*' (wildcard), else NULL */
+    int nparts;
+    int share_threshold;        /* wildcard: its values share one counter */
+    struct conf_rls_limit *limit;   /* NULL: no rate_limit here */
+    struct conf_rls_node *kids; /* sorted by key, then value (NULL first) */
+    int nkids;
+    int *wild;                  /* indexes of the wildcard kids, in file order */
+    int nwild;
+    int order;                  /* its place in its level in the file */
+};
+
+struct metrics_route;
+
+struct conf_rls_domain {
+    char *name;
+    struct conf_rls_node root;  /* its kids are the domain's descriptors */
+    struct metrics_route *metrics;  /* "rls:NAME", set by runtime_bind_metrics() */
+};
+
+struct conf_rls {
+    struct conf_rls_domain *domains;    /* sorted by name */
+    int ndomains;
+};
+
+/* decision: sluice as the rate limiter of another gateway. Its listen
+ * entries follow the proxy's in conf->listens (marked decision), parsed
+ * as listen is; a request there is described, decided and answered, never
+ * forwarded. */
+struct conf_decision {
+    int on;                     /* the section is present */
+    int deny_status;            /* rejections' status; 0 (unset): each limit's
+                                 * own status, else 429 */
+    char *path_prefix;          /* default "/decide": the described-by-headers
+                                 * endpoint, and the prefix of Envoy ext_authz's
+                                 * original requests (prefix + "/...") */
+    size_t path_prefix_len;
+    struct conf_listen *listens;    /* while loading; moved to conf->listens */
+    int nlistens;
+    /* Envoy's RLS v3 (docs/decision.md): the descriptors of
+     * decision.ratelimit_config, and how a call is decided. */
+    char *ratelimit_config;     /* a file or a directory of files; NULL: none */
+    struct conf_rls *rls;       /* loaded from it (an empty set without it) */
+    int rls_count_each;         /* rls_consume: every_descriptor (the reference's:
+                                 * each descriptor consumes when it allows, even
+                                 * when another is over); 0: all_or_nothing */
+    enum conf_rls_on_error rls_on_error;    /* Redis down; default: redis.on_error */
 };
 
 enum conf_keysrc_kind {
     CONF_KEY_IP, CONF_KEY_HEADER, CONF_KEY_QUERY, CONF_KEY_COOKIE,
     CONF_KEY_METHOD, CONF_KEY_PATH, CONF_KEY_CAPTURE,
+    CONF_KEY_GRPC_SERVICE, CONF_KEY_GRPC_METHOD,    /* of a /pkg.Service/Method path */
+    CONF_KEY_JWT,               /* jwt:CLAIM: a verified token's claim (arg) */
 };
 
 struct conf_keysrc {
@@ -157,6 +239,8 @@ struct conf_upstream {
     int64_t connect_timeout_ms;
     int64_t timeout_ms;         /* waiting for (each read of) the response */
     struct conf_tls_client *tls;  /* NULL: plain TCP */
+    int h2;                     /* protocol: h2 (default http/1.1): ALPN h2
+                                 * over tls, else h2c with prior knowledge */
 };
 
 struct metrics_route;
@@ -175,7 +259,7 @@ struct conf_route {
                                  * against the normalised path */
     char *path_regex;           /* as written */
     int ncaptures;              /* groups in path_regex */
-    struct conf_upstream *upstream;
+    struct conf_upstream *upstream;     /* NULL: decision mode only (decision:) */
     struct conf_limit *limits;
     int nlimits;
     struct addr_cidr *allow;    /* clients that bypass this route's limits */
@@ -185,9 +269,57 @@ struct conf_route {
     int upgrade;                /* tunnel Upgrade requests after a 101 */
     char **upgrade_protos;      /* protocols tunnelled; NULL: websocket only */
     int nupgrade_protos;
+    int grpc;                   /* match.grpc: only gRPC requests
+                                 * (Content-Type application/grpc*) */
+    int grpc_limited;           /* grpc-status of a rejection: 8
+                                 * (resource_exhausted, default) or 14 */
     char *policy;               /* the RateLimit-Policy value of its limits,
                                  * built once by conf_load (NULL otherwise) */
     size_t policy_len;
+    /* plans (docs/plans.md): with plan_key or plan_from set, the client's
+     * plan's limits are decided with the route's own. plan_key names the
+     * client for assignments (run-time, then plans.assign); plan_from is a
+     * request source of the plan's name (a verified claim); both NULL: no
+     * plan applies. */
+    struct conf_keysrc *plan_key;
+    struct conf_keysrc *plan_from;
+    int require_jwt;            /* no verified token: 401 */
+    int uses_jwt;               /* its requests' tokens are verified: require_jwt,
+                                 * a jwt:CLAIM key source, plan_key or plan_from,
+                                 * or a plan's limit (set by conf_load) */
+};
+
+/* plans.NAME: a set of limits. route is a route of its own in all but
+ * matching (name "plan:NAME", which no route name can be: ':' is not in
+ * names): its limits' keys are PREFIX{plan:NAME|LIMIT|parts}, apart per plan
+ * and shared by every route applying the plan. */
+struct conf_plan {
+    char *name;
+    struct conf_route route;
+};
+
+/* plans.assign: a client's plan_key value and the plan it is on. */
+struct conf_plan_assign {
+    char *key;
+    size_t keylen;
+    int plan;                   /* index into conf.plans */
+};
+
+struct jwt_keys;
+
+/* jwt: how tokens are verified (docs/jwt.md). keys is built from
+ * jwks_file or secret by confcheck_load (jwt.h) and released with the conf. */
+struct conf_jwt {
+    int on;                     /* the section is present */
+    char *jwks_file;            /* or NULL */
+    struct conf_mark jwks_at;   /* its value, for the errors of reading it */
+    char *secret;               /* HS256, or NULL */
+    size_t secret_len;
+    char *issuer;               /* NULL: not checked */
+    char *audience;             /* NULL: not checked */
+    int64_t leeway_s;           /* default 30 */
+    char *cookie;               /* a cookie that may carry the token; NULL */
+    struct jwt_keys *keys;
 };
 
 struct conf_redis {
@@ -230,6 +362,10 @@ struct conf_client {
     size_t buffer_body_bytes;   /* bodies up to this are read whole before an
                                  * upstream connection is taken; 0 = stream all
                                  * (default 65536) */
+    uint32_t http2_max_streams; /* HTTP/2 streams open, and in flight, per
+                                 * connection (default 128) */
+    uint32_t http2_max_requests; /* per HTTP/2 connection, then GOAWAY
+                                 * (default 1000; 0 = no bound) */
 };
 
 /* How request paths are read for matching and for path/capture keys (the
@@ -242,8 +378,9 @@ struct conf_paths {
 struct conf {
     char *file;
     struct conf_addr listen;    /* the first of listens (for logs and checks) */
-    struct conf_listen *listens;
+    struct conf_listen *listens;    /* listen's entries, then decision.listen's */
     int nlistens;               /* >= 1 */
+    struct conf_decision decision;
     int workers;                /* >= 1; "auto" resolved at load time */
     int max_connections;        /* per process; 0 = unlimited (default 10000) */
     int64_t shutdown_timeout_ms; /* requests in flight may finish (default 10s) */
@@ -268,6 +405,12 @@ struct conf {
                                  * its address, localhost and IP literals */
     int nadmin_hosts;
     char *access_log;           /* NULL = off, "stdout", or a file path */
+    struct conf_plan *plans;    /* plans:, NULL when absent */
+    int nplans;
+    int plan_default;           /* plans.default: index into plans */
+    struct conf_plan_assign *plan_assign;   /* plans.assign, sorted by key */
+    int nplan_assign;
+    struct conf_jwt jwt;
     int refs;                   /* atomic; starts at 1 */
     struct conf_cleanup *cleanups;  /* conf_cleanup_add, newest first */
 };
@@ -299,6 +442,14 @@ void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg);
  * the configured ones: conf_load keeps that text in r->policy. */
 char *conf_route_policy(const struct conf_route *r, const int64_t *q, const int64_t *w_ms,
                         size_t *len);
+
+/* An RLS unit's length in seconds as the reference counts it (a month is
+ * 30 days, a year 365); 0 for a number that is no unit. */
+int64_t conf_rls_unit_seconds(int unit);
+/* The plan named name[0..n) in c, or NULL. */
+const struct conf_plan *conf_plan_find(const struct conf *c, const char *name, size_t n);
+/* plans.assign's plan for a plan_key value, or NULL. A binary search. */
+const struct conf_plan *conf_plan_assigned(const struct conf *c, const char *key, size_t n);
 
 int conf_parse_duration_ms(const char *s, int64_t *out_ms);
 int conf_parse_rate(const char *s, int64_t *count, int64_t *period_ms);

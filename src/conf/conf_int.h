@@ -1,6 +1,7 @@
 /* sluice - conf_int.h: private to the config loader; include it after
  * conf.h. Its files, each calling only those under it: conf_load.c on top,
- * then conf_net.c, conf_redis.c, conf_limits.c, then conf_tls.c, then
+ * then conf_net.c, conf_redis.c, conf_limits.c, conf_jwt.c, conf_rls.c (the
+ * files of decision.ratelimit_config, which conf_load.c reads), then conf_tls.c, then
  * conf_value.c, then conf.c at the ground. The
  * node tree of phase 1, the walker's context and key tables of phase 2, and
  * the helpers the section files share. src/conf.h is the public interface. */
@@ -14,6 +15,7 @@
 
 struct conf;
 struct conf_addr;
+struct conf_jwt;
 struct conf_mark;
 struct conf_redis;
 struct conf_tls_client;
@@ -35,6 +37,7 @@ struct conf_tls_client;
 #define CONF_MAX_MEMORY_KEYS 100000000LL   /* memory.max_keys, deny_cache.max_keys */
 #define CONF_MAX_OVERRIDES  1000    /* overrides per limit (looked up in a list) */
 #define CONF_MAX_PART       1024    /* bytes of one override key value */
+#define CONF_MAX_PLAN_KEY   256     /* plans.assign keys (a longer key part is hashed) */
 #define CONF_MAX_TOKEN      256     /* admin.token bytes */
 #define CONF_MAX_ADMIN_HOSTS 64     /* admin.hosts names */
 #define SHOW_BUF            80
@@ -144,6 +147,8 @@ int conf_check_tls_file(struct ctx *x, struct node *tls, const char *key, const 
 /* ---- conf_net.c */
 int conf_h_listen(struct ctx *x, struct node *k, struct node *v, void *obj);
 void conf_listens_free(struct conf *c);
+int conf_h_decision(struct ctx *x, struct node *k, struct node *v, void *obj);
+int conf_decision_merge(struct ctx *x, struct node *root);
 int conf_h_workers(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_max_connections(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_shutdown_timeout(struct ctx *x, struct node *k, struct node *v, void *obj);
@@ -161,10 +166,22 @@ int conf_h_backend(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_memory(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_deny_cache(struct ctx *x, struct node *k, struct node *v, void *obj);
 
+/* ---- conf_rls.c: decision.ratelimit_config's files (conf_load.c reads them) */
+struct conf_rls;
+int conf_rls_file(struct ctx *x, struct node *root, struct conf_rls *rls);
+void conf_rls_done(struct conf_rls *rls);
+void conf_rls_free(struct conf_rls *rls);
+
 /* ---- conf_limits.c */
 int conf_h_trusted(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_allow(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_routes(struct ctx *x, struct node *k, struct node *v, void *obj);
 int conf_h_paths(struct ctx *x, struct node *k, struct node *v, void *obj);
+int conf_h_plans(struct ctx *x, struct node *k, struct node *v, void *obj);
+
+/* ---- conf_jwt.c */
+int conf_h_jwt(struct ctx *x, struct node *k, struct node *v, void *obj);
+int conf_check_jwt(struct ctx *x, struct node *root);
+void conf_jwt_free(struct conf_jwt *j);
 
 #endif

@@ -364,11 +364,17 @@ static int h_match_path_regex(struct ctx *x, struct node *k, struct node *v, voi
     return 0;
 }
 
+static int h_match_grpc(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_bool(x, v, &((struct conf_route *)obj)->grpc);
+}
+
 static const struct key_def match_keys[] = {
     { "path", h_match_path, 0 },
     { "path_regex", h_match_path_regex, 0 },
     { "methods", h_match_methods, 0 },
     { "host", h_match_host, 0 },
+    { "grpc", h_match_grpc, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -461,7 +467,8 @@ static int h_limit_burst(struct ctx *x, struct node *k, struct node *v, void *ob
 static const struct { const char *word; enum conf_keysrc_kind kind; int has_arg; } keysrcs[] = {
     { "ip", CONF_KEY_IP, 0 }, { "method", CONF_KEY_METHOD, 0 }, { "path", CONF_KEY_PATH, 0 },
     { "header", CONF_KEY_HEADER, 1 }, { "query", CONF_KEY_QUERY, 1 },
-    { "cookie", CONF_KEY_COOKIE, 1 }, { NULL, 0, 0 },
+    { "cookie", CONF_KEY_COOKIE, 1 }, { "grpc_service", CONF_KEY_GRPC_SERVICE, 0 },
+    { "grpc_method", CONF_KEY_GRPC_METHOD, 0 }, { NULL, 0, 0 },
 };
 
 /* s[0..n) as a prefix length 0..max (one to three digits), or -1. */
@@ -506,6 +513,18 @@ static int parse_keysrc(const char *s, struct conf_keysrc *out)
         out->kind = CONF_KEY_IP;
         out->net = 1;
         return parse_ip_prefix(s + 3, out) < 0 ? -3 : 0;
+    }
+    if (!strncmp(s, "jwt:", 4)) {       /* any claim name: "https://x/org" too */
+        size_t n = strlen(s + 4);
+        if (n == 0 || n > 256)
+            return -1;
+        for (size_t i = 4; s[i]; i++)
+            if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
+                return -1;
+        out->kind = CONF_KEY_JWT;
+        out->arg = xstrdup(s + 4);
+        out->arglen = n;
+        return 0;
     }
     if (wl == 7 && !strncmp(s, "capture", 7)) {
         if (!colon || colon[1] < '1' || colon[1] > '0' + CONF_MAX_CAPTURES || colon[2])
@@ -552,7 +571,7 @@ static int h_limit_key(struct ctx *x, struct node *k, struct node *v, void *obj)
                       conf_show(s, sb));
         else if (s && rc < 0)
             conf_fail(x, v->kids[i], "bad key source '%s' (use ip, ip/N, method, path, "
-                      "header:NAME, query:NAME or cookie:NAME)", conf_show(s, sb));
+                      "header:NAME, query:NAME, cookie:NAME or jwt:CLAIM)", conf_show(s, sb));
         conf_path_pop(x, old);
         if (rc < 0)
             return -1;
@@ -1251,15 +1270,70 @@ static int h_route_upgrade(struct ctx *x, struct node *k, struct node *v, void *
     return 0;
 }
 
+/* The gRPC status of a rejection (RESOURCE_EXHAUSTED by default, as
+ * grpc/status.h maps 429; UNAVAILABLE tells clients they may retry). */
+static int h_route_grpc_limited(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const names[] = { "resource_exhausted", "unavailable" };
+    int i = 0;
+    if (conf_get_enum(x, v, names, 2, "resource_exhausted or unavailable", &i) < 0)
+        return -1;
+    ((struct conf_route *)obj)->grpc_limited = i == 0 ? 8 : 14;
+    return 0;
+}
+
+/* plan_key, plan_from: one key source. What does not tell clients apart
+ * (method, path, a capture) is refused; plan_from, a plan's name, not the
+ * client address either. Kinds added later (jwt:CLAIM) pass as they are. */
+static int route_plan_src(struct ctx *x, struct node *v, int is_from, struct conf_keysrc **out)
+{
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    struct conf_keysrc *ks = xcalloc(1, sizeof *ks);
+    *out = ks;
+    int rc = parse_keysrc(s, ks);
+    if (rc == 0 && (ks->kind == CONF_KEY_METHOD || ks->kind == CONF_KEY_PATH ||
+                    ks->kind == CONF_KEY_CAPTURE || (ks->kind == CONF_KEY_IP && ks->net) ||
+                    (is_from && ks->kind == CONF_KEY_IP)))
+        rc = -1;
+    if (rc < 0)
+        return conf_fail(x, v, "bad %s '%s' (use %sheader:NAME, query:NAME, cookie:NAME or "
+                         "jwt:CLAIM)",
+                         is_from ? "plan source" : "plan key", conf_show(s, sb),
+                         is_from ? "" : "ip, ");
+    return 0;
+}
+
+static int h_route_plan_key(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return route_plan_src(x, v, 0, &((struct conf_route *)obj)->plan_key);
+}
+
+static int h_route_plan_from(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return route_plan_src(x, v, 1, &((struct conf_route *)obj)->plan_from);
+}
+
+static int h_route_require_jwt(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_bool(x, v, &((struct conf_route *)obj)->require_jwt);
+}
+
 static const struct key_def route_keys[] = {
     { "name", h_route_name, 1 },
     { "match", h_route_match, 1 },
-    { "upstream", h_route_upstream, 1 },
+    { "upstream", h_route_upstream, 0 },   /* required unless decision: (phase 3) */
     { "limits", h_route_limits, 0 },
     { "allow", h_route_allow, 0 },
     { "cost", h_route_cost, 0 },
     { "headers", h_route_headers, 0 },
     { "upgrade", h_route_upgrade, 0 },
+    { "grpc_limited", h_route_grpc_limited, 0 },
+    { "require_jwt", h_route_require_jwt, 0 },
+    { "plan_key", h_route_plan_key, 0 },
+    { "plan_from", h_route_plan_from, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -1278,12 +1352,187 @@ int conf_h_routes(struct ctx *x, struct node *k, struct node *v, void *obj)
         int rc;
         c->routes[i].cost = 1;
         c->routes[i].headers = CONF_HEADERS_FULL;
+        c->routes[i].grpc_limited = 8;
         rc = conf_walk_map(x, v->kids[i], route_keys, &c->routes[i]);
         conf_path_pop(x, old);
         if (rc < 0)
             return -1;
     }
     return 0;
+}
+
+/* ---- plans: default, assign, and every other key a plan { limits } */
+
+const struct conf_plan *conf_plan_find(const struct conf *c, const char *name, size_t n)
+{
+    for (int i = 0; i < c->nplans; i++)
+        if (strlen(c->plans[i].name) == n && !memcmp(c->plans[i].name, name, n))
+            return &c->plans[i];
+    return NULL;
+}
+
+static int assign_cmp(const char *a, size_t alen, const char *b, size_t blen)
+{
+    int d = memcmp(a, b, alen < blen ? alen : blen);
+    return d ? d : alen < blen ? -1 : alen > blen;
+}
+
+static int assign_sort_cmp(const void *a, const void *b)
+{
+    const struct conf_plan_assign *x = a, *y = b;
+    return assign_cmp(x->key, x->keylen, y->key, y->keylen);
+}
+
+const struct conf_plan *conf_plan_assigned(const struct conf *c, const char *key, size_t n)
+{
+    int lo = 0, hi = c->nplan_assign;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        const struct conf_plan_assign *a = &c->plan_assign[mid];
+        int d = assign_cmp(key, n, a->key, a->keylen);
+        if (d == 0)
+            return &c->plans[a->plan];
+        if (d < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
+
+/* A plan name where one is expected (default, an assignment). */
+static int plan_ref(struct ctx *x, struct node *v, int *out)
+{
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    const struct conf_plan *p = conf_plan_find(x->c, s, strlen(s));
+    if (p == NULL)
+        return conf_fail(x, v, "unknown plan '%s'", conf_show(s, sb));
+    *out = (int)(p - x->c->plans);
+    return 0;
+}
+
+static int h_plan_limits(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_route *r = obj;
+    char sb[SHOW_BUF];
+    if (h_route_limits(x, k, v, obj) < 0)
+        return -1;
+    if (r->nlimits == 0)
+        return conf_fail(x, v, "a plan needs at least one limit");
+    for (int i = 0; i < r->nlimits; i++) {
+        struct conf_limit *l = &r->limits[i];
+        struct node *ln = v->kids[i];
+        size_t old = conf_path_push(x, "[%d]", i);
+        int rc = 0;
+        for (int j = 0; j < i && rc == 0; j++)
+            if (!strcmp(l->name, r->limits[j].name))
+                rc = conf_fail(x, conf_map_get(ln, "name"), "duplicate limit name '%s' in this "
+                               "plan", conf_show(l->name, sb));
+        for (int j = 0; j < l->nkeys && rc == 0; j++)
+            if (l->keys[j].kind == CONF_KEY_CAPTURE)
+                rc = conf_fail(x, conf_map_get(ln, "key")->kids[j], "capture:%d in a plan "
+                               "(a plan's limits serve many routes)", l->keys[j].capture);
+        if (rc == 0 && l->params.algo == LIMITER_CONCURRENCY && l->params.window_ms == 0)
+            rc = conf_fail_bare(x, ln, "missing required key 'lease' in %s (a plan's "
+                                "concurrency limit has no upstream to take it from)",
+                                conf_where(x));
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
+    return 0;
+}
+
+static const struct key_def plan_keys[] = {
+    { "limits", h_plan_limits, 1 },
+    { NULL, NULL, 0 },
+};
+
+static int plans_assign(struct ctx *x, struct node *v)
+{
+    struct conf *c = x->c;
+    char sb[SHOW_BUF];
+    if (conf_expect(x, v, NODE_MAP) < 0)
+        return -1;
+    c->plan_assign = xcalloc((size_t)v->nkids / 2, sizeof *c->plan_assign);
+    for (int i = 0; i + 1 < v->nkids; i += 2) {
+        struct conf_plan_assign *a = &c->plan_assign[c->nplan_assign];
+        size_t old = conf_path_push(x, ".%s", conf_show(v->kids[i]->str, sb));
+        size_t n = strlen(v->kids[i]->str);
+        int rc = n == 0 || n > CONF_MAX_PLAN_KEY
+                 ? conf_fail(x, v->kids[i], "a client key of 1 to %d bytes", CONF_MAX_PLAN_KEY)
+                 : plan_ref(x, v->kids[i + 1], &a->plan);
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+        a->key = xstrndup(v->kids[i]->str, n);
+        a->keylen = n;
+        c->nplan_assign++;
+    }
+    qsort(c->plan_assign, (size_t)c->nplan_assign, sizeof *c->plan_assign, assign_sort_cmp);
+    return 0;
+}
+
+int conf_h_plans(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf *c = obj;
+    char sb[SHOW_BUF];
+    struct node *def = NULL, *assign = NULL;
+    if (conf_expect(x, v, NODE_MAP) < 0)
+        return -1;
+    c->plans = xcalloc((size_t)v->nkids / 2, sizeof *c->plans);
+    for (int i = 0; i + 1 < v->nkids; i += 2) {
+        struct node *key = v->kids[i], *val = v->kids[i + 1];
+        int is_def = !strcmp(key->str, "default");
+        if (is_def || !strcmp(key->str, "assign")) {
+            if (is_def ? def != NULL : assign != NULL)
+                return conf_fail_bare(x, key, "duplicate key '%s' in plans", key->str);
+            *(is_def ? &def : &assign) = val;
+            continue;
+        }
+        size_t old = conf_path_push_key(x, key->str);
+        const char *name = conf_name_scalar(x, key);
+        int rc = name ? 0 : -1;
+        if (rc == 0 && val->kind == NODE_NULL)
+            rc = conf_fail(x, key, "plan '%s' has no limits", name);
+        for (int j = 0; j < i && rc == 0; j += 2)
+            if (!strcmp(v->kids[j]->str, key->str))
+                rc = conf_fail(x, key, "duplicate plan '%s'", name);
+        if (rc == 0) {
+            struct conf_plan *p = &c->plans[c->nplans++];
+            p->name = xstrdup(name);
+            size_t rl = strlen(name) + 6;
+            p->route.name = xcalloc(1, rl);
+            snprintf(p->route.name, rl, "plan:%s", name);
+            p->route.cost = 1;
+            rc = conf_walk_map(x, val, plan_keys, &p->route);
+        }
+        conf_path_pop(x, old);
+        if (rc < 0)
+            return -1;
+    }
+    if (c->nplans == 0)
+        return conf_fail(x, v, "plans: defines no plan (give each plan a name and its limits)");
+    if (def == NULL)
+        return conf_fail(x, v, "missing required key 'default' in plans (the plan of a client "
+                         "no other source names)");
+    size_t old = conf_path_push_key(x, "default");
+    int rc = plan_ref(x, def, &c->plan_default);
+    conf_path_pop(x, old);
+    if (rc == 0 && assign != NULL) {
+        old = conf_path_push_key(x, "assign");
+        rc = plans_assign(x, assign);
+        conf_path_pop(x, old);
+    }
+    for (int i = 1; i < c->nplan_assign && rc == 0; i++)
+        if (assign_sort_cmp(&c->plan_assign[i - 1], &c->plan_assign[i]) == 0)
+            rc = conf_fail(x, assign, "plans.assign: client key '%s' given twice",
+                           conf_show(c->plan_assign[i].key, sb));
+    return rc;
 }
 
 static int h_paths_case(struct ctx *x, struct node *k, struct node *v, void *obj)

@@ -20,7 +20,9 @@
  * reporting, the key path, the walker). What they share is in conf_int.h. */
 #include "conf.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,13 +242,13 @@ fail:
 }
 /* route->metrics is not ours: runtime_bind_metrics() points it into its registry. */
 static const struct key_def top_keys[] = {
-    { "listen", conf_h_listen, 1 },
+    { "listen", conf_h_listen, 0 },          /* required unless decision: */
     { "workers", conf_h_workers, 0 },
     { "max_connections", conf_h_max_connections, 0 },
     { "shutdown_timeout", conf_h_shutdown_timeout, 0 },
     { "client", conf_h_client, 0 },
     { "redis", conf_h_redis, 0 },
-    { "upstreams", conf_h_upstreams, 1 },
+    { "upstreams", conf_h_upstreams, 0 },     /* required unless decision: */
     { "trusted_proxies", conf_h_trusted, 0 },
     { "routes", conf_h_routes, 1 },
     { "allow", conf_h_allow, 0 },
@@ -256,10 +258,40 @@ static const struct key_def top_keys[] = {
     { "admin", conf_h_admin, 0 },
     { "access_log", conf_h_access_log, 0 },
     { "paths", conf_h_paths, 0 },
+    { "decision", conf_h_decision, 0 },
+    { "plans", conf_h_plans, 0 },
+    { "jwt", conf_h_jwt, 0 },
     { NULL, NULL, 0 },
 };
 
 /* ---- phase 3: across keys */
+
+/* A route applying plans: there are plans, and its limits with any plan's
+ * fit in one decision. */
+static int check_route_plans(struct ctx *x, const struct conf_route *r, struct node *rn)
+{
+    const struct conf *c = x->c;
+    struct node *at = conf_map_get(rn, r->plan_key ? "plan_key" : "plan_from");
+    size_t old = conf_path_push(x, r->plan_key ? ".plan_key" : ".plan_from");
+    int rc = 0;
+    if (c->nplans == 0)
+        rc = conf_fail(x, at, "the route applies plans but there is no plans: section");
+    for (int i = 0; i < c->nplans && rc == 0; i++) {
+        const struct conf_route *p = &c->plans[i].route;
+        if (r->nlimits + p->nlimits > CONF_MAX_LIMITS)
+            rc = conf_fail(x, at, "the route's %d limits and plan '%s''s %d are more than %d",
+                           r->nlimits, c->plans[i].name, p->nlimits, CONF_MAX_LIMITS);
+        /* one name per limit in the rate-limit fields and the 429 body */
+        for (int a = 0; a < r->nlimits && rc == 0; a++)
+            for (int b = 0; b < p->nlimits && rc == 0; b++)
+                if (!strcmp(r->limits[a].name, p->limits[b].name))
+                    rc = conf_fail(x, at, "limit name '%s' is both the route's and plan '%s''s "
+                                   "(responses name the limit that denies)",
+                                   p->limits[b].name, c->plans[i].name);
+    }
+    conf_path_pop(x, old);
+    return rc;
+}
 
 static int check_route(struct ctx *x, int i)
 {
@@ -280,21 +312,27 @@ static int check_route(struct ctx *x, int i)
             conf_path_pop(x, o2);
         }
     }
-    for (int j = 0; j < c->nupstreams && rc == 0 && !r->upstream; j++)
+    /* A route without an upstream is the decision listener's alone
+     * (route_match passes it over for proxied requests). */
+    if (rc == 0 && up == NULL && !c->decision.on)
+        rc = conf_fail_bare(x, rn, "missing required key 'upstream' in %s (a route without "
+                            "one needs a decision section)", conf_where(x));
+    for (int j = 0; j < c->nupstreams && rc == 0 && up && !r->upstream; j++)
         if (!strcmp(c->upstreams[j].name, up->str))
             r->upstream = &c->upstreams[j];
-    if (rc == 0 && !r->upstream) {
+    if (rc == 0 && up && !r->upstream) {
         o2 = conf_path_push(x, ".upstream");
         rc = conf_fail(x, up, "unknown upstream '%s'", conf_show(up->str, sb));
         conf_path_pop(x, o2);
     }
-    /* concurrency without a lease: the upstream's timeout + 10 s, in its
-     * overrides too (their parameters were copied from the limit's before) */
-    for (int a = 0; a < r->nlimits && rc == 0 && r->upstream; a++) {
+    /* concurrency without a lease: the upstream's timeout + 10 s (without
+     * an upstream, the default timeout's), in its overrides too (their
+     * parameters were copied from the limit's before) */
+    for (int a = 0; a < r->nlimits && rc == 0; a++) {
         struct conf_limit *l = &r->limits[a];
         if (l->params.algo != LIMITER_CONCURRENCY || l->params.window_ms != 0)
             continue;
-        l->params.window_ms = r->upstream->timeout_ms + 10000;
+        l->params.window_ms = (r->upstream ? r->upstream->timeout_ms : 30000) + 10000;
         for (int k = 0; k < l->noverrides; k++)
             l->overrides[k].params.window_ms = l->params.window_ms;
     }
@@ -312,6 +350,8 @@ static int check_route(struct ctx *x, int i)
     }
     if (rc == 0)                /* written on every response: built once */
         r->policy = conf_route_policy(r, NULL, NULL, &r->policy_len);
+    if (rc == 0 && (r->plan_key || r->plan_from))
+        rc = check_route_plans(x, r, rn);
     conf_path_pop(x, old);
     return rc;
 }
@@ -408,6 +448,91 @@ static int check_admin(struct ctx *x, struct node *root)
     return -1;
 }
 
+static char *read_file(struct ctx *x, size_t *len);
+
+static int rls_name_cmp(const struct dirent **a, const struct dirent **b)
+{
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+static int rls_yaml_name(const struct dirent *e)
+{
+    size_t n = strlen(e->d_name);
+    return e->d_name[0] != '.' && ((n > 5 && !strcmp(e->d_name + n - 5, ".yaml")) ||
+                                   (n > 4 && !strcmp(e->d_name + n - 4, ".yml")));
+}
+
+/* One file of decision.ratelimit_config, with errors at its own places. */
+static int rls_load_file(struct ctx *x, const char *path, struct conf_rls *rls)
+{
+    struct ctx sub;
+    memset(&sub, 0, sizeof sub);
+    sub.file = path;
+    sub.c = x->c;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {     /* a FIFO would block */
+        if (asprintf(&x->err, "%s: cannot read: not a regular file", path) < 0)
+            abort();
+        return -1;
+    }
+    char *buf = read_file(&sub, &sub.len);
+    struct node *root = NULL;
+    if (buf) {
+        sub.buf = buf;
+        root = tree_load(&sub);
+        if (root)
+            conf_rls_file(&sub, root, rls);
+    }
+    node_free(root);
+    free(buf);
+    x->err = sub.err;
+    return sub.err ? -1 : 0;
+}
+
+/* Phase 3: the RLS descriptors, from a file or every *.yaml and *.yml of a
+ * directory in name order (hidden files left out); read again at each
+ * reload with the rest. */
+static int load_rls(struct ctx *x, struct node *root)
+{
+    struct conf_decision *d = &x->c->decision;
+    d->rls = xcalloc(1, sizeof *d->rls);
+    if (d->ratelimit_config == NULL)
+        return 0;
+    struct node *at = conf_map_get(conf_map_get(root, "decision"), "ratelimit_config");
+    struct stat st;
+    if (stat(d->ratelimit_config, &st) < 0) {
+        size_t old = conf_path_push(x, "decision.ratelimit_config");
+        conf_fail(x, at, "cannot read '%s': %s", d->ratelimit_config, strerror(errno));
+        conf_path_pop(x, old);
+        return -1;
+    }
+    int rc = 0;
+    if (!S_ISDIR(st.st_mode))
+        rc = rls_load_file(x, d->ratelimit_config, d->rls);
+    else {
+        struct dirent **names = NULL;
+        int n = scandir(d->ratelimit_config, &names, rls_yaml_name, rls_name_cmp);
+        if (n < 0) {
+            size_t old = conf_path_push(x, "decision.ratelimit_config");
+            conf_fail(x, at, "cannot read '%s': %s", d->ratelimit_config, strerror(errno));
+            conf_path_pop(x, old);
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            char *path = NULL;
+            if (rc == 0 && asprintf(&path, "%s/%s", d->ratelimit_config, names[i]->d_name) < 0)
+                abort();
+            if (rc == 0)
+                rc = rls_load_file(x, path, d->rls);
+            free(path);
+            free(names[i]);
+        }
+        free(names);
+    }
+    conf_rls_done(d->rls);
+    return rc;
+}
+
 static int conf_from_tree(struct ctx *x, struct node *root)
 {
     if (root->kind != NODE_MAP)
@@ -415,10 +540,16 @@ static int conf_from_tree(struct ctx *x, struct node *root)
                               conf_kind_name(root->kind));
     if (conf_walk_map(x, root, top_keys, x->c) < 0)
         return -1;
+    if (x->c->nlistens == 0 && !x->c->decision.on)
+        return conf_fail_bare(x, root, "missing required key 'listen' in top level");
+    if (x->c->nupstreams == 0 && !x->c->decision.on)
+        return conf_fail_bare(x, root, "missing required key 'upstreams' in top level (or a "
+                              "decision section, whose routes need none)");
     for (int i = 0; i < x->c->nroutes; i++)
         if (check_route(x, i) < 0 || check_captures(x, i) < 0 || check_paths(x, i) < 0)
             return -1;
-    if (check_admin(x, root) < 0)
+    if (conf_decision_merge(x, root) < 0 || load_rls(x, root) < 0 || check_admin(x, root) < 0 ||
+        conf_check_jwt(x, root) < 0)
         return -1;
     x->c->redis.overrides = x->c->admin_token != NULL;
     return 0;
@@ -439,6 +570,8 @@ static struct conf *conf_new(const char *file)
     c->client.idle_timeout_ms = 60000;
     c->client.body_timeout_ms = 60000;
     c->client.buffer_body_bytes = 65536;
+    c->client.http2_max_streams = 128;
+    c->client.http2_max_requests = 1000;
     if (conf_parse_redis_url("redis://127.0.0.1:6379/0", &c->redis) != NULL)
         abort();
     c->redis.url = xstrdup("redis://127.0.0.1:6379/0");
@@ -468,6 +601,51 @@ void conf_cleanup_add(struct conf *c, void (*fn)(void *arg), void *arg)
     c->cleanups = cl;
 }
 
+/* What a route (or a plan's route) owns. */
+static void route_free(struct conf_route *r)
+{
+    for (int j = 0; j < r->nmethods; j++)
+        free(r->methods[j]);
+    free(r->methods);
+    for (int j = 0; j < r->nupgrade_protos; j++)
+        free(r->upgrade_protos[j]);
+    free(r->upgrade_protos);
+    for (int j = 0; j < r->nlimits; j++) {
+        for (int k = 0; k < r->limits[j].nkeys; k++)
+            free(r->limits[j].keys[k].arg);
+        free(r->limits[j].keys);
+        free(r->limits[j].name);
+        free(r->limits[j].cost_header);
+        free(r->limits[j].cost_name);
+        free(r->limits[j].estimate_json);
+        tzcal_free(r->limits[j].tz);
+        free(r->limits[j].message);
+        for (int k = 0; k < r->limits[j].noverrides; k++) {
+            struct conf_override *o = &r->limits[j].overrides[k];
+            for (int p = 0; p < o->nparts; p++)
+                free(o->parts[p]);
+            free(o->parts);
+            free(o->partlen);
+            free(o->key);
+        }
+        free(r->limits[j].overrides);
+    }
+    free(r->limits);
+    free(r->policy);
+    free(r->name);
+    free(r->path);
+    free(r->host);
+    regex_free(r->regex);
+    free(r->path_regex);
+    free(r->allow);
+    if (r->plan_key)
+        free(r->plan_key->arg);
+    free(r->plan_key);
+    if (r->plan_from)
+        free(r->plan_from->arg);
+    free(r->plan_from);
+}
+
 static void conf_free(struct conf *c)
 {
     while (c->cleanups) {
@@ -479,6 +657,9 @@ static void conf_free(struct conf *c)
     free(c->file);
     free(c->listen.text);
     conf_listens_free(c);
+    conf_rls_free(c->decision.rls);
+    free(c->decision.path_prefix);
+    free(c->decision.ratelimit_config);
     conf_redis_free_target(&c->redis);
     free(c->redis.prefix);
     for (int i = 0; i < c->redis.ncluster; i++)
@@ -502,44 +683,17 @@ static void conf_free(struct conf *c)
         }
     }
     free(c->upstreams);
-    for (int i = 0; i < c->nroutes; i++) {
-        struct conf_route *r = &c->routes[i];
-        for (int j = 0; j < r->nmethods; j++)
-            free(r->methods[j]);
-        free(r->methods);
-        for (int j = 0; j < r->nupgrade_protos; j++)
-            free(r->upgrade_protos[j]);
-        free(r->upgrade_protos);
-        for (int j = 0; j < r->nlimits; j++) {
-            for (int k = 0; k < r->limits[j].nkeys; k++)
-                free(r->limits[j].keys[k].arg);
-            free(r->limits[j].keys);
-            free(r->limits[j].name);
-            free(r->limits[j].cost_header);
-            free(r->limits[j].cost_name);
-            free(r->limits[j].estimate_json);
-            tzcal_free(r->limits[j].tz);
-            free(r->limits[j].message);
-            for (int k = 0; k < r->limits[j].noverrides; k++) {
-                struct conf_override *o = &r->limits[j].overrides[k];
-                for (int p = 0; p < o->nparts; p++)
-                    free(o->parts[p]);
-                free(o->parts);
-                free(o->partlen);
-                free(o->key);
-            }
-            free(r->limits[j].overrides);
-        }
-        free(r->limits);
-        free(r->policy);
-        free(r->name);
-        free(r->path);
-        free(r->host);
-        regex_free(r->regex);
-        free(r->path_regex);
-        free(r->allow);
-    }
+    for (int i = 0; i < c->nroutes; i++)
+        route_free(&c->routes[i]);
     free(c->routes);
+    for (int i = 0; i < c->nplans; i++) {
+        route_free(&c->plans[i].route);
+        free(c->plans[i].name);
+    }
+    free(c->plans);
+    for (int i = 0; i < c->nplan_assign; i++)
+        free(c->plan_assign[i].key);
+    free(c->plan_assign);
     free(c->trusted);
     free(c->allow);
     free(c->admin_listen.text);
@@ -548,6 +702,7 @@ static void conf_free(struct conf *c)
         free(c->admin_hosts[i]);
     free(c->admin_hosts);
     free(c->access_log);
+    conf_jwt_free(&c->jwt);
     free(c);
 }
 

@@ -6,7 +6,15 @@ char *esc_put(char *out, const char *s, size_t n, enum esc_mode mode)
     static const char hex[] = "0123456789abcdef";
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') {
+        if (mode == ESC_PERCENT) {
+            if (c < 0x20 || c > 0x7e || c == '%') {
+                *out++ = '%';
+                *out++ = "0123456789ABCDEF"[c >> 4];
+                *out++ = "0123456789ABCDEF"[c & 15];
+            } else {
+                *out++ = (char)c;
+            }
+        } else if (c == '"' || c == '\\') {
             *out++ = '\\';
             *out++ = (char)c;
         } else if (mode == ESC_LABEL) {

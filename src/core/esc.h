@@ -2,7 +2,8 @@
  *
  * Access-log JSON, Prometheus label values and the quoted strings of JSON
  * bodies and the IETF RateLimit fields all escape '"' and '\' the same way;
- * they differ only in what they do with other bytes, which the mode says. */
+ * they differ only in what they do with other bytes, which the mode says.
+ * A gRPC status message is percent-encoded instead (ESC_PERCENT). */
 #ifndef SLUICE_ESC_H
 #define SLUICE_ESC_H
 
@@ -12,6 +13,8 @@ enum esc_mode {
     ESC_JSON,       /* controls, DEL and bytes >= 0x80 as \u00XX: plain ASCII out */
     ESC_LABEL,      /* Prometheus label value: '\n' as \n, other bytes as they are */
     ESC_QUOTED,     /* JSON and RFC 8941 sf-string: controls and DEL dropped */
+    ESC_PERCENT,    /* grpc-message: '%' and bytes outside 0x20..0x7e as %XX
+                     * ('"' and '\' as they are) */
 };
 
 /* The most bytes esc_put writes for n input bytes. */

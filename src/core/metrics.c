@@ -22,6 +22,7 @@ struct metrics_route {
     _Atomic uint64_t status[METRICS_NSTATUS];
     _Atomic uint64_t regex_limit;
     _Atomic uint64_t cost;          /* cost_from: units charged */
+    _Atomic uint64_t grpc[METRICS_NGRPC];   /* by grpc-status */
 };
 
 /* Upper bounds in microseconds; the last bucket is +Inf. */
@@ -43,10 +44,17 @@ static _Atomic uint64_t counters[METRICS_NCOUNTERS];
 static _Atomic uint64_t redis_errors[METRICS_NREDIS_ERRORS];
 static _Atomic uint64_t tls_handshakes;
 static _Atomic uint64_t tls_failures[METRICS_NTLS_FAILURES];
+static _Atomic uint64_t jwt_results[METRICS_NJWT];
 static _Atomic int64_t gauges[METRICS_NGAUGES];
 static struct metrics_histogram hists[METRICS_NHIST];
 #define METRICS_MAX_WORKERS 256
 static _Atomic uint64_t worker_requests[METRICS_MAX_WORKERS];
+static _Atomic uint64_t decision_mode[METRICS_NDECISIONS];
+
+void metrics_decision_mode(enum metrics_decision d)
+{
+    atomic_fetch_add_explicit(&decision_mode[d], 1, memory_order_relaxed);
+}
 
 void metrics_worker_request(int worker)
 {
@@ -97,6 +105,12 @@ void metrics_response(struct metrics_route *m, int status)
         atomic_fetch_add_explicit(&m->status[status], 1, memory_order_relaxed);
 }
 
+void metrics_grpc(struct metrics_route *m, int code)
+{
+    if (m && code >= 0 && code < METRICS_NGRPC)
+        atomic_fetch_add_explicit(&m->grpc[code], 1, memory_order_relaxed);
+}
+
 void metrics_regex_limit(struct metrics_route *m)
 {
     if (m)
@@ -138,6 +152,12 @@ void metrics_tls_handshake(void)
 void metrics_tls_failure(enum metrics_tls_failure why)
 {
     atomic_fetch_add_explicit(&tls_failures[why], 1, memory_order_relaxed);
+}
+
+void metrics_jwt(int result)
+{
+    if (result >= 0 && result < METRICS_NJWT)
+        atomic_fetch_add_explicit(&jwt_results[result], 1, memory_order_relaxed);
 }
 
 void metrics_gauge_add(enum metrics_gauge which, int64_t delta)
@@ -312,6 +332,18 @@ static void render_routes(struct evbuffer *out)
             add_label(out, m->name);
             evbuffer_add_printf(out, "\",code=\"%d\"} %llu\n", s, (unsigned long long)v);
         }
+    evbuffer_add_printf(out, "# HELP sluice_grpc_responses_total gRPC calls answered, by "
+                             "route and grpc-status.\n"
+                             "# TYPE sluice_grpc_responses_total counter\n");
+    for (struct metrics_route *m = routes; m; m = m->next)
+        for (int s = 0; s < METRICS_NGRPC; s++) {
+            uint64_t v = load(&m->grpc[s]);
+            if (v == 0)
+                continue;
+            evbuffer_add_printf(out, "sluice_grpc_responses_total{route=\"");
+            add_label(out, m->name);
+            evbuffer_add_printf(out, "\",grpc_status=\"%d\"} %llu\n", s, (unsigned long long)v);
+        }
     render_regex_limits(out);
     render_costs(out);
 }
@@ -362,6 +394,17 @@ static void render_counter(struct evbuffer *out, const char *name, const char *h
                         name, (unsigned long long)load(&counters[which]));
 }
 
+/* A counter family of two series told apart by one label. */
+static void render_counter2(struct evbuffer *out, const char *name, const char *help,
+                            const char *label, const char *v1, enum metrics_counter c1,
+                            const char *v2, enum metrics_counter c2)
+{
+    evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s{%s=\"%s\"} %llu\n"
+                             "%s{%s=\"%s\"} %llu\n", name, help, name,
+                        name, label, v1, (unsigned long long)load(&counters[c1]),
+                        name, label, v2, (unsigned long long)load(&counters[c2]));
+}
+
 /* The total as before (no label), then the same decisions by reason. */
 static void render_redis_errors(struct evbuffer *out)
 {
@@ -391,6 +434,25 @@ static void render_tls(struct evbuffer *out)
     for (int i = 0; i < METRICS_NTLS_FAILURES; i++)
         evbuffer_add_printf(out, "sluice_tls_handshake_failures_total{reason=\"%s\"} %llu\n",
                             reasons[i], (unsigned long long)load(&tls_failures[i]));
+}
+
+/* The results seen so far only: most configs read no tokens. */
+static void render_jwt(struct evbuffer *out)
+{
+    static const char *const results[METRICS_NJWT] = {
+        "verified", "cached", "missing", "twice", "",
+        "malformed", "bad_alg", "no_key", "bad_signature", "expired", "not_yet_valid",
+        "bad_issuer", "bad_audience",
+    };
+    evbuffer_add_printf(out,
+        "# HELP sluice_jwt_tokens_total Tokens of requests on routes that read them, by result.\n"
+        "# TYPE sluice_jwt_tokens_total counter\n");
+    for (int i = 0; i < METRICS_NJWT; i++) {
+        uint64_t v = load(&jwt_results[i]);
+        if (v)
+            evbuffer_add_printf(out, "sluice_jwt_tokens_total{result=\"%s\"} %llu\n", results[i],
+                                (unsigned long long)v);
+    }
 }
 
 /* ---- TLS to upstreams: failures by upstream and reason, handshakes */
@@ -461,6 +523,13 @@ void metrics_render(struct evbuffer *out)
             evbuffer_add_printf(out, "sluice_worker_requests_total{worker=\"%d\"} %llu\n", i,
                                 (unsigned long long)v);
     }
+    evbuffer_add_printf(out, "# HELP sluice_decision_requests_total Requests a gateway asked "
+                             "the decision listener about, by decision.\n"
+                             "# TYPE sluice_decision_requests_total counter\n");
+    for (int d = 0; d < METRICS_NDECISIONS; d++)
+        evbuffer_add_printf(out, "sluice_decision_requests_total{decision=\"%s\"} %llu\n",
+                            metrics_decision_name((enum metrics_decision)d),
+                            (unsigned long long)load(&decision_mode[d]));
     render_counter(out, "sluice_redis_requests_total", "Decisions sent to Redis.",
                    METRICS_REDIS_REQUESTS);
     render_redis_errors(out);
@@ -470,6 +539,9 @@ void metrics_render(struct evbuffer *out)
     render_counter(out, "sluice_key_fallbacks_total",
                    "Limit keys counted under the client address: a key source was absent.",
                    METRICS_KEY_FALLBACKS);
+    render_counter2(out, "sluice_client_requests_total", "Requests read from clients, by protocol.",
+                    "protocol", "HTTP/1", METRICS_REQUESTS_HTTP1, "HTTP/2", METRICS_REQUESTS_HTTP2);
+    render_jwt(out);
     render_hist(out, "sluice_redis_duration_seconds", "Time from sending a decision to its answer.",
                 &hists[METRICS_REDIS_SECONDS]);
     render_batch(out);
@@ -492,13 +564,8 @@ void metrics_render(struct evbuffer *out)
         "# HELP sluice_access_log_dropped_total Access-log lines dropped because the writer fell behind.\n"
         "# TYPE sluice_access_log_dropped_total counter\nsluice_access_log_dropped_total %llu\n",
         (unsigned long long)load(&counters[METRICS_ACCESS_LOG_DROPPED]));
-    evbuffer_add_printf(out,
-        "# HELP sluice_redis_redirects_total Redis Cluster redirects followed, by kind.\n"
-        "# TYPE sluice_redis_redirects_total counter\n"
-        "sluice_redis_redirects_total{kind=\"ask\"} %llu\n"
-        "sluice_redis_redirects_total{kind=\"moved\"} %llu\n",
-        (unsigned long long)load(&counters[METRICS_REDIS_REDIRECTS_ASK]),
-        (unsigned long long)load(&counters[METRICS_REDIS_REDIRECTS_MOVED]));
+    render_counter2(out, "sluice_redis_redirects_total", "Redis Cluster redirects followed, by kind.",
+                    "kind", "ask", METRICS_REDIS_REDIRECTS_ASK, "moved", METRICS_REDIS_REDIRECTS_MOVED);
     evbuffer_add_printf(out,
         "# HELP sluice_config_reloads_total Config reloads by result.\n"
         "# TYPE sluice_config_reloads_total counter\n"

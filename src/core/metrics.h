@@ -29,6 +29,8 @@ enum metrics_counter {
     METRICS_REDIS_REDIRECTS_ASK, METRICS_REDIS_REDIRECTS_MOVED,    /* cluster redirects followed */
     METRICS_ACCESS_LOG_DROPPED,     /* lines a writer was too far behind for */
     METRICS_KEY_FALLBACKS,          /* a key source absent: counted by client address */
+    METRICS_REQUESTS_HTTP1,         /* request heads read, by protocol */
+    METRICS_REQUESTS_HTTP2,
     METRICS_NCOUNTERS
 };
 /* Why a decision got no answer from Redis (sluice_redis_errors_total{reason}). */
@@ -50,6 +52,15 @@ enum metrics_tls_failure {
     METRICS_TLS_OTHER,
     METRICS_NTLS_FAILURES
 };
+/* What became of the token of a request on a route that reads tokens
+ * (sluice_jwt_tokens_total{result}): its signature checked, a repeat the
+ * worker's cache answered, none, given twice, or METRICS_JWT_FAILED plus
+ * the jwt_status (jwt.h, 1..8) it failed with. */
+enum metrics_jwt {
+    METRICS_JWT_VERIFIED, METRICS_JWT_CACHED, METRICS_JWT_MISSING, METRICS_JWT_TWICE,
+    METRICS_JWT_FAILED,
+    METRICS_NJWT = METRICS_JWT_FAILED + 9
+};
 enum metrics_gauge {
     METRICS_CONN_CLIENT, METRICS_CONN_UPSTREAM, METRICS_REDIS_CONNECTED, METRICS_NGAUGES
 };
@@ -65,6 +76,10 @@ struct metrics_route *metrics_unrouted(void);
 
 void metrics_request(struct metrics_route *m, enum metrics_decision d);
 void metrics_response(struct metrics_route *m, int status);
+/* A gRPC call ended with grpc-status code (0..16):
+ * sluice_grpc_responses_total{route,grpc_status}. */
+#define METRICS_NGRPC 17
+void metrics_grpc(struct metrics_route *m, int code);
 /* A path_regex match of route m stopped at its limit (answered 400). */
 void metrics_regex_limit(struct metrics_route *m);
 /* cost_from: units charged to a route's limits after a response. */
@@ -74,8 +89,12 @@ void metrics_add(enum metrics_counter which, uint64_t n);
 uint64_t metrics_counter_get(enum metrics_counter which);
 /* One decision Redis did not answer: counts METRICS_REDIS_ERRORS and why. */
 void metrics_redis_error(enum metrics_redis_error why);
+/* A decision listener's request was decided d (also counted on its route):
+ * sluice_decision_requests_total{decision}. */
+void metrics_decision_mode(enum metrics_decision d);
 /* A request read by worker thread `worker` (shows that every worker serves). */
 void metrics_worker_request(int worker);
+void metrics_jwt(int result);
 /* TLS handshakes with clients: one completed, or one failed and why. */
 void metrics_tls_handshake(void);
 void metrics_tls_failure(enum metrics_tls_failure why);

@@ -83,12 +83,11 @@ static int policy_configured(const struct reply_limits *rl)
     return 1;
 }
 
-static void add_policy(struct obuf *out, const struct reply_limits *rl,
-                       const char *more, size_t more_len)
+/* One route's (or plan's) limits in RateLimit-Policy form. */
+static void add_route_policy(struct obuf *out, const struct reply_limits *rl,
+                             const struct conf_route *route, int configured)
 {
-    const struct conf_route *route = rl->route;
-    ADD_LIT(out, "RateLimit-Policy: ");
-    if (route->policy && policy_configured(rl)) {
+    if (route->policy && configured) {
         obuf_add(out, route->policy, route->policy_len);    /* built at load */
     } else {
         int64_t q[CONF_MAX_LIMITS], w_ms[CONF_MAX_LIMITS];
@@ -98,6 +97,20 @@ static void add_policy(struct obuf *out, const struct reply_limits *rl,
         char *t = conf_route_policy(route, q, w_ms, &n);
         obuf_add(out, t, n);
         free(t);
+    }
+}
+
+static void add_policy(struct obuf *out, const struct reply_limits *rl,
+                       const char *more, size_t more_len)
+{
+    int configured = policy_configured(rl);
+    ADD_LIT(out, "RateLimit-Policy: ");
+    if (rl->route->nlimits > 0)
+        add_route_policy(out, rl, rl->route, configured);
+    if (rl->plan) {         /* the client's plan's limits after the route's */
+        if (rl->route->nlimits > 0)
+            ADD_LIT(out, ", ");
+        add_route_policy(out, rl, rl->plan, configured);
     }
     if (more) {
         ADD_LIT(out, ", ");
@@ -156,7 +169,10 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
 static void add_status_line(struct obuf *out, int status)
 {
     static const struct { int code; const char *line; } lines[] = {
+        { 200, "HTTP/1.1 200 OK\r\n" },
         { 400, "HTTP/1.1 400 Bad Request\r\n" },
+        { 401, "HTTP/1.1 401 Unauthorized\r\n" },
+        { 403, "HTTP/1.1 403 Forbidden\r\n" },
         { 404, "HTTP/1.1 404 Not Found\r\n" },
         { 408, "HTTP/1.1 408 Request Timeout\r\n" },
         { 413, "HTTP/1.1 413 Content Too Large\r\n" },
@@ -179,10 +195,11 @@ static void add_status_line(struct obuf *out, int status)
     ADD_LIT(out, " Error\r\n");
 }
 
-static const char *error_name(int status)
+const char *reply_error_name(int status)
 {
     switch (status) {
     case 400: return "bad_request";
+    case 401: return "missing_token";
     case 404: return "no_route";
     case 408: return "request_timeout";
     case 413: return "body_too_large";
@@ -196,15 +213,19 @@ static const char *error_name(int status)
     }
 }
 
-static void add_json_head(struct obuf *out, size_t body_len, int keep_alive,
-                          const char *rid, size_t rid_len)
+/* The head's last fields: X-Request-Id, Content-Type (json: JSON; none
+ * without a body), Content-Length, Connection. */
+static void add_head_end(struct obuf *out, int json, size_t body_len, int keep_alive,
+                         const char *rid, size_t rid_len)
 {
     if (rid_len) {
         ADD_LIT(out, "X-Request-Id: ");
         obuf_add(out, rid, rid_len);
         ADD_LIT(out, "\r\n");
     }
-    ADD_LIT(out, "Content-Type: application/json\r\nContent-Length: ");
+    if (json)
+        ADD_LIT(out, "Content-Type: application/json\r\n");
+    ADD_LIT(out, "Content-Length: ");
     add_int(out, (int64_t)body_len);
     if (keep_alive == REPLY_KEEP_SAID)
         ADD_LIT(out, "\r\nConnection: keep-alive\r\n\r\n");
@@ -222,16 +243,20 @@ static void add_error(struct evbuffer *buf, int status, const char *name, int64_
     obuf_begin(out, buf, 256 + rid_len);
     char body[64];
     int n = snprintf(body, sizeof(body), "{\"error\":\"%s\"}",
-                     name != NULL ? name : error_name(status));
+                     name != NULL ? name : reply_error_name(status));
     if (n < 0 || (size_t)n >= sizeof(body))
         abort();                        /* names are ours and short */
     add_status_line(out, status);
+    if (status == 401 && name != NULL && strcmp(name, "invalid_token") == 0)
+        ADD_LIT(out, "WWW-Authenticate: Bearer error=\"invalid_token\"\r\n");
+    else if (status == 401)     /* no token: no error code (RFC 6750 3.1) */
+        ADD_LIT(out, "WWW-Authenticate: Bearer\r\n");
     if (retry_s > 0) {
         ADD_LIT(out, "Retry-After: ");
         add_int(out, retry_s);
         ADD_LIT(out, "\r\n");
     }
-    add_json_head(out, (size_t)n, keep_alive, rid, rid_len);
+    add_head_end(out, 1, (size_t)n, keep_alive, rid, rid_len);
     obuf_add(out, body, (size_t)n);
     obuf_end(out);
 }
@@ -271,6 +296,39 @@ static size_t int_len(int64_t v)
 void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep_alive,
                    const char *rid, size_t rid_len)
 {
+    const struct conf_limit *l = rl->limit[rl->shown];
+    reply_limited_as(buf, rl, l->status ? l->status : 429, keep_alive, rid, rid_len);
+}
+
+void reply_allowed(struct evbuffer *buf, const struct reply_limits *rl, int keep_alive,
+                   const char *rid, size_t rid_len)
+{
+    struct obuf ob, *out = &ob;
+    obuf_begin(out, buf, 1024 + rid_len);
+    add_status_line(out, 200);
+    if (rl)
+        reply_limit_headers(out, rl, 0, NULL);
+    add_head_end(out, 0, 0, keep_alive, rid, rid_len);
+    obuf_end(out);
+}
+
+void reply_limit_fields(struct evbuffer *buf, const struct reply_limits *rl, int denied)
+{
+    struct obuf ob, *out = &ob;
+    obuf_begin(out, buf, 512);
+    if (denied) {
+        int64_t retry = reply_seconds(rl->r[rl->shown].retry_ms);
+        ADD_LIT(out, "Retry-After: ");
+        add_int(out, retry < 1 ? 1 : retry);
+        ADD_LIT(out, "\r\n");
+    }
+    reply_limit_headers(out, rl, denied, NULL);
+    obuf_end(out);
+}
+
+void reply_limited_as(struct evbuffer *buf, const struct reply_limits *rl, int status,
+                      int keep_alive, const char *rid, size_t rid_len)
+{
     struct obuf ob, *out = &ob;
     obuf_begin(out, buf, 1024 + rid_len);
     static const char b1[] = "{\"error\":\"rate_limited\",\"route\":";
@@ -283,7 +341,7 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
     if (retry < 1)
         retry = 1;
 
-    add_status_line(out, l->status ? l->status : 429);
+    add_status_line(out, status);
     ADD_LIT(out, "Retry-After: ");
     add_int(out, retry);
     ADD_LIT(out, "\r\n");
@@ -292,7 +350,7 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
                       + quoted_len(l->name) + sizeof(b3) - 1 + int_len(retry) + 1;
     if (l->message)
         body_len += sizeof(b4) - 1 + quoted_len(l->message);
-    add_json_head(out, body_len, keep_alive, rid, rid_len);
+    add_head_end(out, 1, body_len, keep_alive, rid, rid_len);
     ADD_LIT(out, b1);
     add_quoted(out, rl->route->name);
     ADD_LIT(out, b2);
@@ -304,5 +362,51 @@ void reply_limited(struct evbuffer *buf, const struct reply_limits *rl, int keep
         add_quoted(out, l->message);
     }
     ADD_LIT(out, "}");
+    obuf_end(out);
+}
+
+int reply_grpc_code(int status, int limited)
+{
+    switch (status) {
+    case 400: return REPLY_GRPC_INVALID_ARGUMENT;
+    case 404: case 501: return REPLY_GRPC_UNIMPLEMENTED;
+    case 408: case 504: return REPLY_GRPC_DEADLINE_EXCEEDED;
+    case 413: case 414: case 431: return REPLY_GRPC_RESOURCE_EXHAUSTED;
+    case 429: return limited;
+    case 502: case 503: return REPLY_GRPC_UNAVAILABLE;
+    default: return REPLY_GRPC_UNKNOWN;
+    }
+}
+
+void reply_grpc(struct evbuffer *buf, int code, const char *name, const struct reply_limits *rl,
+                int64_t retry_ms, int keep_alive, const char *rid, size_t rid_len)
+{
+    struct obuf ob, *out = &ob;
+    char msg[ESC_MAX(64)];
+    size_t nlen = strlen(name);
+    obuf_begin(out, buf, 1024 + rid_len + ESC_MAX(nlen));
+    ADD_LIT(out, "HTTP/1.1 200 OK\r\nContent-Type: application/grpc\r\ngrpc-status: ");
+    add_int(out, code);
+    ADD_LIT(out, "\r\ngrpc-message: ");
+    for (size_t i = 0; i < nlen; i += 64) {
+        size_t k = nlen - i < 64 ? nlen - i : 64;
+        obuf_add(out, msg, (size_t)(esc_put(msg, name + i, k, ESC_PERCENT) - msg));
+    }
+    ADD_LIT(out, "\r\n");
+    if (rl) {
+        retry_ms = rl->r[rl->shown].retry_ms;
+        if (retry_ms < 1)
+            retry_ms = 1;
+        ADD_LIT(out, "grpc-retry-pushback-ms: ");
+        add_int(out, retry_ms);
+        ADD_LIT(out, "\r\n");
+        reply_limit_headers(out, rl, 1, NULL);
+    }
+    if (retry_ms > 0) {
+        ADD_LIT(out, "Retry-After: ");
+        add_int(out, reply_seconds(retry_ms));
+        ADD_LIT(out, "\r\n");
+    }
+    add_head_end(out, 0, 0, keep_alive, rid, rid_len);
     obuf_end(out);
 }

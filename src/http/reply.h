@@ -18,6 +18,7 @@ struct obuf;
 /* The outcome of one decision, as the headers show it. */
 struct reply_limits {
     const struct conf_route *route;
+    const struct conf_route *plan;          /* the client's plan's, or NULL */
     int n;                                  /* limits decided */
     const struct conf_limit *limit[STORE_MAX_LIMITS];
     /* the parameters applied: a config override's, or NULL (the limit's);
@@ -48,6 +49,12 @@ void reply_pick(struct reply_limits *rl, int allowed);
 void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int denied,
                          const struct reply_upstream *up);
 
+/* The fields alone, each ending in CRLF, into buf: Retry-After when denied
+ * (as reply_limited sends it), then reply_limit_headers' (no upstream).
+ * For answers that carry them in another form (Envoy's RLS
+ * response_headers_to_add). */
+void reply_limit_fields(struct evbuffer *buf, const struct reply_limits *rl, int denied);
+
 /* keep_alive for the replies below: close after it (Connection: close),
  * stay open as HTTP/1.1 does by default, or stay open and say so, for an
  * HTTP/1.0 client that asked for keep-alive. */
@@ -60,13 +67,23 @@ void reply_limit_headers(struct obuf *out, const struct reply_limits *rl, int de
 void reply_limited(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
                    const char *request_id, size_t request_id_len);
 
+/* The same with the status given (a decision listener's decision.deny_status). */
+void reply_limited_as(struct evbuffer *out, const struct reply_limits *rl, int status,
+                      int keep_alive, const char *request_id, size_t request_id_len);
+
+/* A decision listener's "go on": 200 with the rate-limit fields of rl (NULL:
+ * none, the route has no limits) and no body. */
+void reply_allowed(struct evbuffer *out, const struct reply_limits *rl, int keep_alive,
+                   const char *request_id, size_t request_id_len);
+
 /* A complete error response with a JSON body {"error":"..."}. */
 void reply_error(struct evbuffer *out, int status, int keep_alive,
                  const char *request_id, size_t request_id_len);
 
 /* The same with the JSON error name given (NULL: the status's own), for
  * the 400s that say why: "ambiguous_key", "missing_key", "bad_key", "bad_host",
- * "regex_limit". */
+ * "regex_limit"; a 401 carries WWW-Authenticate: Bearer, with
+ * error="invalid_token" when name is "invalid_token" (RFC 6750 3.1). */
 void reply_error_named(struct evbuffer *out, int status, const char *name, int keep_alive,
                        const char *request_id, size_t request_id_len);
 
@@ -74,6 +91,30 @@ void reply_error_named(struct evbuffer *out, int status, const char *name, int k
  * in whole seconds rounded up, at least 1. */
 void reply_unavailable(struct evbuffer *out, int64_t retry_ms, int keep_alive,
                        const char *request_id, size_t request_id_len);
+
+/* gRPC status codes (grpc's include/grpc/status.h) of sluice's answers. */
+#define REPLY_GRPC_UNKNOWN            2
+#define REPLY_GRPC_INVALID_ARGUMENT   3
+#define REPLY_GRPC_DEADLINE_EXCEEDED  4
+#define REPLY_GRPC_RESOURCE_EXHAUSTED 8
+#define REPLY_GRPC_UNIMPLEMENTED      12
+#define REPLY_GRPC_UNAVAILABLE        14
+
+/* The gRPC status of a local answer that would have HTTP status `status`
+ * (limited: the code of a 429, the route's grpc_limited). */
+int reply_grpc_code(int status, int limited);
+
+/* A gRPC call's local answer, Trailers-Only written as HTTP/1.1 (an h2
+ * front sends it as one HEADERS frame with END_STREAM): 200,
+ * Content-Type: application/grpc, grpc-status `code`, grpc-message (name,
+ * percent-encoded), no body. With rl, a rejection: Retry-After,
+ * grpc-retry-pushback-ms (gRFC A6) and the rate-limit fields; without,
+ * retry_ms > 0 adds Retry-After (an unavailable limiter). */
+void reply_grpc(struct evbuffer *out, int code, const char *name, const struct reply_limits *rl,
+                int64_t retry_ms, int keep_alive, const char *request_id, size_t request_id_len);
+
+/* The JSON error name of a status ("no_route" for 404...). */
+const char *reply_error_name(int status);
 
 /* Whole seconds, rounded up, at least 1 when ms > 0. */
 int64_t reply_seconds(int64_t ms);

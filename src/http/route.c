@@ -13,6 +13,7 @@
 #include <strings.h>
 #include "addr.h"
 #include "digest.h"
+#include "jwt.h"
 #include "mem.h"
 #include "regex.h"
 #include "route.h"
@@ -368,16 +369,18 @@ static int route_regex_meets(const struct conf_route *r, const char *path, size_
     return 1;
 }
 
-const struct conf_route *route_match(const struct conf *c,
-                                     const char *path, size_t pathlen,
-                                     const char *method, size_t methodlen,
-                                     const char *host, size_t hostlen,
-                                     struct route_captures *caps)
+const struct conf_route *route_match_in(const struct conf *c, int how,
+                                        const char *path, size_t pathlen,
+                                        const char *method, size_t methodlen,
+                                        const char *host, size_t hostlen,
+                                        struct route_captures *caps)
 {
     if (caps)
         caps->over_limit = NULL;
     for (int i = 0; i < c->nroutes; i++) {
         const struct conf_route *r = &c->routes[i];
+        if (((how & ROUTE_PROXIED) && r->upstream == NULL) || (r->grpc && !(how & ROUTE_GRPC)))
+            continue;
         if (r->regex != NULL) {
             if (!route_method_meets(r, method, methodlen) ||
                 !route_host_meets(r, host, hostlen))
@@ -398,6 +401,15 @@ const struct conf_route *route_match(const struct conf *c,
             return r;
     }
     return NULL;
+}
+
+const struct conf_route *route_match(const struct conf *c,
+                                     const char *path, size_t pathlen,
+                                     const char *method, size_t methodlen,
+                                     const char *host, size_t hostlen,
+                                     struct route_captures *caps)
+{
+    return route_match_in(c, 0, path, pathlen, method, methodlen, host, hostlen, caps);
 }
 
 /* ---- client address ---- */
@@ -483,7 +495,8 @@ static void route_sink_put(struct route_sink *k, const char *p, size_t n)
 }
 
 /* One part, located in the request but not yet copied. */
-enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_QUERY, ROUTE_PART_COOKIE, ROUTE_PART_NUMBER };
+enum route_part_kind { ROUTE_PART_SPAN, ROUTE_PART_QUERY, ROUTE_PART_COOKIE, ROUTE_PART_NUMBER,
+                       ROUTE_PART_ANON };
 
 struct route_part {
     enum route_part_kind kind;
@@ -697,6 +710,10 @@ static void route_part_emit(const struct route_part *pt, struct route_sink *k)
 static void route_put_part(struct route_out *o, const struct route_part *pt)
 {
     struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
+    if (pt->kind == ROUTE_PART_ANON) {      /* no "<len>:": no claim can write it */
+        route_put(o, ROUTE_JWT_ANON, sizeof ROUTE_JWT_ANON - 1);
+        return;
+    }
     route_part_emit(pt, &k);
     char num[32];
     if (k.len > ROUTE_MAX_PART || (k.len == 41 && k.first == '#')) {
@@ -911,6 +928,51 @@ static enum route_seen route_capture(const char *p, size_t n, struct route_part 
     return ROUTE_ONCE;
 }
 
+int route_grpc_call(const char *buf, const struct http1_head *h, int64_t *timeout_ms)
+{
+    *timeout_ms = 0;
+    int i = http1_find(buf, h, "content-type", 0);
+    if (i < 0)
+        return 0;
+    struct http1_span v = h->h[i].value;
+    if (v.len < 16 || strncasecmp(buf + v.off, "application/grpc", 16) != 0 ||
+        (v.len > 16 && buf[v.off + 16] != '+' && buf[v.off + 16] != ';'))
+        return 0;
+    /* TimeoutValue (1 to 8 digits) and TimeoutUnit (PROTOCOL-HTTP2.md) */
+    i = http1_find(buf, h, "grpc-timeout", 0);
+    if (i >= 0 && h->h[i].value.len >= 2 && h->h[i].value.len <= 9) {
+        static const struct { char unit; int64_t per_ms_num, per_ms_den; } units[] = {
+            { 'H', 3600000, 1 }, { 'M', 60000, 1 }, { 'S', 1000, 1 }, { 'm', 1, 1 },
+            { 'u', 1, 1000 }, { 'n', 1, 1000000 },
+        };
+        struct http1_span d = { h->h[i].value.off, h->h[i].value.len - 1 };
+        char unit = buf[d.off + d.len];
+        int64_t n;
+        for (size_t u = 0; u < sizeof(units) / sizeof(units[0]); u++)
+            if (units[u].unit == unit && http1_span_uint(buf, d, &n)) {
+                int64_t den = units[u].per_ms_den;
+                *timeout_ms = (n * units[u].per_ms_num + den - 1) / den;
+                if (*timeout_ms == 0)
+                    *timeout_ms = 1;
+            }
+    }
+    return 1;
+}
+
+/* A gRPC call's path is /package.Service/Method: its service (method 0) or
+ * its method, absent from a path of another shape. */
+static enum route_seen route_grpc_part(const char *path, size_t len, int method,
+                                       const char **p, size_t *n)
+{
+    const char *slash = len > 1 && path[0] == '/' ? memchr(path + 1, '/', len - 1) : NULL;
+    if (slash == NULL || slash == path + 1 || slash == path + len - 1 ||
+        memchr(slash + 1, '/', len - (size_t)(slash + 1 - path)) != NULL)
+        return ROUTE_ABSENT;
+    *p = method ? slash + 1 : path + 1;
+    *n = method ? len - (size_t)(slash + 1 - path) : (size_t)(slash - path - 1);
+    return ROUTE_ONCE;
+}
+
 /* Locate key source ks in the request. */
 static enum route_seen route_locate(const struct conf_keysrc *ks, const struct route_req *req,
                                     struct route_part *pt)
@@ -952,6 +1014,19 @@ static enum route_seen route_locate(const struct conf_keysrc *ks, const struct r
             return ROUTE_ABSENT;
         return route_capture(req->path + req->caps->off[ks->capture],
                              req->caps->len[ks->capture], pt);
+    case CONF_KEY_GRPC_SERVICE:
+    case CONF_KEY_GRPC_METHOD:
+        if (req->path == NULL)
+            return ROUTE_ABSENT;
+        return route_grpc_part(req->path, req->pathlen, ks->kind == CONF_KEY_GRPC_METHOD,
+                               &pt->p, &pt->n);
+    case CONF_KEY_JWT:
+        if (req->claims == NULL) {      /* no token, or one that failed */
+            pt->kind = ROUTE_PART_ANON;
+            return ROUTE_ONCE;
+        }
+        return route_jwt_claim(req, ks->arg, ks->arglen, &pt->p, &pt->n) ? ROUTE_ONCE
+                                                                          : ROUTE_ABSENT;
     }
     abort();                            /* conf.c only makes the kinds above */
 }
@@ -1048,6 +1123,66 @@ long route_key_parts(const struct conf *c, const struct conf_route *r,
         route_put_part(&o, &pt);
     }
     return route_key_close(&o, out);
+}
+
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out)
+{
+    struct route_part pt;
+    enum route_seen seen = route_locate(ks, req, &pt);
+    if (seen == ROUTE_TWICE)
+        return ROUTE_KEY_AMBIGUOUS;
+    if (seen == ROUTE_BAD)
+        return ROUTE_KEY_BAD;
+    if (seen == ROUTE_ABSENT || pt.kind == ROUTE_PART_ANON)    /* no verified token */
+        return -1;
+    struct route_sink k = { .mode = ROUTE_SINK_MEASURE, .first = -1 };
+    route_part_emit(&pt, &k);
+    if (k.len > ROUTE_MAX_PART)
+        return -1;
+    struct route_out o = { .p = out };
+    k.mode = ROUTE_SINK_WRITE;
+    k.out = &o;
+    route_part_emit(&pt, &k);
+    out[o.len] = '\0';
+    return (long)o.len;
+}
+
+int route_jwt_claim(const struct route_req *req, const char *name, size_t namelen,
+                    const char **v, size_t *vlen)
+{
+    return req->claims != NULL && jwt_claim(req->claims, req->claims_len, name, namelen, v, vlen);
+}
+
+/* "Bearer" is a case-insensitive scheme (RFC 7235), then one or more
+ * spaces and the token; anything after the token makes it none. */
+int route_jwt_token(const struct conf *c, const struct route_req *req, const char **tok,
+                    size_t *len)
+{
+    const char *v;
+    size_t n;
+    int found = 0, fields = 0;
+    for (int i = 0; i < req->h->nheaders; i++) {
+        if (!route_header_is(req->buf, req->h, i, "authorization", 13))
+            continue;
+        if (fields++ > 0)
+            return -1;
+        route_header_value(req->buf, req->h, i, &v, &n);
+        found = n > 7 && route_caseeq(v, 6, "bearer", 6) && v[6] == ' ';
+        if (!found)
+            continue;
+        for (v += 7, n -= 7; n > 0 && v[0] == ' '; v++, n--)
+            ;
+        *tok = v;
+        *len = n;
+        if (n == 0 || memchr(v, ' ', n) != NULL || memchr(v, '\t', n) != NULL)
+            return -1;
+    }
+    if (found)
+        return 1;
+    if (c->jwt.cookie == NULL)
+        return 0;
+    enum route_seen seen = route_find_cookie(req, c->jwt.cookie, strlen(c->jwt.cookie), tok, len);
+    return seen == ROUTE_TWICE ? -1 : seen == ROUTE_ONCE && *len > 0;
 }
 
 /* The config override of l whose key is key, or NULL. */

@@ -63,6 +63,24 @@ const struct conf_route *route_match(const struct conf *c,
                                      const char *method, size_t methodlen,
                                      const char *host, size_t hostlen,
                                      struct route_captures *caps);
+/* route_match over the routes a request may meet, how says which: with
+ * ROUTE_PROXIED, routes without an upstream (decision mode's alone,
+ * docs/decision.md) are passed over (without it, a decision listener's
+ * request, every route); routes with match.grpc take a request only with
+ * ROUTE_GRPC (a gRPC call: route_grpc_call). route_match is
+ * route_match_in(c, 0, ...). */
+#define ROUTE_PROXIED 1
+#define ROUTE_GRPC    2
+const struct conf_route *route_match_in(const struct conf *c, int how,
+                                        const char *path, size_t pathlen,
+                                        const char *method, size_t methodlen,
+                                        const char *host, size_t hostlen,
+                                        struct route_captures *caps);
+
+/* 1 when the request is a gRPC call (Content-Type application/grpc, or
+ * application/grpc+FORMAT or ;params). *timeout_ms gets its grpc-timeout
+ * in milliseconds, rounded up; 0 when absent or malformed. */
+int route_grpc_call(const char *buf, const struct http1_head *h, int64_t *timeout_ms);
 
 /* The client address as text into out[ROUTE_IP_MAX]: the peer, or when the
  * peer is in trusted_proxies, the right-most untrusted X-Forwarded-For entry.
@@ -79,6 +97,9 @@ struct route_req {
     const char *path;           /* normalised */
     size_t pathlen;
     const struct route_captures *caps;  /* NULL when the route has no regex */
+    const char *claims;         /* a verified token's claims (jwt.h), or NULL:
+                                 * none, or one that failed verification */
+    size_t claims_len;
     const char *body;           /* the request body when it was buffered whole
                                  * before the decision (estimate: {json}); NULL */
     size_t body_len;
@@ -103,6 +124,27 @@ long route_key(const struct conf *c, const struct conf_route *r,
                const struct conf_limit *l, const struct route_req *req,
                char *out);
 
+/* What a jwt:CLAIM key part is for a request without a verified token
+ * (none, or one that failed): written without the "<len>:" every other
+ * part starts with, so no claim value can be it. */
+#define ROUTE_JWT_ANON "!anon"
+
+/* The token a request carries (c->jwt): an Authorization: Bearer field,
+ * else the cookie c->jwt.cookie. 1 with it in *tok, *len (into the head);
+ * 0 when there is none; -1 when it is given twice (two Authorization
+ * fields, the cookie twice) or the field holds more than one token: the
+ * request has no valid token. */
+int route_jwt_token(const struct conf *c, const struct route_req *req, const char **tok,
+                    size_t *len);
+
+/* The claim name[0..namelen) of the request's verified token: 1 with a
+ * string claim's decoded value or an integer claim's digits in *v, *vlen;
+ * 0 without a verified token, or without that claim as a string or an
+ * integer. What a jwt:CLAIM key part reads, and what any other use of a
+ * claim (a plan) should read. */
+int route_jwt_claim(const struct route_req *req, const char *name, size_t namelen,
+                    const char **v, size_t *vlen);
+
 /* The key limit l counts a request under when one of its key sources is
  * absent and on_missing_key is ip: the client address, in a key space no
  * route_key() key can reach. Returns its length, or -1. */
@@ -115,6 +157,14 @@ long route_key_fallback(const struct conf *c, const struct conf_route *r,
 long route_key_parts(const struct conf *c, const struct conf_route *r,
                      const struct conf_limit *l, const char *const *parts,
                      const size_t *lens, int n, char *out);
+
+/* The value key source ks takes in the request, as a key part holds it
+ * (a query parameter or cookie decoded), into out[ROUTE_MAX_KEY],
+ * NUL-terminated: its length; -1 when absent (a jwt:CLAIM source without a
+ * verified token too) or longer than ROUTE_MAX_PART;
+ * ROUTE_KEY_AMBIGUOUS or ROUTE_KEY_BAD as route_key() says. What plans read
+ * a client's key and plan name with. */
+long route_key_value(const struct conf_keysrc *ks, const struct route_req *req, char *out);
 
 /* Bit i set: key source i of l carries a credential, shown hashed by the
  * console: the Authorization and Proxy-Authorization headers, every

@@ -3,8 +3,8 @@
  * The settings are fixed, chosen so that a scanner finds nothing to report:
  * TLS 1.2 and 1.3 only, forward-secret AEAD suites only (for 1.2: ECDHE
  * with ECDSA or RSA, AES-GCM or ChaCha20-Poly1305), the server's order,
- * no renegotiation, no compression, ALPN http/1.1 only (a client offering
- * only h2 gets no ALPN: it speaks HTTP/1.1 or nothing), stateless session
+ * no renegotiation, no compression, ALPN h2 then http/1.1 (http/1.1 only
+ * on a listener with http2: false), stateless session
  * tickets under process-wide keys rotated every hour, no session cache. */
 #include <errno.h>
 #include <pthread.h>
@@ -180,14 +180,18 @@ static int servername_cb(SSL *ssl, int *alert, void *arg)
     return SSL_TLSEXT_ERR_OK;
 }
 
+/* h2 first, then http/1.1 (arg non-NULL: the listener's http2: false, only
+ * http/1.1). A client offering neither gets no ALPN. */
 static int alpn_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen,
                    const unsigned char *in, unsigned int inlen, void *arg)
 {
-    static const unsigned char ours[] = "\x08http/1.1";
+    static const unsigned char both[] = "\x02h2\x08http/1.1";
+    const unsigned char *ours = arg ? both + 3 : both;
+    unsigned ourlen = arg ? sizeof(both) - 4 : sizeof(both) - 1;
     unsigned char *sel;
-    if (SSL_select_next_proto(&sel, outlen, ours, sizeof(ours) - 1, in, inlen) !=
+    if (SSL_select_next_proto(&sel, outlen, ours, ourlen, in, inlen) !=
         OPENSSL_NPN_NEGOTIATED)
-        return SSL_TLSEXT_ERR_NOACK;    /* h2 only: no ALPN, never h2 */
+        return SSL_TLSEXT_ERR_NOACK;
     *out = sel;
     return SSL_TLSEXT_ERR_OK;
 }
@@ -273,7 +277,7 @@ static SSL_CTX *ctx_new(const struct conf_tls *ct, struct tls_server *ts)
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_timeout(ctx, TLS_SESSION_TIMEOUT_S);
     SSL_CTX_set_num_tickets(ctx, 1);
-    SSL_CTX_set_alpn_select_cb(ctx, alpn_cb, NULL);
+    SSL_CTX_set_alpn_select_cb(ctx, alpn_cb, ct->no_h2 ? (void *)1 : NULL);
     SSL_CTX_set_tlsext_servername_callback(ctx, servername_cb);
     SSL_CTX_set_tlsext_servername_arg(ctx, ts);
     return ctx;
@@ -390,4 +394,12 @@ enum metrics_tls_failure tls_server_failure(unsigned long first)
     default:
         return METRICS_TLS_OTHER;
     }
+}
+
+int tls_server_h2(struct ssl_st *ssl)
+{
+    const unsigned char *p = NULL;
+    unsigned n = 0;
+    SSL_get0_alpn_selected(ssl, &p, &n);
+    return n == 2 && memcmp(p, "h2", 2) == 0;
 }

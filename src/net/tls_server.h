@@ -35,6 +35,8 @@ void tls_server_release(struct tls_server *ts);
 struct ssl_st *tls_server_ssl(struct tls_server *ts);
 /* "TLSv1.3", "TLSv1.2" (a static string) for an established connection. */
 const char *tls_server_version(struct ssl_st *ssl);
+/* 1 when the handshake chose ALPN "h2". */
+int tls_server_h2(struct ssl_st *ssl);
 /* Why a handshake failed, from the first OpenSSL error code it left (0:
  * none, the peer closed or the socket failed). */
 enum metrics_tls_failure tls_server_failure(unsigned long first);

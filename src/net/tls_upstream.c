@@ -1,7 +1,7 @@
 /* sluice - tls_upstream.c: client TLS contexts for upstreams (tls_upstream.h).
  *
  * The context is tls_client.c's (TLS 1.2 and 1.3, trust store, client
- * certificate) plus ALPN http/1.1 and resumption. Sessions: the context's
+ * certificate) plus ALPN (http/1.1, or h2 for protocol h2) and resumption. Sessions: the context's
  * cache is in client mode without its internal store; the new-session
  * callback keeps the newest few sessions of each server (TLS 1.3 tickets
  * come after the handshake, two after a full one, one after a resumption),
@@ -54,10 +54,10 @@ static int session_new_cb(SSL *ssl, SSL_SESSION *sess)
     return 1;                   /* we keep the reference */
 }
 
-static SSL_CTX *ctx_new(const struct conf_tls_client *t, char *buf, size_t n,
+static SSL_CTX *ctx_new(const struct conf_tls_client *t, int h2, char *buf, size_t n,
                         const char **key)
 {
-    static const unsigned char alpn[] = "\x08http/1.1";
+    static const unsigned char alpn[] = "\x08http/1.1", alpn_h2[] = "\x02h2";
     const struct tls_client_files f = { t->ca_file, t->cert_file, t->key_file, t->verify };
     SSL_CTX *ctx = tls_client_ctx(&f, buf, n, key);
     if (ctx == NULL)
@@ -65,7 +65,10 @@ static SSL_CTX *ctx_new(const struct conf_tls_client *t, char *buf, size_t n,
     /* A close without close_notify reads as an end of stream, as over
      * plain TCP: framing (Content-Length, chunked) still catches a cut. */
     SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
-    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
+    if (h2)
+        SSL_CTX_set_alpn_protos(ctx, alpn_h2, sizeof(alpn_h2) - 1);
+    else
+        SSL_CTX_set_alpn_protos(ctx, alpn, sizeof(alpn) - 1);
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
     SSL_CTX_sess_set_new_cb(ctx, session_new_cb);
     return ctx;
@@ -74,7 +77,7 @@ static SSL_CTX *ctx_new(const struct conf_tls_client *t, char *buf, size_t n,
 const char *tls_upstream_check(const struct conf_tls_client *t, char *buf, size_t n,
                                const char **key)
 {
-    SSL_CTX *ctx = ctx_new(t, buf, n, key);
+    SSL_CTX *ctx = ctx_new(t, 0, buf, n, key);
     if (ctx == NULL)
         return buf;
     SSL_CTX_free(ctx);
@@ -90,7 +93,7 @@ static int is_ip(const char *s)
 struct tls_upstream *tls_upstream_create(const struct conf_upstream *cu, char *err, size_t n)
 {
     const char *key;
-    SSL_CTX *ctx = ctx_new(cu->tls, err, n, &key);
+    SSL_CTX *ctx = ctx_new(cu->tls, cu->h2, err, n, &key);
     if (ctx == NULL)
         return NULL;
     struct tls_upstream *tu = mem_calloc(1, sizeof(*tu));

@@ -23,6 +23,7 @@
 #include "conf.h"
 #include "decide.h"
 #include "exchange.h"
+#include "h2srv.h"
 #include "http1.h"
 #include "io.h"
 #include "mem.h"
@@ -50,9 +51,12 @@ static void client_free(struct client *c)
         upstream_close(c->rq->up);
     request_put(env, c->rq);
     list_unlink(&env->clients, &c->link);
-    env->nclients--;
-    metrics_gauge_add(METRICS_CONN_CLIENT, -1);
+    if (!c->h2_stream) {
+        env->nclients--;
+        metrics_gauge_add(METRICS_CONN_CLIENT, -1);
+    }
     event_free(c->timer);
+    h2srv_free(c->h2);      /* owns the connection's io then (c->io NULL) */
     io_free(c->io);
     http1_destroy(c->parser);
     if (c->body)
@@ -61,6 +65,8 @@ static void client_free(struct client *c)
         evbuffer_free(c->held);
     if (c->tail)
         evbuffer_free(c->tail);
+    if (c->trailers)
+        evbuffer_free(c->trailers);
     conf_release(c->conf);
     free(c);
     if (env->stopping && env->nclients == 0)    /* drained: the worker's loop ends */
@@ -145,6 +151,64 @@ static void client_bound_input(struct client *c)
         client_read_heads(c);           /* until a streaming body sets its own */
 }
 
+/* ---- HTTP/2 ------------------------------------------------------------- */
+
+static int client_h2_open(void *arg, struct io *io);
+
+static void client_h2_ended(void *arg)
+{
+    struct client *c = arg;
+    conn_kill(c);
+    if (c->busy == 0)
+        client_free(c);
+}
+
+static const struct h2srv_ops client_h2_ops = {
+    .open = client_h2_open,
+    .ended = client_h2_ended,
+};
+
+/* The connection speaks HTTP/2 from here: the session takes its io, and
+ * each stream becomes a client (client_h2_open). */
+static void client_h2_start(struct client *c)
+{
+    const struct conf_client *cc = &c->conf->client;
+    struct h2srv_limits lim = {
+        .max_streams = cc->http2_max_streams,
+        .max_requests = cc->http2_max_requests,
+        .max_header_bytes = cc->max_header_bytes,
+        .preface_timeout_ms = cc->header_timeout_ms,
+        .idle_timeout_ms = cc->idle_timeout_ms,
+    };
+    conn_timer(c, TM_NONE, 0);
+    c->first_bytes = 0;
+    c->state = CS_H2;
+    request_put(c->env, c->rq);
+    c->rq = NULL;
+    c->h2 = h2srv_new(c->env->base, c->io, &lim, c->tls, &client_h2_ops, c);
+    c->io = NULL;
+}
+
+/* The first bytes of a plain connection: 0 for HTTP/1.x, 1 to wait for
+ * the rest of what may be the HTTP/2 preface, 2 when it was (the
+ * connection is the session's now). */
+static int client_preface(struct client *c)
+{
+    struct evbuffer *in = io_input(c->io);
+    size_t n = evbuffer_get_length(in);
+    if (n == 0)
+        return 1;
+    size_t k = n < H2SRV_PREFACE_LEN ? n : H2SRV_PREFACE_LEN;
+    if (memcmp(evbuffer_pullup(in, (ssize_t)k), H2SRV_PREFACE, k) != 0) {
+        c->first_bytes = 0;
+        return 0;
+    }
+    if (k < H2SRV_PREFACE_LEN)
+        return 1;
+    client_h2_start(c);
+    return 2;
+}
+
 /* Do whatever the bytes in hand allow, until the state needs to wait. */
 static void client_process(struct client *c)
 {
@@ -158,6 +222,8 @@ static void client_process(struct client *c)
                 c->heads_paused = 1;    /* conn_flush resumes once written */
                 return;
             }
+            if (c->first_bytes && client_preface(c) != 0)
+                return;
             if (parse_head_answered(c))
                 continue;
             break;
@@ -179,6 +245,7 @@ static void client_process(struct client *c)
             return;
         case CS_DECIDE:
         case CS_CLOSING:
+        case CS_H2:
             return;
         }
         if (c->state == before)
@@ -193,7 +260,7 @@ static void client_process(struct client *c)
 static void client_cancel(struct client *c)
 {
     if (c->rq)
-        decide_cancel(&c->rq->dec);
+        request_cancel(c->rq);
 }
 
 /* Our output drained below the low mark: the upstream may be read again. */
@@ -253,6 +320,8 @@ static void client_tls_done(struct client *c)
     metrics_tls_handshake();
     if (c->timer_mode == TM_HANDSHAKE)
         conn_timer(c, TM_IDLE, c->conf->client.idle_timeout_ms);
+    if (c->http2 && tls_server_h2(io_ssl(c->io)))
+        client_h2_start(c);
 }
 
 static void client_event_cb(struct io *io, short what, void *arg)
@@ -318,8 +387,56 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
     conn_leave(c);
 }
 
+/* A client over io, on env's list, with the current config. */
+static struct client *client_new(struct conn_env *env, struct io *io)
+{
+    struct client *c = mem_calloc(1, sizeof(*c));
+    c->ops = &client_ops;
+    c->env = env;
+    c->conf = env->conf;
+    conf_retain(c->conf);
+    c->io = io;
+    c->parser = http1_create(HTTP1_REQUEST);
+    c->timer = evtimer_new(env->base, client_timer_cb, c);
+    c->state = CS_HEAD;
+    list_push(&env->clients, &c->link);
+    return c;
+}
+
+static void client_start_io(struct client *c)
+{
+    /* A client that stops reading is dropped after idle_timeout. */
+    struct timeval wt = clock_timeval(c->conf->client.idle_timeout_ms);
+    io_set_timeouts(c->io, NULL, &wt);
+    client_read_heads(c);
+    io_setwatermark(c->io, EV_WRITE, CONN_HIGH_WATER / 2);
+    io_setcb(c->io, client_read_cb, client_write_cb, client_event_cb, c);
+    io_enable(c->io, EV_READ);
+}
+
+/* An HTTP/2 stream of connection arg: a client of its own, with the
+ * connection's address and TLS, whose first head is in io already. Its
+ * write timeout (idle_timeout) also ends a stream whose window the peer
+ * never opens. The connection's config may be older: a stream takes the
+ * current one, as a new connection would. */
+static int client_h2_open(void *arg, struct io *io)
+{
+    struct client *p = arg;
+    struct client *c = client_new(p->env, io);
+    c->h2_stream = 1;
+    c->peer = p->peer;
+    memcpy(c->peer_text, p->peer_text, sizeof(c->peer_text));
+    c->peer_len = p->peer_len;
+    c->tls = p->tls;
+    c->decision = p->decision;          /* a decision listener's streams are too */
+    c->tls_version = p->tls_version;
+    client_start_io(c);
+    conn_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
+    return 0;
+}
+
 void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, int peerlen,
-                   struct tls_server *tls)
+                   struct tls_server *tls, int decision, int http2)
 {
     struct conf *conf = env->conf;
     /* max_connections is per process; each worker takes its share. */
@@ -335,33 +452,18 @@ void client_accept(struct conn_env *env, int fd, const struct sockaddr *peer, in
         evutil_closesocket(fd);
         return;
     }
-    struct io *io = io_new(env->base, fd, ssl);
-
-    struct client *c = mem_calloc(1, sizeof(*c));
-    c->ops = &client_ops;
-    c->env = env;
-    c->conf = conf;
-    conf_retain(conf);
-    c->io = io;
+    struct client *c = client_new(env, io_new(env->base, fd, ssl));
     memcpy(&c->peer, peer, (size_t)peerlen < sizeof(c->peer) ? (size_t)peerlen : sizeof(c->peer));
     c->peer_len = route_client_ip(conf, peer, NULL, NULL, c->peer_text);
-    c->parser = http1_create(HTTP1_REQUEST);
-    c->timer = evtimer_new(env->base, client_timer_cb, c);
-    c->state = CS_HEAD;
     c->tls = tls != NULL;
+    c->decision = decision;
     c->handshaking = c->tls;
     c->tls_version = "";
-    list_push(&env->clients, &c->link);
+    c->http2 = http2;
+    c->first_bytes = http2;
     env->nclients++;
     metrics_gauge_add(METRICS_CONN_CLIENT, 1);
-
-    /* A client that stops reading is dropped after idle_timeout. */
-    struct timeval wt = clock_timeval(conf->client.idle_timeout_ms);
-    io_set_timeouts(io, NULL, &wt);
-    client_read_heads(c);
-    io_setwatermark(io, EV_WRITE, CONN_HIGH_WATER / 2);
-    io_setcb(io, client_read_cb, client_write_cb, client_event_cb, c);
-    io_enable(io, EV_READ);
+    client_start_io(c);
     if (c->tls)
         conn_timer(c, TM_HANDSHAKE, conf->client.header_timeout_ms);
     else
@@ -374,6 +476,10 @@ void client_drain(struct conn_env *env)
          c = next) {
         next = LIST_ITEM(c->link.next, struct client, link);
         c->keep_alive = 0;
+        if (c->state == CS_H2) {
+            h2srv_shutdown(c->h2);      /* GOAWAY; its streams finish */
+            continue;
+        }
         if (c->state == CS_HEAD && evbuffer_get_length(io_input(c->io)) == 0) {
             conn_kill(c);
             if (c->busy == 0)

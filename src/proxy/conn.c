@@ -101,6 +101,8 @@ void conn_close_after_write(struct client *c)
  * backpressure stopped. Bounded: each round needs progress. */
 void conn_flush(struct client *c)
 {
+    if (c->state == CS_H2)
+        return;         /* the session writes its connection itself */
     for (int round = 0; round < 16 && !c->dead; round++) {
         int progress = 0;
         io_flush(c->io);
@@ -182,6 +184,12 @@ static void move_pieces(struct evbuffer *src, struct evbuffer *dst, const char *
 int conn_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
                    size_t *payload)
 {
+    return conn_pump_tail(p, src, dst, NULL, payload);
+}
+
+int conn_pump_tail(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                   struct evbuffer *tail, size_t *payload)
+{
     struct evbuffer_iovec v;
     struct http1_piece pieces[HTTP1_MAX_PIECES];
     int npieces = 0, done = 0;
@@ -193,6 +201,13 @@ int conn_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
         return -1;
     for (int i = 0; i < npieces; i++)
         *payload += pieces[i].len;
+    if (tail) {                 /* the framing after the last payload byte */
+        size_t from = npieces ? pieces[npieces - 1].off + pieces[npieces - 1].len : 0;
+        if (npieces)
+            evbuffer_drain(tail, evbuffer_get_length(tail));
+        if ((size_t)used > from)
+            evbuffer_add(tail, (const char *)v.iov_base + from, (size_t)used - from);
+    }
     move_pieces(src, dst, v.iov_base, (size_t)used, pieces, npieces);
     if (done)
         return 1;

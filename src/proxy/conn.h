@@ -43,6 +43,8 @@ enum client_state {
     CS_DISCARD,     /* answered locally, dropping the request body */
     CS_TUNNEL,      /* after a 101: bytes pass both ways untouched */
     CS_CLOSING,     /* flushing the last response, then free */
+    CS_H2,          /* an HTTP/2 connection: c->h2 serves it, each stream
+                     * a client of its own (h2srv.h) */
 };
 
 enum timer_mode { TM_NONE, TM_IDLE, TM_HEADER, TM_BODY, TM_HANDSHAKE };
@@ -60,6 +62,7 @@ struct conn_env {
     struct runtime *rt;                 /* current; requests retain their own */
     struct backend *local;              /* memory over mem, for on_error: local */
     struct denycache *deny;             /* keys Redis denied, until when */
+    struct jwtcache *jwt;               /* tokens this worker verified */
     struct accesslog *alog;             /* shared; not owned; NULL when off */
     uint64_t rng[2];                    /* xorshift128+ state, for request ids */
     struct request *spares;             /* requests idle connections gave back */
@@ -97,8 +100,15 @@ struct client {
     int eof;                            /* client closed its sending side */
     int input_bounded;                  /* CS_DECIDE: reading stopped (client.c) */
     int tls;                            /* a TLS listener's (tls_server.h) */
+    int decision;                       /* a decision listener's: requests are
+                                         * decided and answered, never forwarded
+                                         * (request.c, decision.c) */
     int handshaking;                    /* TLS handshake not done yet */
     const char *tls_version;            /* "TLSv1.3" once done; "" when plain */
+    int http2;                          /* its listener takes HTTP/2 */
+    int first_bytes;                    /* the preface check is still to do */
+    int h2_stream;                      /* an HTTP/2 stream's (its io is one) */
+    struct h2srv *h2;                   /* CS_H2: the session; owns io */
 
     /* The request in progress: its state is *rq (request_state.h), its
      * upstream connection included. What stays here is the two sides'
@@ -116,6 +126,9 @@ struct client {
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
     struct evbuffer *tail;              /* cost_from: a response's last bytes, held
                                          * until its settlement is applied */
+    struct evbuffer *trailers;          /* CS_PROXY: the response's framing since
+                                         * its last payload byte, its trailers at
+                                         * the end (lazy) */
 };
 
 void conn_enter(struct client *c);
@@ -136,5 +149,10 @@ void conn_flush(struct client *c);
 void conn_copy(struct evbuffer *dst, const char *data, size_t len);
 int conn_pump_once(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
                    size_t *payload);
+/* conn_pump_once() that keeps in tail the framing read after the last
+ * payload byte (dropped when payload comes): at the message's end, a
+ * chunked body's last chunk and trailer section, as http1.c checked them. */
+int conn_pump_tail(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
+                   struct evbuffer *tail, size_t *payload);
 
 #endif

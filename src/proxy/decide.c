@@ -30,6 +30,7 @@
 #include "jsonscan.h"
 #include "log.h"
 #include "metrics.h"
+#include "plantable.h"
 #include "resetbus.h"
 #include "route.h"
 
@@ -367,6 +368,25 @@ int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *a
     return 1;
 }
 
+/* The plan of the request's client (docs/plans.md): its plan_key value's
+ * run-time assignment, then its plans.assign, then the plan plan_from
+ * names, then plans.default. A name no plan of this config has is passed. */
+static const struct conf_plan *decide_plan(const struct conf *conf, const struct conf_route *r,
+                                           const struct route_req *req)
+{
+    char v[ROUTE_MAX_KEY], name[PLANTABLE_MAX_PLAN + 1];
+    const struct conf_plan *p = NULL;
+    long n = r->plan_key ? route_key_value(r->plan_key, req, v) : -1;
+    if (n >= 0 && plantable_get(v, (size_t)n, name))
+        p = conf_plan_find(conf, name, strlen(name));
+    if (p == NULL && n >= 0)
+        p = conf_plan_assigned(conf, v, (size_t)n);
+    n = p == NULL && r->plan_from ? route_key_value(r->plan_from, req, v) : -1;
+    if (n > 0)
+        p = conf_plan_find(conf, v, (size_t)n);
+    return p ? p : &conf->plans[conf->plan_default];
+}
+
 /* The keys of the route's limits, into the request's buffer, with
  * dec->rl.limit[]; returns how many count the request, -1 for a bad
  * cost_header, ROUTE_KEY_AMBIGUOUS for a key source given twice,
@@ -374,22 +394,29 @@ int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *a
  * absent under on_missing_key: deny. Absent under ip: the client address's
  * own key (route_key_fallback), counted in the metrics. */
 #define DECIDE_KEY_MISSING (-100)
+
 static int build_keys(struct decision *dec, const struct conf *conf,
                       const struct conf_route *r, const struct route_req *req)
 {
     char key[ROUTE_MAX_KEY];
     int n = 0;
     dec->key_used = 0;
-    for (int i = 0; i < r->nlimits && n < STORE_MAX_LIMITS; i++) {
-        const struct conf_limit *l = &r->limits[i];
-        long klen = route_key(conf, r, l, req, key);
+    /* the route's limits, then its client's plan's (keys of the plan's own) */
+    const struct conf_plan *plan = r->plan_key || r->plan_from ? decide_plan(conf, r, req)
+                                                               : NULL;
+    int total = r->nlimits + (plan ? plan->route.nlimits : 0);
+    dec->rl.plan = plan ? &plan->route : NULL;
+    for (int i = 0; i < total && n < STORE_MAX_LIMITS; i++) {
+        const struct conf_route *kr = i < r->nlimits || plan == NULL ? r : &plan->route;
+        const struct conf_limit *l = &kr->limits[i < r->nlimits ? i : i - r->nlimits];
+        long klen = route_key(conf, kr, l, req, key);
         if (klen == ROUTE_KEY_AMBIGUOUS || klen == ROUTE_KEY_BAD)
             return (int)klen;
         if (klen == 0 && l->on_missing_key == CONF_MISSING_DENY)
             return DECIDE_KEY_MISSING;
         int fallback = klen == 0 && l->on_missing_key == CONF_MISSING_IP;
         if (fallback)
-            klen = route_key_fallback(conf, r, l, req, key);
+            klen = route_key_fallback(conf, kr, l, req, key);
         if (klen <= 0)      /* absent under pass, or too long: not counted */
             continue;
         int64_t cost = r->cost > 0 ? r->cost : 1;
@@ -620,6 +647,7 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
     dec->decision = -1;
     dec->base = env->base;
     dec->rl.route = route;
+    dec->rl.plan = NULL;
     if (decide_allowed(conf, route, req->ip)) {      /* allow lists bypass limiting */
         count_decision(dec, METRICS_ALLOWED);
         return DECIDE_FORWARD;

@@ -107,15 +107,37 @@ static void cost_feed(struct request *rq, struct evbuffer *b, size_t n)
     }
 }
 
+/* The last chunk, with the trailer section a chunked body ended with
+ * (tail: what conn_pump_tail kept: "\r\n" ending a data chunk, maybe, the
+ * last chunk's size line, the trailer lines, "\r\n"), or none. The tail is
+ * left as it is, the trailer section at its start. */
+static void last_chunk(struct evbuffer *dst, struct evbuffer *tail)
+{
+    size_t n = tail ? evbuffer_get_length(tail) : 0;
+    struct evbuffer_ptr p = { .pos = -1 };
+    if (n > 0)
+        p = evbuffer_search(tail, "0", 1, NULL);    /* the size line: 0[;ext] */
+    if (p.pos >= 0)
+        p = evbuffer_search(tail, "\n", 1, &p);
+    if (p.pos < 0 || (size_t)p.pos + 3 > n) {    /* no trailers */
+        evbuffer_add(dst, "0\r\n\r\n", 5);
+        return;
+    }
+    evbuffer_drain(tail, (size_t)p.pos + 1);
+    evbuffer_add(dst, "0\r\n", 3);
+    evbuffer_add(dst, evbuffer_pullup(tail, -1), evbuffer_get_length(tail));
+}
+
 /* Decode what src holds of a body into dst, about `room` payload bytes at
  * most (one run more): as is, or with chunked, as one chunk of our own
  * framing for all of it, so a body of 1-byte chunks goes on in chunks as
- * large as what arrived, not one chunk per byte. scratch is empty before and
- * after. Returns as pump_once; *payload gets the payload bytes moved. A
- * response scanned for its cost (cost not NULL) has its payload fed. */
+ * large as what arrived, not one chunk per byte; a chunked body's trailers
+ * go on after it when tail keeps them (NULL: dropped). scratch is empty
+ * before and after. Returns as pump_once; *payload gets the payload bytes
+ * moved. A response scanned for its cost (cost not NULL) has its payload fed. */
 static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
-                     struct evbuffer *scratch, int chunked, size_t room, size_t *payload,
-                     struct request *cost)
+                     struct evbuffer *scratch, struct evbuffer *tail, int chunked,
+                     size_t room, size_t *payload, struct request *cost)
 {
     struct evbuffer *to = chunked ? scratch : dst;
     int rc;
@@ -123,7 +145,7 @@ static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst
     *payload = 0;
     do {
         size_t n;
-        rc = conn_pump_once(p, src, to, &n);
+        rc = conn_pump_tail(p, src, to, tail, &n);
         *payload += n;
         if (cost && cost->cost_scanning && n > 0)
             cost_feed(cost, to, n);
@@ -141,7 +163,7 @@ static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst
         evbuffer_add(dst, "\r\n", 2);
     }
     if (rc == 1)
-        evbuffer_add(dst, "0\r\n\r\n", 5);
+        last_chunk(dst, tail);
     return rc;
 }
 
@@ -188,6 +210,7 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
 /* upstreams.timeout bounds each wait on the upstream: for a write while the
  * request is sent, and for the response only once the request is all sent
  * (an upload taking longer than the timeout is not the upstream's delay).
+ * A gRPC call's grpc-timeout caps it at what is left of its deadline.
  * Until connected, the connect timeout set by the pool is in force. */
 static void up_timeouts(struct client *c)
 {
@@ -195,6 +218,10 @@ static void up_timeouts(struct client *c)
     if (!uc->connected)
         return;
     int64_t ms = upstream_conf(uc->pool)->timeout_ms;
+    if (c->rq->grpc_deadline_ms) {
+        int64_t left = c->rq->grpc_deadline_ms - clock_ms();
+        ms = left < 1 ? 1 : left < ms ? left : ms;
+    }
     struct timeval tv = clock_timeval(ms);
     if (c->rq->req_done && c->rq->up_deadline_ms == 0)
         c->rq->up_deadline_ms = clock_ms() + ms;
@@ -370,9 +397,36 @@ void exchange_buffer_drop(struct client *c)
         buffer_drop(c);
 }
 
+/* exchange_read_body's end: the body (a copy, as c->body is let go first:
+ * the answer may start the next request) to the request's body_read. */
+static void read_body_done(struct client *c, int over)
+{
+    size_t n = c->body ? evbuffer_get_length(c->body) : 0;
+    uint8_t *copy = mem_alloc(n);
+    if (n)
+        evbuffer_remove(c->body, copy, n);
+    buffer_drop(c);
+    c->rq->xops->body_read(c, copy, n, over);
+    free(copy);
+}
+
+void exchange_read_body(struct client *c, const struct exchange_ops *ops, size_t max)
+{
+    c->rq->xops = ops;
+    c->rq->read_max = max > 0 ? max : 1;
+    if (c->head.body == HTTP1_BODY_NONE) {
+        c->rq->req_done = 1;
+        read_body_done(c, 0);
+    } else if (c->head.body == HTTP1_BODY_LENGTH && c->head.content_length > max)
+        read_body_done(c, 1);
+    else
+        buffer_begin(c);
+}
+
 void exchange_buffer_body(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
+    size_t max = c->rq->read_max ? c->rq->read_max : c->conf->client.buffer_body_bytes;
     for (;;) {
         size_t payload;
         int rc = conn_pump_once(c->parser, in, c->body, &payload);
@@ -382,7 +436,7 @@ void exchange_buffer_body(struct client *c)
             c->rq->req_done = 1;
             break;
         }
-        if (c->rq->body_bytes > c->conf->client.buffer_body_bytes)
+        if (c->rq->body_bytes > max)
             break;
         if (rc == 0) {
             if (c->eof)         /* the rest can never come */
@@ -399,7 +453,10 @@ void exchange_buffer_body(struct client *c)
         c->rq->xops->buffered(c);
         return;
     }
-    exchange_start(c, c->rq->xops);
+    if (c->rq->read_max)
+        read_body_done(c, !c->rq->req_done);
+    else
+        exchange_start(c, c->rq->xops);
 }
 
 /* Behind the head: the body read so far, framed as streaming would have
@@ -449,7 +506,7 @@ void exchange_pump_request(struct client *c)
         if (!client_reads_fit(c, uo))
             return;
         size_t payload;
-        int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), chunked,
+        int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), NULL, chunked,
                            CONN_HIGH_WATER - queued, &payload, NULL);
         if (body_counted(c, rc, payload) < 0)
             return;
@@ -665,6 +722,54 @@ static int interim_response(struct client *c, int status)
     return 0;
 }
 
+/* A gRPC answer's grpc-status (in a Trailers-Only head, or in trailers),
+ * for the access log and the metrics. */
+static void grpc_status_count(struct client *c, const char *buf, struct http1_span v)
+{
+    int64_t code;
+    if (!http1_span_uint(buf, v, &code) || code >= METRICS_NGRPC)
+        return;
+    if (c->rq->log)
+        c->rq->log->grpc_status = (int)code;
+    metrics_grpc(c->rq->route->metrics, (int)code);
+}
+
+static void grpc_status_seen(struct client *c, const char *buf, const struct http1_head *h)
+{
+    int i = c->rq->grpc ? http1_find(buf, h, "grpc-status", 0) : -1;
+    if (i >= 0)
+        grpc_status_count(c, buf, h->h[i].value);
+}
+
+/* The same from the trailer section of a chunked response (c->trailers,
+ * "name: value" lines checked by http1.c, then an empty one). */
+static void grpc_trailers_seen(struct client *c)
+{
+    struct evbuffer *t = c->trailers;
+    if (!c->rq->grpc || t == NULL || evbuffer_get_length(t) == 0)
+        return;
+    size_t n = evbuffer_get_length(t);
+    const char *s = (const char *)evbuffer_pullup(t, -1), *end = s + n;
+    for (const char *line = s; line < end;) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (eol == NULL)
+            break;
+        if (eol - line > 13 && strncasecmp(line, "grpc-status:", 12) == 0) {
+            const char *p = line + 12;
+            while (*p == ' ' || *p == '\t')
+                p++;
+            struct http1_span sp = { (uint32_t)(p - s), 0 };
+            while (p < eol && *p >= '0' && *p <= '9')
+                p++;
+            sp.len = (uint32_t)(p - s) - sp.off;
+            grpc_status_count(c, s, sp);
+            break;
+        }
+        line = eol + 1;
+    }
+    evbuffer_drain(t, n);
+}
+
 /* Parse response heads until a final one is sent to the client.
  * Returns 0 to wait, 1 when the final head was written, -1 on failure
  * (already handled). */
@@ -720,7 +825,10 @@ static int read_response_head(struct client *c)
             return 0;   /* cost_settled resumes */
         c->rq->xops->drain_head(c);  /* the request head is no longer needed for a retry */
         c->rq->xops->count_response(c, status);
+        grpc_status_seen(c, data, &uc->head);
         size_t out_before = evbuffer_get_length(io_output(c->io));
+        if (c->trailers)            /* what the last response left */
+            evbuffer_drain(c->trailers, evbuffer_get_length(c->trailers));
         write_response_head(c, data);
         c->rq->xops->count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
         evbuffer_drain(ui, uc->head.len);
@@ -745,7 +853,8 @@ void exchange_pump_response(struct client *c)
         }
         size_t payload;
         struct evbuffer *to = c->rq->cost_hold ? lazy_buffer(&c->tail) : out;
-        int rc = pump_body(uc->parser, ui, to, lazy_buffer(&c->body), c->rq->out_chunked,
+        int rc = pump_body(uc->parser, ui, to, lazy_buffer(&c->body),
+                           lazy_buffer(&c->trailers), c->rq->out_chunked,
                            CONN_HIGH_WATER - queued, &payload, c->rq);
         c->rq->xops->count_out(c, payload);
         if (rc < 0) {
@@ -761,10 +870,12 @@ void exchange_pump_response(struct client *c)
         }
         if (to != out)
             move_all(out, to);
-        if (rc == 1)
+        if (rc == 1) {
             c->rq->resp_done = 1;
-        else if (rc == 0)
+            grpc_trailers_seen(c);
+        } else if (rc == 0) {
             return;
+        }
     }
 }
 
@@ -781,6 +892,7 @@ static void cost_settled(void *arg, int verdict)
         if (c->tail)
             move_all(io_output(c->io), c->tail);
         c->rq->resp_done = 1;
+        grpc_trailers_seen(c);
         if (!c->dead && c->rq->up)
             exchange_maybe_finish(c);
         if (!c->dead)
@@ -880,9 +992,11 @@ static void up_event_cb(struct io *io, short what, void *arg)
             goto out;
         }
     }
-    /* A kept-alive connection the server had closed: try once more on a
-     * fresh one if nothing was sent back and the request can be resent. */
-    if (!c->rq->resp_started && uc->reused && !c->rq->retried && c->rq->head_in_input &&
+    /* A kept-alive connection the server had closed, or an h2 request the
+     * server did not process: try once more on a fresh connection if
+     * nothing was sent back and the request can be resent. */
+    if (!c->rq->resp_started && (uc->reused || uc->unprocessed) && !c->rq->retried &&
+        c->rq->head_in_input &&
         !(what & IO_TIMEOUT)) {
         /* Borrow first: closing the last borrowed connection of a retired
          * pool frees the pool. */

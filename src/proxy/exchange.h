@@ -34,6 +34,10 @@ struct exchange_ops {
     /* exchange_buffer_first: the body is in (whole, or as much as
      * client.buffer_body_bytes takes): decide now */
     void (*buffered)(struct client *c);
+    /* exchange_read_body: the whole body, body[0..len) (a copy, valid
+     * during the call), or its first len bytes when it is larger than the
+     * max (over: 1; the rest is unread) */
+    void (*body_read)(struct client *c, const uint8_t *body, size_t len, int over);
 };
 
 /* The request is allowed: go upstream (or buffer its small body first).
@@ -48,6 +52,10 @@ int exchange_buffer_first(struct client *c, const struct exchange_ops *ops);
  * answered locally instead of forwarded lets it go (exchange_buffer_drop). */
 const char *exchange_buffered(struct client *c, size_t *len);
 void exchange_buffer_drop(struct client *c);
+/* A request answered here, not forwarded (Envoy's RLS calls): read its
+ * whole body, at most max payload bytes, as a small body is buffered
+ * (CS_BUFFER, the same timeouts), then ops->body_read. */
+void exchange_read_body(struct client *c, const struct exchange_ops *ops, size_t max);
 /* Bytes arrived from the client: move what the state allows. */
 void exchange_buffer_body(struct client *c);
 void exchange_pump_request(struct client *c);

@@ -41,9 +41,14 @@
 #include "conf.h"
 #include "decide.h"
 #include "exchange.h"
+#include "fwdauth.h"
+#include "rls.h"
+#include "rls_wire.h"
 #include "h1write.h"
 #include "http1.h"
 #include "io.h"
+#include "jwt.h"
+#include "jwtcache.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
@@ -63,11 +68,23 @@ void request_reset(struct request *rq)
     decide_reset(&rq->dec);
 }
 
+void request_cancel(struct request *rq)
+{
+    decide_cancel(&rq->dec);
+    if (rq->rls)
+        rls_cancel(rq->rls);
+}
+
 void request_free(struct request *rq)
 {
+    rls_call_free(rq->rls);
+    rq->rls = NULL;
     runtime_release(rq->rt);
     rq->rt = NULL;
     free(rq->path);
+    free(rq->claims);
+    rq->claims = NULL;
+    rq->claims_cap = 0;
     decide_free(&rq->dec);
     free(rq->log);
     rq->path = NULL;
@@ -93,7 +110,7 @@ void request_put(struct conn_env *env, struct request *rq)
 {
     if (rq == NULL)
         return;
-    decide_cancel(&rq->dec);
+    request_cancel(rq);
     runtime_release(rq->rt);
     rq->rt = NULL;
     if (env->nspares >= REQUEST_SPARES_MAX) {
@@ -142,6 +159,8 @@ char *request_path_room(struct request *rq, size_t n)
 
 static const char *hb(const struct client *c, struct http1_span s);
 static void decide(struct client *c);
+static int decision_view(struct client *c);
+static void rls_begin(struct client *c);
 
 /* ---- small helpers ----------------------------------------------------- */
 
@@ -210,6 +229,10 @@ void request_log_end(struct client *c)
         .key_fallback = c->rq->dec.fallback != 0,
         .has_cost = c->rq->dec.charged >= 0,
         .cost = c->rq->dec.charged,
+        .has_grpc_status = rq->grpc_status >= 0,
+        .grpc_status = rq->grpc_status,
+        .http2 = c->h2_stream,
+        .decision_mode = c->decision,
     };
     accesslog_write(c->env->alog, &e);
 }
@@ -227,6 +250,7 @@ void request_log_begin(struct client *c, int parsed)
     rq->start_us = clock_us();
     rq->upstream_us = -1;
     rq->status = 0;
+    rq->grpc_status = -1;
     rq->active = 1;
     rq->bytes_out = 0;
     if (!parsed) {
@@ -301,6 +325,16 @@ static int body_estimated(const struct conf_route *r)
     return 0;
 }
 
+/* A denial's status: a decision listener's decision.deny_status when set,
+ * otherwise the denying limit's own (429 unless it sets one). */
+static int limited_status(const struct client *c)
+{
+    const struct conf_limit *l = c->rq->dec.rl.limit[c->rq->dec.rl.shown];
+    if (c->decision && c->conf->decision.deny_status)
+        return c->conf->decision.deny_status;
+    return l->status ? l->status : 429;
+}
+
 /* Answer the current request ourselves: an error, or with rl set, a 429.
  * Every answer carries an id: one that came before its head was read (a
  * head refused by the parser, a head timeout) gets a new one. */
@@ -316,21 +350,34 @@ void request_answer(struct client *c, int status, int close_after)
     int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
     struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
-    if (status == 429)
-        reply_limited(tmp ? tmp : out, &rq->dec.rl, conn, rq->rid, rq->rid_len);
-    else if (status == 503)     /* limiter_unavailable: try again after the backoff */
-        reply_unavailable(tmp ? tmp : out, (c->rq->rt ? backend_retry_ms(runtime_backend(c->rq->rt)) : 0), conn,
-                          rq->rid, rq->rid_len);
-    else
+    int64_t retry_ms = status == 503 && rq->rt ? backend_retry_ms(runtime_backend(rq->rt)) : 0;
+    if (rq->grpc && !c->decision) {     /* an answer a gRPC client reads: Trailers-Only */
+        const struct conf_limit *l = status == 429 ? rq->dec.rl.limit[rq->dec.rl.shown] : NULL;
+        int code = reply_grpc_code(status, rq->route ? rq->route->grpc_limited
+                                                     : REPLY_GRPC_RESOURCE_EXHAUSTED);
+        const char *name = l ? (l->message ? l->message : "rate_limited")
+                             : rq->error_name ? rq->error_name : reply_error_name(status);
+        reply_grpc(tmp ? tmp : out, code, name, l ? &rq->dec.rl : NULL, retry_ms, conn,
+                   rq->rid, rq->rid_len);
+        if (rq->log)
+            rq->log->grpc_status = code;
+        metrics_grpc(request_metrics(c), code);
+        status = 200;
+    } else if (status == 429) { /* the denial: sent with its own status */
+        status = limited_status(c);
+        reply_limited_as(tmp ? tmp : out, &rq->dec.rl, status, conn, rq->rid, rq->rid_len);
+    } else if (status == 200) { /* decision mode's "go on" */
+        reply_allowed(tmp ? tmp : out, rq->dec.have_limits ? &rq->dec.rl : NULL, conn, rq->rid,
+                      rq->rid_len);
+    } else if (status == 503) { /* limiter_unavailable: try again after the backoff */
+        reply_unavailable(tmp ? tmp : out, retry_ms, conn, rq->rid, rq->rid_len);
+    } else {
         reply_error_named(tmp ? tmp : out, status, c->rq->error_name, conn, rq->rid, rq->rid_len);
+    }
     c->rq->error_name = NULL;
     if (tmp) {
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
-    }
-    if (status == 429) {    /* a limit may answer with its own status */
-        const struct conf_limit *l = rq->dec.rl.limit[rq->dec.rl.shown];
-        status = l->status ? l->status : 429;
     }
     request_count_response(c, status);
     request_count_out(c, evbuffer_get_length(out) - out_before);
@@ -373,6 +420,42 @@ void request_fail(struct client *c, int status)
     } else {
         conn_kill(c);
     }
+}
+
+_Static_assert(METRICS_NJWT == METRICS_JWT_FAILED + JWT_BAD_AUDIENCE + 1,
+              "metrics.h counts every jwt_status");
+
+/* A route that reads tokens: the request's token verified through the
+ * worker's cache and its claims copied into the request, which owns them
+ * (a cache entry may go while the request waits). Without a valid token
+ * the request is anonymous, or, under require_jwt, answered 401 (-1). */
+static int request_jwt(struct client *c)
+{
+    struct request *rq = c->rq;
+    const struct conf_jwt *j = &c->conf->jwt;
+    struct jwt_rules rules = { j->issuer, j->audience, j->leeway_s };
+    struct route_req req = { rq->hbuf, &c->head };
+    const char *tok, *claims;
+    size_t len, claims_len;
+    int hit = 0, st = -1;
+    int found = route_jwt_token(c->conf, &req, &tok, &len);
+    if (found == 1)
+        st = jwtcache_verify(c->env->jwt, j->keys, &rules, tok, len, clock_wall_us() / 1000000,
+                             &claims, &claims_len, &hit);
+    metrics_jwt(found == 0 ? METRICS_JWT_MISSING : found < 0 ? METRICS_JWT_TWICE
+                : st != JWT_OK ? METRICS_JWT_FAILED + st
+                : hit ? METRICS_JWT_CACHED : METRICS_JWT_VERIFIED);
+    if (st == JWT_OK) {
+        /* one byte more: a token without claims still has a buffer */
+        memcpy(grow(&rq->claims, &rq->claims_cap, claims_len + 1), claims, claims_len);
+        rq->claims_len = claims_len;
+        rq->jwt_ok = 1;
+        return 0;
+    }
+    if (!rq->route->require_jwt)
+        return 0;
+    request_answer_named(c, 401, found == 0 ? "missing_token" : "invalid_token", 0);
+    return -1;
 }
 
 /* ---- request head ------------------------------------------------------ */
@@ -461,6 +544,7 @@ void request_head(struct client *c)
     conn_timer(c, TM_NONE, 0);
     struct conn_env *env = c->env;
     metrics_worker_request(env->id);
+    metrics_count(c->h2_stream ? METRICS_REQUESTS_HTTP2 : METRICS_REQUESTS_HTTP1);
     /* The request keeps the runtime it starts with (config, pools,
      * backend) until it is done, whatever a reload does meanwhile. */
     runtime_release(c->rq->rt);
@@ -477,13 +561,18 @@ void request_head(struct client *c)
     c->rq->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     set_request_id(c);
     request_address(c);
-    request_log_begin(c, 1);
     /* Connection naming the framing or Host (smuggling), or a '_' name
      * under underscore_headers: reject. */
     if (h1write_request_check(c->rq->hbuf, h, c->conf->client.underscore_headers) != 0) {
+        request_log_begin(c, 1);
         request_answer(c, 400, 1);
         return;
     }
+    /* Decision mode: the head becomes the described request's (the log's
+     * method and path too). */
+    if (c->decision && !decision_view(c))
+        return;
+    request_log_begin(c, 1);
     char *path = request_path_room(c->rq, h->target.len);
     long plen = route_normalize_paths(c->conf, hb(c, h->target), h->target.len, path);
     if (plen < 0) {
@@ -497,8 +586,13 @@ void request_head(struct client *c)
         request_answer_named(c, 400, "bad_host", 1);
         return;
     }
-    c->rq->route = route_match(c->conf, path, (size_t)plen, hb(c, h->method),
-                           h->method.len, host, hostlen, &c->rq->caps);
+    int64_t grpc_ms;
+    c->rq->grpc = route_grpc_call(c->rq->hbuf, h, &grpc_ms);
+    if (grpc_ms > 0)
+        c->rq->grpc_deadline_ms = clock_ms() + grpc_ms;
+    c->rq->route = route_match_in(c->conf, (c->decision ? 0 : ROUTE_PROXIED) |
+                                  (c->rq->grpc ? ROUTE_GRPC : 0), path, (size_t)plen,
+                                  hb(c, h->method), h->method.len, host, hostlen, &c->rq->caps);
     if (c->rq->route == NULL && c->rq->caps.over_limit) {
         regex_over_limit(c);
         return;
@@ -517,15 +611,112 @@ void request_head(struct client *c)
         request_answer(c, 413, 1);
         return;
     }
+    if (c->rq->route->uses_jwt && request_jwt(c) < 0)
+        return;
     if (body_estimated(c->rq->route) && exchange_buffer_first(c, &request_exchange_ops))
         return;                     /* request_buffered decides */
     decide(c);
 }
 
-/* ---- decision ---------------------------------------------------------- */
+/* ---- decision mode ----------------------------------------------------- */
 
+/* A decision listener's request (docs/decision.md): c->head becomes the
+ * view of the request the gateway describes (fwdauth.h), and the request
+ * goes on the ordinary way (route, keys, decide) to be answered, never
+ * forwarded: decided() answers 200 for "go on", request_answer() the
+ * denial with decision.deny_status. 0 when it was answered here. */
+static int decision_view(struct client *c)
+{
+    const char *error = NULL;
+    switch (fwdauth_describe(c->conf, c->rq->hbuf, &c->head, &error)) {
+    case FWDAUTH_DESCRIBED:
+        return 1;
+    case FWDAUTH_RLS:
+        request_log_begin(c, 1);
+        rls_begin(c);
+        return 0;
+    case FWDAUTH_NOT_FOUND:
+        request_log_begin(c, 1);
+        request_answer(c, 404, 0);
+        return 0;
+    case FWDAUTH_BAD:
+        request_log_begin(c, 1);
+        request_answer_named(c, 400, error, 0);
+        return 0;
+    }
+    abort();
+}
 
+/* ---- Envoy's RLS v3 (gRPC) on the decision listener ------------------- */
 
+/* The answer of the call in c->rq->rls, as HTTP/1.1 that the HTTP/2 layer
+ * turns into gRPC's frames: 200, application/grpc, the framed message as
+ * a chunked body and grpc-status 0 in the trailer; an error as a bodyless
+ * 200 with grpc-status and grpc-message (gRPC's Trailers-Only). */
+static void rls_reply(struct client *c)
+{
+    const uint8_t *msg = NULL;
+    size_t len = 0;
+    const char *why = NULL;
+    int status = rls_answer(c->rq->rls, &msg, &len, &why);
+    struct evbuffer *out = io_output(c->io);
+    size_t before = evbuffer_get_length(out);
+    int keep = c->rq->req_done && c->head.keep_alive && !c->eof && !c->env->stopping &&
+               c->head.minor >= 1;
+    evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+                        "X-Request-Id: %.*s\r\n%s", (int)c->rq->rid_len, c->rq->rid,
+                        keep ? "" : "Connection: close\r\n");
+    if (status == 0) {
+        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n\r\n%zx\r\n", len);
+        evbuffer_add(out, msg, len);
+        static const char end[] = "\r\n0\r\ngrpc-status: 0\r\n\r\n";
+        evbuffer_add(out, end, sizeof end - 1);
+    } else {
+        evbuffer_add_printf(out, "grpc-status: %d\r\ngrpc-message: %s\r\n"
+                            "Content-Length: 0\r\n\r\n", status, why ? why : "");
+    }
+    request_count_response(c, 200);
+    request_count_out(c, evbuffer_get_length(out) - before);
+    c->rq->resp_started = c->rq->resp_done = 1;
+    request_drain_head(c);
+    if (!keep) {
+        conn_close_after_write(c);
+        return;
+    }
+    c->keep_alive = 1;
+    c->state = CS_DISCARD;
+    c->ops->request_done(c);
+}
+
+static void rls_done_cb(void *arg)
+{
+    struct client *c = arg;
+    conn_enter(c);
+    rls_reply(c);
+    if (!c->dead)
+        c->ops->process(c);
+    conn_leave(c);
+}
+
+static void rls_body(struct client *c, const uint8_t *body, size_t len, int over)
+{
+    if (c->rq->rls == NULL)
+        c->rq->rls = rls_call_new();
+    if (over) {
+        /* the rest of the body is not read: answered, then closed */
+        c->rq->req_done = 0;
+        rls_refuse(c->rq->rls, RLS_GRPC_RESOURCE_EXHAUSTED,
+                   "the request message is larger than 64 KiB");
+        rls_reply(c);
+        return;
+    }
+    struct rls_env env = { runtime_backend(c->rq->rt), c->env->local };
+    if (rls_start(c->rq->rls, &env, c->conf, body, len, rls_done_cb, c)) {
+        rls_reply(c);
+        return;
+    }
+    c->state = CS_DECIDE;       /* rls_done_cb answers */
+}
 
 /* The body a decision waited for is in. */
 static void request_buffered(struct client *c)
@@ -544,16 +735,45 @@ static const struct exchange_ops request_exchange_ops = {
     .count_response = request_count_response,
     .count_out = request_count_out,
     .buffered = request_buffered,
+    .body_read = rls_body,              /* exchange_read_body's: RLS calls */
 };
+
+/* A ShouldRateLimit call: a POST of application/grpc (or +proto); its
+ * message is read whole (at most RLS_MAX_MESSAGE), then decided. */
+static void rls_begin(struct client *c)
+{
+    const struct http1_head *h = &c->head;
+    int ct = http1_find(c->rq->hbuf, h, "content-type", 0);
+    const char *v = ct >= 0 ? hb(c, h->h[ct].value) : NULL;
+    size_t vlen = ct >= 0 ? h->h[ct].value.len : 0;
+    int grpc = vlen >= 16 && strncasecmp(v, "application/grpc", 16) == 0 &&
+               (vlen == 16 || v[16] == '+' || v[16] == ';');
+    if (!(h->method.len == 4 && memcmp(hb(c, h->method), "POST", 4) == 0)) {
+        request_answer(c, 405, 0);
+        return;
+    }
+    if (!grpc) {
+        request_answer(c, 415, 0);
+        return;
+    }
+    exchange_read_body(c, &request_exchange_ops, RLS_MAX_MESSAGE + 5);
+}
+
+/* ---- decision ---------------------------------------------------------- */
 
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
 {
     if (verdict != DECIDE_FORWARD)
         exchange_buffer_drop(c);    /* a body buffered for the decision */
+    if (c->decision && c->rq->dec.decision >= 0)
+        metrics_decision_mode((enum metrics_decision)c->rq->dec.decision);
     switch (verdict) {
     case DECIDE_FORWARD:
-        exchange_start(c, &request_exchange_ops);
+        if (c->decision)
+            request_answer(c, 200, 0);      /* the gateway's request may go on */
+        else
+            exchange_start(c, &request_exchange_ops);
         break;
     case DECIDE_LIMITED:
         request_answer(c, 429, 0);
@@ -625,7 +845,8 @@ static void decide(struct client *c)
     struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
                               c->env->base, request_holding };
     struct route_req req = { c->rq->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
-                             c->rq->route->regex ? &rq->caps : NULL, NULL, 0 };
+                             c->rq->route->regex ? &rq->caps : NULL,
+                             rq->jwt_ok ? rq->claims : NULL, rq->claims_len, NULL, 0 };
     req.body = exchange_buffered(c, &req.body_len);
     int v = decide_start(&rq->dec, &env, c->conf, c->rq->route, &req, request_decided, c);
     if (v != DECIDE_PENDING)

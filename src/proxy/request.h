@@ -24,6 +24,9 @@ struct conf;
 
 /* Zero the per-request part; keeps the buffers. */
 void request_reset(struct request *rq);
+/* Stop what the request waits for (its decision, an RLS call): no
+ * callback of it runs after this. */
+void request_cancel(struct request *rq);
 void request_free(struct request *rq);
 
 /* A worker keeps at most this many spare requests (their buffers too): the

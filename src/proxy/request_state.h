@@ -14,6 +14,7 @@
 #include "route.h"
 
 struct exchange_ops;
+struct rls_call;
 struct upstream_conn;
 
 /* A client's X-Request-Id is kept when it is this long at most and only
@@ -25,6 +26,7 @@ struct upstream_conn;
 struct reqlog {
     int64_t wall_us, start_us, upstream_us;
     int status;
+    int grpc_status;                    /* -1: none seen */
     uint64_t bytes_in, bytes_out;
     int active;                         /* a request is being served */
     size_t method_len, target_len, client_len;
@@ -44,6 +46,10 @@ struct request {
     struct decision dec;                /* keys, limit results, the call (decide.h);
                                          * reset with the request */
     struct request *spare_next;         /* in the worker's spares (request_put) */
+    struct rls_call *rls;               /* an Envoy RLS call's (rls.h), made on the
+                                         * first; kept across requests */
+    char *claims;                       /* the verified token's claims (jwt.h) */
+    size_t claims_cap;
 
     /* Zeroed per head from here (request_reset). */
     size_t path_len;
@@ -56,11 +62,16 @@ struct request {
     int head_in_input;
     int head_held;                      /* hbuf points into the client's held */
     const struct conf_route *route;
+    int jwt_ok;                         /* claims[0..claims_len) hold a verified
+                                         * token's claims */
+    size_t claims_len;
     int head_request;                   /* method HEAD: response has no body */
     int req_done;                       /* request body fully read */
     int upgrade;                        /* Upgrade request on an upgrade route */
     const char *error_name;             /* JSON error of the next local answer; NULL: the status's */
     uint64_t body_bytes;                /* request payload so far */
+    int grpc;                           /* a gRPC call: Content-Type application/grpc* */
+    int64_t grpc_deadline_ms;           /* clock_ms() by grpc-timeout; 0: none */
     int resp_started;                   /* response head sent to client */
     int resp_done;
 
@@ -70,6 +81,7 @@ struct request {
     int retried;
     int out_chunked;                    /* response re-framed as chunked */
     int64_t buffer_until_ms;            /* CS_BUFFER: the whole body by then */
+    size_t read_max;                    /* exchange_read_body: its bound; 0: forwarding */
     int64_t upstream_start_us;          /* when the request was forwarded */
     int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
     int interims;                       /* 1xx heads read for this request */

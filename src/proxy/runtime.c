@@ -6,6 +6,7 @@
  * inside a store or client callback that released it, and, when it is the
  * last on its Redis backend, once that has sent what it owes. */
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <event2/event.h>
 
@@ -28,6 +29,15 @@ void runtime_bind_metrics(struct conf *c)
 {
     for (int i = 0; i < c->nroutes; i++)
         c->routes[i].metrics = metrics_route(c->routes[i].name);
+    /* Envoy RLS domains: the series "rls:DOMAIN" (a route name has no ':') */
+    for (int i = 0; c->decision.rls && i < c->decision.rls->ndomains; i++) {
+        struct conf_rls_domain *d = &c->decision.rls->domains[i];
+        char *name = NULL;
+        if (asprintf(&name, "rls:%s", d->name) < 0)
+            abort();
+        d->metrics = metrics_route(name);
+        free(name);
+    }
 }
 
 static int same_backend(const struct conf *a, const struct conf *b)

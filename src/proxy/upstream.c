@@ -5,7 +5,9 @@
  * connections are watched for reads: any byte or EOF from an idle server
  * means the connection is no longer usable, so it is closed. An upstream
  * with tls gets ios over SSL objects from its context (tls_upstream.h):
- * the exchange reads and writes them as plain ones. */
+ * the exchange reads and writes them as plain ones. An upstream with
+ * protocol h2 hands out streams of its h2_client's sessions instead
+ * (h2_client.h): also ios, which the exchange uses the same way. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 #include <openssl/ssl.h>
 
 #include "clock.h"
+#include "h2_client.h"
 #include "io.h"
 #include "log.h"
 #include "mem.h"
@@ -35,6 +38,7 @@ struct upstream_pool {
     int retired;                    /* drained: returned connections close */
     int orphaned;                   /* destroyed: free when all return */
     struct tls_upstream *tls;       /* cu->tls: its context; NULL: plain */
+    struct h2_client *h2;           /* cu->h2: its sessions; NULL: HTTP/1.1 */
 };
 
 struct upstream_pool *upstream_pool_create(struct event_base *base,
@@ -50,6 +54,8 @@ struct upstream_pool *upstream_pool_create(struct event_base *base,
             log_error("upstream: TLS context failed '%s': %s (its requests get 502)",
                       cu->name, err);
     }
+    if (cu->h2)
+        p->h2 = h2_client_create(base, cu, p->tls);
     return p;
 }
 
@@ -60,7 +66,8 @@ const struct conf_upstream *upstream_conf(const struct upstream_pool *p)
 
 static void conn_free(struct upstream_conn *uc)
 {
-    metrics_gauge_add(METRICS_CONN_UPSTREAM, -1);
+    if (!uc->h2)                /* h2: the session counts its connection */
+        metrics_gauge_add(METRICS_CONN_UPSTREAM, -1);
     io_free(uc->io);            /* with our close_notify on TLS: a session
                                  * ended without one is not resumed */
     http1_destroy(uc->parser);
@@ -74,6 +81,7 @@ static void pool_free(struct upstream_pool *p)
         p->idle = uc->next;
         conn_free(uc);
     }
+    h2_client_destroy(p->h2);
     tls_upstream_destroy(p->tls);   /* after the last SSL made from it */
     free(p);
 }
@@ -92,6 +100,8 @@ void upstream_pool_destroy(struct upstream_pool *p)
 void upstream_pool_drain(struct upstream_pool *p)
 {
     p->retired = 1;
+    if (p->h2)
+        h2_client_drain(p->h2);
     while (p->idle) {
         struct upstream_conn *uc = p->idle;
         p->idle = uc->next;
@@ -231,8 +241,31 @@ int upstream_tls_failed(struct upstream_conn *uc, short what)
     return 1;
 }
 
+/* A stream of an h2 session, connected as far as the exchange can tell:
+ * the session connects under it. */
+static struct upstream_conn *stream_new(struct upstream_pool *p, int fresh)
+{
+    struct upstream_conn *uc = mem_calloc(1, sizeof(*uc));
+    uc->io = h2_client_stream(p->h2, fresh, &uc->server, &uc->unprocessed);
+    if (uc->io == NULL) {
+        free(uc);
+        return NULL;
+    }
+    uc->pool = p;
+    uc->h2 = 1;
+    uc->connected = 1;
+    uc->parser = http1_create(HTTP1_RESPONSE);
+    return uc;
+}
+
 struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh)
 {
+    if (p->h2) {
+        struct upstream_conn *uc = stream_new(p, fresh);
+        if (uc)
+            p->borrowed++;
+        return uc;
+    }
     if (!fresh && p->idle) {
         struct upstream_conn *uc = p->idle;
         p->idle = uc->next;
@@ -253,7 +286,7 @@ struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh)
 void upstream_release(struct upstream_conn *uc)
 {
     struct upstream_pool *p = uc->pool;
-    if (p->retired || p->nidle >= p->cu->keepalive ||
+    if (uc->h2 || p->retired || p->nidle >= p->cu->keepalive ||
         evbuffer_get_length(io_input(uc->io)) != 0) {
         conn_free(uc);
         pool_returned(p);

@@ -28,6 +28,12 @@ struct upstream_conn {
     struct http1 *parser;           /* response framing */
     struct http1_head head;         /* the response being read */
     int tls;                        /* io is over TLS (tls_upstream.h) */
+    int h2;                         /* io is a stream of an h2 session
+                                     * (h2_client.h); its session keeps
+                                     * the connection */
+    int unprocessed;                /* h2: the server did not process the
+                                     * request (refused, above a GOAWAY): it
+                                     * may go again */
 };
 
 struct upstream_pool *upstream_pool_create(struct event_base *base,
@@ -50,7 +56,7 @@ void upstream_pool_drain(struct upstream_pool *p);
 struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh);
 
 /* Give a connection back after a clean exchange: kept idle if the pool has
- * room, closed otherwise. */
+ * room, closed otherwise (an h2 stream ends; its session stays). */
 void upstream_release(struct upstream_conn *uc);
 
 /* Close a connection that cannot be reused. */

@@ -6,11 +6,13 @@
  * is released, and what was built for it goes with it (conf_cleanup_add). */
 #include "confcheck.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "conf.h"
+#include "jwt.h"
 #include "mem.h"
 #include "route.h"
 #include "tls_server.h"
@@ -70,22 +72,78 @@ static int build_listen_tls(struct conf *c, char **err)
     return 0;
 }
 
+static void keys_release(void *keys)
+{
+    jwt_keys_free(keys);
+}
+
+/* The JWKS file, whole (bounded), into a new buffer; NULL with why set. */
+static char *read_jwks(const char *path, size_t *len, char *why, size_t whylen)
+{
+    FILE *f = fopen(path, "rb");
+    size_t max = 1 << 20;
+    char *buf = f ? mem_alloc(max + 1) : NULL;
+    *len = f ? fread(buf, 1, max + 1, f) : 0;
+    if (f == NULL || ferror(f) || *len > max) {
+        snprintf(why, whylen, "cannot read '%s': %s", path,
+                 f == NULL || ferror(f) ? strerror(errno) : "larger than 1 MiB");
+        free(buf);
+        buf = NULL;
+    }
+    if (f)
+        fclose(f);
+    return buf;
+}
+
+/* jwt: the key set from the JWKS file or the secret; released with c. A
+ * file that cannot be read or used is an error at its jwks_file value. */
+static int build_jwt_keys(struct conf *c, char **err)
+{
+    char why[512];
+    size_t len;
+    if (!c->jwt.on)
+        return 0;
+    if (c->jwt.secret) {
+        c->jwt.keys = jwt_keys_secret(c->jwt.secret, c->jwt.secret_len);
+    } else {
+        char *json = read_jwks(c->jwt.jwks_file, &len, why, sizeof why);
+        c->jwt.keys = json ? jwt_keys_jwks(json, len, why, sizeof why) : NULL;
+        free(json);
+        if (c->jwt.keys == NULL) {
+            blame(c, &c->jwt.jwks_at, why, err);
+            return -1;
+        }
+    }
+    if (c->jwt.keys == NULL)
+        abort();                        /* conf_jwt.c took only a long enough secret */
+    conf_cleanup_add(c, keys_release, c->jwt.keys);
+    return 0;
+}
+
 /* The Redis key of each override: the one route_key makes for a request
  * with those values (none when it would not fit: never matched). */
-static void make_override_keys(struct conf *c)
+static void make_route_override_keys(struct conf *c, struct conf_route *r)
 {
     char key[ROUTE_MAX_KEY];
-    for (int i = 0; i < c->nroutes; i++)
-        for (int j = 0; j < c->routes[i].nlimits; j++) {
-            struct conf_limit *l = &c->routes[i].limits[j];
-            for (int k = 0; k < l->noverrides; k++) {
-                struct conf_override *o = &l->overrides[k];
-                long n = route_key_parts(c, &c->routes[i], l, (const char *const *)o->parts,
-                                         o->partlen, o->nparts, key);
-                o->key = n > 0 ? mem_strndup(key, (size_t)n) : NULL;
-                o->keylen = n > 0 ? (size_t)n : 0;
-            }
+    for (int j = 0; j < r->nlimits; j++) {
+        struct conf_limit *l = &r->limits[j];
+        for (int k = 0; k < l->noverrides; k++) {
+            struct conf_override *o = &l->overrides[k];
+            long n = route_key_parts(c, r, l, (const char *const *)o->parts, o->partlen,
+                                     o->nparts, key);
+            o->key = n > 0 ? mem_strndup(key, (size_t)n) : NULL;
+            o->keylen = n > 0 ? (size_t)n : 0;
         }
+    }
+}
+
+/* Every route's, and every plan's (keys of the plan's own). */
+static void make_override_keys(struct conf *c)
+{
+    for (int i = 0; i < c->nroutes; i++)
+        make_route_override_keys(c, &c->routes[i]);
+    for (int i = 0; i < c->nplans; i++)
+        make_route_override_keys(c, &c->plans[i].route);
 }
 
 struct conf *confcheck_load(const char *file, char **err)
@@ -94,7 +152,8 @@ struct conf *confcheck_load(const char *file, char **err)
     struct conf *c = conf_load(file, &e);
     if (c == NULL)
         goto fail;
-    if (check_upstream_tls(c, &e) < 0 || build_listen_tls(c, &e) < 0)
+    if (check_upstream_tls(c, &e) < 0 || build_listen_tls(c, &e) < 0 ||
+        build_jwt_keys(c, &e) < 0)
         goto fail;
     make_override_keys(c);
     if (err)

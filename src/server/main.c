@@ -125,7 +125,8 @@ static int listens_same(const struct conf *a, const struct conf *b)
         return 0;
     for (int i = 0; i < a->nlistens; i++)
         if (strcmp(a->listens[i].addr.text, b->listens[i].addr.text) != 0 ||
-            !a->listens[i].tls != !b->listens[i].tls)
+            !a->listens[i].tls != !b->listens[i].tls ||
+            a->listens[i].decision != b->listens[i].decision)
             return 0;
     return 1;
 }
@@ -177,11 +178,12 @@ static void log_listening(const struct conf *conf, int workers)
 {
     size_t cap = 1;
     for (int i = 0; i < conf->nlistens; i++)
-        cap += strlen(conf->listens[i].addr.text) + sizeof(", (tls)");
+        cap += strlen(conf->listens[i].addr.text) + sizeof(", (tls) (decision)");
     char *all = mem_alloc(cap), *p = all;
     for (int i = 0; i < conf->nlistens; i++)
-        p += sprintf(p, "%s%s%s", i ? ", " : "", conf->listens[i].addr.text,
-                     conf->listens[i].tls ? " (tls)" : "");
+        p += sprintf(p, "%s%s%s%s", i ? ", " : "", conf->listens[i].addr.text,
+                     conf->listens[i].tls ? " (tls)" : "",
+                     conf->listens[i].decision ? " (decision)" : "");
     *p = '\0';
     log_info("main: sluice %s listening on %s with %d worker%s", SLUICE_VERSION, all,
              workers, workers == 1 ? "" : "s");

@@ -21,6 +21,7 @@
 #include "conn.h"
 #include "clock.h"
 #include "denycache.h"
+#include "jwtcache.h"
 #include "listener.h"
 #include "log.h"
 #include "mem.h"
@@ -42,6 +43,7 @@ struct worker_listen {
     char *addr;                     /* as written */
     struct listener *l;
     struct tls_server *tls;         /* retained, from the first config; NULL: plain */
+    int decision;                   /* a decision.listen entry's (conf.h) */
 };
 
 static struct tls_server *listen_tls(const struct worker_listen *wl)
@@ -55,10 +57,18 @@ static struct tls_server *listen_tls(const struct worker_listen *wl)
     return wl->tls;
 }
 
+/* HTTP/2 unless the listener's entry says http2: false. */
+static int listen_http2(const struct worker_listen *wl)
+{
+    const struct conf *c = wl->w->env.conf;
+    return !(wl->index < c->nlistens && strcmp(c->listens[wl->index].addr.text, wl->addr) == 0 &&
+             c->listens[wl->index].no_http2);
+}
+
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
 {
     struct worker_listen *wl = arg;
-    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl));
+    client_accept(&wl->w->env, fd, sa, salen, listen_tls(wl), wl->decision, listen_http2(wl));
 }
 
 /* Close the listening sockets; with all, free the rest too (the contexts
@@ -167,6 +177,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
         wl->w = w;
         wl->index = w->nlistens;
         wl->addr = mem_strndup(cl->addr.text, strlen(cl->addr.text));
+        wl->decision = cl->decision;
         addr = cl->addr.text;
         int fd = listener_socket((const struct sockaddr *)&cl->addr.ss, cl->addr.sslen, 4096,
                                  LISTENER_REUSEPORT | LISTENER_V6ONLY);
@@ -186,6 +197,7 @@ struct worker *worker_create(int id, struct conf *conf, struct memstore *mem,
     w->env.rt = runtime_create(w->env.base, conf, mem, NULL);
     w->env.conf = w->env.rt->conf;
     w->env.deny = denycache_create(conf->deny_cache_max_keys);
+    w->env.jwt = jwtcache_create(JWTCACHE_MAX_TOKENS);
     w->env.local = memstore_backend_create(w->env.base, mem);
     return w;
 
@@ -299,6 +311,7 @@ void worker_destroy(struct worker *w)
         conf_release(w->pending);
 
     denycache_destroy(w->env.deny);
+    jwtcache_destroy(w->env.jwt);
     listens_close(w, 1);
     if (w->notify_ev)
         event_free(w->notify_ev);

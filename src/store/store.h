@@ -111,13 +111,19 @@ void store_redirects(uint64_t *ask, uint64_t *moved);
 /* ---- Issue 14: the reset channel and the admin API's commands --------- */
 
 /* A SUBSCRIBE to channel on the Redis rc names, on base, reconnecting by
- * itself; cb(arg) runs on base for every message and each time the
- * subscription is made (again). With redis.sentinel it subscribes on the
- * master the sentinels name and follows +switch-master. */
-typedef void store_sub_cb(void *arg);
+ * itself; cb(arg, msg, len) runs on base for every message (its payload)
+ * and each time the subscription is made (again), with msg NULL. With hash
+ * not NULL, HGETALL hash goes before each SUBSCRIBE, in the same write
+ * (Redis runs them back to back, so no message falls between), and
+ * snap(arg, n, s, lens) gets its field, value, field... strings first (not
+ * on an error reply). With redis.sentinel it subscribes on the master the
+ * sentinels name and follows +switch-master. */
+typedef void store_sub_cb(void *arg, const char *msg, size_t len);
+typedef void store_sub_snap_cb(void *arg, int n, const char *const *s, const size_t *lens);
 struct store_sub;
 struct store_sub *store_sub_create(struct event_base *base, const struct conf_redis *rc,
-                                   const char *channel, store_sub_cb *cb, void *arg);
+                                   const char *channel, const char *hash, store_sub_cb *cb,
+                                   store_sub_snap_cb *snap, void *arg);
 void store_sub_destroy(struct store_sub *ss);
 
 /* The admin thread's commands, asynchronous on its event base (store_sync.c):

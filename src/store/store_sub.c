@@ -39,6 +39,8 @@ struct store_sub {
     char *host;
     int port;
     char *channel;
+    char *hash;                     /* HGETALL before SUBSCRIBE, or NULL */
+    store_sub_snap_cb *snap;
     store_sub_cb *cb;
     void *arg;
     struct evdns_base *dns;
@@ -71,7 +73,37 @@ static void sub_message_cb(struct rconn *c, redisReply *reply, void *privdata)
         reply->elements < 3 || reply->element[0]->type != REDIS_REPLY_STRING)
         return;
     /* "subscribe" (made, or made again) and "message" both tell */
-    ss->cb(ss->arg);
+    const redisReply *m = reply->element[2];
+    if (reply->element[0]->len == 7 && !memcmp(reply->element[0]->str, "message", 7) &&
+        m->type == REDIS_REPLY_STRING)
+        ss->cb(ss->arg, m->str, m->len);
+    else
+        ss->cb(ss->arg, NULL, 0);
+}
+
+/* HGETALL's reply, before the subscription's. */
+static void sub_snap_cb(struct rconn *c, redisReply *reply, void *privdata)
+{
+    struct store_sub *ss = privdata;
+    if (reply == NULL || ss->stopping)
+        return;
+    if (reply->type != REDIS_REPLY_ARRAY) {
+        log_warn("store: subscriber: HGETALL '%s' failed: %s", ss->hash,
+                 reply->type == REDIS_REPLY_ERROR ? reply->str : "not an array");
+        return;
+    }
+    const char **s = mem_calloc(reply->elements + 1, sizeof(*s));
+    size_t *lens = mem_calloc(reply->elements + 1, sizeof(*lens));
+    int n = 0;
+    for (size_t i = 0; i < reply->elements; i++) {
+        if (reply->element[i]->type != REDIS_REPLY_STRING)
+            continue;
+        s[n] = reply->element[i]->str;
+        lens[n++] = reply->element[i]->len;
+    }
+    ss->snap(ss->arg, n, s, lens);
+    free(s);
+    free(lens);
 }
 
 static void sub_connect_cb(struct rconn *c, int status, const char *why)
@@ -231,6 +263,11 @@ static void sub_connect(struct store_sub *ss)
         size_t al[3] = { 4, strlen(av[1]), strlen(av[2]) };
         rconn_send_argv(c, ss->rc.user ? 3 : 2, av, al, NULL, NULL);
     }
+    if (ss->hash != NULL) {
+        const char *hv[2] = { "HGETALL", ss->hash };
+        size_t hl[2] = { 7, strlen(ss->hash) };
+        rconn_send_argv(c, 2, hv, hl, sub_snap_cb, ss);
+    }
     const char *sv[2] = { "SUBSCRIBE", ss->channel };
     rconn_subscribe(c, 2, sv, sub_message_cb, ss);
 }
@@ -243,7 +280,8 @@ static void sub_retry_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 struct store_sub *store_sub_create(struct event_base *base, const struct conf_redis *rc,
-                                   const char *channel, store_sub_cb *cb, void *arg)
+                                   const char *channel, const char *hash, store_sub_cb *cb,
+                                   store_sub_snap_cb *snap, void *arg)
 {
     char host[256];
     int port = rc->port;
@@ -274,6 +312,8 @@ struct store_sub *store_sub_create(struct event_base *base, const struct conf_re
         ss->port = port;
     }
     ss->channel = store_strdup(channel);
+    ss->hash = hash ? store_strdup(hash) : NULL;
+    ss->snap = snap;
     ss->cb = cb;
     ss->arg = arg;
     ss->dns = evdns_base_new(base, 0);
@@ -335,6 +375,7 @@ void store_sub_destroy(struct store_sub *ss)
     free(ss->rc.password);
     free(ss->host);
     free(ss->channel);
+    free(ss->hash);
     free(ss);
 }
 

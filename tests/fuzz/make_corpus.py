@@ -166,6 +166,20 @@ KEYS = [
 for i, (m, peer, text) in enumerate(KEYS):
     write("route_key", "k%02d" % i, bytes([m, peer]) + text)
 
+# fwdauth: the prefix byte (0 /decide, 1 /a/b, 2 /x), then a request head.
+DESCRIBED = [
+    (0, b"GET /decide HTTP/1.1\nHost: s\nX-Forwarded-Method: POST\nX-Forwarded-Uri: /api/a?b=1\n"
+        b"X-Forwarded-Host: app.test\nX-Forwarded-Proto: https\nX-Forwarded-For: 192.0.2.1\n\n"),
+    (0, b"GET /decide?x HTTP/1.1\nHost: s\nX-Original-URI: /w\nX-Original-Method: DELETE\n\n"),
+    (1, b"HEAD /a/b/api/x?y=1 HTTP/1.1\nHost: app\nX-Forwarded-Uri: /other\n\n"),
+    (0, b"GET /decide HTTP/1.1\nHost: s\nX-Forwarded-Uri: /a\nX-Original-URI: /b\n\n"),
+    (0, b"GET /decide HTTP/1.1\nHost: s\nX-Forwarded-Uri: /a\nX-Forwarded-Method: G T\n\n"),
+    (2, b"POST /envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit HTTP/1.1\nHost: s\n\n"),
+    (0, b"GET /decider HTTP/1.1\nHost: s\nX-Forwarded-Uri:\n\n"),
+]
+for i, (prefix, text) in enumerate(DESCRIBED):
+    write("fwdauth", "d%02d" % i, bytes([prefix]) + text)
+
 # h1write targets: one option byte (see fuzz_h1write_request.c and
 # fuzz_h1write_response.c), then the message.
 H1W_REQUESTS = {
@@ -277,3 +291,53 @@ ADMIN_API = {
 }
 for name, data in ADMIN_API.items():
     write("admin_api", name, data)
+
+# h2srv: byte 0 is the HTTP/1.1 response's length in 8-byte units (0: the
+# harness's fixed 103 + chunked 200 with trailers), then that response, then
+# what a client sends after the preface (python3-h2's frames).
+def h2_client(steps):
+    import h2.config
+    import h2.connection
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    out = c.data_to_send()[24:]         # the harness sends the preface itself
+    for step in steps:
+        step(c)
+        out += c.data_to_send()
+    return out
+
+def get(path, end=True):
+    return lambda c: c.send_headers(c.get_next_available_stream_id(),
+                                    [(":method", "GET"), (":scheme", "http"),
+                                     (":authority", "a.example"), (":path", path),
+                                     ("cookie", "a=1"), ("cookie", "b=2")], end_stream=end)
+
+def post(path, body, length=True):
+    def run(c):
+        sid = c.get_next_available_stream_id()
+        hdrs = [(":method", "POST"), (":scheme", "http"), (":authority", "a"), (":path", path)]
+        if length:
+            hdrs.append(("content-length", str(len(body))))
+        c.send_headers(sid, hdrs)
+        c.send_data(sid, body, end_stream=True)
+    return run
+
+def resp(text):
+    pad = text + b" " * (-len(text) % 8)     # whole 8-byte units; trailing spaces end it
+    return bytes([len(pad) // 8]) + pad
+
+R200 = resp(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc")
+H2SRV = {
+    "get": b"\0" + h2_client([get("/a")]),
+    "get_cl": R200 + h2_client([get("/a"), get("/b")]),
+    "post_cl": b"\0" + h2_client([post("/up", b"hello world")]),
+    "post_chunked": R200 + h2_client([post("/up", b"x" * 300, length=False)]),
+    "reset": b"\0" + h2_client([get("/a", end=False), lambda c: c.reset_stream(1)]),
+    "ping_settings": b"\0" + h2_client([lambda c: c.ping(b"12345678"),
+                                        lambda c: c.update_settings({0x4: 0})]),
+    "no_body_204": resp(b"HTTP/1.1 204 No Content\r\n\r\n") + h2_client([get("/n")]),
+    "bad_response": resp(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n") +
+                    h2_client([get("/x")]),
+}
+for name, data in H2SRV.items():
+    write("h2srv", name, data)

@@ -76,12 +76,18 @@ def run_chromium(tmp_path, url, *args):
 
 class Dom(HTMLParser):
     """The text of elements by id, of each route card's counters, and of the
-    top table's cells; and every tag seen."""
+    cells of each table body with an id ("top-body" as top); and every tag
+    seen."""
 
     def __init__(self):
         super().__init__()
-        self.stack, self.by_id, self.routes, self.top, self.tags = [], {}, {}, [], []
+        self.stack, self.by_id, self.routes, self.tags = [], {}, {}, []
+        self.rows = {"top-body": []}
+        self.top = self.rows["top-body"]
         self.route = None
+
+    def _body(self):
+        return next((t[1] for t in self.stack if t[0] == "tbody" and t[1]), None)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -92,8 +98,8 @@ class Dom(HTMLParser):
             self.route = a["data-route"]
             self.routes[self.route] = {}
         self.stack.append((tag, a.get("id"), a.get("class", ""), []))
-        if tag == "tr" and self.stack and any(t[1] == "top-body" for t in self.stack):
-            self.top.append([])
+        if tag == "tr" and self._body():
+            self.rows.setdefault(self._body(), []).append([])
 
     def handle_endtag(self, tag):
         if not self.stack or tag in ("meta", "link", "br", "img", "input"):
@@ -106,8 +112,8 @@ class Dom(HTMLParser):
             self.by_id[ident] = s
         if t == "b" and cls.startswith("n-") and self.route:
             self.routes[self.route][cls[2:]] = s
-        if t == "td" and self.top and any(x[1] == "top-body" for x in self.stack):
-            self.top[-1].append((cls, s))
+        if t == "td" and self.rows.get(self._body()):
+            self.rows[self._body()][-1].append((cls, s))
 
     def handle_data(self, data):
         if self.stack:
@@ -236,3 +242,26 @@ def test_dashboard_with_the_token_in_its_fragment(sluice, tmp_path):
     dom = Dom()
     dom.feed(html)
     assert "#token=" in dom.by_id.get("status", ""), dom.by_id.get("status")
+
+
+def test_plan_view_in_headless_chromium(sluice, tmp_path):
+    """Issue 23: the console shows a client's plan and its usage of each of
+    the plan's limits (/api/plans), opened from the fragment #plan=KEY."""
+    from apilib import TOKEN, start_api
+    plans = ("plans:\n  default: free\n  assign: { k-gold: pro }\n"
+             "  free:\n    limits:\n      - { name: per-hour, algorithm: fixed_window, "
+             "limit: 2, window: 1h, key: [\"header:X-K\"] }\n"
+             "  pro:\n    limits:\n      - { name: per-hour, algorithm: fixed_window, "
+             "limit: 5, window: 1h, key: [\"header:X-K\"] }\n")
+    routes = ROUTES.replace("    upstream: api\n", "    upstream: api\n    plan_key: \"header:X-K\"\n", 1)
+    s = start_api(sluice, routes, top=plans)
+    assert statuses(s.port, "/api/x", 3, [("X-K", "k-gold")]) == [200] * 3
+    url = "http://127.0.0.1:%d/#token=%s&plan=k-gold" % (s.admin_port, TOKEN)
+    html, _ = run_chromium(tmp_path, url, "--dump-dom")
+    dom = Dom()
+    dom.feed(html)
+    assert "plan pro (config)" in dom.by_id.get("plan-status", ""), dom.by_id.get("plan-status")
+    rows = [dict(r) for r in dom.rows.get("plan-body", [])]
+    assert len(rows) == 1, rows
+    assert rows[0]["limit"] == "per-hour" and rows[0]["num used"] == "3", rows
+    assert rows[0]["num of"] == "5" and rows[0]["num remaining"] == "2", rows

@@ -140,7 +140,7 @@ def test_keep_alive_forwarded_proto_and_access_log(sluice, redis, pki, tmp_path)
         r = c.read_response()
         assert r.status == 200 and echoed(r)["x-forwarded-proto"] == "http", r
     # TLS 1.2 over curl, keep-alive: one connection, two requests.
-    p = curl(["-v", "--tlsv1.2", "--tls-max", "1.2", "--cacert", pki.root, "--resolve",
+    p = curl(["-v", "--http1.1", "--tlsv1.2", "--tls-max", "1.2", "--cacert", pki.root, "--resolve",
               "api.test:%d:127.0.0.1" % s.tls_port,
               "https://api.test:%d/c1" % s.tls_port, "https://api.test:%d/c2" % s.tls_port])
     assert p.returncode == 0, p.stderr
@@ -167,11 +167,15 @@ def test_old_versions_weak_suites_and_h2_only(sluice, redis, pki):
     for weak in ("AES128-GCM-SHA256", "ECDHE-RSA-AES128-SHA", "ECDHE-ECDSA-AES256-SHA384"):
         rc, out = s_client(s.tls_port, "-servername", "rsa.test", "-tls1_2", "-cipher", weak)
         assert rc != 0 and "Cipher is (NONE)" in out, (weak, out)
-    # ALPN: http/1.1 only; a client offering only h2 gets no ALPN.
+    # ALPN: h2 first, then http/1.1 (docs/http2.md); anything else gets none.
     rc, out = s_client(s.tls_port, "-servername", "api.test", "-alpn", "h2")
-    assert "No ALPN negotiated" in out and "New, TLSv1.3" in out, out
-    rc, out = s_client(s.tls_port, "-servername", "api.test", "-alpn", "h2,http/1.1")
+    assert "ALPN protocol: h2" in out, out
+    rc, out = s_client(s.tls_port, "-servername", "api.test", "-alpn", "http/1.1,h2")
+    assert "ALPN protocol: h2" in out, out
+    rc, out = s_client(s.tls_port, "-servername", "api.test", "-alpn", "http/1.1")
     assert "ALPN protocol: http/1.1" in out, out
+    rc, out = s_client(s.tls_port, "-servername", "api.test", "-alpn", "spdy/3")
+    assert "No ALPN negotiated" in out and "New, TLSv1.3" in out, out
     ms = metrics(s.admin_port)
     assert mval(ms, "sluice_tls_handshake_failures_total", reason="version") >= 2, ms
     assert mval(ms, "sluice_tls_handshake_failures_total", reason="cipher") >= 3, ms

@@ -20,10 +20,10 @@ import time
 import pytest
 
 from conftest import Conn, build_request, free_port, stop_process, wait_port, wait_until, http_get
+from nginxlib import NGINX, nginx_conf
 from proxylib import LoopbackServer
 from tlslib import OPENSSL, make_ca, make_cert, make_key
 
-NGINX = "/usr/sbin/nginx"
 BIG = bytes(range(256)) * (3 * 4096 + 7)     # about 3 MB, served by nginx as /big
 
 pytestmark = pytest.mark.skipif(not os.path.exists(NGINX), reason="nginx not installed")
@@ -58,22 +58,9 @@ class Nginx:
         vc = ("ssl_client_certificate %s/ca.pem;\n        ssl_verify_client on;" % pki
               if verify_client else "")
         with open(conf, "w") as f:
-            f.write("""
-user root;
-worker_processes 1;
-daemon off;
-master_process off;
-pid %(t)s/nginx.pid;
-error_log %(t)s/error.log info;
-events { worker_connections 256; }
-http {
+            f.write(nginx_conf(tmp, """
     log_format tls '$connection $connection_requests $ssl_session_reused $ssl_protocol $ssl_client_verify $request_uri $ssl_server_name';
     access_log %(log)s tls;
-    client_body_temp_path %(t)s/body;
-    proxy_temp_path %(t)s/proxy;
-    fastcgi_temp_path %(t)s/fastcgi;
-    uwsgi_temp_path %(t)s/uwsgi;
-    scgi_temp_path %(t)s/scgi;
     keepalive_requests 10000;
     keepalive_timeout %(kt)s;
     server {
@@ -92,10 +79,9 @@ http {
             return 200 "tls upstream $ssl_protocol $ssl_client_s_dn\\n";
         }
     }
-}
 """ % {"t": tmp, "log": self.log, "port": self.port, "pki": pki, "cert": cert, "vc": vc,
        "tickets": "on" if tickets else "off", "protocols": protocols,
-       "kt": keepalive_timeout})
+       "kt": keepalive_timeout}))
         with open(os.path.join(tmp, "big.bin"), "wb") as f:
             f.write(BIG)
         self.errf = open(os.path.join(tmp, "nginx.stderr"), "wb")

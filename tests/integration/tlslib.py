@@ -51,6 +51,17 @@ def make_cert(d, name, ca, cn, ext, suffix=".pem", days=2):
             "-extfile", name + ".ext", cwd=d)
 
 
+def make_upstream_pki(d):
+    """A CA (ca.pem) and a server certificate it signed (server.pem,
+    server.key) for upstream.test, localhost and 127.0.0.1, in d: an
+    upstream's TLS for tests that verify it with ca_file. Returns d."""
+    make_ca(d, "ca", "sluice test ca")
+    make_cert(d, "server", "ca", "upstream.test",
+              "subjectAltName=DNS:upstream.test,DNS:localhost,IP:127.0.0.1\n"
+              "extendedKeyUsage=serverAuth")
+    return d
+
+
 class CA:
     """A root and an intermediate CA in directory d."""
 

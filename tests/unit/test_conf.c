@@ -274,6 +274,7 @@ static void test_reference(void **state)
     assert_string_equal(c->upstreams[0].name, "api");
     assert_string_equal(c->upstreams[0].servers[0].text, "127.0.0.1:9000");
     assert_int_equal(c->upstreams[0].keepalive, 32);
+    assert_int_equal(c->upstreams[0].h2, 0);
     assert_int_equal(c->upstreams[0].connect_timeout_ms, 2000);
     assert_int_equal(c->upstreams[0].timeout_ms, 30000);
     assert_int_equal(c->ntrusted, 1);
@@ -1103,7 +1104,7 @@ static void check_robust(const char *text, size_t len)
 static void test_robust(void **state)
 {
     FILE *f = fopen(REFERENCE, "rb");
-    char buf[16384], mut[16384];
+    char buf[32768], mut[32768];
     size_t len;
     unsigned seed = 12345;
     static const char bytes[] = "{}[]:,-&*!|>'\"%@`#\n \t${}/0\xff\x80";
@@ -1195,6 +1196,47 @@ static void test_paths_keys(void **state)
     free(err);
 }
 
+/* decision: its listen entries follow listen's, marked; a route without an
+ * upstream is accepted then (and upstreams may be absent), its defaults. */
+static void test_decision(void **state)
+{
+    char *err = NULL;
+    struct conf *c = load_text("listen: [127.0.0.1:8080, 127.0.0.1:8082]\n"
+                               "decision: { listen: 127.0.0.1:8081 }\n"
+                               "routes: [ { name: r, match: { path: / } } ]\n", &err);
+    assert_null(err);
+    assert_non_null(c);
+    assert_int_equal(c->nlistens, 3);
+    assert_int_equal(c->listens[0].decision, 0);
+    assert_int_equal(c->listens[1].decision, 0);
+    assert_int_equal(c->listens[2].decision, 1);
+    assert_string_equal(c->listens[2].addr.text, "127.0.0.1:8081");
+    assert_string_equal(c->listen.text, "127.0.0.1:8080");
+    assert_int_equal(c->decision.deny_status, 0);
+    assert_string_equal(c->decision.path_prefix, "/decide");
+    assert_null(c->routes[0].upstream);
+    conf_release(c);
+
+    c = load_text(MINIMAL_HEAD "decision:\n  listen: [ { address: 127.0.0.1:8081 } ]\n"
+                  "  deny_status: 403\n  path_prefix: /auth/v1\n" MINIMAL_ROUTES, &err);
+    assert_null(err);
+    assert_int_equal(c->nlistens, 2);
+    assert_int_equal(c->listens[1].decision, 1);
+    assert_int_equal(c->decision.deny_status, 403);
+    assert_string_equal(c->decision.path_prefix, "/auth/v1");
+    assert_non_null(c->routes[0].upstream);
+    conf_release(c);
+
+    /* a decision service alone: no listen, no upstreams */
+    c = load_text("decision: { listen: 127.0.0.1:8081 }\n"
+                  "routes: [ { name: r, match: { path: / } } ]\n", &err);
+    assert_null(err);
+    assert_int_equal(c->nlistens, 1);
+    assert_int_equal(c->listens[0].decision, 1);
+    assert_string_equal(c->listen.text, "127.0.0.1:8081");
+    conf_release(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1221,6 +1263,7 @@ int main(void)
         cmocka_unit_test(test_robust),
         cmocka_unit_test(test_paths_keys),
         cmocka_unit_test(test_tls_upstream_keys),
+        cmocka_unit_test(test_decision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

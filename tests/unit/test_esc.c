@@ -1,4 +1,4 @@
-/* sluice - test_esc.c: the one escaper, in its three modes. */
+/* sluice - test_esc.c: the one escaper, in its four modes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -27,6 +27,9 @@ static void test_modes(void **state)
     check("", 0, ESC_JSON, "");
     check("\0x", 2, ESC_JSON, "\\u0000x");
     check("plain text", 10, ESC_QUOTED, "plain text");
+    /* grpc-message: percent-encoded, '"' and '\\' kept */
+    check(s, n, ESC_PERCENT, "a\"b\\c%0Ad%01%7F%C3%A9");
+    check("50% off", 7, ESC_PERCENT, "50%25 off");
 }
 
 /* The worst case is ESC_MAX; esc_len agrees past its 64-byte chunks. */

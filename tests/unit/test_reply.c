@@ -642,6 +642,43 @@ static void test_seconds(void **state)
     assert_int_equal(reply_seconds(INT64_MAX / 2), (INT64_MAX / 2 + 999) / 1000);
 }
 
+/* ---- decision mode: the allowed 200 and a rejection's status ----------------- */
+
+static void test_decision_allowed_and_deny_status(void **state)
+{
+    struct fixture f;
+    fx_init(&f, "api", CONF_HEADERS_FULL);
+    fx_limit(&f, "per-user", 10, 60000, 1, 7, 42000, 0);
+    reply_pick(&f.rl, 1);
+    struct evbuffer *b = evbuffer_new();
+    reply_allowed(b, &f.rl, REPLY_KEEP, "rid-2", 5);
+    char *got = testlib_drain(b);
+    assert_string_equal(got, "HTTP/1.1 200 OK\r\n"
+                        "X-RateLimit-Limit: 10\r\n"
+                        "X-RateLimit-Remaining: 7\r\n"
+                        "X-RateLimit-Reset: 42\r\n"
+                        "RateLimit-Policy: \"per-user\";q=10;w=60\r\n"
+                        "RateLimit: \"per-user\";r=7;t=42\r\n"
+                        "X-Request-Id: rid-2\r\n"
+                        "Content-Length: 0\r\n\r\n");
+    free(got);
+    reply_allowed(b, NULL, REPLY_CLOSE, NULL, 0);   /* a route without limits */
+    got = testlib_drain(b);
+    assert_string_equal(got, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    free(got);
+
+    fx_readme(&f, CONF_HEADERS_IETF);
+    reply_limited_as(b, &f.rl, 403, REPLY_KEEP, NULL, 0);
+    expect_reply(b,
+                 "HTTP/1.1 403 Forbidden\r\n"
+                 "Retry-After: 15\r\n"
+                 "RateLimit-Policy: \"per-ip\";q=10;w=60\r\n"
+                 "RateLimit: \"per-ip\";r=0;t=15\r\n"
+                 "Content-Type: application/json\r\n",
+                 "", readme_body);
+    evbuffer_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -665,6 +702,7 @@ int main(void)
         cmocka_unit_test(test_headers_merge_ietf),
         cmocka_unit_test(test_headers_bucket_window),
         cmocka_unit_test(test_seconds),
+        cmocka_unit_test(test_decision_allowed_and_deny_status),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

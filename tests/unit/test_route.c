@@ -17,6 +17,7 @@
 #include <cmocka.h>
 #include <openssl/evp.h>
 
+#include "jwt.h"
 #include "route.h"
 
 #define SHA1_HEX_BYTES 41       /* 40 hex digits and a NUL */
@@ -1129,6 +1130,62 @@ static void test_key_shape(void **state)
     assert_int_equal(route_key(&c, &r, &l, &req, out), 0);
 }
 
+/* gRPC calls: what makes one (Content-Type), grpc-timeout in ms, the
+ * service and method key parts of a /package.Service/Method path, and a
+ * match.grpc route taking calls only. */
+static void test_grpc(void **state)
+{
+    static const struct { const char *ct, *timeout; int call; int64_t ms; } cases[] = {
+        { "application/grpc", "1S", 1, 1000 }, { "application/grpc+proto", "250m", 1, 250 },
+        { "Application/GRPC;x=1", "2M", 1, 120000 }, { "application/grpc", "1500u", 1, 2 },
+        { "application/grpc", "1n", 1, 1 }, { "application/grpc", "123456789S", 1, 0 },
+        { "application/grpc", "5s", 1, 0 }, { "application/grpc", "S", 1, 0 },
+        { "application/grpc", "1H", 1, 3600000 }, { "application/grpc-web", "1S", 0, 0 },
+        { "application/json", "1S", 0, 0 }, { "application/grp", "1S", 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char req[256];
+        int n = snprintf(req, sizeof req, "POST /a.B/C HTTP/1.1\r\nHost: h\r\nContent-Type: %s\r\n"
+                         "grpc-timeout: %s\r\nContent-Length: 0\r\n\r\n", cases[i].ct,
+                         cases[i].timeout);
+        struct http1 *p = http1_create(HTTP1_REQUEST);
+        struct http1_head h;
+        assert_int_equal(http1_head_parse(p, req, (size_t)n, 16384, 0, &h), 0);
+        int64_t ms = -1;
+        assert_int_equal(route_grpc_call(req, &h, &ms), cases[i].call);
+        assert_int_equal(ms, cases[i].ms);
+        http1_destroy(p);
+    }
+
+    struct conf_keysrc ks[] = { { CONF_KEY_GRPC_SERVICE, NULL, 0 },
+                                { CONF_KEY_GRPC_METHOD, NULL, 0 } };
+    struct conf_limit l = { .name = "m", .keys = ks, .nkeys = 2 };
+    struct http1_head h = { 0 };
+    struct route_req req = { .buf = "", .h = &h, .ip = "192.0.2.1", .iplen = 9,
+                             .path = "/pkg.v1.Echo/Say", .pathlen = 16 };
+    char out[ROUTE_MAX_KEY];
+    long n = route_key(&key_conf, &key_route, &l, &req, out);
+    assert_string_equal(out, "sluice:{r|m|11:pkg.v1.Echo3:Say}");
+    assert_int_equal(n, (long)strlen(out));
+    static const char *const not_calls[] = { "/", "/x", "/x/", "//y", "/x/y/z" };
+    for (size_t i = 0; i < sizeof(not_calls) / sizeof(not_calls[0]); i++) {
+        req.path = not_calls[i];
+        req.pathlen = strlen(not_calls[i]);
+        assert_int_equal(route_key(&key_conf, &key_route, &l, &req, out), 0);
+    }
+
+    struct conf_route routes[] = {
+        { .name = "calls", .path = "/", .pathlen = 1, .grpc = 1 },
+        { .name = "rest", .path = "/", .pathlen = 1 },
+    };
+    struct conf c = { .routes = routes, .nroutes = 2 };
+    assert_string_equal(route_match_in(&c, ROUTE_GRPC, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name,
+                        "calls");
+    assert_string_equal(route_match_in(&c, 0, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name,
+                        "rest");
+    assert_string_equal(route_match(&c, "/a.B/C", 6, "POST", 4, NULL, 0, NULL)->name, "rest");
+}
+
 /* The same functions on a head parsed by the real http1.c, so the span
  * conventions of both modules are checked together. */
 static void test_with_http1_parser(void **state)
@@ -1182,6 +1239,81 @@ static void test_with_http1_parser(void **state)
     free(buf);
 }
 
+/* jwt:CLAIM parts: a verified token's string or integer claim, the
+ * anonymous marker (no length prefix) without a token, absent when the
+ * verified token lacks the claim; route_key_parts names the same key. */
+static void test_key_jwt(void **state)
+{
+    static char claims[JWT_MAX_CLAIMS];
+    size_t clen;
+    int64_t exp;
+    struct jwt_rules none = { 0 };
+    const char *p = "{\"sub\":\"al\\u00e9\",\"org\":42,\"f\":1.5}";
+    assert_int_equal(jwt_check_payload(&none, p, strlen(p), 0, claims, &clen, &exp), JWT_OK);
+    static const struct { const char *claim; int verified; const char *want; } t[] = {
+        { "sub", 1, "sluice:{r|l|3:GET4:al\xc3\xa9}" },
+        { "org", 1, "sluice:{r|l|3:GET2:42}" },
+        { "f", 1, NULL },
+        { "missing", 1, NULL },
+        { "sub", 0, "sluice:{r|l|3:GET" ROUTE_JWT_ANON "}" },
+    };
+    char out[ROUTE_MAX_KEY];
+    struct head f;
+    head_build(&f, "GET / HTTP/1.1\r\n\r\n");
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        struct conf_keysrc ks[2] = { { .kind = CONF_KEY_METHOD },
+                                     { .kind = CONF_KEY_JWT, .arg = (char *)t[i].claim,
+                                       .arglen = strlen(t[i].claim) } };
+        struct conf_limit l = { .name = "l", .keys = ks, .nkeys = 2 };
+        struct route_req req = { .buf = f.buf, .h = &f.h, .ip = "192.0.2.1", .iplen = 9,
+                                 .path = "/", .pathlen = 1,
+                                 .claims = t[i].verified ? claims : NULL, .claims_len = clen };
+        long n = route_key(&key_conf, &key_route, &l, &req, out);
+        if (t[i].want == NULL ? n != 0 : n != (long)strlen(t[i].want) || strcmp(out, t[i].want))
+            fail_msg("%s: expected '%s', got %ld '%s'", t[i].claim, t[i].want ? t[i].want : "",
+                     n, n > 0 ? out : "");
+    }
+    struct conf_keysrc ks[2] = { { .kind = CONF_KEY_METHOD }, KS(CONF_KEY_JWT, "sub") };
+    struct conf_limit l = { .name = "l", .keys = ks, .nkeys = 2 };
+    const char *parts[] = { "GET", "al\xc3\xa9" };
+    size_t lens[] = { 3, 4 };
+    assert_int_equal(route_key_parts(&key_conf, &key_route, &l, parts, lens, 2, out), 24);
+    assert_string_equal(out, "sluice:{r|l|3:GET4:al\xc3\xa9}");
+    head_free(&f);
+}
+
+/* Where the token comes from: Bearer (any case), else the cookie; twice or
+ * more than one word is no token. */
+static void test_jwt_token(void **state)
+{
+    static const struct { const char *head; int want; const char *tok; } t[] = {
+        { "GET / HTTP/1.1\r\nAuthorization: Bearer abc.def.ghi\r\n\r\n", 1, "abc.def.ghi" },
+        { "GET / HTTP/1.1\r\nauthorization: bEARER   abc\r\n\r\n", 1, "abc" },
+        { "GET / HTTP/1.1\r\nAuthorization: Basic YTpi\r\n\r\n", 0, NULL },
+        { "GET / HTTP/1.1\r\nAuthorization: Bearer\r\n\r\n", 0, NULL },
+        { "GET / HTTP/1.1\r\nAuthorization: Bearer a b\r\n\r\n", -1, NULL },
+        { "GET / HTTP/1.1\r\nAuthorization: Basic YTpi\r\nAuthorization: Bearer a\r\n\r\n",
+          -1, NULL },
+        { "GET / HTTP/1.1\r\nCookie: a=1; session=\"tok\"\r\n\r\n", 1, "tok" },
+        { "GET / HTTP/1.1\r\nCookie: session=x\r\nCookie: session=y\r\n\r\n", -1, NULL },
+        { "GET / HTTP/1.1\r\nCookie: session=c\r\nAuthorization: Bearer h\r\n\r\n", 1, "h" },
+        { "GET / HTTP/1.1\r\nCookie: session=\r\n\r\n", 0, NULL },
+        { "GET / HTTP/1.1\r\n\r\n", 0, NULL },
+    };
+    struct conf c = { .jwt = { .on = 1, .cookie = "session" } };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        struct head f;
+        const char *tok = NULL;
+        size_t len = 0;
+        head_build(&f, t[i].head);
+        struct route_req req = { .buf = f.buf, .h = &f.h };
+        int rc = route_jwt_token(&c, &req, &tok, &len);
+        if (rc != t[i].want || (rc == 1 && (len != strlen(t[i].tok) || memcmp(tok, t[i].tok, len))))
+            fail_msg("case %zu: got %d '%.*s'", i, rc, rc == 1 ? (int)len : 0, rc == 1 ? tok : "");
+        head_free(&f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1204,7 +1336,10 @@ int main(void)
         cmocka_unit_test(test_key_too_long),
         cmocka_unit_test(test_key_shape),
         cmocka_unit_test(test_key_capture_numbers),
+        cmocka_unit_test(test_grpc),
         cmocka_unit_test(test_key_fallback),
+        cmocka_unit_test(test_key_jwt),
+        cmocka_unit_test(test_jwt_token),
         cmocka_unit_test(test_with_http1_parser),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

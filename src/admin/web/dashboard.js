@@ -134,18 +134,70 @@
     });
   }
 
+  // The plan view: GET /api/plans?key=K (the token is needed: it shows a
+  // client's key), refreshed with the stats while a key is shown.
+  var planKey = null;
+  function authHeaders() {
+    var token = sessionStorage.getItem("sluice-token"), headers = {};
+    if (token) headers.Authorization = "Bearer " + token;
+    return headers;
+  }
+  function fmtMs(v) { return v < 1000 ? v + " ms" : fmtDur(Math.ceil(v / 1000)); }
+  function renderPlan(p) {
+    text("plan-status", "");
+    var st = $("plan-status");
+    st.appendChild(document.createTextNode("client "));
+    st.appendChild(el("b", "plan-client", p.key));
+    st.appendChild(document.createTextNode(" is on plan "));
+    st.appendChild(el("b", "plan-name", p.plan));
+    st.appendChild(document.createTextNode(" (" + p.source + ")"));
+    var body = $("plan-body");
+    while (body.firstChild) body.removeChild(body.firstChild);
+    p.limits.forEach(function (l) {
+      var tr = el("tr"), s = l.state;
+      tr.appendChild(el("td", "limit", l.limit));
+      tr.appendChild(el("td", "algorithm", l.algorithm));
+      tr.appendChild(el("td", "num used", s ? String(s.used) : "-"));
+      tr.appendChild(el("td", "num of", s ? String(s.limit) : "-"));
+      tr.appendChild(el("td", "num remaining", s ? String(s.remaining) : "-"));
+      tr.appendChild(el("td", "num resets", s ? fmtMs(s.allowed ? s.reset_ms : s.retry_ms) : "not read"));
+      body.appendChild(tr);
+    });
+    $("plan-wrap").hidden = false;
+  }
+  function lookPlan() {
+    if (planKey === null) return Promise.resolve();
+    return fetch("/api/plans?key=" + encodeURIComponent(planKey), { cache: "no-store", headers: authHeaders() })
+      .then(function (r) {
+        return r.json().then(function (j) {
+          if (r.status === 401) throw new Error("open this page as /#token=TOKEN");
+          if (!r.ok) throw new Error(j && j.error ? j.error : "HTTP " + r.status);
+          return j;
+        });
+      })
+      .then(renderPlan)
+      .catch(function (e) { $("plan-wrap").hidden = true; text("plan-status", "cannot read the plan: " + e.message); });
+  }
+  $("plan-form").addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    planKey = $("plan-key").value || null;
+    lookPlan();
+  });
+
   // admin.token, when set, is given once as the page's fragment
   // (/#token=TOKEN: never sent to a server, not in any log), kept for the
-  // tab's session and sent as a Bearer token with each read.
-  var m = /^#token=(.+)$/.exec(location.hash);
-  if (m) {
-    sessionStorage.setItem("sluice-token", decodeURIComponent(m[1]));
+  // tab's session and sent as a Bearer token with each read. #plan=KEY
+  // (after it: #token=TOKEN&plan=KEY) opens a client's plan.
+  if (location.hash.length > 1) {
+    location.hash.slice(1).split("&").forEach(function (kv) {
+      var i = kv.indexOf("="), k = kv.slice(0, i), v = decodeURIComponent(kv.slice(i + 1));
+      if (i > 0 && k === "token" && v) sessionStorage.setItem("sluice-token", v);
+      if (i > 0 && k === "plan" && v) { planKey = v; $("plan-key").value = v; }
+    });
     history.replaceState(null, "", location.pathname);
   }
   function refresh() {
-    var token = sessionStorage.getItem("sluice-token"), headers = {};
-    if (token) headers.Authorization = "Bearer " + token;
-    fetch("/api/stats", { cache: "no-store", headers: headers })
+    fetch("/api/stats", { cache: "no-store", headers: authHeaders() })
       .then(function (r) {
         if (r.status === 401) throw new Error("admin.token is set: open this page as /#token=TOKEN");
         if (!r.ok) throw new Error("HTTP " + r.status);
@@ -153,6 +205,7 @@
       })
       .then(render)
       .catch(function (e) { text("status", "cannot read /api/stats: " + e.message); })
+      .then(lookPlan)
       .then(function () { setTimeout(refresh, REFRESH_MS); });
   }
   refresh();

@@ -1,0 +1,134 @@
+# sluice - test_rls_grpc.py: Envoy's RLS v3 ShouldRateLimit over HTTP/2 with
+# a real gRPC client (Debian's python3-grpcio, a generic unary call with the
+# protobuf bytes rlslib encodes), against a real redis-server: the wire
+# Envoy's envoy_grpc clusters use (prior knowledge on a plain listener).
+
+import grpc
+import pytest
+
+from rlslib import (MINUTE, OK, OVER_LIMIT, RLS_PATH, descriptor, request, response,
+                    start_rls)
+
+CONF = """\
+domain: envoy
+descriptors:
+  - key: generic_key
+    value: slow
+    rate_limit: { unit: minute, requests_per_unit: 3 }
+  - key: remote_address
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+  - key: path
+    value: /api/*
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+  - key: key1
+    value: value1
+    descriptors:
+      - key: subkey1
+        rate_limit: { name: nested, unit: day, requests_per_unit: 1 }
+  - key: shadow
+    shadow_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+"""
+
+
+class Rls:
+    """A gRPC channel to the decision listener; call() -> response() dict."""
+
+    def __init__(self, port):
+        self.channel = grpc.insecure_channel("127.0.0.1:%d" % port)
+        self.method = self.channel.unary_unary(RLS_PATH)
+
+    def raw(self, body):
+        return self.method(body, timeout=10)
+
+    def call(self, domain, descriptors, hits_addend=0):
+        return response(self.raw(request(domain, descriptors, hits_addend)))
+
+    def close(self):
+        self.channel.close()
+
+
+@pytest.fixture
+def rls(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, CONF)
+    client = Rls(port)
+    yield s, client
+    client.close()
+
+
+def codes(r):
+    return [st["code"] for st in r["statuses"]]
+
+
+def test_ok_then_over_limit_over_grpc(rls):
+    s, c = rls
+    got = [c.call("envoy", [[("generic_key", "slow")]]) for _ in range(4)]
+    assert [r["overall"] for r in got] == [OK, OK, OK, OVER_LIMIT]
+    assert [r["statuses"][0]["remaining"] for r in got] == [2, 1, 0, 0]
+    assert got[0]["statuses"][0]["limit"] == {"rpu": 3, "unit": MINUTE, "name": ""}
+    assert int(got[3]["headers"]["Retry-After"]) >= 1
+
+
+def test_statuses_hits_nested_wildcard_shadow_over_grpc(rls):
+    s, c = rls
+    r = c.call("envoy", [[("x", "y")], [("remote_address", "1.2.3.4")],
+                         [("key1", "value1"), ("subkey1", "a")], [("path", "/api/z")]])
+    assert r["overall"] == OK and codes(r) == [OK] * 4
+    assert r["statuses"][0]["limit"] is None
+    assert [st["remaining"] for st in r["statuses"][1:]] == [1, 0, 0]
+    assert r["statuses"][2]["limit"]["name"] == "nested"
+    # hits_addend: the request's, and a descriptor's own 0 (a peek)
+    r = c.call("envoy", [descriptor([("remote_address", "1.2.3.4")], hits=0)])
+    assert r["statuses"][0]["remaining"] == 1
+    r = c.call("envoy", [[("remote_address", "1.2.3.4")]], hits_addend=2)
+    assert r["overall"] == OVER_LIMIT
+    assert c.call("envoy", [[("path", "/api/z")]])["overall"] == OVER_LIMIT
+    assert c.call("envoy", [[("path", "/api/other")]])["overall"] == OK
+    # shadow: over, answered OK
+    assert [c.call("envoy", [[("shadow", "1")]])["overall"] for _ in range(2)] == [OK, OK]
+
+
+def test_unknown_domain_and_all_or_nothing_over_grpc(rls):
+    s, c = rls
+    r = c.call("other", [[("generic_key", "slow")]])
+    assert r["overall"] == OK and r["statuses"][0]["limit"] is None
+    c.call("envoy", [[("generic_key", "slow")]], hits_addend=3)
+    r = c.call("envoy", [[("remote_address", "9.9.9.9")], [("generic_key", "slow")]])
+    assert r["overall"] == OVER_LIMIT and codes(r) == [OK, OVER_LIMIT]
+    assert c.call("envoy", [[("remote_address", "9.9.9.9")]])["statuses"][0]["remaining"] == 1
+
+
+def test_malformed_is_invalid_argument_over_grpc(rls):
+    s, c = rls
+    for body in (b"\xff\xff", request("", [[("a", "b")]]), request("envoy", [])):
+        with pytest.raises(grpc.RpcError) as e:
+            c.raw(body)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert c.call("envoy", [[("generic_key", "slow")]])["overall"] == OK
+    assert s.proc.poll() is None
+
+
+def test_redis_down_unavailable_over_grpc(sluice, own_redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, CONF, extra="  rls_on_error: unavailable\n",
+                        redis_port=own_redis.port)
+    c = Rls(port)
+    try:
+        assert c.call("envoy", [[("generic_key", "slow")]])["overall"] == OK
+        own_redis.stop()
+        with pytest.raises(grpc.RpcError) as e:
+            c.call("envoy", [[("generic_key", "slow")]])
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        c.close()
+
+
+def test_redis_down_deny_over_grpc(sluice, own_redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, CONF, extra="  rls_on_error: deny\n",
+                        redis_port=own_redis.port)
+    c = Rls(port)
+    try:
+        own_redis.stop()
+        r = c.call("envoy", [[("generic_key", "slow")], [("x", "y")]])
+        assert r["overall"] == OVER_LIMIT and codes(r) == [OVER_LIMIT, OK]
+    finally:
+        c.close()
