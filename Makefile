@@ -74,8 +74,8 @@ DEBS     += openssl testssl.sh
 # TLS to upstreams (nginx with ssl is the TLS upstream of test_tls_upstream) and to Redis
 DEBS     += nginx
 # gRPC (test_grpc.py): grpcio's server as the upstream and client; Node for
-# @grpc/grpc-js (tests/node, installed by npm ci from its lock file; Debian's
-# npm only where node came without one)
+# @grpc/grpc-js and the openai client (test_cost_from) (tests/node, installed
+# by npm ci from its lock file; Debian's npm only where node came without one)
 DEBS     += python3-grpcio nodejs
 NPM_DEB  := $(if $(shell command -v npm 2>/dev/null),,npm)
 

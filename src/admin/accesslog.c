@@ -264,6 +264,10 @@ size_t accesslog_format(const struct accesslog_entry *e, char *buf, size_t cap)
     }
     if (e->key_fallback)
         p = ACCESSLOG_PUT_LIT(p, ",\"key_fallback\":true");
+    if (e->has_cost) {
+        p = ACCESSLOG_PUT_LIT(p, ",\"cost\":");
+        p = accesslog_put_i64(p, e->cost);
+    }
     if (e->has_grpc_status) {
         p = ACCESSLOG_PUT_LIT(p, ",\"grpc_status\":");
         p = accesslog_put_i64(p, e->grpc_status);

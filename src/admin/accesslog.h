@@ -44,6 +44,9 @@ struct accesslog_entry {
     int64_t delay_ms;           /* a delayed request's wait; written only when > 0 */
     int key_fallback;           /* a limit counted it under the client address
                                  * (on_missing_key: ip); written only when set */
+    int has_cost;               /* cost_from: the request was charged cost units
+                                 * (the response's, or the estimate) */
+    int64_t cost;
     int has_grpc_status;        /* grpc_status is written */
     int grpc_status;            /* a gRPC call's status (its trailers', or sluice's
                                  * own answer's) */

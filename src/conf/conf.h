@@ -187,6 +187,9 @@ struct conf_override {
     size_t keylen;
 };
 
+enum conf_cost_src { CONF_COST_NONE, CONF_COST_HEADER, CONF_COST_TRAILER, CONF_COST_JSON,
+                      CONF_COST_SSE };
+
 struct conf_limit {
     char *name;
     struct limiter_params params;
@@ -194,6 +197,14 @@ struct conf_limit {
     int nkeys;
     int shadow;                 /* counted and reported, never rejects */
     char *cost_header;          /* header whose integer value is the cost; NULL */
+    /* cost_from: the cost is what the response reports (a header, a chunked
+     * trailer, a JSON body's or the last SSE event's dotted path); estimate
+     * is taken at admission and the difference settled after the response. */
+    enum conf_cost_src cost_from;
+    char *cost_name;            /* the header or trailer name, or the path */
+    int64_t estimate;           /* 1..CONF_MAX_COST, default 1 */
+    char *estimate_json;        /* estimate: {json: PATH}: read from the request
+                                 * body (buffered first); NULL: estimate alone */
     /* count_status: only responses with these statuses consume; the check
      * before forwarding still rejects a key already over its limit. */
     int has_count_status;

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "conf_int.h"
+#include "jsonscan.h"
 #include "esc.h"
 #include "regex.h"
 
@@ -415,6 +417,7 @@ struct limit_src {
     struct node *limit_k, *window_k, *rate_k, *burst_k;       /* their keys */
     struct node *lease, *lease_k, *delay, *delay_k;           /* concurrency; delay */
     struct node *calendar, *calendar_k, *timezone, *timezone_k;
+    struct node *cost_from_k, *estimate_k;
 };
 
 static int h_limit_name(struct ctx *x, struct node *k, struct node *v, void *obj)
@@ -594,6 +597,80 @@ static int h_limit_cost_header(struct ctx *x, struct node *k, struct node *v, vo
     return 0;
 }
 
+/* cost_from: { header: NAME } | { trailer: NAME } | { json: PATH } | { sse: PATH } */
+static int h_limit_cost_from(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    static const char *const kinds[] = { "header", "trailer", "json", "sse" };
+    struct limit_src *ls = obj;
+    struct conf_limit *l = ls->l;
+    char sb[SHOW_BUF];
+    ls->cost_from_k = k;
+    if (conf_expect(x, v, NODE_MAP) < 0)
+        return -1;
+    if (v->nkids != 2)
+        return conf_fail(x, v, "needs exactly one of header, trailer, json or sse");
+    struct node *kk = v->kids[0], *kv = v->kids[1];
+    int kind = -1;
+    for (int i = 0; i < 4; i++)
+        if (kk->kind == NODE_SCALAR && !strcmp(kk->str, kinds[i]))
+            kind = i;
+    if (kind < 0)
+        return conf_fail(x, kk, "unknown cost source '%s' (use header, trailer, json or sse)",
+                         conf_show(kk->str ? kk->str : "", sb));
+    size_t old = conf_path_push_key(x, kinds[kind]);
+    const char *s = conf_scalar(x, kv);
+    int rc = s ? 0 : -1;
+    if (s && kind < 2 && (!conf_is_token(s) || strlen(s) > 256))
+        rc = conf_fail(x, kv, "bad header name '%s'", conf_show(s, sb));
+    else if (s && kind >= 2 && jsonscan_path_valid(s) < 0)
+        rc = conf_fail(x, kv, "bad JSON path '%s' (up to %d keys of letters, digits, '_' "
+                       "and '-', joined by '.', e.g. usage.total_tokens)", conf_show(s, sb),
+                       JSONSCAN_MAX_SEGS);
+    conf_path_pop(x, old);
+    if (rc < 0)
+        return -1;
+    l->cost_from = (enum conf_cost_src)(CONF_COST_HEADER + kind);
+    l->cost_name = xstrdup(s);
+    l->params.settles = 1;
+    return 0;
+}
+
+static int h_estimate_json(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct conf_limit *l = obj;
+    char sb[SHOW_BUF];
+    const char *s = conf_scalar(x, v);
+    if (!s)
+        return -1;
+    if (jsonscan_path_valid(s) < 0)
+        return conf_fail(x, v, "bad JSON path '%s' (up to %d keys of letters, digits, '_' "
+                         "and '-', joined by '.', e.g. max_tokens)", conf_show(s, sb),
+                         JSONSCAN_MAX_SEGS);
+    l->estimate_json = xstrdup(s);
+    return 0;
+}
+
+static int h_estimate_default(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_int(x, v, 1, CONF_MAX_COST, &((struct conf_limit *)obj)->estimate);
+}
+
+static const struct key_def estimate_keys[] = {
+    { "json", h_estimate_json, 1 },
+    { "default", h_estimate_default, 0 },
+    { NULL, NULL, 0 },
+};
+
+/* estimate: N | { json: PATH, default: N } */
+static int h_limit_estimate(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    struct limit_src *ls = obj;
+    ls->estimate_k = k;
+    if (v->kind == NODE_MAP)
+        return conf_walk_map(x, v, estimate_keys, ls->l);
+    return conf_get_int(x, v, 1, CONF_MAX_COST, &ls->l->estimate);
+}
+
 /* One count_status item: a status 100..599, or a class 1xx..5xx. */
 static int count_status_item(struct ctx *x, struct node *n, struct conf_limit *l)
 {
@@ -718,6 +795,8 @@ static const struct key_def limit_keys[] = {
     { "shadow", h_limit_shadow, 0 },
     { "cost_header", h_limit_cost_header, 0 },
     { "count_status", h_limit_count_status, 0 },
+    { "cost_from", h_limit_cost_from, 0 },
+    { "estimate", h_limit_estimate, 0 },
     { "status", h_limit_status, 0 },
     { "message", h_limit_message, 0 },
     { "overrides", h_limit_overrides, 0 },
@@ -1019,6 +1098,23 @@ static int limit_shaping_keys(struct ctx *x, struct limit_src *ls, const char *a
         return conf_fail_bare(x, ls->delay_k ? ls->delay_k : ls->algorithm,
                               "%s does not combine with count_status in %s",
                               ls->delay_k ? "'delay'" : "concurrency", conf_where(x));
+    if (ls->estimate_k && !ls->cost_from_k)
+        return conf_fail_bare(x, ls->estimate_k, "'estimate' needs cost_from in %s",
+                              conf_where(x));
+    if (ls->cost_from_k) {
+        const char *other = ls->l->has_count_status ? "count_status" :
+                            ls->l->cost_header ? "cost_header" : ls->delay_k ? "delay" : NULL;
+        if (a != LIMITER_FIXED_WINDOW && a != LIMITER_SLIDING_WINDOW &&
+            a != LIMITER_TOKEN_BUCKET && a != LIMITER_GCRA)
+            return conf_fail_bare(x, ls->cost_from_k, "'cost_from' does not apply to %s in %s "
+                                  "(only to fixed_window, sliding_window, token_bucket and "
+                                  "gcra)", an, conf_where(x));
+        if (other)
+            return conf_fail_bare(x, ls->cost_from_k, "'cost_from' does not combine with %s "
+                                  "in %s", other, conf_where(x));
+        if (ls->l->estimate == 0)
+            ls->l->estimate = 1;
+    }
     if (ls->delay) {
         size_t old = conf_path_push_key(x, "delay");
         int rc = conf_get_duration(x, ls->delay, &ls->l->params.delay_ms);
@@ -1107,6 +1203,19 @@ static int h_route_limits(struct ctx *x, struct node *k, struct node *v, void *o
         conf_path_pop(x, old);
         if (rc < 0)
             return -1;
+    }
+    /* one response, one place its cost is read from */
+    const struct conf_limit *first = NULL;
+    for (int i = 0; i < r->nlimits; i++) {
+        const struct conf_limit *l = &r->limits[i];
+        if (!l->cost_from)
+            continue;
+        if (first == NULL)
+            first = l;
+        else if (l->cost_from != first->cost_from || strcasecmp(l->cost_name, first->cost_name))
+            return conf_fail(x, v->kids[i], "the cost_from of limit '%s' differs from limit "
+                             "'%s''s: a route's limits read the cost from one place",
+                             l->name, first->name);
     }
     return 0;
 }

@@ -616,6 +616,8 @@ static void route_free(struct conf_route *r)
         free(r->limits[j].keys);
         free(r->limits[j].name);
         free(r->limits[j].cost_header);
+        free(r->limits[j].cost_name);
+        free(r->limits[j].estimate_json);
         tzcal_free(r->limits[j].tz);
         free(r->limits[j].message);
         for (int k = 0; k < r->limits[j].noverrides; k++) {

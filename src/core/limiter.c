@@ -502,7 +502,8 @@ static int64_t max_time_ms(const struct limiter_params *p, int overridable)
             refill = LIMITER_MAX_TIME_MS;
         else
             refill = div_ceil(p->limit * p->interval_us, 1000);
-        return clamp64(refill, 0, LIMITER_MAX_TIME_MS) + D;
+        refill = clamp64(refill, 0, LIMITER_MAX_TIME_MS);
+        return (p->settles ? 2 * refill : refill) + D;    /* a debt: one more burst */
     case LIMITER_CONCURRENCY:
         return max64(W, 1000);
     }
@@ -643,31 +644,85 @@ int limiter_slot_give(struct limiter_state *s, int64_t slot)
     return 1;
 }
 
+int64_t limiter_mark(const struct limiter_params *p, int64_t now_us)
+{
+    int64_t now_ms = now_ms_of(now_us), start, end;
+    if (p->algo == LIMITER_FIXED_WINDOW)
+        return fixed_window(p, now_ms, &start, &end);
+    if (p->algo == LIMITER_SLIDING_WINDOW && p->window_ms > 0)
+        return div_floor(now_ms, p->window_ms);
+    return 0;
+}
+
+/* A count after a settlement of cost (< 0: a charge of -cost): at least 0,
+ * and a charge makes it at most twice the limit (or leaves it). */
+static int64_t settled_count(int64_t n, int64_t cost, int64_t L)
+{
+    int64_t after = n - cost;
+    if (cost < 0 && after > 2 * L)
+        after = n > 2 * L ? n : 2 * L;
+    return after < 0 ? 0 : after;
+}
+
 int limiter_refund(struct limiter_state *s, const struct limiter_params *p,
-                   int64_t cost, int64_t now_us)
+                   int64_t cost, int64_t mark, int64_t now_us)
 {
     int64_t now_ms = now_ms_of(now_us);
-    if (!live(s, p, now_us))
+    int is_live = live(s, p, now_us);
+    if (cost == 0)
+        return 0;
+    if (p->algo == LIMITER_FIXED_WINDOW) {
+        if (!is_live || s->u.fixed.win != mark)
+            return 0;                       /* its window is over */
+        s->u.fixed.n = settled_count(s->u.fixed.n, cost, p->limit);
+        return 1;                           /* KEEPTTL */
+    }
+    if (p->algo == LIMITER_SLIDING_WINDOW) {
+        if (!is_live)
+            return 0;
+        if (s->u.sliding.win == mark)
+            s->u.sliding.cur = settled_count(s->u.sliding.cur, cost, p->limit);
+        else if (s->u.sliding.win == mark + 1)
+            s->u.sliding.prev = settled_count(s->u.sliding.prev, cost, p->limit);
+        else
+            return 0;
+        s->expire_ms = (s->u.sliding.win + 2) * p->window_ms;
+        return 1;
+    }
+    if (!is_live && cost > 0)
         return 0;                           /* absent: nothing to give back */
     if (p->algo == LIMITER_TOKEN_BUCKET) {
         struct bucket b;
-        bucket_tokens(s, 1, p, now_us, &b);
+        bucket_tokens(s, is_live, p, now_us, &b);
         double after = b.tokens + (double)cost;
+        if (cost < 0 && after < -b.B)       /* a debt of one burst at most */
+            after = b.tokens < -b.B ? b.tokens : -b.B;
         if (after >= b.B) {
             s->used = 0;
             return 1;
         }
+        s->used = 1;
+        s->algo = p->algo;
         s->u.bucket.tokens = after;
         s->u.bucket.last_us = now_us;
         s->expire_ms = now_ms + (int64_t)atleast1d(bucket_refill_ms(&b, after));
         return 1;
     }
     if (p->algo == LIMITER_GCRA) {
-        int64_t tat = s->u.gcra.tat_us - cost * p->interval_us;
+        int64_t tat, I = p->interval_us;
+        if (cost > 0) {
+            tat = s->u.gcra.tat_us - cost * I;
+        } else {
+            int64_t from = is_live ? max64(s->u.gcra.tat_us, now_us) : now_us;
+            int64_t cap = now_us + 2 * p->limit * I;
+            tat = -cost > (cap - from) / I ? (from > cap ? from : cap) : from - cost * I;
+        }
         if (tat <= now_us) {
             s->used = 0;
             return 1;
         }
+        s->used = 1;
+        s->algo = p->algo;
         s->u.gcra.tat_us = tat;
         s->expire_ms = now_ms + atleast1(div_ceil(tat - now_us, 1000));
         return 1;

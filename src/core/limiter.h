@@ -44,6 +44,9 @@ struct limiter_params {
      * The zone belongs to the config. */
     enum tzcal_unit cal;
     const struct tzcal *tz;
+    /* cost_from: a settlement after the response may leave a key owing up
+     * to one more limit (burst), so its times may run twice as long. */
+    int settles;
 };
 
 struct limiter_result {
@@ -151,9 +154,17 @@ int limiter_slot_renew(struct limiter_state *s, const struct limiter_params *p,
                        int64_t slot, int64_t now_us);
 /* Give slot back; 1 when it was held. */
 int limiter_slot_give(struct limiter_state *s, int64_t slot);
-/* Give back cost units a token_bucket or gcra limit consumed (a held request
- * whose client went away), as scripts/refund.lua does. Returns 1 when found. */
+/* Give back cost units a limit consumed, as scripts/refund.lua does: a
+ * token_bucket or gcra reservation (a held request whose client went away),
+ * or a cost_from settlement (any of the four rate algorithms but
+ * sliding_log). A negative cost charges -cost more instead, which may leave
+ * the key owing up to one more limit (burst). mark is limiter_mark() of the
+ * admission. Returns 1 when applied. */
 int limiter_refund(struct limiter_state *s, const struct limiter_params *p,
-                   int64_t cost, int64_t now_us);
+                   int64_t cost, int64_t mark, int64_t now_us);
+/* The window an admission at now_us consumed from (refund.lua's mark):
+ * fixed_window's index (a calendar window's start), sliding_window's
+ * index; 0 for the others. */
+int64_t limiter_mark(const struct limiter_params *p, int64_t now_us);
 
 #endif

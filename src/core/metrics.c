@@ -21,6 +21,7 @@ struct metrics_route {
     _Atomic uint64_t decisions[METRICS_NDECISIONS];
     _Atomic uint64_t status[METRICS_NSTATUS];
     _Atomic uint64_t regex_limit;
+    _Atomic uint64_t cost;          /* cost_from: units charged */
     _Atomic uint64_t grpc[METRICS_NGRPC];   /* by grpc-status */
 };
 
@@ -116,6 +117,12 @@ void metrics_regex_limit(struct metrics_route *m)
         atomic_fetch_add_explicit(&m->regex_limit, 1, memory_order_relaxed);
 }
 
+void metrics_cost(struct metrics_route *m, int64_t units)
+{
+    if (m && units > 0)
+        atomic_fetch_add_explicit(&m->cost, (uint64_t)units, memory_order_relaxed);
+}
+
 void metrics_count(enum metrics_counter which)
 {
     atomic_fetch_add_explicit(&counters[which], 1, memory_order_relaxed);
@@ -208,6 +215,22 @@ static void add_label(struct evbuffer *out, const char *s)
 }
 
 /* Routes whose path_regex gave up at least once. */
+static void render_costs(struct evbuffer *out)
+{
+    evbuffer_add_printf(out, "# HELP sluice_cost_charged_total Units charged to cost_from "
+                             "limits after their responses (the reported cost, or the "
+                             "estimate when none was), by route.\n"
+                             "# TYPE sluice_cost_charged_total counter\n");
+    for (struct metrics_route *m = routes; m; m = m->next) {
+        uint64_t v = load(&m->cost);
+        if (v == 0)
+            continue;
+        evbuffer_add_printf(out, "sluice_cost_charged_total{route=\"");
+        add_label(out, m->name);
+        evbuffer_add_printf(out, "\"} %llu\n", (unsigned long long)v);
+    }
+}
+
 static void render_regex_limits(struct evbuffer *out)
 {
     evbuffer_add_printf(out, "# HELP sluice_regex_limit_total path_regex matches stopped at "
@@ -322,6 +345,7 @@ static void render_routes(struct evbuffer *out)
             evbuffer_add_printf(out, "\",grpc_status=\"%d\"} %llu\n", s, (unsigned long long)v);
         }
     render_regex_limits(out);
+    render_costs(out);
 }
 
 static void render_hist(struct evbuffer *out, const char *name, const char *help,

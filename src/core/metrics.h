@@ -82,6 +82,8 @@ void metrics_response(struct metrics_route *m, int status);
 void metrics_grpc(struct metrics_route *m, int code);
 /* A path_regex match of route m stopped at its limit (answered 400). */
 void metrics_regex_limit(struct metrics_route *m);
+/* cost_from: units charged to a route's limits after a response. */
+void metrics_cost(struct metrics_route *m, int64_t units);
 void metrics_count(enum metrics_counter which);
 void metrics_add(enum metrics_counter which, uint64_t n);
 uint64_t metrics_counter_get(enum metrics_counter which);

@@ -10,6 +10,7 @@
  * Body decoding reports payload runs as offsets so the caller moves bytes
  * without copying. tests/unit/test_http1_differential.c holds this file to
  * what the http_parser-based version accepted. */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,6 +140,14 @@ struct http1 {
                                  * bounded trailers */
     unsigned tframing;          /* it may still name Content-Length (1) or
                                  * Transfer-Encoding (2) */
+    /* http1_trailer_watch(): the trailer whose value is kept */
+    char twant[HTTP1_TRAILER_NAME_MAX];     /* lower case */
+    size_t twantlen;            /* 0: none watched */
+    int tmatch;                 /* the trailer name read so far is twant's start */
+    int tcapture;               /* the trailer value being read is twant's */
+    int tgot;                   /* tval holds the (first) watched trailer's value */
+    char tval[HTTP1_TRAILER_VALUE_MAX];
+    size_t tvlen;               /* > sizeof tval: too long to keep */
 };
 
 struct http1 *http1_create(enum http1_kind kind)
@@ -817,6 +826,8 @@ static void head_begin(struct http1 *p, int head_request, struct http1_head *h)
     p->conn = 0;
     p->cl = 0;
     p->in_body = p->done = 0;
+    p->twantlen = 0;
+    p->tgot = p->tcapture = 0;
     h->len = 0;
     h->minor = 0;
     h->method = (struct http1_span){ 0, 0 };
@@ -930,6 +941,13 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
             /* the rest of a size line or of a trailer line, to its CR */
             size_t from = i;
             i = run_of(d, i, n, C_EXT);
+            if (p->cs == CH_TRAILER_VALUE && p->tcapture) {
+                for (size_t k = from; k < i && p->tvlen <= sizeof(p->tval); k++)
+                    if (p->tvlen < sizeof(p->tval))
+                        p->tval[p->tvlen++] = d[k];
+                    else
+                        p->tvlen++;         /* too long: not kept */
+            }
             p->meta += (uint32_t)(i - from > HTTP1_MAX_HEAD_BYTES ? HTTP1_MAX_HEAD_BYTES + 1
                                                                   : i - from);
             if (p->meta > HTTP1_MAX_HEAD_BYTES)
@@ -938,6 +956,10 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
                 return (long)i;
             if (d[i] != '\r')
                 return -1;
+            if (p->cs == CH_TRAILER_VALUE && p->tcapture) {
+                p->tcapture = 0;
+                p->tgot = p->tvlen <= sizeof(p->tval);
+            }
             p->cs = p->cs == CH_EXT ? CH_SIZE_LF : CH_TRAILER_LF;
             i++;
             break;
@@ -982,6 +1004,7 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
             p->cs = CH_TRAILER_NAME;
             p->tlen = 0;
             p->tframing = 3;
+            p->tmatch = p->twantlen > 0 && !p->tgot;
             /* fall through */
         case CH_TRAILER_NAME:
             /* A token; one that is or starts with a framing field's name
@@ -991,6 +1014,9 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
                     p->tframing &= ~1u;
                 if (p->tlen < 17 && (c | 0x20) != (unsigned char)"transfer-encoding"[p->tlen])
                     p->tframing &= ~2u;
+                if (p->tmatch && (p->tlen >= p->twantlen ||
+                                  (unsigned char)tolower(c) != (unsigned char)p->twant[p->tlen]))
+                    p->tmatch = 0;
                 p->tlen++;
                 if (++p->meta > HTTP1_MAX_HEAD_BYTES)
                     return -1;
@@ -1002,6 +1028,8 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
                 ((p->tframing & 1u) && p->tlen >= 14) || ((p->tframing & 2u) && p->tlen >= 17))
                 return -1;
             p->cs = CH_TRAILER_VALUE;
+            p->tcapture = p->tmatch && p->tlen == p->twantlen;
+            p->tvlen = 0;
             i++;
             break;
         case CH_TRAILER_LF:
@@ -1018,6 +1046,26 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
         }
     }
     return (long)i;
+}
+
+void http1_trailer_watch(struct http1 *p, const char *name)
+{
+    size_t n = strlen(name);
+    p->twantlen = 0;
+    if (n == 0 || n > sizeof(p->twant))
+        return;
+    for (size_t i = 0; i < n; i++)
+        p->twant[i] = (char)tolower((unsigned char)name[i]);
+    p->twantlen = n;
+}
+
+int http1_trailer_value(const struct http1 *p, const char **value, size_t *len)
+{
+    if (!p->tgot)
+        return 0;
+    *value = p->tval;
+    *len = p->tvlen;
+    return 1;
 }
 
 long http1_body_feed(struct http1 *p, const char *data, size_t len,

@@ -96,6 +96,16 @@ int http1_head_feed(struct http1 *p, const char *data, size_t len,
 long http1_body_feed(struct http1 *p, const char *data, size_t len,
                      struct http1_piece *pieces, int *npieces, int *done);
 
+/* Keep the value of the first trailer of this message's chunked body named
+ * name (any case; up to HTTP1_TRAILER_NAME_MAX bytes), as sent: a value
+ * longer than HTTP1_TRAILER_VALUE_MAX is not kept. Call after the head;
+ * the next head forgets it. http1_trailer_value: 1 with the value (not
+ * NUL-terminated, valid until the next call on p) once it was read. */
+#define HTTP1_TRAILER_NAME_MAX  256
+#define HTTP1_TRAILER_VALUE_MAX 32
+void http1_trailer_watch(struct http1 *p, const char *name);
+int http1_trailer_value(const struct http1 *p, const char **value, size_t *len);
+
 /* The peer closed: 1 when that completes an EOF-delimited body, 0 otherwise. */
 int http1_body_eof(struct http1 *p);
 

@@ -100,6 +100,9 @@ struct route_req {
     const char *claims;         /* a verified token's claims (jwt.h), or NULL:
                                  * none, or one that failed verification */
     size_t claims_len;
+    const char *body;           /* the request body when it was buffered whole
+                                 * before the decision (estimate: {json}); NULL */
+    size_t body_len;
 };
 
 /* Write the Redis key of limit l of route r for this request into

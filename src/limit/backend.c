@@ -62,6 +62,27 @@ void backend_refund(struct backend *b, const struct store_limit *l)
     b->ops->refund(b->impl, l);
 }
 
+struct backend_call *backend_settle(struct backend *b, const struct store_limit *l, int n,
+                                    void (*done)(void *arg), void *arg)
+{
+    for (int i = 0; i < n - 1; i++)
+        b->ops->refund(b->impl, &l[i]);
+    if (n < 1)
+        return NULL;
+    if (b->ops->settle == NULL) {
+        b->ops->refund(b->impl, &l[n - 1]);
+        return NULL;
+    }
+    /* one connection answers in order: the last one's answer is all of them's */
+    return b->ops->settle(b->impl, &l[n - 1], done, arg);
+}
+
+void backend_settle_cancel(struct backend *b, struct backend_call *call)
+{
+    if (call != NULL && b->ops->settle_cancel != NULL)
+        b->ops->settle_cancel(b->impl, call);
+}
+
 int backend_ready(const struct backend *b)
 {
     return b->ops->ready(b->impl);

@@ -55,6 +55,8 @@ struct store_result {
     int allowed;                /* STORE_OK: every limit allowed */
     int n;
     struct limiter_result r[STORE_MAX_LIMITS];  /* in the order given */
+    int64_t time_us;            /* STORE_OK: the decider's clock when it decided
+                                 * (Redis TIME), for limiter_mark() */
 };
 
 /* Called exactly once per call not cancelled, never from inside the decide
@@ -76,6 +78,11 @@ struct backend_ops {
     void (*release)(void *impl, const struct store_limit *l);
     void (*renew)(void *impl, const struct store_limit *l);
     void (*refund)(void *impl, const struct store_limit *l);
+    /* refund with done(arg) once applied; NULL: refund alone (the kind
+     * applies it at once) */
+    struct backend_call *(*settle)(void *impl, const struct store_limit *l,
+                                   void (*done)(void *arg), void *arg);
+    void (*settle_cancel)(void *impl, struct backend_call *call);
     int (*ready)(const void *impl);
     int64_t (*retry_ms)(const void *impl);
     int (*drain)(void *impl, void (*done)(void *arg), void *arg);
@@ -105,10 +112,23 @@ int backend_ready(const struct backend *b);
  *   backend_release  a request ended: give its slot (l->slot) back
  *   backend_renew    a request still runs: renew its slot's lease
  *   backend_refund   a held (delayed) request's client went away: give back
- *                    the cost its token_bucket or gcra reservation took */
+ *                    the cost its token_bucket or gcra reservation took; or
+ *                    a cost_from settlement: l->cost is what to give back
+ *                    (< 0: charge more), l->slot the admission's
+ *                    limiter_mark() */
 void backend_release(struct backend *b, const struct store_limit *l);
 void backend_renew(struct backend *b, const struct store_limit *l);
 void backend_refund(struct backend *b, const struct store_limit *l);
+
+/* A cost_from settlement of the keys l[0..n) (each l->cost to give back,
+ * < 0 to charge more; l->slot the admission's limiter_mark()), as
+ * backend_refund on each. Returns a call when something waits: done(arg)
+ * then runs once, from the loop, when Redis has applied the last of them
+ * (or they were given up), unless backend_settle_cancel() came first; NULL
+ * when nothing waits (the memory backend applies them at once). */
+struct backend_call *backend_settle(struct backend *b, const struct store_limit *l, int n,
+                                    void (*done)(void *arg), void *arg);
+void backend_settle_cancel(struct backend *b, struct backend_call *call);
 
 /* While Redis is unreachable: ms until the next reconnect attempt (for
  * Retry-After); 0 otherwise, and always 0 for the memory backend. */

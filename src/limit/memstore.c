@@ -395,6 +395,7 @@ int memstore_decide(struct memstore *m, const struct store_limit *limits, int n,
         limiter_clamp(&res->r[i], limits[i].params, 0);
     res->status = STORE_OK;
     res->n = n;
+    res->time_us = now_us;
     return 0;
 }
 
@@ -497,8 +498,12 @@ static int memstore_verb(struct memstore *m, const struct store_limit *l, int64_
         rc = limiter_slot_renew(&e->st, l->params, l->slot, now_us);
     } else if (e != NULL && verb == MEMSTORE_RELEASE) {
         rc = limiter_slot_give(&e->st, l->slot);
-    } else if (e != NULL) {
-        rc = limiter_refund(&e->st, l->params, l->cost, now_us);
+    } else if (e != NULL || (verb == MEMSTORE_REFUND && l->cost < 0)) {
+        if (e == NULL)          /* a charge on an absent (full) bucket or TAT */
+            e = stripe_get(s, l->key, l->keylen, hash, now_us);
+        rc = limiter_refund(&e->st, l->params, l->cost, l->slot, now_us);
+        if (rc && l->cost < 0)
+            entry_hold_if_spent(s, e, l->params, now_us);
     }
     pthread_mutex_unlock(&s->lock);
     return rc;

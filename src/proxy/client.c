@@ -63,6 +63,8 @@ static void client_free(struct client *c)
         evbuffer_free(c->body);
     if (c->held)
         evbuffer_free(c->held);
+    if (c->tail)
+        evbuffer_free(c->tail);
     if (c->trailers)
         evbuffer_free(c->trailers);
     conf_release(c->conf);

@@ -124,6 +124,8 @@ struct client {
                                          * otherwise scratch for re-framing,
                                          * empty between calls (lazy) */
     struct evbuffer *held;              /* CS_BUFFER: the head, out of the input */
+    struct evbuffer *tail;              /* cost_from: a response's last bytes, held
+                                         * until its settlement is applied */
     struct evbuffer *trailers;          /* CS_PROXY: the response's framing since
                                          * its last payload byte, its trailers at
                                          * the end (lazy) */

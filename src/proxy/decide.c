@@ -27,6 +27,7 @@
 #include "decide.h"
 #include "denycache.h"
 #include "http1.h"
+#include "jsonscan.h"
 #include "log.h"
 #include "metrics.h"
 #include "plantable.h"
@@ -46,6 +47,23 @@ static int decide_cost(const struct route_req *req, const char *name, int64_t *c
         return -1;
     *cost = v;
     return 0;
+}
+
+/* cost_from: the estimate taken at admission; with estimate: {json: PATH},
+ * the whole number at PATH of a request body buffered before the decision
+ * (at least 1), else the default. */
+#define DECIDE_MAX_ESTIMATE 1000000     /* as conf bounds a fixed estimate */
+static int64_t decide_estimate(const struct conf_limit *l, const struct route_req *req)
+{
+    struct jsonscan j;
+    int64_t v;
+    if (l->estimate_json == NULL || req->body == NULL)
+        return l->estimate;
+    jsonscan_init(&j, l->estimate_json, 0);
+    jsonscan_feed(&j, req->body, req->body_len);
+    if (!jsonscan_result(&j, &v))
+        return l->estimate;
+    return v < 1 ? 1 : v > DECIDE_MAX_ESTIMATE ? DECIDE_MAX_ESTIMATE : v;
 }
 
 /* Is the client on the top-level or the route's allow list? */
@@ -73,6 +91,7 @@ void decide_reset(struct decision *dec)
     size_t from = offsetof(struct decision, key_used);
     memset((char *)dec + from, 0, sizeof(*dec) - from);
     dec->decision = -1;
+    dec->charged = -1;
 }
 
 void decide_free(struct decision *dec)
@@ -81,7 +100,9 @@ void decide_free(struct decision *dec)
         event_free(dec->hold_ev);
     if (dec->renew_ev)
         event_free(dec->renew_ev);
-    dec->hold_ev = dec->renew_ev = NULL;
+    if (dec->settle_ev)
+        event_free(dec->settle_ev);
+    dec->hold_ev = dec->renew_ev = dec->settle_ev = NULL;
     free(dec->keybuf);
     dec->keybuf = NULL;
     dec->key_cap = 0;
@@ -259,6 +280,94 @@ static int take_shaping(struct decision *dec, const struct store_result *res, in
     return DECIDE_PENDING;
 }
 
+/* An admitted request's cost_from keys wait for their settlement, in the
+ * window the backend that decided consumed from. */
+static void note_settle(struct decision *dec, const struct store_result *res, int verdict)
+{
+    dec->settle = 0;
+    if (verdict != DECIDE_FORWARD || !res->allowed)
+        return;
+    for (int i = 0; i < res->n && i < dec->nkeys; i++)
+        if (dec->rl.limit[i]->cost_from && res->r[i].allowed) {
+            dec->settle |= 1u << i;
+            dec->mark[i] = limiter_mark(dec->key[i].params, res->time_us);
+            if (dec->charged < 0)
+                dec->charged = dec->key[i].cost;
+        }
+    dec->settle_b = dec->call_b;
+}
+
+const struct conf_limit *decide_cost_limit(const struct decision *dec)
+{
+    for (int i = 0; i < dec->nkeys; i++)
+        if (dec->settle & (1u << i))
+            return dec->rl.limit[i];
+    return NULL;
+}
+
+/* The settlement is applied: the response's end may go. */
+static void settled_cb(void *arg)
+{
+    struct decision *dec = arg;
+    dec->settle_call = NULL;
+    if (dec->settle_ev)
+        event_del(dec->settle_ev);
+    dec->done(dec->arg, 0);
+}
+
+/* Redis did not answer within redis.timeout: the response goes on, the
+ * settlement is still applied when it arrives. */
+static void settle_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct decision *dec = arg;
+    backend_settle_cancel(dec->settle_b, dec->settle_call);
+    dec->settle_call = NULL;
+    dec->done(dec->arg, 0);
+}
+
+int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *arg)
+{
+    struct store_limit sl[STORE_MAX_LIMITS];
+    int n = 0;
+    unsigned settle = dec->settle;
+    dec->settle = 0;
+    if (settle == 0)
+        return 0;
+    if (cost < 0) {                 /* the estimate stands */
+        metrics_cost(dec->rl.route->metrics, dec->charged);
+        return 0;
+    }
+    if (cost > LIMITER_MAX_LIMIT)
+        cost = LIMITER_MAX_LIMIT;
+    dec->charged = cost;
+    metrics_cost(dec->rl.route->metrics, cost);
+    for (int i = 0; i < dec->nkeys; i++)
+        if ((settle & (1u << i)) && dec->key[i].cost != cost) {
+            sl[n] = key_limit(dec, i);
+            sl[n].cost = dec->key[i].cost - cost;   /* < 0: a charge */
+            sl[n].slot = dec->mark[i];
+            n++;
+        }
+    if (n == 0)
+        return 0;
+    if (done == NULL) {
+        backend_settle(dec->settle_b, sl, n, NULL, NULL);
+        return 0;
+    }
+    dec->done = done;
+    dec->arg = arg;
+    dec->settle_call = backend_settle(dec->settle_b, sl, n, settled_cb, dec);
+    if (dec->settle_call == NULL)
+        return 0;
+    if (dec->base != NULL) {
+        if (dec->settle_ev == NULL)
+            dec->settle_ev = event_new(dec->base, -1, 0, settle_timeout_cb, dec);
+        struct timeval tv = clock_timeval(dec->conf->redis.timeout_ms);
+        event_add(dec->settle_ev, &tv);
+    }
+    return 1;
+}
+
 /* The plan of the request's client (docs/plans.md): its plan_key value's
  * run-time assignment, then its plans.assign, then the plan plan_from
  * names, then plans.default. A name no plan of this config has is passed. */
@@ -313,6 +422,11 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         int64_t cost = r->cost > 0 ? r->cost : 1;
         if (l->cost_header && decide_cost(req, l->cost_header, &cost) < 0)
             return -1;
+        if (l->cost_from) {     /* an estimate above the limit counts as the limit */
+            cost = decide_estimate(l, req);
+            if (cost > l->params.limit && l->params.limit >= 1)
+                cost = l->params.limit;
+        }
         unsigned flags = (l->shadow ? STORE_SHADOW : 0) |
                          (l->has_count_status ? STORE_CHECK_ONLY : 0);
         /* a config override of this key: its parameters (a run-time one,
@@ -492,7 +606,9 @@ static void local_cb(void *arg, const struct store_result *res)
         finish(dec, memory_failed(dec, "on_error: local"));
         return;
     }
-    finish(dec, take_shaping(dec, res, apply_decision(dec, res, 0)));
+    int verdict = apply_decision(dec, res, 0);
+    note_settle(dec, res, verdict);
+    finish(dec, take_shaping(dec, res, verdict));
 }
 
 static void backend_cb(void *arg, const struct store_result *res)
@@ -512,7 +628,9 @@ static void backend_cb(void *arg, const struct store_result *res)
         finish(dec, apply_on_error(dec));
         return;
     }
-    finish(dec, take_shaping(dec, res, apply_decision(dec, res, 1)));
+    int verdict = apply_decision(dec, res, 1);
+    note_settle(dec, res, verdict);
+    finish(dec, take_shaping(dec, res, verdict));
 }
 
 int decide_start(struct decision *dec, const struct decide_env *env, const struct conf *conf,
@@ -613,6 +731,13 @@ void decide_cancel(struct decision *dec)
         dec->call = NULL;
     }
     decide_release(dec);
+    decide_settle(dec, -1, NULL, NULL);     /* the estimate stands */
+    if (dec->settle_call) {         /* applied in Redis all the same */
+        backend_settle_cancel(dec->settle_b, dec->settle_call);
+        dec->settle_call = NULL;
+    }
+    if (dec->settle_ev)
+        event_del(dec->settle_ev);
     if (dec->count_call) {
         backend_cancel(dec->backend, dec->count_call);
         dec->count_call = NULL;

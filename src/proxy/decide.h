@@ -41,6 +41,7 @@ struct decision {
     size_t key_cap;
     struct event *hold_ev;              /* delay: forwards when due (made once) */
     struct event *renew_ev;             /* concurrency: renews the leases */
+    struct event *settle_ev;            /* cost_from: bounds the wait for a settlement */
 
     /* Zeroed per request from here (decide_reset). */
     size_t key_used;
@@ -67,6 +68,14 @@ struct decision {
     int64_t wait_ms;                    /* the delay it is (was) held for */
     int64_t hold_start_us;
     struct backend *slot_b;
+    /* cost_from: the keys admitted with their estimate (key[i].cost), each
+     * settled once after the response, on settle_b (the backend that
+     * decided), in the window mark[i] it was admitted in. */
+    unsigned settle;                    /* bit i: key i waits for its settlement */
+    int64_t mark[STORE_MAX_LIMITS];
+    struct backend *settle_b;
+    struct backend_call *settle_call;   /* the response's end waits for it */
+    int64_t charged;                    /* what the first such key was charged; -1: none */
     struct event_base *base;
     void (*done)(void *arg, int verdict);
     void (*holding)(void *arg);         /* decide_env's */
@@ -117,6 +126,22 @@ int decide_start(struct decision *dec, const struct decide_env *env, const struc
  * consume now. Returns 1 when done(arg, 0) will follow (the response waits
  * for it), 0 when nothing waits. */
 int decide_count_status(struct decision *dec, int status, decide_done *done, void *arg);
+
+/* The cost_from limit whose source the response is read for (a route's
+ * cost_from limits share one source), or NULL when the request has nothing
+ * to settle. */
+const struct conf_limit *decide_cost_limit(const struct decision *dec);
+
+/* The response reported cost (>= 0), or did not (-1: no value, an upstream
+ * error, a client gone; the estimate stands): each key admitted with an
+ * estimate is settled, the difference given back or charged (one
+ * refund.lua call per key, pipelined with the decisions). Returns 1 when
+ * done(arg, 0) follows once Redis has applied it, or after redis.timeout
+ * without an answer (with done not NULL: the caller holds the response's
+ * end until then, so the client's next request, through any proxy, is
+ * decided after it), 0 when nothing waits.
+ * Once; later calls do nothing. */
+int decide_settle(struct decision *dec, int64_t cost, decide_done *done, void *arg);
 
 /* The answers are no longer wanted: no callback runs after this. Gives back
  * what the request holds (decide_release), including the slots a decision

@@ -77,6 +77,36 @@ static void move_all(struct evbuffer *dst, struct evbuffer *src)
     }
 }
 
+/* cost_from json and sse: the response body is scanned up to this many
+ * payload bytes; what comes after streams on unread. */
+#define EXCHANGE_COST_SCAN_MAX (16u << 20)
+
+/* The last n bytes of b are payload of a response scanned for its cost. */
+static void cost_feed(struct request *rq, struct evbuffer *b, size_t n)
+{
+    if (n > EXCHANGE_COST_SCAN_MAX - rq->cost_scanned)
+        n = EXCHANGE_COST_SCAN_MAX - rq->cost_scanned;
+    if (n == 0)
+        return;
+    rq->cost_scanned += n;
+    struct evbuffer_ptr at;
+    struct evbuffer_iovec v[8];
+    evbuffer_ptr_set(b, &at, evbuffer_get_length(b) - n, EVBUFFER_PTR_SET);
+    while (n > 0) {
+        int k = evbuffer_peek(b, (ev_ssize_t)n, &at, v, 8);
+        size_t fed = 0;
+        for (int i = 0; i < k && i < 8 && fed < n; i++) {
+            size_t m = v[i].iov_len < n - fed ? v[i].iov_len : n - fed;
+            jsonscan_feed(&rq->cost_scan, v[i].iov_base, m);
+            fed += m;
+        }
+        if (fed == 0)
+            return;
+        n -= fed;
+        evbuffer_ptr_set(b, &at, fed, EVBUFFER_PTR_ADD);
+    }
+}
+
 /* The last chunk, with the trailer section a chunked body ended with
  * (tail: what conn_pump_tail kept: "\r\n" ending a data chunk, maybe, the
  * last chunk's size line, the trailer lines, "\r\n"), or none. The tail is
@@ -104,10 +134,10 @@ static void last_chunk(struct evbuffer *dst, struct evbuffer *tail)
  * large as what arrived, not one chunk per byte; a chunked body's trailers
  * go on after it when tail keeps them (NULL: dropped). scratch is empty
  * before and after. Returns as pump_once; *payload gets the payload bytes
- * moved. */
+ * moved. A response scanned for its cost (cost not NULL) has its payload fed. */
 static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst,
                      struct evbuffer *scratch, struct evbuffer *tail, int chunked,
-                     size_t room, size_t *payload)
+                     size_t room, size_t *payload, struct request *cost)
 {
     struct evbuffer *to = chunked ? scratch : dst;
     int rc;
@@ -117,6 +147,8 @@ static int pump_body(struct http1 *p, struct evbuffer *src, struct evbuffer *dst
         size_t n;
         rc = conn_pump_tail(p, src, to, tail, &n);
         *payload += n;
+        if (cost && cost->cost_scanning && n > 0)
+            cost_feed(cost, to, n);
     } while (rc == 2 && *payload < room);
     if (!chunked)
         return rc;
@@ -231,7 +263,7 @@ static void buffer_drop(struct client *c);
 void exchange_start(struct client *c, const struct exchange_ops *ops)
 {
     c->rq->xops = ops;
-    if (c->state != CS_BUFFER && buffer_wanted(c)) {
+    if (c->state != CS_BUFFER && !c->rq->body_buffered && buffer_wanted(c)) {
         buffer_begin(c);
         return;
     }
@@ -340,6 +372,31 @@ static int body_counted(struct client *c, int rc, size_t payload)
     return 0;
 }
 
+int exchange_buffer_first(struct client *c, const struct exchange_ops *ops)
+{
+    if (!buffer_wanted(c))
+        return 0;
+    c->rq->xops = ops;
+    c->rq->body_first = 1;
+    buffer_begin(c);
+    exchange_buffer_body(c);        /* what came with the head */
+    return 1;
+}
+
+const char *exchange_buffered(struct client *c, size_t *len)
+{
+    if (!c->rq->body_buffered || c->body == NULL)
+        return NULL;
+    *len = evbuffer_get_length(c->body);
+    return (const char *)evbuffer_pullup(c->body, -1);
+}
+
+void exchange_buffer_drop(struct client *c)
+{
+    if (c->rq->body_buffered)
+        buffer_drop(c);
+}
+
 /* exchange_read_body's end: the body (a copy, as c->body is let go first:
  * the answer may start the next request) to the request's body_read. */
 static void read_body_done(struct client *c, int over)
@@ -390,6 +447,12 @@ void exchange_buffer_body(struct client *c)
         }
     }
     conn_timer(c, TM_NONE, 0);
+    if (c->rq->body_first) {        /* the decision waited for the body */
+        c->rq->body_first = 0;
+        c->rq->body_buffered = 1;
+        c->rq->xops->buffered(c);
+        return;
+    }
     if (c->rq->read_max)
         read_body_done(c, !c->rq->req_done);
     else
@@ -444,7 +507,7 @@ void exchange_pump_request(struct client *c)
             return;
         size_t payload;
         int rc = pump_body(c->parser, in, uo, lazy_buffer(&c->body), NULL, chunked,
-                           CONN_HIGH_WATER - queued, &payload);
+                           CONN_HIGH_WATER - queued, &payload, NULL);
         if (body_counted(c, rc, payload) < 0)
             return;
         if (rc == 1) {
@@ -483,6 +546,86 @@ static void upstream_limits(const char *buf, const struct http1_head *h,
         }
     }
     up->has_legacy = have[0] && have[1] && have[2];
+}
+
+/* A header's or trailer's cost: a whole number, OWS around it; -1 when
+ * it is not one (or above LIMITER_MAX_LIMIT). */
+static int64_t cost_number(const char *v, size_t n)
+{
+    size_t i = 0;
+    int64_t x = 0;
+    while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    while (i < n && (v[i] == ' ' || v[i] == '\t'))
+        i++;
+    if (i == n)
+        return -1;
+    for (; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9' || x > LIMITER_MAX_LIMIT)
+            return -1;
+        x = x * 10 + (v[i] - '0');
+    }
+    return x > LIMITER_MAX_LIMIT ? -1 : x;
+}
+
+static void cost_settled(void *arg, int verdict);
+
+/* The final response head is in: where its cost_from limit's cost comes
+ * from. A header settles now, and the head waits until Redis has applied
+ * it (returns 1: cost_settled resumes); a trailer is watched for and a
+ * JSON or SSE body scanned, both settled at the body's end (cost_end),
+ * the body passing through c->tail so that its last bytes can wait. */
+static int cost_begin(struct client *c, const char *buf)
+{
+    const struct conf_limit *l = decide_cost_limit(&c->rq->dec);
+    struct upstream_conn *uc = c->rq->up;
+    if (l == NULL)
+        return 0;
+    int body = uc->head.body != HTTP1_BODY_NONE;
+    if (l->cost_from == CONF_COST_HEADER) {
+        int i = http1_find(buf, &uc->head, l->cost_name, 0);
+        int64_t v = i < 0 || http1_find(buf, &uc->head, l->cost_name, i + 1) >= 0 ? -1 :
+                    cost_number(buf + uc->head.h[i].value.off, uc->head.h[i].value.len);
+        if (!decide_settle(&c->rq->dec, v, cost_settled, c))
+            return 0;
+        io_disable(uc->io, EV_READ);
+        return 1;
+    }
+    if (l->cost_from == CONF_COST_TRAILER && uc->head.body == HTTP1_BODY_CHUNKED) {
+        http1_trailer_watch(uc->parser, l->cost_name);
+        c->rq->cost_hold = 1;
+    } else if ((l->cost_from == CONF_COST_JSON || l->cost_from == CONF_COST_SSE) && body) {
+        jsonscan_init(&c->rq->cost_scan, l->cost_name, l->cost_from == CONF_COST_SSE);
+        c->rq->cost_scanning = 1;
+        c->rq->cost_hold = 1;
+    } else {
+        decide_settle(&c->rq->dec, -1, NULL, NULL);     /* no body, no trailer: the estimate */
+    }
+    return 0;
+}
+
+/* The cost the response's body or trailer carried; -1: none. */
+static int64_t cost_end_value(struct client *c)
+{
+    const struct conf_limit *l = decide_cost_limit(&c->rq->dec);
+    int64_t v = -1;
+    if (l != NULL && l->cost_from == CONF_COST_TRAILER) {
+        const char *t;
+        size_t n;
+        if (http1_trailer_value(c->rq->up->parser, &t, &n))
+            v = cost_number(t, n);
+    } else if (c->rq->cost_scanning && !jsonscan_result(&c->rq->cost_scan, &v)) {
+        v = -1;
+    }
+    c->rq->cost_scanning = 0;
+    return v;
+}
+
+/* The response body ended: settle with what it carried. Returns 1 while
+ * its end waits for that (cost_settled follows). */
+static int cost_end(struct client *c)
+{
+    return decide_settle(&c->rq->dec, cost_end_value(c), cost_settled, c);
 }
 
 /* Status line and fields as the upstream sent them, less hop-by-hop fields,
@@ -678,6 +821,8 @@ static int read_response_head(struct client *c)
         }
         if (c->rq->dec.count_call || c->rq->xops->consume_counted(c, status))
             return 0;   /* counted_done_cb resumes */
+        if (c->rq->dec.settle_call || cost_begin(c, data))
+            return 0;   /* cost_settled resumes */
         c->rq->xops->drain_head(c);  /* the request head is no longer needed for a retry */
         c->rq->xops->count_response(c, status);
         grpc_status_seen(c, data, &uc->head);
@@ -699,7 +844,7 @@ void exchange_pump_response(struct client *c)
     struct upstream_conn *uc = c->rq->up;
     struct evbuffer *ui = io_input(uc->io);
     struct evbuffer *out = io_output(c->io);
-    while (!c->rq->resp_done) {
+    while (!c->rq->resp_done && !c->rq->dec.settle_call) {
         size_t queued = evbuffer_get_length(out);
         if (queued > CONN_HIGH_WATER) {
             io_disable(uc->io, EV_READ);
@@ -707,16 +852,24 @@ void exchange_pump_response(struct client *c)
             return;
         }
         size_t payload;
-        int rc = pump_body(uc->parser, ui, out, lazy_buffer(&c->body),
+        struct evbuffer *to = c->rq->cost_hold ? lazy_buffer(&c->tail) : out;
+        int rc = pump_body(uc->parser, ui, to, lazy_buffer(&c->body),
                            lazy_buffer(&c->trailers), c->rq->out_chunked,
-                           CONN_HIGH_WATER - queued, &payload);
+                           CONN_HIGH_WATER - queued, &payload, c->rq);
         c->rq->xops->count_out(c, payload);
         if (rc < 0) {
+            evbuffer_drain(to, evbuffer_get_length(to));
             log_warn("exchange: bad response body from upstream '%s': cutting the client",
                      upstream_conf(uc->pool)->servers[uc->server].text);
             c->rq->xops->fail(c, 502);
             return;
         }
+        if (rc == 1 && cost_end(c)) {
+            io_disable(uc->io, EV_READ);    /* the end waits: cost_settled */
+            return;
+        }
+        if (to != out)
+            move_all(out, to);
         if (rc == 1) {
             c->rq->resp_done = 1;
             grpc_trailers_seen(c);
@@ -724,6 +877,28 @@ void exchange_pump_response(struct client *c)
             return;
         }
     }
+}
+
+/* A settlement is applied: the response's head, or its last bytes, go on. */
+static void cost_settled(void *arg, int verdict)
+{
+    struct client *c = arg;
+    conn_enter(c);
+    if (c->rq->up)
+        io_enable(c->rq->up->io, EV_READ);
+    if (!c->rq->resp_started) {
+        exchange_resume(c);
+    } else {
+        if (c->tail)
+            move_all(io_output(c->io), c->tail);
+        c->rq->resp_done = 1;
+        grpc_trailers_seen(c);
+        if (!c->dead && c->rq->up)
+            exchange_maybe_finish(c);
+        if (!c->dead)
+            c->ops->process(c);
+    }
+    conn_leave(c);
 }
 
 /* Both directions finished: give the upstream connection back when it is
@@ -807,6 +982,9 @@ static void up_event_cb(struct io *io, short what, void *arg)
         exchange_pump_response(c);
         if (!c->dead && !c->rq->resp_done && http1_body_eof(uc->parser)) {
             c->rq->resp_done = 1;
+            decide_settle(&c->rq->dec, cost_end_value(c), NULL, NULL);  /* the close ends it */
+            if (c->tail)
+                move_all(io_output(c->io), c->tail);
             if (c->rq->out_chunked)
                 evbuffer_add(io_output(c->io), "0\r\n\r\n", 5);
             exchange_maybe_finish(c);

@@ -31,6 +31,9 @@ struct exchange_ops {
     /* response metrics: its status, and bytes sent to the client */
     void (*count_response)(struct client *c, int status);
     void (*count_out)(struct client *c, uint64_t n);
+    /* exchange_buffer_first: the body is in (whole, or as much as
+     * client.buffer_body_bytes takes): decide now */
+    void (*buffered)(struct client *c);
     /* exchange_read_body: the whole body, body[0..len) (a copy, valid
      * during the call), or its first len bytes when it is larger than the
      * max (over: 1; the rest is unread) */
@@ -40,6 +43,15 @@ struct exchange_ops {
 /* The request is allowed: go upstream (or buffer its small body first).
  * ops (static, not owned) hears what happens until the request ends. */
 void exchange_start(struct client *c, const struct exchange_ops *ops);
+/* Before the decision (an estimate read from the body): buffer a small
+ * body as exchange_start would; returns 1 when buffering began (ops'
+ * buffered follows once it is in, and exchange_start then sends it), 0
+ * when the body is none or too large to buffer. */
+int exchange_buffer_first(struct client *c, const struct exchange_ops *ops);
+/* The body buffered first (exchange_buffer_first), or NULL; a request
+ * answered locally instead of forwarded lets it go (exchange_buffer_drop). */
+const char *exchange_buffered(struct client *c, size_t *len);
+void exchange_buffer_drop(struct client *c);
 /* A request answered here, not forwarded (Envoy's RLS calls): read its
  * whole body, at most max payload bytes, as a small body is buffered
  * (CS_BUFFER, the same timeouts), then ops->body_read. */

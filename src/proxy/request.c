@@ -227,6 +227,8 @@ void request_log_end(struct client *c)
         .tls = c->tls_version,
         .delay_ms = c->rq->dec.wait_ms,
         .key_fallback = c->rq->dec.fallback != 0,
+        .has_cost = c->rq->dec.charged >= 0,
+        .cost = c->rq->dec.charged,
         .has_grpc_status = rq->grpc_status >= 0,
         .grpc_status = rq->grpc_status,
         .http2 = c->h2_stream,
@@ -311,6 +313,17 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
 }
 
 static void new_request_id(struct client *c);
+static const struct exchange_ops request_exchange_ops;
+
+/* A limit of the route estimates its cost from the request body: the body
+ * is buffered (when small enough) before the decision. */
+static int body_estimated(const struct conf_route *r)
+{
+    for (int i = 0; i < r->nlimits; i++)
+        if (r->limits[i].estimate_json)
+            return 1;
+    return 0;
+}
 
 /* A denial's status: a decision listener's decision.deny_status when set,
  * otherwise the denying limit's own (429 unless it sets one). */
@@ -600,6 +613,8 @@ void request_head(struct client *c)
     }
     if (c->rq->route->uses_jwt && request_jwt(c) < 0)
         return;
+    if (body_estimated(c->rq->route) && exchange_buffer_first(c, &request_exchange_ops))
+        return;                     /* request_buffered decides */
     decide(c);
 }
 
@@ -703,6 +718,13 @@ static void rls_body(struct client *c, const uint8_t *body, size_t len, int over
     c->state = CS_DECIDE;       /* rls_done_cb answers */
 }
 
+/* The body a decision waited for is in. */
+static void request_buffered(struct client *c)
+{
+    c->state = CS_DECIDE;
+    decide(c);
+}
+
 /* What the exchange reports back to the request. */
 static const struct exchange_ops request_exchange_ops = {
     .answer = request_answer,
@@ -712,6 +734,7 @@ static const struct exchange_ops request_exchange_ops = {
     .consume_counted = request_consume_counted,
     .count_response = request_count_response,
     .count_out = request_count_out,
+    .buffered = request_buffered,
     .body_read = rls_body,              /* exchange_read_body's: RLS calls */
 };
 
@@ -741,6 +764,8 @@ static void rls_begin(struct client *c)
 /* The verdict is in: forward, or answer. */
 static void decided(struct client *c, int verdict)
 {
+    if (verdict != DECIDE_FORWARD)
+        exchange_buffer_drop(c);    /* a body buffered for the decision */
     if (c->decision && c->rq->dec.decision >= 0)
         metrics_decision_mode((enum metrics_decision)c->rq->dec.decision);
     switch (verdict) {
@@ -821,7 +846,8 @@ static void decide(struct client *c)
                               c->env->base, request_holding };
     struct route_req req = { c->rq->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
                              c->rq->route->regex ? &rq->caps : NULL,
-                             rq->jwt_ok ? rq->claims : NULL, rq->claims_len };
+                             rq->jwt_ok ? rq->claims : NULL, rq->claims_len, NULL, 0 };
+    req.body = exchange_buffered(c, &req.body_len);
     int v = decide_start(&rq->dec, &env, c->conf, c->rq->route, &req, request_decided, c);
     if (v != DECIDE_PENDING)
         decided(c, v);

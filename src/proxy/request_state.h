@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "decide.h"
+#include "jsonscan.h"
 #include "route.h"
 
 struct exchange_ops;
@@ -85,6 +86,13 @@ struct request {
     int64_t up_deadline_ms;             /* response head due by then; 0: not yet */
     int interims;                       /* 1xx heads read for this request */
     int interims_relayed;
+    int body_first;                     /* buffering before the decision */
+    int body_buffered;                  /* the body was buffered before it */
+    /* cost_from: the response body scanned for the cost (exchange.c) */
+    int cost_scanning;
+    int cost_hold;                      /* the body goes through c->tail */
+    uint64_t cost_scanned;              /* payload bytes fed so far */
+    struct jsonscan cost_scan;
 };
 
 #endif

@@ -246,13 +246,23 @@ static void store_refund_release(struct store_req *q)
 {
     if (q->wait_ev != NULL)
         event_free(q->wait_ev);
+    if (q->notify_ev != NULL)
+        event_free(q->notify_ev);
     free(q->cmd);
     free(q);
 }
 
+static void store_refund_notify_cb(evutil_socket_t fd, short what, void *arg);
+
 static void store_refund_free(struct store_req *q)
 {
     struct store *s = q->s;
+    if (q->notify != NULL) {        /* a settlement: told from the loop, then freed */
+        if (q->notify_ev == NULL)
+            q->notify_ev = store_timer(s, store_refund_notify_cb, q);
+        event_active(q->notify_ev, EV_TIMEOUT, 0);
+        return;
+    }
     list_unlink(&s->refunds, &q->refund);
     store_refund_release(q);
     if (s->refunds.first == NULL && s->drain_done != NULL)   /* a draining store owes nothing now */
@@ -329,16 +339,52 @@ static void store_refund(struct store_call *c, const struct store_req *g)
     }
 }
 
-/* One limit's give-back (store.h): refund.lua with TIME 0 0 (only
- * sliding_log reads it) and the slot id as the mark, sent like a refund. */
+static void store_refund_notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct store_req *q = arg;
+    void (*done)(void *) = q->notify;
+    void *done_arg = q->notify_arg;
+    q->notify = NULL;
+    store_refund_free(q);
+    if (done != NULL)
+        done(done_arg);
+}
+
+static struct store_req *store_give_back_req(struct store *s, const struct store_limit *l);
+
 void store_give_back(struct store *s, const struct store_limit *l)
+{
+    store_give_back_req(s, l);
+}
+
+struct store_req *store_settle(struct store *s, const struct store_limit *l,
+                               void (*done)(void *arg), void *arg)
+{
+    struct store_req *q = store_give_back_req(s, l);
+    if (q != NULL) {
+        q->notify = done;
+        q->notify_arg = arg;
+    }
+    return q;
+}
+
+void store_settle_cancel(struct store_req *q)
+{
+    q->notify = NULL;               /* a pending notify_ev then only frees it */
+}
+
+/* One limit's give-back (store.h): refund.lua with TIME 0 0 (only
+ * sliding_log reads it) and the slot id (a settlement: the window) as the
+ * mark, sent like a refund. Returns the request while it waits for its
+ * answer, NULL when it is gone already (nothing sent). */
+static struct store_req *store_give_back_req(struct store *s, const struct store_limit *l)
 {
     struct store_call tmp;
     int li[1] = { 0 };
     int64_t times[2] = { 0, 0 }, marks[1] = { l->slot };
     if (l->params->algo == LIMITER_CONCURRENCY ? l->slot < 1 :
-        l->params->algo != LIMITER_TOKEN_BUCKET && l->params->algo != LIMITER_GCRA)
-        return;
+        l->params->algo == LIMITER_SLIDING_LOG || l->cost == 0)
+        return NULL;
     memset(&tmp, 0, sizeof(tmp));
     tmp.n = 1;
     tmp.params[0] = *l->params;
@@ -356,7 +402,9 @@ void store_give_back(struct store *s, const struct store_limit *l)
     if (req_dispatch(q) != 0) {
         q->done = 1;
         store_req_settle(q);
+        return NULL;
     }
+    return q;
 }
 
 /* Every group has answered: allowed only when all allowed. When some group

@@ -62,6 +62,14 @@ int store_connected(const struct store *s);
  * held (delayed) token_bucket or gcra request reserved when its client went
  * away. Dropped when the store is not connected: a slot's lease ends it. */
 void store_give_back(struct store *s, const struct store_limit *l);
+/* The same for a cost_from settlement, and done(arg) once it is answered
+ * or given up (from the loop, never from inside this call), unless
+ * store_settle_cancel(its request) first. NULL: nothing was sent (nothing
+ * to settle, or Redis unavailable: given up at once), nothing follows. */
+struct store_req;
+struct store_req *store_settle(struct store *s, const struct store_limit *l,
+                               void (*done)(void *arg), void *arg);
+void store_settle_cancel(struct store_req *q);
 
 /* The owner is done with s (every call answered or cancelled) but s may
  * still owe Redis give-backs and refunds it has queued: a reload that

@@ -24,6 +24,17 @@ static void sb_give_back(void *impl, const struct store_limit *l)
     store_give_back(impl, l);
 }
 
+static struct backend_call *sb_settle(void *impl, const struct store_limit *l,
+                                      void (*done)(void *arg), void *arg)
+{
+    return (struct backend_call *)store_settle(impl, l, done, arg);
+}
+
+static void sb_settle_cancel(void *impl, struct backend_call *call)
+{
+    store_settle_cancel((struct store_req *)call);
+}
+
 static void renew_answered(void *arg, const struct store_result *res)
 {
     /* nothing waits: a lost renewal is retried by the next one */
@@ -57,7 +68,8 @@ static void sb_destroy(void *impl)
 
 static const struct backend_ops store_backend_ops = {
     .decide = sb_decide, .cancel = sb_cancel, .release = sb_give_back, .renew = sb_renew,
-    .refund = sb_give_back, .ready = sb_ready, .retry_ms = sb_retry_ms, .drain = sb_drain,
+    .refund = sb_give_back, .settle = sb_settle, .settle_cancel = sb_settle_cancel,
+    .ready = sb_ready, .retry_ms = sb_retry_ms, .drain = sb_drain,
     .destroy = sb_destroy, .redis = 1,
 };
 

@@ -435,10 +435,9 @@ void store_batch_parse(struct store_req *q, const long long *v, size_t at, int m
         limiter_clamp(r, &c->params[li], q->s->rc.overrides);
         c->params[li].limit = r->limit;
     }
-    if (marks) {
-        q->time_s = v[0];
-        q->time_us = v[1];
-    }
+    q->time_s = v[0];
+    q->time_us = v[1];
+    c->res.time_us = v[0] * 1000000 + v[1];
 }
 
 static void store_batch_cb(struct rconn *ac, redisReply *reply, void *privdata)

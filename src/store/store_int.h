@@ -101,8 +101,12 @@ struct store_req {
     int n;
     int idx[STORE_MAX_LIMITS];      /* which limits of the call */
     int allowed;
-    int64_t time_s, time_us;        /* with marks (m < 0): TIME the script ran at */
+    int64_t time_s, time_us;        /* TIME the script ran at */
     int64_t mark[STORE_MAX_LIMITS];
+    /* a settlement (store_settle): told when it is done, from notify_ev */
+    void (*notify)(void *arg);
+    void *notify_arg;
+    struct event *notify_ev;
 };
 
 /* A call's life: it leaves the free list in store_decide(), is answered at

@@ -18,7 +18,7 @@ FUZZ_SECONDS  ?= 60
 FUZZ_DIR      := build/fuzz
 FUZZ_ALL      := http1_request http1_response conf route_normalize route_key \
                  h1write_request h1write_response http1_differential redis_reply admin_api \
-                 fwdauth rls h2srv jwt
+                 fwdauth rls h2srv jwt jsonscan
 FUZZ_TARGETS  ?= $(FUZZ_ALL)
 FUZZ_SAN      := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_BASE     := -g -O1 -std=c11 -D_GNU_SOURCE $(SRC_INC) -Ibuild/proto $(FUZZ_SAN) $(FUZZ_EXTRA) \
@@ -41,19 +41,20 @@ FUZZ_DEBS     := clang-14 libfuzzer-14-dev llvm-14
 # The src/ modules each target links, and its longest input.
 FUZZ_OBJS_http1_request   := http1 mem
 FUZZ_OBJS_http1_response  := http1 mem
-FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load addr limiter tzcal regex esc mem
-FUZZ_OBJS_route_normalize := route jwt digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load limiter tzcal regex esc mem
-FUZZ_OBJS_route_key       := route jwt digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load limiter tzcal regex esc http1 mem
+FUZZ_OBJS_conf            := conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load addr limiter tzcal regex esc jsonscan mem
+FUZZ_OBJS_route_normalize := route jwt digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load limiter tzcal regex esc jsonscan http1 mem
+FUZZ_OBJS_route_key       := route jwt digest addr conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load limiter tzcal regex esc jsonscan http1 mem
 FUZZ_OBJS_h1write_request := h1write http1 mem
 FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_OBJS_http1_differential := http1 http1_ref mem
 FUZZ_OBJS_redis_reply     := rconn store_util tls_client log mem
+FUZZ_OBJS_jsonscan        := jsonscan
 FUZZ_OBJS_admin_api       := admin_api digest memstore kvtable list limiter tzcal route jwt addr regex http1 esc \
-                             conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load \
+                             conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load jsonscan \
                              resetbus plantable loopthread store_sync store_sub store_util rconn tls_client \
                              metrics log mem
 FUZZ_OBJS_rls             := rls_wire rls_match digest mem conf conf_value conf_tls conf_net \
-                             conf_redis conf_limits conf_jwt conf_rls conf_load addr limiter tzcal regex esc \
+                             conf_redis conf_limits conf_jwt conf_rls conf_load addr limiter tzcal regex esc jsonscan \
                              rls.pb-c ratelimit.pb-c base.pb-c duration.pb-c wrappers.pb-c \
                              ratelimit_unit.pb-c
 FUZZ_OBJS_h2srv           := h2srv h2msg http1 io list log mem
@@ -74,6 +75,7 @@ FUZZ_OBJS_fwdauth         := fwdauth $(FUZZ_OBJS_route_key)
 FUZZ_LEN_fwdauth          := 4096
 FUZZ_DICT_fwdauth         := tests/fuzz/route.dict
 FUZZ_LEN_rls              := 4096
+FUZZ_LEN_jsonscan         := 8192
 FUZZ_DICT_http1_request   := tests/fuzz/http1.dict
 FUZZ_DICT_http1_response  := tests/fuzz/http1.dict
 FUZZ_DICT_conf            := tests/fuzz/conf.dict
@@ -87,6 +89,7 @@ FUZZ_DICT_admin_api       := tests/fuzz/admin_api.dict
 FUZZ_DICT_rls             := tests/fuzz/rls.dict
 FUZZ_DICT_h2srv           := tests/fuzz/h2srv.dict
 FUZZ_DICT_jwt             := tests/fuzz/jwt.dict
+FUZZ_DICT_jsonscan        := tests/fuzz/jsonscan.dict
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 
@@ -146,6 +149,7 @@ fuzz: fuzz-build
 	    h2srv) len=$(FUZZ_LEN_h2srv); dict=$(FUZZ_DICT_h2srv);; \
 	    jwt) len=$(FUZZ_LEN_jwt); dict=$(FUZZ_DICT_jwt);; \
 	    fwdauth) len=$(FUZZ_LEN_fwdauth); dict=$(FUZZ_DICT_fwdauth);; \
+	    jsonscan) len=$(FUZZ_LEN_jsonscan); dict=$(FUZZ_DICT_jsonscan);; \
 	  esac; \
 	  work=$(FUZZ_DIR)/corpus-$$t; mkdir -p $$work; cp -n tests/fuzz/corpus/$$t/* $$work/; \
 	  log=$(FUZZ_DIR)/$$t.log; \

@@ -34,6 +34,7 @@ CONCURRENCY = 5
 STEP = re.compile(r"^at (-?\d+) cost (\d+)(?: slot ([1-9]\d*))? -> ([01])"
                   r"((?: \| [01] -?\d+ -?\d+ -?\d+)+)\s*$")
 SLOT_STEP = re.compile(r"^(release|renew) (-?\d+) slot ([1-9]\d*)(?: -> ([01]))?\s*$")
+SETTLE_STEP = re.compile(r"^settle (-?\d+) admitted (-?\d+) cost (-?[1-9]\d*)\s*$")
 
 
 class Case:
@@ -43,6 +44,7 @@ class Case:
         self.limits = []    # dicts: algo, limit, window_ms, interval_us, flags, key
         self.steps = []     # (line, at_us, cost, allowed, [(a, rem, reset, retry)...], slot)
                             # or (line, "release"/"renew", at_us, slot, allowed)
+                            # or (line, "settle", at_us, admitted_us, cost)
 
 
 def parse_limit(case, rest, lineno):
@@ -85,6 +87,13 @@ def parse_slot_step(case, line, lineno):
                        int(m.group(4) or 0)))
 
 
+def parse_settle_step(case, line, lineno):
+    m = SETTLE_STEP.match(line)
+    if not m or not case.limits:
+        raise ValueError("%s:%d: cannot read step" % (TABLE, lineno))
+    case.steps.append((lineno, "settle", int(m.group(1)), int(m.group(2)), int(m.group(3))))
+
+
 def load_cases():
     cases = []
     with open(TABLE) as f:
@@ -101,6 +110,8 @@ def load_cases():
                 parse_step(cases[-1], rest, lineno)
             elif word in ("release", "renew") and cases:
                 parse_slot_step(cases[-1], line, lineno)
+            elif word == "settle" and cases:
+                parse_settle_step(cases[-1], line, lineno)
             else:
                 raise ValueError("%s:%d: cannot read %r" % (TABLE, lineno, line))
     for c in cases:
@@ -196,6 +207,17 @@ def slot_step(port, shas, keys, limits, kind, at_us, slot):
                      slot)[0]
 
 
+def settle_step(port, refund_sha, keys, limits, at_us, admitted_us, cost):
+    """A cost_from settlement: refund.lua per key with the signed cost, the
+    admission's window as the mark, on the fake clock at_us."""
+    for k, lim in zip(keys, limits):
+        assert not lim["cal"], "settle steps take no calendar windows here"
+        W = lim["window_ms"]
+        mark = admitted_us // 1000 // W if lim["algo"] in (0, 1) else 0
+        redis_cmds(port, [["EVALSHA", refund_sha, 1, k, 0, 0, 1, lim["algo"], lim["limit"],
+                           W, lim["interval_us"], cost, mark, at_us]])
+
+
 def test_table_is_big_enough():
     assert len(CASES) >= 40
     per_algo = [0] * len(ALGOS)
@@ -214,6 +236,11 @@ def test_case(lua_redis, idx):
     keys = ["ltable:{%d}:%s" % (idx, lim["key"]) for lim in case.limits]
     bad = []
     for step in case.steps:
+        if step[1] == "settle":
+            lineno, _, at_us, admitted_us, cost = step
+            settle_step(port, shas[1], keys, case.limits, base_us + at_us, base_us + admitted_us,
+                        cost)
+            continue
         if step[1] in ("release", "renew"):
             lineno, kind, at_us, slot, allowed = step
             got = slot_step(port, shas, keys, case.limits, kind, base_us + at_us, slot)

@@ -1104,7 +1104,7 @@ static void check_robust(const char *text, size_t len)
 static void test_robust(void **state)
 {
     FILE *f = fopen(REFERENCE, "rb");
-    char buf[16384], mut[16384];
+    char buf[32768], mut[32768];
     size_t len;
     unsigned seed = 12345;
     static const char bytes[] = "{}[]:,-&*!|>'\"%@`#\n \t${}/0\xff\x80";

@@ -28,13 +28,14 @@
 
 /* A step decides, or (concurrency) releases or renews a slot in every
  * concurrency limit of the case. */
-enum lcase_kind { LCASE_DECIDE, LCASE_RELEASE, LCASE_RENEW };
+enum lcase_kind { LCASE_DECIDE, LCASE_RELEASE, LCASE_RENEW, LCASE_SETTLE };
 
 struct lcase_step {
     int line;
     enum lcase_kind kind;
     int64_t slot;                           /* concurrency: the slot id, 0: none */
-    int64_t at_us, cost;
+    int64_t at_us, cost;                    /* settle: cost signed (< 0: a charge) */
+    int64_t admitted_us;                    /* settle: when the request was admitted */
     int allowed;
     struct limiter_result r[STORE_MAX_LIMITS];
 };
@@ -150,6 +151,29 @@ static int lcase_slot_step(struct lcase *c, enum lcase_kind kind, const char *re
     return rest[strspn(rest, " \t\r\n")] == '\0' ? 0 : -1;
 }
 
+/* "settle T admitted A cost D": every limit may then owe one more limit. */
+static int lcase_settle_step(struct lcase *c, const char *rest, int line)
+{
+    struct lcase_step *s;
+    long long at, admitted, cost;
+    int used = 0;
+    if (c->nlimits == 0 || c->nsteps >= LCASE_STEPS_MAX)
+        return -1;
+    s = &c->step[c->nsteps++];
+    s->line = line;
+    s->kind = LCASE_SETTLE;
+    if (sscanf(rest, "%lld admitted %lld cost %lld%n", &at, &admitted, &cost, &used) != 3 ||
+        cost == 0)
+        return -1;
+    s->at_us = at;
+    s->admitted_us = admitted;
+    s->cost = cost;
+    for (int i = 0; i < c->nlimits; i++)
+        c->p[i].settles = 1;
+    rest += used;
+    return rest[strspn(rest, " \t\r\n")] == '\0' ? 0 : -1;
+}
+
 /* "at T cost C [slot S] -> A | a rem reset retry | ..." */
 static int lcase_step(struct lcase *c, const char *rest, int line)
 {
@@ -212,6 +236,8 @@ static int lcases_load(struct lcase **out)
             bad = lcase_slot_step(&cases[n - 1], LCASE_RELEASE, p + 8, line) != 0;
         } else if (n > 0 && strncmp(p, "renew ", 6) == 0) {
             bad = lcase_slot_step(&cases[n - 1], LCASE_RENEW, p + 6, line) != 0;
+        } else if (n > 0 && strncmp(p, "settle ", 7) == 0) {
+            bad = lcase_settle_step(&cases[n - 1], p + 7, line) != 0;
         } else {
             bad = 1;
         }
@@ -358,6 +384,13 @@ static int run_case(const struct lcase *c, int64_t base_us)
         struct limiter_result r[STORE_MAX_LIMITS];
         struct limiter_state before[STORE_MAX_LIMITS];
         memcpy(before, run.st, sizeof(before));
+        if (s->kind == LCASE_SETTLE) {
+            for (int i = 0; i < c->nlimits; i++)
+                limiter_refund(&run.st[c->slot[i]], &c->p[i], s->cost,
+                               limiter_mark(&c->p[i], base_us + s->admitted_us),
+                               base_us + s->at_us);
+            continue;
+        }
         if (s->kind != LCASE_DECIDE) {
             int held = lrun_slot(&run, c, s, base_us + s->at_us);
             if (s->kind == LCASE_RENEW && held != s->allowed) {

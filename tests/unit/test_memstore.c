@@ -42,6 +42,13 @@ static int run_case_mem(struct memstore *m, int idx, const struct lcase *c, int6
             l[i].cost = s->cost;
             l[i].slot = s->slot;
         }
+        if (s->kind == LCASE_SETTLE) {      /* a cost_from settlement in every limit */
+            for (int i = 0; i < c->nlimits; i++) {
+                l[i].slot = limiter_mark(&c->p[i], base_us + s->admitted_us);
+                memstore_refund(m, &l[i], base_us + s->at_us);
+            }
+            continue;
+        }
         if (s->kind != LCASE_DECIDE) {      /* release / renew every concurrency limit */
             int held = 1;
             for (int i = 0; i < c->nlimits; i++) {
