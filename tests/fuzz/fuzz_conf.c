@@ -3,8 +3,8 @@
  * The input is written to a memfd and loaded through /proc/self/fd/N, the
  * way an operator's file is read (fopen, libyaml, ${VAR} expansion, every
  * handler and the cross-key phase). Invariants: a load either succeeds, and
- * the conf is whole (every route has an upstream and a path or regex, every
- * limit a name and key sources) and releases without a leak, or fails with a
+ * the conf is whole (every route has a path or regex and an upstream, or is
+ * a decision route; every limit has a name and key sources) and releases without a leak, or fails with a
  * message "FILE:LINE:COL: ..." (LINE, COL >= 1) or "FILE: cannot read". A
  * few environment variables are set once so ${VAR} paths run both ways. */
 #include <stdint.h>
@@ -80,10 +80,11 @@ static void conf_whole(const struct conf *c)
     fuzz_check(c->redis.prefix != NULL);
     for (int i = 0; i < c->nroutes; i++) {
         const struct conf_route *r = &c->routes[i];
-        fuzz_check(r->name != NULL && r->upstream != NULL);
+        /* no upstream: only a route of the decision service */
+        fuzz_check(r->name != NULL && (r->upstream != NULL || c->decision.on));
         fuzz_check((r->path != NULL) != (r->regex != NULL));
         fuzz_check(r->path == NULL || (r->pathlen >= 1 && r->path[0] == '/'));
-        fuzz_check(r->upstream->nservers >= 1);
+        fuzz_check(r->upstream == NULL || r->upstream->nservers >= 1);
         for (int j = 0; j < r->nlimits; j++) {
             const struct conf_limit *l = &r->limits[j];
             fuzz_check(l->name != NULL && l->nkeys >= 1);
