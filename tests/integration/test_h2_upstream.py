@@ -16,9 +16,9 @@ import subprocess
 import pytest
 
 from conftest import Conn, build_request, free_port, parallel, stop_process, wait_port, wait_until
+from nginxlib import NGINX, nginx_conf
 from tlslib import make_upstream_pki
 
-NGINX = "/usr/sbin/nginx"
 
 pytestmark = pytest.mark.skipif(not os.path.exists(NGINX), reason="nginx not installed")
 
@@ -35,22 +35,9 @@ class Nginx:
         ssl = ("ssl http2;\n        ssl_certificate %s/server.pem;\n"
                "        ssl_certificate_key %s/server.key;" % (pki, pki)) if pki else "http2;"
         with open(conf, "w") as f:
-            f.write("""
-user root;
-worker_processes 1;
-daemon off;
-master_process off;
-pid %(t)s/nginx.pid;
-error_log %(t)s/error.log info;
-events { worker_connections 1024; }
-http {
+            f.write(nginx_conf(tmp, """
     log_format h2 '$connection $server_protocol $request_uri';
     access_log %(log)s h2;
-    client_body_temp_path %(t)s/body;
-    proxy_temp_path %(t)s/proxy;
-    fastcgi_temp_path %(t)s/fastcgi;
-    uwsgi_temp_path %(t)s/uwsgi;
-    scgi_temp_path %(t)s/scgi;
     keepalive_requests %(kr)d;
     http2_max_concurrent_streams %(ms)d;
     server {
@@ -66,9 +53,8 @@ http {
             proxy_buffering off;
         }
     }
-}
-""" % {"t": tmp, "log": self.log, "port": self.port, "ssl": ssl, "echo": echo_port,
-       "kr": keepalive_requests, "ms": max_streams})
+""" % {"log": self.log, "port": self.port, "ssl": ssl, "echo": echo_port,
+       "kr": keepalive_requests, "ms": max_streams}))
         self.errf = open(os.path.join(tmp, "nginx.stderr"), "wb")
         self.proc = subprocess.Popen([NGINX, "-p", tmp, "-c", conf], stdout=subprocess.DEVNULL,
                                      stderr=self.errf)
