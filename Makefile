@@ -182,7 +182,8 @@ endef
 
 deps:
 	$(call install_missing,$(DEBS) $(NPM_DEB))
-	@[ -d tests/node/node_modules ] || (cd tests/node && npm ci --no-audit --no-fund)
+	@[ tests/node/node_modules/.package-lock.json -nt tests/node/package-lock.json ] || \
+	  (cd tests/node && npm ci --no-audit --no-fund)
 
 run-deps:
 	$(call install_missing,$(RUN_DEBS))

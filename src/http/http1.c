@@ -106,6 +106,12 @@ enum chunk_state {
 #define CONN_CLOSE      2u
 #define CONN_UPGRADE    4u
 
+/* The trailer a parser watches (http1_trailer_watch) and its value. */
+struct http1_tw {
+    char want[HTTP1_TRAILER_NAME_MAX];      /* lower case */
+    char val[HTTP1_TRAILER_VALUE_MAX];
+};
+
 struct http1 {
     enum http1_kind kind;
     int head_request;           /* response to HEAD: no body */
@@ -141,12 +147,13 @@ struct http1 {
     unsigned tframing;          /* it may still name Content-Length (1) or
                                  * Transfer-Encoding (2) */
     /* http1_trailer_watch(): the trailer whose value is kept */
-    char twant[HTTP1_TRAILER_NAME_MAX];     /* lower case */
+    struct http1_tw *tw;        /* allocated by the first watch: a client's
+                                 * parser, idle on every connection, never
+                                 * carries these 300 bytes */
     size_t twantlen;            /* 0: none watched */
     int tmatch;                 /* the trailer name read so far is twant's start */
     int tcapture;               /* the trailer value being read is twant's */
     int tgot;                   /* tval holds the (first) watched trailer's value */
-    char tval[HTTP1_TRAILER_VALUE_MAX];
     size_t tvlen;               /* > sizeof tval: too long to keep */
 };
 
@@ -160,6 +167,8 @@ struct http1 *http1_create(enum http1_kind kind)
 
 void http1_destroy(struct http1 *p)
 {
+    if (p)
+        free(p->tw);
     free(p);
 }
 
@@ -942,9 +951,9 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
             size_t from = i;
             i = run_of(d, i, n, C_EXT);
             if (p->cs == CH_TRAILER_VALUE && p->tcapture) {
-                for (size_t k = from; k < i && p->tvlen <= sizeof(p->tval); k++)
-                    if (p->tvlen < sizeof(p->tval))
-                        p->tval[p->tvlen++] = d[k];
+                for (size_t k = from; k < i && p->tvlen <= HTTP1_TRAILER_VALUE_MAX; k++)
+                    if (p->tvlen < HTTP1_TRAILER_VALUE_MAX)
+                        p->tw->val[p->tvlen++] = d[k];
                     else
                         p->tvlen++;         /* too long: not kept */
             }
@@ -958,7 +967,7 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
                 return -1;
             if (p->cs == CH_TRAILER_VALUE && p->tcapture) {
                 p->tcapture = 0;
-                p->tgot = p->tvlen <= sizeof(p->tval);
+                p->tgot = p->tvlen <= HTTP1_TRAILER_VALUE_MAX;
             }
             p->cs = p->cs == CH_EXT ? CH_SIZE_LF : CH_TRAILER_LF;
             i++;
@@ -1015,7 +1024,7 @@ static long chunked_run(struct http1 *p, const char *d, size_t n,
                 if (p->tlen < 17 && (c | 0x20) != (unsigned char)"transfer-encoding"[p->tlen])
                     p->tframing &= ~2u;
                 if (p->tmatch && (p->tlen >= p->twantlen ||
-                                  (unsigned char)tolower(c) != (unsigned char)p->twant[p->tlen]))
+                                  (unsigned char)tolower(c) != (unsigned char)p->tw->want[p->tlen]))
                     p->tmatch = 0;
                 p->tlen++;
                 if (++p->meta > HTTP1_MAX_HEAD_BYTES)
@@ -1052,10 +1061,12 @@ void http1_trailer_watch(struct http1 *p, const char *name)
 {
     size_t n = strlen(name);
     p->twantlen = 0;
-    if (n == 0 || n > sizeof(p->twant))
+    if (n == 0 || n > HTTP1_TRAILER_NAME_MAX)
         return;
+    if (p->tw == NULL)
+        p->tw = mem_calloc(1, sizeof(*p->tw));
     for (size_t i = 0; i < n; i++)
-        p->twant[i] = (char)tolower((unsigned char)name[i]);
+        p->tw->want[i] = (char)tolower((unsigned char)name[i]);
     p->twantlen = n;
 }
 
@@ -1063,7 +1074,7 @@ int http1_trailer_value(const struct http1 *p, const char **value, size_t *len)
 {
     if (!p->tgot)
         return 0;
-    *value = p->tval;
+    *value = p->tw->val;
     *len = p->tvlen;
     return 1;
 }
