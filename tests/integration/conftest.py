@@ -41,11 +41,21 @@ def sluice_bin():
     return path
 
 
+_PORTS_GIVEN = set()
+
+
 def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    """A free loopback port, never one this run handed out before: the kernel
+    may give the same port to two calls in a row (both closed before either
+    is bound), and a test's listen and admin ports must differ."""
+    for _ in range(64):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _PORTS_GIVEN:
+            break
+    _PORTS_GIVEN.add(port)
     return port
 
 
