@@ -335,6 +335,24 @@ static int limited_status(const struct client *c)
     return l->status ? l->status : 429;
 }
 
+/* A local answer is in the output since out_before: count it, drop its
+ * head, then close after it (0) or keep the connection for what follows
+ * (1: in CS_DISCARD, the caller says what is left of the request). */
+static int answer_sent(struct client *c, int status, size_t out_before, int keep)
+{
+    request_count_response(c, status);
+    request_count_out(c, evbuffer_get_length(io_output(c->io)) - out_before);
+    c->rq->resp_started = c->rq->resp_done = 1;
+    request_drain_head(c);
+    if (!keep) {
+        conn_close_after_write(c);
+        return 0;
+    }
+    c->keep_alive = 1;
+    c->state = CS_DISCARD;
+    return 1;
+}
+
 /* Answer the current request ourselves: an error, or with rl set, a 429.
  * Every answer carries an id: one that came before its head was read (a
  * head refused by the parser, a head timeout) gets a new one. */
@@ -379,17 +397,9 @@ void request_answer(struct client *c, int status, int close_after)
         move_reply_head(tmp, out);
         evbuffer_free(tmp);
     }
-    request_count_response(c, status);
-    request_count_out(c, evbuffer_get_length(out) - out_before);
-    c->rq->resp_started = c->rq->resp_done = 1;
-    request_drain_head(c);
-    if (!keep) {
-        conn_close_after_write(c);
+    if (!answer_sent(c, status, out_before, keep))
         return;
-    }
-    c->keep_alive = 1;
     c->rq->body_bytes = 0;
-    c->state = CS_DISCARD;
     if (c->head.body == HTTP1_BODY_NONE) {
         c->rq->req_done = 1;
         c->ops->request_done(c);
@@ -663,29 +673,20 @@ static void rls_reply(struct client *c)
     size_t before = evbuffer_get_length(out);
     int keep = c->rq->req_done && c->head.keep_alive && !c->eof && !c->env->stopping &&
                c->head.minor >= 1;
-    evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
-                        "X-Request-Id: %.*s\r\n%s", (int)c->rq->rid_len, c->rq->rid,
-                        keep ? "" : "Connection: close\r\n");
-    if (status == 0) {
-        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n\r\n%zx\r\n", len);
+    if (status != 0) {      /* Trailers-Only, as every local gRPC answer */
+        reply_grpc(out, status, why ? why : "", NULL, 0, keep ? REPLY_KEEP : REPLY_CLOSE,
+                   c->rq->rid, c->rq->rid_len);
+    } else {
+        evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\n"
+                            "X-Request-Id: %.*s\r\n%sTransfer-Encoding: chunked\r\n\r\n%zx\r\n",
+                            (int)c->rq->rid_len, c->rq->rid, keep ? "" : "Connection: close\r\n",
+                            len);
         evbuffer_add(out, msg, len);
         static const char end[] = "\r\n0\r\ngrpc-status: 0\r\n\r\n";
         evbuffer_add(out, end, sizeof end - 1);
-    } else {
-        evbuffer_add_printf(out, "grpc-status: %d\r\ngrpc-message: %s\r\n"
-                            "Content-Length: 0\r\n\r\n", status, why ? why : "");
     }
-    request_count_response(c, 200);
-    request_count_out(c, evbuffer_get_length(out) - before);
-    c->rq->resp_started = c->rq->resp_done = 1;
-    request_drain_head(c);
-    if (!keep) {
-        conn_close_after_write(c);
-        return;
-    }
-    c->keep_alive = 1;
-    c->state = CS_DISCARD;
-    c->ops->request_done(c);
+    if (answer_sent(c, 200, before, keep))
+        c->ops->request_done(c);
 }
 
 static void rls_done_cb(void *arg)
