@@ -93,6 +93,34 @@ def wait_port(port, proc=None, timeout_s=START_TIMEOUT_S, host="127.0.0.1"):
     return wait_until(lambda: port_open(port, host), timeout_s, step_s=0.03, proc=proc)[0]
 
 
+def server_conns(port):
+    """Connections the server on `port` still holds: sockets whose local port
+    is `port` in ESTABLISHED or CLOSE_WAIT (a peer's close the server has not
+    read yet), from /proc/net/tcp{,6}. TIME_WAIT and FIN_WAIT hold no
+    descriptor and do not count."""
+    n = 0
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] in ("01", "08"):
+                n += 1
+    return n
+
+
+def wait_conns_closed(port, proc=None, timeout_s=5.0):
+    """Wait until the server on `port` has closed every connection made to it
+    so far (wait_port's probe included), so that a test counting against
+    max_connections starts from none (its accept loop may take a burst of new
+    connections before it reads the probe's close)."""
+    wait_until(lambda: server_conns(port), timeout_s, until=lambda n: n == 0,
+               step_s=0.02, proc=proc, what="connections to port %d to close" % port)
+
+
 def stop_process(proc, sig=signal.SIGTERM, timeout_s=STOP_TIMEOUT_S):
     """Signal proc by PID, wait; kill on timeout. Returns the exit code or None."""
     if proc.poll() is not None:

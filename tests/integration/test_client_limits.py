@@ -14,7 +14,8 @@ import urllib.parse
 
 import pytest
 
-from conftest import Conn, build_request, http_get, redis_cmd, redis_keys, served_again
+from conftest import (Conn, build_request, http_get, redis_cmd, redis_keys, served_again,
+                      wait_conns_closed)
 from loadlib import commandstats, client_conf, proc_cpu_s, proc_fds, report
 
 PASS_ALL = """\
@@ -215,6 +216,7 @@ def _open_and_probe(port, n, wait_s):
 
 def test_max_connections_extra_closed_existing_served_no_spin(sluice, redis):
     s = sluice(client_conf(PASS_ALL, top={"max_connections": 20}))
+    wait_conns_closed(s.port, s.proc)
     held = [Conn(s.port) for _ in range(20)]
     try:
         for c in held:

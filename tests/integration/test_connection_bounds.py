@@ -20,7 +20,7 @@ import time
 import pytest
 
 from conftest import (SANITIZER_MARKS, Conn, build_request, free_port, http_get, sluice_bin,
-                      served_again, stop_process, wait_port, wait_until)
+                      served_again, stop_process, wait_conns_closed, wait_port, wait_until)
 from loadlib import client_conf, proc_cpu_s, proc_fds, proc_rss_kb, report
 
 ADMIN_MAX_CONNECTIONS = 64
@@ -335,6 +335,7 @@ def test_max_connections_clamped_to_nofile_with_warning(limited):
     asked, nofile, fit = (int(g) for g in m.groups())
     report("max_connections_clamp", asked=asked, nofile=nofile, used=fit)
     assert asked == 10000 and nofile == 256 and 1 <= fit < 256
+    wait_conns_closed(s.port, s.proc)
     # A connect skipped on a slow machine (a SYN retried after 1 s) would
     # leave a slot free for an extra: every count is checked on its own.
     held = open_conns(s.port, fit, connect_s=10.0)
