@@ -105,7 +105,8 @@ struct io {
     const struct io_stream_ops *sops;
     void *owner;
     struct evbuffer_cb_entry *in_cb;    /* tells the owner what was consumed */
-    unsigned fresh : 1;             /* input came since the read callback ran */
+    struct evbuffer *pending;       /* given by the owner, not yet in the input:
+                                     * a socket's kernel buffer (stream_fill) */
     unsigned end_pending : 1;       /* io_stream_end, not yet reported */
     unsigned drain_pending : 1;     /* the drained callback is due */
     int end_err;
@@ -356,6 +357,36 @@ static void arm(struct event *ev, int want, unsigned *armed, const struct timeva
     }
 }
 
+/* A stream's read: what the owner gave goes into the input as a socket's
+ * bytes would, while the layer above reads and no further than its read
+ * mark, followed by the read callback (stream_deliver). A layer that stops
+ * at its mark hears of every byte once it takes more, as from a socket;
+ * bytes pushed past the mark at once would wait for a callback that comes
+ * only when the input falls below it. */
+static int stream_fill(struct io *io)
+{
+    size_t have = evbuffer_get_length(io->pending);
+    size_t in = evbuffer_get_length(io->in), room = have;
+    if (io->read_mark)
+        room = io->read_mark > in ? io->read_mark - in : 0;
+    if (room > have)
+        room = have;
+    if (room > 0)
+        evbuffer_remove_buffer(io->pending, io->in, room);
+    return room > 0;
+}
+
+/* The peer's end (or reset) is told after the input before it, or at once
+ * to a layer that is not reading and watches the end or meets an error. */
+static int stream_end_due(const struct io *io, int reading)
+{
+    if (!io->end_pending)
+        return 0;
+    if (reading)
+        return evbuffer_get_length(io->pending) == 0;
+    return io->watch_end || io->end_err;
+}
+
 /* A stream's state: the timers armed while their time counts (reading
  * enabled; output waiting for the owner), and the loop's turn (kev) when
  * input, the end or a drain is to be told. */
@@ -373,9 +404,8 @@ static void stream_update(struct io *io)
     io->wr_armed = wa;
     if (io->failed)
         return;
-    int tell_end = io->end_pending && !io->fresh &&
-                   (reading || io->watch_end || io->end_err);
-    if ((reading && io->fresh) || tell_end || io->drain_pending || io->kick)
+    int more = reading && evbuffer_get_length(io->pending) > 0;
+    if (more || stream_end_due(io, reading) || io->drain_pending || io->kick)
         event_active(&io->kev, EV_READ, 1);
 }
 
@@ -432,6 +462,8 @@ static void io_destroy(struct io *io)
         close(io->fd);
     evbuffer_free(io->in);
     evbuffer_free(io->out);
+    if (io->pending)
+        evbuffer_free(io->pending);
     free(io);
 }
 
@@ -623,15 +655,15 @@ static void stream_deliver(struct io *io)
         return;
     int full = io->read_mark && evbuffer_get_length(io->in) >= io->read_mark;
     int reading = (io->enabled & EV_READ) && !full;
-    if (reading && io->fresh) {
-        io->fresh = 0;
+    if (reading && stream_fill(io)) {
         if (io->read_cb)
             io->read_cb(io, io->arg);
         if (io->dead || io->failed)
             return;
+        full = io->read_mark && evbuffer_get_length(io->in) >= io->read_mark;
+        reading = (io->enabled & EV_READ) && !full;
     }
-    if (io->end_pending && !io->fresh &&
-        ((io->enabled & EV_READ) || io->watch_end || io->end_err)) {
+    if (stream_end_due(io, reading)) {
         io->end_pending = 0;
         io->err = io->end_err;
         io_report(io, io->end_err ? IO_ERROR | IO_READING : IO_EOF | IO_READING);
@@ -760,6 +792,7 @@ void io_free(struct io *io)
         /* The owner forgets the stream now, and hears of no more reads. */
         evbuffer_remove_cb_entry(io->in, io->in_cb);
         io->in_cb = NULL;
+        evbuffer_add_buffer(io->in, io->pending);   /* all that was never read */
         io->sops->closed(io, io->owner);
     }
     if (io->busy == 0)
@@ -937,7 +970,8 @@ struct io *io_new_stream(struct event_base *base, const struct io_stream_ops *op
     io->owner = owner;
     io->in = evbuffer_new();
     io->out = evbuffer_new();
-    if (io->in == NULL || io->out == NULL)
+    io->pending = evbuffer_new();
+    if (io->in == NULL || io->out == NULL || io->pending == NULL)
         abort();    /* only on allocation failure */
     io->in_cb = evbuffer_add_cb(io->in, stream_in_changed, io);
     if (io->in_cb == NULL)
@@ -954,9 +988,8 @@ void io_stream_input(struct io *io, const void *data, size_t len)
 {
     if (io->dead || io->failed || len == 0)
         return;
-    if (evbuffer_add(io->in, data, len) != 0)
+    if (evbuffer_add(io->pending, data, len) != 0)
         abort();    /* only on allocation failure */
-    io->fresh = 1;
     if (io->rd_armed)
         event_add(&io->rev, &io->rtv);  /* input came: the read timeout restarts */
     stream_update(io);

@@ -99,7 +99,10 @@ struct io_stream_ops {
 
 struct io *io_new_stream(struct event_base *base, const struct io_stream_ops *ops, void *owner);
 /* The owner's side; none of these calls the io's callbacks: they come
- * from the loop, as for a socket. Bytes from the peer, to the input: */
+ * from the loop, as for a socket. Bytes from the peer: they wait as in a
+ * socket's kernel buffer and enter io_input() as a read would, while
+ * reading is enabled and up to the read mark, each time followed by the
+ * read callback. The peer's flow control bounds what waits. */
 void io_stream_input(struct io *io, const void *data, size_t len);
 /* The peer ended its side: err 0 is IO_EOF (told after the input there is
  * read, while reading is enabled or the end watched), err != 0 is

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 
 import grpc
@@ -198,6 +199,36 @@ def test_every_kind_of_call_with_5mb_messages(sluice, redis, grpc_server, pki, t
     entries = read_log(s.log_path, 5)
     assert [e["grpc_status"] for e in entries] == [0, 3, 0, 0, 0]
     assert all(e["protocol"] == "HTTP/2.0" for e in entries)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["h2c", "tls-alpn"])
+def test_concurrent_bidirectional_calls_on_one_connection(sluice, redis, grpc_server, pki,
+                                                          tmp_path, tls):
+    """Four bidirectional 5 MB calls at once, three times each, share the
+    client's connection and sluice's upstream session: every stream's
+    upload must keep moving while the others fill the windows (a stream
+    whose input passed its read mark once waited for good)."""
+    g = grpc_server(tls=(os.path.join(pki, "server.pem"), os.path.join(pki, "server.key"))
+                    if tls else None)
+    s = proxy(sluice, g.port, tmp_path, pki if tls else None)
+    big = os.urandom(BIG)
+    results = []
+
+    def calls(ch):
+        for _ in range(3):
+            try:
+                out = list(stub(ch, "stream_stream", "Chat")(iter([big, b"z", big]), timeout=30))
+                results.append([len(m) for m in out] == [BIG, 1, BIG] and out[2] == big)
+            except grpc.RpcError as e:
+                results.append(e.code())
+
+    with channel(s.port) as ch:
+        threads = [threading.Thread(target=calls, args=(ch,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert results == [True] * 12, results
 
 
 def test_deadline_and_cancellation_reach_the_server(sluice, redis, grpc_server, tmp_path):

@@ -494,6 +494,45 @@ static void test_stream_input_and_consumed(void **state)
     assert_int_equal(o.unread_at_close, 2);
 }
 
+/* A read mark stops a stream as it stops a socket: input pushed past it at
+ * once waits, enters up to the mark when the layer above takes some and
+ * moves the mark (exchange.c's client_reads_fit), and each entry is told
+ * by a read callback. Bytes pushed straight into the input past the mark
+ * were never told: a streaming upload stalled for good. */
+static void test_stream_read_mark_like_a_socket(void **state)
+{
+    struct owner o = { .take = 100 };
+    struct seen s = { 0 };
+    struct io *io = io_new_stream(base, &own_ops, &o);
+    io_setcb(io, read_cb, drained_cb, event_cb, &s);
+    io_setwatermark(io, EV_READ, 10);
+    io_enable(io, EV_READ);
+    io_stream_input(io, "0123456789abcdefghijklmno", 25);
+    loop_count(20);
+    assert_int_equal(s.reads, 1);
+    assert_int_equal(evbuffer_get_length(io_input(io)), 10);
+    loop_count(20);
+    assert_int_equal(s.reads, 1);           /* at the mark: no spin */
+    evbuffer_drain(io_input(io), 8);
+    io_setwatermark(io, EV_READ, 2 + 10);   /* room for 10 more */
+    loop_count(20);
+    assert_int_equal(s.reads, 2);
+    assert_int_equal(evbuffer_get_length(io_input(io)), 12);
+    assert_memory_equal(evbuffer_pullup(io_input(io), -1), "89abcdefghij", 12);
+    evbuffer_drain(io_input(io), 12);
+    io_setwatermark(io, EV_READ, 10);
+    loop_count(20);
+    assert_int_equal(s.reads, 3);
+    assert_memory_equal(evbuffer_pullup(io_input(io), -1), "klmno", 5);
+    assert_int_equal(o.consumed, 20);       /* what the layer above took */
+    io_disable(io, EV_READ);
+    io_stream_input(io, "pq", 2);
+    loop_count(20);
+    assert_int_equal(s.reads, 3);           /* not reading: it waits */
+    io_free(io);
+    assert_int_equal(o.unread_at_close, 7); /* told as never read */
+}
+
 /* io_flush hands the output to the owner; what it leaves waits (a write
  * timeout counts) until io_stream_writable, then the drained callback. */
 static void test_stream_output_and_drained(void **state)
@@ -595,6 +634,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_and_flush),
         cmocka_unit_test(test_stream_input_and_consumed),
+        cmocka_unit_test(test_stream_read_mark_like_a_socket),
         cmocka_unit_test(test_stream_output_and_drained),
         cmocka_unit_test(test_stream_end_and_reset),
         cmocka_unit_test(test_stream_read_timeout_and_free_in_callback),
