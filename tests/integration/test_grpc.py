@@ -369,6 +369,50 @@ SHAPED = """\
 """
 
 
+LEASED = """\
+  - name: calls
+    match: { path: /demo.Echo, grpc: true }
+    upstream: grpc
+    limits:
+      - { name: one-stream, algorithm: concurrency, limit: 1, lease: 1s, key: ["header:x-tenant"] }
+"""
+
+
+def test_a_long_stream_renews_its_lease(sluice, redis, grpc_server, tmp_path):
+    """A bidirectional call that outlives its 1 s lease three times over
+    keeps its slot (sluice renews it every third of the lease): a second
+    call of the tenant is refused to the end, and served once it ends."""
+    g = grpc_server()
+    s = proxy(sluice, g.port, tmp_path, routes=LEASED)
+    t = [("x-tenant", "lease-%f" % time.time())]
+    sent = threading.Event()
+
+    def slowly():
+        for i in range(7):                  # 7 messages 0.5 s apart: about 3.5 s
+            yield b"m%d" % i
+            if i == 0:
+                sent.set()
+            time.sleep(0.5)
+
+    with channel(s.port) as ch:
+        chat = stub(ch, "stream_stream", "Chat")
+        unary = stub(ch, "unary_unary", "Unary")
+        got = []
+        th = threading.Thread(target=lambda: got.extend(chat(slowly(), metadata=t, timeout=20)))
+        th.start()
+        assert sent.wait(5)
+        refused, t0 = [], time.monotonic()
+        while time.monotonic() - t0 < 2.8:  # well past the lease, before the call's end
+            with pytest.raises(grpc.RpcError) as e:
+                unary(b"x", metadata=t, timeout=5)
+            refused.append(e.value.code())
+            time.sleep(0.4)
+        th.join(20)
+        assert got == [b"m%d" % i for i in range(7)]
+        assert refused and set(refused) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, refused
+        assert unary(b"after", metadata=t, timeout=5) == b"after"
+
+
 def test_concurrency_counts_a_call_until_it_ends_and_delay_holds_one(sluice, redis, grpc_server,
                                                                     tmp_path):
     g = grpc_server()
