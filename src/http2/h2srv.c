@@ -200,42 +200,30 @@ static const struct io_stream_ops stream_ops = {
     .closed = stream_closed,
 };
 
-/* An answer of the session's own (a bad or refused header list): no body. */
-static void answer(struct h2srv *s, struct h2stream *st, int status)
-{
-    char code[4] = {(char)('0' + status / 100), (char)('0' + status / 10 % 10),
-                    (char)('0' + status % 10), 0};
-    nghttp2_nv nv[] = {
-        {(uint8_t *)":status", (uint8_t *)code, 7, 3, NGHTTP2_NV_FLAG_NONE},
-        {(uint8_t *)"content-length", (uint8_t *)"0", 14, 1, NGHTTP2_NV_FLAG_NONE},
-    };
-    st->resp_final = st->resp_ended = 1;
-    nghttp2_submit_response(s->ng, st->id, nv, 2, NULL);
-}
-
 static void reset(struct h2srv *s, struct h2stream *st, uint32_t code)
 {
     st->failed = 1;
     nghttp2_submit_rst_stream(s->ng, NGHTTP2_FLAG_NONE, st->id, code);
 }
 
-/* The request's head is complete: an io carrying it, handed up. */
+/* The request's head is complete: an io carrying it, handed up; a header
+ * list that cannot be one (status 400, 431, 501) goes up with no head, to
+ * be answered and logged as the layer above answers a bad head. */
 static void stream_open(struct h2srv *s, struct h2stream *st, int end_stream)
 {
     struct evbuffer *head = evbuffer_new();
     int chunked = 0;
     int status = h2msg_head_text(st->fields, HTTP1_REQUEST, !end_stream, "Connection: close\r\n",
                                  head, &chunked);
-    if (status == 0 && s->nopen >= s->lim.max_streams) {
+    if (s->nopen >= s->lim.max_streams) {
         /* reset streams whose work is not cancelled yet hold their slots */
         evbuffer_free(head);
         reset(s, st, NGHTTP2_REFUSED_STREAM);
         return;
     }
     if (status) {
-        evbuffer_free(head);
-        answer(s, st, status);
-        return;
+        evbuffer_drain(head, evbuffer_get_length(head));
+        chunked = 0;
     }
     size_t mlen = 0;
     const char *method = h2msg_fields_get(st->fields, ":method", &mlen);
@@ -247,13 +235,12 @@ static void stream_open(struct h2srv *s, struct h2stream *st, int end_stream)
     st->opened = 1;
     st->io = io_new_stream(s->base, &stream_ops, st);
     s->nopen++;
-    struct evbuffer_iovec v[4];
-    int n = evbuffer_peek(head, -1, NULL, v, 4);
-    for (int i = 0; i < n && i < 4; i++)
-        io_stream_input(st->io, v[i].iov_base, v[i].iov_len);
+    size_t hlen = evbuffer_get_length(head);
+    if (hlen)
+        io_stream_input(st->io, evbuffer_pullup(head, -1), hlen);
     evbuffer_free(head);
     h2msg_fields_clear(st->fields);
-    if (s->ops->open(s->arg, st->io) < 0) {
+    if (s->ops->open(s->arg, st->io, status) < 0) {
         io_free(st->io);        /* closed(): the slot comes back */
         reset(s, st, NGHTTP2_REFUSED_STREAM);
         return;

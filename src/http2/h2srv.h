@@ -37,10 +37,13 @@ struct h2srv_limits {
 };
 
 struct h2srv_ops {
-    /* A new stream: io carries its HTTP/1.1 request. The callee makes it
-     * its own (io_setcb...) and frees it (io_free) when done; returns 0,
-     * or -1 when it cannot (the stream is refused; io is freed here). */
-    int (*open)(void *arg, struct io *io);
+    /* A new stream: io carries its HTTP/1.1 request, or, when refused is
+     * not 0, nothing: its header list could not become one, and the callee
+     * answers refused (400, 431, 501) as it answers a head it cannot parse
+     * (logged and counted). The callee makes io its own (io_setcb...) and
+     * frees it (io_free) when done; returns 0, or -1 when it cannot (the
+     * stream is refused; io is freed here). */
+    int (*open)(void *arg, struct io *io, int refused);
     /* The session is over (connection closed, no stream io left): the
      * caller now calls h2srv_free. From the session's own event. */
     void (*ended)(void *arg);

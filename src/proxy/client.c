@@ -153,7 +153,7 @@ static void client_bound_input(struct client *c)
 
 /* ---- HTTP/2 ------------------------------------------------------------- */
 
-static int client_h2_open(void *arg, struct io *io);
+static int client_h2_open(void *arg, struct io *io, int refused);
 
 static void client_h2_ended(void *arg)
 {
@@ -224,6 +224,13 @@ static void client_process(struct client *c)
             }
             if (c->first_bytes && client_preface(c) != 0)
                 return;
+            if (c->h2_refused) {
+                int status = c->h2_refused;
+                c->h2_refused = 0;
+                client_request(c);
+                request_refuse_head(c, status);
+                continue;
+            }
             if (parse_head_answered(c))
                 continue;
             break;
@@ -419,7 +426,7 @@ static void client_start_io(struct client *c)
  * write timeout (idle_timeout) also ends a stream whose window the peer
  * never opens. The connection's config may be older: a stream takes the
  * current one, as a new connection would. */
-static int client_h2_open(void *arg, struct io *io)
+static int client_h2_open(void *arg, struct io *io, int refused)
 {
     struct client *p = arg;
     struct client *c = client_new(p->env, io);
@@ -432,6 +439,10 @@ static int client_h2_open(void *arg, struct io *io)
     c->tls_version = p->tls_version;
     client_start_io(c);
     conn_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
+    if (refused) {
+        c->h2_refused = refused;
+        io_trigger_read(c->io);     /* answered from the loop, not inside nghttp2 */
+    }
     return 0;
 }
 

@@ -108,6 +108,8 @@ struct client {
     int http2;                          /* its listener takes HTTP/2 */
     int first_bytes;                    /* the preface check is still to do */
     int h2_stream;                      /* an HTTP/2 stream's (its io is one) */
+    int h2_refused;                     /* its header list was not a request:
+                                         * the status to answer (client.c) */
     struct h2srv *h2;                   /* CS_H2: the session; owns io */
 
     /* The request in progress: its state is *rq (request_state.h), its

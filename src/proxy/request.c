@@ -409,6 +409,15 @@ void request_answer(struct client *c, int status, int close_after)
 }
 
 /* A local error answer that names its reason in the JSON body. */
+/* A head that is not a request (a parse error, or an HTTP/2 header list
+ * that could not become one): answered and logged with no method or path,
+ * then the connection (or stream) ends. */
+void request_refuse_head(struct client *c, int status)
+{
+    request_log_begin(c, 0);
+    request_answer(c, status, 1);
+}
+
 void request_answer_named(struct client *c, int status, const char *name, int close_after)
 {
     c->rq->error_name = name;
@@ -547,8 +556,7 @@ void request_head(struct client *c)
     c->rq->hbuf = data;
     c->rq->head_in_input = 1;
     if (rc != 0) {
-        request_log_begin(c, 0);
-        request_answer(c, rc, 1);
+        request_refuse_head(c, rc);
         return;
     }
     conn_timer(c, TM_NONE, 0);

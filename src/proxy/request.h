@@ -59,6 +59,9 @@ void request_head(struct client *c);
  * close_after closes the connection once it is written. */
 void request_answer(struct client *c, int status, int close_after);
 void request_answer_named(struct client *c, int status, const char *name, int close_after);
+/* A head that is not a request (a parse error; an HTTP/2 header list that
+ * could not become one): answered as status, logged, the connection ends. */
+void request_refuse_head(struct client *c, int status);
 /* A failure once the response may have started: answer, or cut. */
 void request_fail(struct client *c, int status);
 /* Read and drop the body of a request answered locally. */

@@ -26,7 +26,7 @@ static int nopened;
 static void nothing(struct io *io, void *arg) {}
 static void nothing_ev(struct io *io, short what, void *arg) {}
 
-static int open_cb(void *arg, struct io *io)
+static int open_cb(void *arg, struct io *io, int refused)
 {
     if (nopened == MAX_STREAMS)
         return -1;
