@@ -287,6 +287,9 @@ struct conf_route {
     int uses_jwt;               /* its requests' tokens are verified: require_jwt,
                                  * a jwt:CLAIM key source, plan_key or plan_from,
                                  * or a plan's limit (set by conf_load) */
+    int body_estimate;          /* a limit it may apply (its own or a plan's)
+                                 * estimates from the request body: the body
+                                 * is read before the decision (conf_load) */
 };
 
 /* plans.NAME: a set of limits. route is a route of its own in all but

@@ -489,6 +489,29 @@ static int rls_load_file(struct ctx *x, const char *path, struct conf_rls *rls)
     return sub.err ? -1 : 0;
 }
 
+
+/* Does one of r's limits estimate from the request body? */
+static int route_estimates(const struct conf_route *r)
+{
+    for (int i = 0; i < r->nlimits; i++)
+        if (r->limits[i].estimate_json)
+            return 1;
+    return 0;
+}
+
+/* body_estimate: a route reads the body before its decision when one of
+ * its limits, or of the plans it may apply, estimates from it. */
+static void mark_body_estimates(struct conf *c)
+{
+    int plans = 0;
+    for (int i = 0; i < c->nplans; i++)
+        plans |= route_estimates(&c->plans[i].route);
+    for (int i = 0; i < c->nroutes; i++) {
+        struct conf_route *r = &c->routes[i];
+        r->body_estimate = route_estimates(r) || ((r->plan_key || r->plan_from) && plans);
+    }
+}
+
 /* Phase 3: the RLS descriptors, from a file or every *.yaml and *.yml of a
  * directory in name order (hidden files left out); read again at each
  * reload with the rest. */
@@ -551,6 +574,7 @@ static int conf_from_tree(struct ctx *x, struct node *root)
     if (conf_decision_merge(x, root) < 0 || load_rls(x, root) < 0 || check_admin(x, root) < 0 ||
         conf_check_jwt(x, root) < 0)
         return -1;
+    mark_body_estimates(x->c);
     x->c->redis.overrides = x->c->admin_token != NULL;
     return 0;
 }

@@ -315,16 +315,6 @@ static void move_reply_head(struct evbuffer *tmp, struct evbuffer *out)
 static void new_request_id(struct client *c);
 static const struct exchange_ops request_exchange_ops;
 
-/* A limit of the route estimates its cost from the request body: the body
- * is buffered (when small enough) before the decision. */
-static int body_estimated(const struct conf_route *r)
-{
-    for (int i = 0; i < r->nlimits; i++)
-        if (r->limits[i].estimate_json)
-            return 1;
-    return 0;
-}
-
 /* A denial's status: a decision listener's decision.deny_status when set,
  * otherwise the denying limit's own (429 unless it sets one). */
 static int limited_status(const struct client *c)
@@ -631,7 +621,7 @@ void request_head(struct client *c)
     }
     if (c->rq->route->uses_jwt && request_jwt(c) < 0)
         return;
-    if (body_estimated(c->rq->route) && exchange_buffer_first(c, &request_exchange_ops))
+    if (c->rq->route->body_estimate && exchange_buffer_first(c, &request_exchange_ops))
         return;                     /* request_buffered decides */
     decide(c);
 }

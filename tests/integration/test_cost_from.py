@@ -152,6 +152,30 @@ def test_estimate_stops_a_parallel_burst(sluice, llm, redis):
     assert 400 <= tokens_left(redis.port, "llm", key) <= 460
 
 
+PLAN_ESTIMATE = """\
+plans:
+  default: metered
+  metered:
+    limits:
+      - { name: tokens, %s, key: ["header:X-Key"], cost_from: { json: usage.total_tokens },
+          estimate: { json: max_tokens, default: 1 } }
+""" % BUCKET
+
+
+def test_a_plans_estimate_reads_the_request_body(sluice, llm, redis):
+    """A plan's limit that estimates from the body: the route (no limit of
+    its own) reads the body before its decision for it, as for its own."""
+    routes = ("  - name: llm\n    match: { path: /v1/chat/completions }\n    upstream: api\n"
+              "    plan_key: \"header:X-Key\"\n")
+    s = start_proxy(sluice, routes, top=PLAN_ESTIMATE, upstream_port=llm)
+    big = json.dumps({"model": "m", "max_tokens": 400,
+                      "messages": [{"role": "user", "content": "hi"}]}).encode()
+    key = uuid.uuid4().hex
+    out = parallel([lambda: call(s.port, "/v1/chat/completions", key, body=big,
+                                 delay_ms=1500) for _ in range(4)])
+    assert sorted(r.status for r in out) == [200, 200, 429, 429], out
+
+
 def test_estimate_from_the_request_body(sluice, llm, redis):
     """estimate: {json: max_tokens}: read from the buffered request body, so
     a burst asking for 400 tokens each stops at two, while requests that
