@@ -25,7 +25,8 @@
  * cb runs for each message and once each time the subscription is
  * (re)made: messages sent while it was down are lost, so the caller treats
  * a new subscription as one. A cluster broadcasts PUBLISH to every node, so
- * the first seed will do. Sentinel: a second connection, to the sentinels
+ * any node will do: the first seed, the next one when it is lost, and the
+ * node a MOVED names when the snapshot's hash lives there. Sentinel: a second connection, to the sentinels
  * in turn, asks for the master (as the store does) and stays subscribed to
  * +switch-master; the subscriber connects to the master it names and moves
  * when it switches. When the master's connection is lost, a sentinel is
@@ -54,10 +55,14 @@ struct store_sub {
     char *master_name, *sentinel_password;
     struct rconn *sconn;            /* to sentinels[cand] */
     struct event *sretry_ev;
+    /* redis.cluster: the seeds, tried in turn when the node is lost */
+    struct store_addr *seeds;
+    int nseeds, seed;
 };
 
 static void sub_connect(struct store_sub *ss);
 static void sub_ask_again(struct store_sub *ss);
+static void sub_move(struct store_sub *ss, const char *host, int port);
 
 static void sub_retry_later(struct store_sub *ss)
 {
@@ -87,6 +92,20 @@ static void sub_snap_cb(struct rconn *c, redisReply *reply, void *privdata)
     struct store_sub *ss = privdata;
     if (reply == NULL || ss->stopping)
         return;
+    char host[256];
+    int port;
+    if (reply->type == REDIS_REPLY_ERROR && reply->len > 6 && !memcmp(reply->str, "MOVED ", 6) &&
+        ss->nseeds > 0) {
+        /* a cluster node that does not hold the hash: the one that does
+         * takes the subscription too ("MOVED slot host:port") */
+        const char *at = strchr(reply->str + 6, ' ');
+        if (at && addr_split(at + 1, host, sizeof(host), &port) > 0) {
+            log_info("store: subscriber: '%s' is on %s:%d; subscribing there", ss->hash, host,
+                     port);
+            sub_move(ss, host, port);
+            return;
+        }
+    }
     if (reply->type != REDIS_REPLY_ARRAY) {
         log_warn("store: subscriber: HGETALL '%s' failed: %s", ss->hash,
                  reply->type == REDIS_REPLY_ERROR ? reply->str : "not an array");
@@ -139,19 +158,21 @@ static void sub_close_cb(struct rconn *c, const char *why)
     log_warn("store: reset subscriber lost '%s:%d': %s; retrying", ss->host, ss->port,
              why && why[0] ? why : "connection closed");
     ss->conn = NULL;
+    if (ss->nseeds > 0) {               /* the next seed (a MOVED, if any, comes again) */
+        ss->seed = (ss->seed + 1) % ss->nseeds;
+        free(ss->host);
+        ss->host = store_strdup(ss->seeds[ss->seed].host);
+        ss->port = ss->seeds[ss->seed].port;
+    }
     if (ss->sentinels != NULL)
         sub_ask_again(ss);
     else
         sub_retry_later(ss);
 }
 
-/* The master a sentinel named: subscribe there (again, if it moved). */
-static void sub_set_master(struct store_sub *ss, const char *host, int port)
+/* Subscribe at host:port from now on (the connection there, if any, goes). */
+static void sub_move(struct store_sub *ss, const char *host, int port)
 {
-    if (ss->conn != NULL && ss->port == port && strcmp(ss->host, host) == 0)
-        return;
-    log_info("store: reset subscriber: sentinel master '%s' is %s:%d", ss->master_name,
-             host, port);
     free(ss->host);
     ss->host = store_strdup(host);
     ss->port = port;
@@ -162,6 +183,16 @@ static void sub_set_master(struct store_sub *ss, const char *host, int port)
     }
     event_del(ss->retry_ev);
     sub_connect(ss);
+}
+
+/* The master a sentinel named: subscribe there (again, if it moved). */
+static void sub_set_master(struct store_sub *ss, const char *host, int port)
+{
+    if (ss->conn != NULL && ss->port == port && strcmp(ss->host, host) == 0)
+        return;
+    log_info("store: reset subscriber: sentinel master '%s' is %s:%d", ss->master_name,
+             host, port);
+    sub_move(ss, host, port);
 }
 
 static void sub_sentinel_next(struct store_sub *ss)
@@ -311,6 +342,16 @@ struct store_sub *store_sub_create(struct event_base *base, const struct conf_re
         ss->host = store_strdup(host);
         ss->port = port;
     }
+    if (rc->ncluster > 0) {
+        ss->seeds = mem_calloc((size_t)rc->ncluster, sizeof(*ss->seeds));
+        for (int i = 0; i < rc->ncluster; i++) {
+            int sp;
+            if (addr_split(rc->cluster[i], host, sizeof(host), &sp) > 0) {
+                ss->seeds[ss->nseeds].host = store_strdup(host);
+                ss->seeds[ss->nseeds++].port = sp;
+            }
+        }
+    }
     ss->channel = store_strdup(channel);
     ss->hash = hash ? store_strdup(hash) : NULL;
     ss->snap = snap;
@@ -364,6 +405,9 @@ void store_sub_destroy(struct store_sub *ss)
     for (int i = 0; i < ss->nsentinels; i++)
         free(ss->sentinels[i].host);
     free(ss->sentinels);
+    for (int i = 0; i < ss->nseeds; i++)
+        free(ss->seeds[i].host);
+    free(ss->seeds);
     free(ss->master_name);
     free(ss->sentinel_password);
     /* a cancelled lookup is delivered later and reads the resolver: then

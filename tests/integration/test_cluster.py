@@ -11,8 +11,9 @@ import uuid
 
 import pytest
 
-from conftest import Conn, build_request, http_get, parallel, redis_cmd, redis_time_s, \
-    sleep_until_redis_phase, wait_until
+from apilib import TOKEN, api
+from conftest import Conn, build_request, free_port, http_get, parallel, redis_cmd, redis_time_s, \
+    sleep_until_redis_phase, wait_port, wait_until
 from clusterlib import Cluster, Load, redirect_counts
 
 pytestmark = pytest.mark.slow
@@ -281,3 +282,53 @@ def test_master_killed_under_load(tmp_path, sluice):
         assert all(r[2] for r in after if r[0] > limited_again[0][0] + 0.5)
     finally:
         c.stop()
+
+
+PLANS = """\
+plans:
+  default: free
+  free:
+    limits:
+      - { name: per-hour, algorithm: fixed_window, limit: 2, window: 1h, key: ["header:X-K"] }
+  pro:
+    limits:
+      - { name: per-hour, algorithm: fixed_window, limit: 5, window: 1h, key: ["header:X-K"] }
+"""
+
+
+def test_plan_assignments_are_read_from_the_node_that_holds_them(cluster, sluice):
+    """The run-time plan assignments (hash ct:plans) are read whole by a
+    proxy that starts later, though its first seed is a node that does not
+    hold the hash (MOVED): its subscriber goes to the node that does."""
+    slot = int(redis_cmd(cluster.masters()[0], "CLUSTER", "KEYSLOT", "ct:plans"))
+    owner = cluster.slot_owners()[slot]
+    other = [p for p in cluster.masters() if p != owner][0]
+    admin_ports = []
+
+    def start():
+        admin_port = free_port()
+        admin_ports.append(admin_port)
+        text = cluster_conf(cluster).replace(
+            "cluster: [%s]" % ", ".join("127.0.0.1:%d" % p for p in cluster.ports[:2]),
+            "cluster: [127.0.0.1:%d, 127.0.0.1:%d]" % (other, owner))
+        text = PLANS + text.replace(
+            "routes:\n", "admin:\n  listen: 127.0.0.1:%d\n  token: ${SLUICE_TEST_TOKEN}\n"
+            "routes:\n  - name: planned\n    match: { path: /planned }\n    upstream: api\n"
+            "    plan_key: \"header:X-K\"\n" % admin_port, 1)
+        s = sluice(text, env={"SLUICE_TEST_TOKEN": TOKEN}, redis_port=owner, wait_redis=False)
+        s.admin_port = admin_port
+        assert wait_port(admin_port, s.proc), s.stderr
+        return s
+
+    a = start()
+    key = "k-%s" % uuid.uuid4().hex
+    code, doc, _ = wait_until(lambda: api(a, "PUT", "/api/plans?key=" + key, {"plan": "pro"}),
+                              10, until=lambda r: r[0] == 200)[0]
+    assert code == 200 and doc["source"] == "runtime", doc
+    b = start()
+    doc = wait_until(lambda: api(b, "GET", "/api/plans?key=" + key)[1], 10,
+                     until=lambda d: d and d.get("source") == "runtime")[0]
+    assert doc and doc["plan"] == "pro" and doc["source"] == "runtime", (doc, b.stderr[-2000:])
+    assert "HGETALL" not in b.stderr, b.stderr[-2000:]
+    got = [http_get(b.port, "/planned", headers=[("X-K", key)]).status for _ in range(6)]
+    assert got == [200] * 5 + [429], got
