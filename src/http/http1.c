@@ -837,6 +837,11 @@ static void head_begin(struct http1 *p, int head_request, struct http1_head *h)
     p->in_body = p->done = 0;
     p->twantlen = 0;
     p->tgot = p->tcapture = 0;
+    http1_head_clear(h);
+}
+
+void http1_head_clear(struct http1_head *h)
+{
     h->len = 0;
     h->minor = 0;
     h->method = (struct http1_span){ 0, 0 };

@@ -87,6 +87,9 @@ int http1_head_parse(struct http1 *p, const char *data, size_t len,
  * Same results, limits and checks as one http1_head_parse() over the whole. */
 int http1_head_feed(struct http1 *p, const char *data, size_t len,
                     size_t max_bytes, int head_request, struct http1_head *h);
+/* h as no head at all (what a parse begins with): every field but the
+ * fields array, which only nheaders of are ever read. */
+void http1_head_clear(struct http1_head *h);
 
 /* Feed body bytes. Fills pieces[0..*npieces) with payload runs (offsets into
  * data) and returns how many bytes of data were consumed (<= len), which may

@@ -5,6 +5,7 @@
  * their heads out as nghttp2_nv lists, their payload de-chunked and their
  * trailers as a second list. The rules are RFC 9113 §8.2-8.3 (nghttpx's
  * src/http2.cc copy_headers_to_nva and build_http1_headers). */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,20 +114,30 @@ const char *h2msg_fields_get(const struct h2msg_fields *f, const char *name, siz
     return NULL;
 }
 
-/* Fields HTTP/2 forbids or HTTP/1.1 gets from elsewhere (nghttpx
- * build_http1_headers); nghttp2 already refuses most of them inbound. */
-static int dropped(const struct h2msg_fields *f, const struct h2msg_field *e)
+/* A connection-specific field: not carried between HTTP/1.1 and HTTP/2
+ * (RFC 9113 8.2.2), either way. */
+static int hop_by_hop(const char *name, size_t n)
 {
-    static const char *const names[] = {
-        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
-        "te", "host", "cookie", "http2-settings",
+    static const struct { const char *s; size_t n; } names[] = {
+        {"connection", 10}, {"keep-alive", 10}, {"proxy-connection", 16},
+        {"transfer-encoding", 17}, {"upgrade", 7}, {"http2-settings", 14}, {"te", 2},
     };
-    if (e->namelen && f->buf[e->name] == ':')
-        return 1;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (field_is(f, e, names[i]))
+        if (names[i].n == n && strncasecmp(names[i].s, name, n) == 0)
             return 1;
     return 0;
+}
+
+/* Fields HTTP/2 forbids or HTTP/1.1 gets from elsewhere (nghttpx
+ * build_http1_headers): the connection-specific ones, pseudo-headers, Host
+ * and Cookie (written from :authority and the crumbs); nghttp2 already
+ * refuses most of them inbound. */
+static int dropped(const struct h2msg_fields *f, const struct h2msg_field *e)
+{
+    const char *name = f->buf + e->name;
+    if (e->namelen && name[0] == ':')
+        return 1;
+    return hop_by_hop(name, e->namelen) || field_is(f, e, "host") || field_is(f, e, "cookie");
 }
 
 /* Header text a field may carry into HTTP/1.1: nghttp2 has refused CR, LF
@@ -259,19 +270,23 @@ struct h2msg_reader {
     enum reader_state state;
     int head_request;
     const char *scheme;
-    struct http1_head head;
     char *text;                 /* the last head (or the trailer section), lowercased names */
     size_t textcap;
     char status[4];
-    nghttp2_nv nv[H2MSG_FIELDS_MAX];
     size_t nnv;
     struct evbuffer *tail;      /* framing bytes since the last payload byte:
                                  * the last chunk and its trailers */
+    /* Last, not zeroed (7 KiB, one reader per stream): written as far as a
+     * head fills them. */
+    struct http1_head head;
+    nghttp2_nv nv[H2MSG_FIELDS_MAX];
 };
 
 struct h2msg_reader *h2msg_reader_new(enum http1_kind kind, size_t max_head)
 {
-    struct h2msg_reader *r = mem_calloc(1, sizeof(*r));
+    struct h2msg_reader *r = mem_alloc(sizeof(*r));
+    memset(r, 0, offsetof(struct h2msg_reader, head));
+    http1_head_clear(&r->head);
     r->kind = kind;
     r->max_head = max_head;
     r->p = http1_create(kind);
@@ -324,9 +339,10 @@ static void nv_add(struct h2msg_reader *r, const char *name, size_t nlen, const 
     v->flags = NGHTTP2_NV_FLAG_NONE;
 }
 
-/* Whether the Connection fields of h name this field (a token list). */
-static int named_by_connection(const char *buf, const struct http1_head *h, const char *name,
-                               size_t nlen)
+/* The fields h's Connection fields name (token lists), marked in named[]:
+ * one pass over the tokens, and one over the fields for each token but
+ * "keep-alive" (a field dropped anyway). */
+static void mark_named(const char *buf, const struct http1_head *h, unsigned char *named)
 {
     for (int i = http1_find(buf, h, "connection", 0); i >= 0;
          i = http1_find(buf, h, "connection", i + 1)) {
@@ -337,23 +353,14 @@ static int named_by_connection(const char *buf, const struct http1_head *h, cons
             const char *w = s;
             while (s < end && *s != ',' && *s != ' ' && *s != '\t')
                 s++;
-            if ((size_t)(s - w) == nlen && strncasecmp(w, name, nlen) == 0)
-                return 1;
+            size_t n = (size_t)(s - w);
+            if (n == 0 || (n == 10 && strncasecmp(w, "keep-alive", 10) == 0))
+                continue;
+            for (int j = 0; j < h->nheaders; j++)
+                if (h->h[j].name.len == n && strncasecmp(buf + h->h[j].name.off, w, n) == 0)
+                    named[j] = 1;
         }
     }
-    return 0;
-}
-
-static int hop_by_hop(const char *name, size_t n)
-{
-    static const char *const names[] = {
-        "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade",
-        "http2-settings", "te",
-    };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strlen(names[i]) == n && strncasecmp(names[i], name, n) == 0)
-            return 1;
-    return 0;
 }
 
 /* The head in r->text as an nv list. */
@@ -375,6 +382,8 @@ static void head_nv(struct h2msg_reader *r)
             nv_add(r, ":authority", 10, t + h->h[h->host].value.off, h->h[h->host].value.len);
         nv_add(r, ":path", 5, t + h->target.off, h->target.len);
     }
+    unsigned char named[HTTP1_MAX_HEADERS] = {0};
+    mark_named(t, h, named);
     for (int i = 0; i < h->nheaders; i++) {
         const struct http1_header *e = &h->h[i];
         char *name = t + e->name.off;
@@ -382,8 +391,7 @@ static void head_nv(struct h2msg_reader *r)
         int te_trailers = r->kind == HTTP1_REQUEST && e->name.len == 2 &&
                           strncasecmp(name, "te", 2) == 0 && e->value.len == 8 &&
                           strncasecmp(t + e->value.off, "trailers", 8) == 0;
-        if (!te_trailers && (hop_by_hop(name, e->name.len) || i == h->host ||
-                             named_by_connection(t, h, name, e->name.len)))
+        if (!te_trailers && (hop_by_hop(name, e->name.len) || i == h->host || named[i]))
             continue;
         for (uint32_t k = 0; k < e->name.len; k++)
             if (name[k] >= 'A' && name[k] <= 'Z')

@@ -89,7 +89,6 @@ struct client {
     char peer_text[ROUTE_IP_MAX];       /* the peer's address, as keys use it */
     size_t peer_len;
     struct http1 *parser;
-    struct http1_head head;
     struct event *timer;
     enum timer_mode timer_mode;
     int64_t timer_due_ms;               /* clock_ms() when timer_mode's time is up */
@@ -131,6 +130,9 @@ struct client {
     struct evbuffer *trailers;          /* CS_PROXY: the response's framing since
                                          * its last payload byte, its trailers at
                                          * the end (lazy) */
+    /* Last: client_new zeroes what comes before it; its fields array
+     * (3 KiB) is written only as far as a head fills it. */
+    struct http1_head head;
 };
 
 void conn_enter(struct client *c);
