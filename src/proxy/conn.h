@@ -89,7 +89,6 @@ struct client {
     char peer_text[ROUTE_IP_MAX];       /* the peer's address, as keys use it */
     size_t peer_len;
     struct http1 *parser;
-    struct http1_head head;
     struct event *timer;
     enum timer_mode timer_mode;
     int64_t timer_due_ms;               /* clock_ms() when timer_mode's time is up */
