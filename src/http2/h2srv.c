@@ -15,7 +15,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <nghttp2/nghttp2.h>
@@ -54,6 +56,23 @@
  * client could lose the GOAWAY that says why (nginx's lingering close). */
 #define LINGER_MS       1000
 
+/* nghttp2 1.52 allocates with each session a stream map of 256 buckets
+ * (4 KiB, zeroed) and the buffer all output is framed in (its
+ * NGHTTP2_FRAMEBUF_CHUNKLEN, 16 KiB), written from its start. On an idle
+ * connection both are scratch: the frames were copied out, and a map with
+ * no stream is all empty buckets (zeros). Taken page-aligned when the
+ * session is made, their pages go back to the kernel once the connection
+ * has had no stream for RELEASE_MS, as nginx frees an idle HTTP/2
+ * connection's buffers. Not at once: for a client sending one request
+ * after another, giving them back and faulting them in again cost about a
+ * quarter of a request's CPU. */
+#define PAGE_BYTES      4096        /* other page sizes: nothing goes back */
+#define PAGES(n)        (((n) + PAGE_BYTES - 1) / PAGE_BYTES * PAGE_BYTES)
+#define NG_MAP_BYTES    (256 * 16)
+#define NG_FRAMEBUF_LEN (9 + 1 + 16384)
+#define BLOCK_BYTES     (NG_MAP_BYTES + PAGES(NG_FRAMEBUF_LEN))
+#define RELEASE_MS      1000
+
 struct h2stream {
     struct h2srv *s;
     int32_t id;
@@ -83,7 +102,7 @@ struct h2srv {
     int tls;
     const struct h2srv_ops *ops;
     void *arg;
-    struct event *kick, *timer;
+    struct event *kick, *timer, *release;
     enum tmode tmode;
     struct list streams;
     int nstreams;                   /* struct h2stream alive */
@@ -91,6 +110,12 @@ struct h2srv {
     uint32_t nrequests;
     int64_t budget, budget_ms;      /* FLOOD_BUDGET; refilled up to clock_ms() budget_ms */
     struct h2stream *dirty;
+    char *block;                    /* holds nghttp2's map and frame buffer */
+    void *map, *framebuf;           /* in block, page-aligned; NULL once freed */
+    unsigned creating : 1;          /* inside nghttp2_session_server_new3 */
+    unsigned pages_back : 1;        /* the system's pages are PAGE_BYTES */
+    unsigned pages_used : 1;        /* map or frame buffer written since released */
+    unsigned sent_all : 1;          /* nghttp2 had nothing more to frame */
     unsigned got_frame : 1, goaway : 1, conn_closed : 1, ended_told : 1, freed : 1,
              lingering : 1, flooded : 1;
 };
@@ -159,6 +184,7 @@ static void session_destroy(struct h2srv *s)
     }
     event_free(s->kick);
     event_free(s->timer);
+    event_free(s->release);
     free(s);
 }
 
@@ -406,6 +432,30 @@ static void conn_linger(struct h2srv *s)
     timer_set(s, TM_LINGER, LINGER_MS);
 }
 
+static int page_zero(const void *page)
+{
+    const uint64_t *w = page;
+    for (size_t i = 0; i < PAGE_BYTES / sizeof(*w); i++)
+        if (w[i])
+            return 0;
+    return 1;
+}
+
+/* RELEASE_MS without a stream, everything framed copied out: the frame
+ * buffer's pages and the stream map's go back (read as zeros after). A map
+ * page that is not all zeros (an idle stream of a PRIORITY frame) stays. */
+static void release_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct h2srv *s = arg;
+    if (s->conn_closed || !s->sent_all || !s->pages_used || s->nstreams > 0)
+        return;
+    s->pages_used = 0;
+    if (s->framebuf)
+        madvise(s->framebuf, PAGES(NG_FRAMEBUF_LEN), MADV_DONTNEED);
+    if (s->map && page_zero(s->map))
+        madvise(s->map, PAGE_BYTES, MADV_DONTNEED);
+}
+
 static void session_send(struct h2srv *s)
 {
     if (s->conn_closed || s->lingering)
@@ -418,11 +468,17 @@ static void session_send(struct h2srv *s)
             conn_close(s);
             return;
         }
+        s->sent_all = n == 0;
         if (n == 0)
             break;
+        s->pages_used = 1;
         evbuffer_add(out, data, (size_t)n);
     }
     io_flush(s->io);
+    if (s->sent_all && s->pages_used && s->nstreams == 0 && s->pages_back) {
+        struct timeval tv = clock_timeval(RELEASE_MS);
+        event_add(s->release, &tv);
+    }
     if (!nghttp2_session_want_read(s->ng) && !nghttp2_session_want_write(s->ng) &&
         evbuffer_get_length(out) == 0)
         conn_linger(s);
@@ -577,6 +633,7 @@ static int on_begin_headers(nghttp2_session *ng, const nghttp2_frame *f, void *u
 {
     struct h2srv *s = user;
     s->got_frame = 1;
+    s->pages_used = 1;      /* a stream in the map */
     if (f->hd.type != NGHTTP2_HEADERS)
         return 0;
     if (f->headers.cat == NGHTTP2_HCAT_REQUEST) {
@@ -682,6 +739,74 @@ static int on_stream_close(nghttp2_session *ng, int32_t id, uint32_t code, void 
 
 /* ---- the session ---------------------------------------------------------------- */
 
+/* nghttp2's allocator: sluice's, but the map and the frame buffer (told
+ * apart by their sizes while the session is made) in s->block. */
+static char *block_pages(struct h2srv *s)
+{
+    void *b;
+    if (s->block == NULL) {
+        if (posix_memalign(&b, PAGE_BYTES, BLOCK_BYTES) != 0)
+            abort();    /* only on allocation failure */
+        s->block = b;
+    }
+    return s->block;
+}
+
+static void *ng_malloc(size_t size, void *user)
+{
+    struct h2srv *s = user;
+    if (s->creating && size == NG_FRAMEBUF_LEN && s->framebuf == NULL)
+        return s->framebuf = block_pages(s) + NG_MAP_BYTES;
+    return mem_alloc(size);
+}
+
+static void ng_free(void *ptr, void *user)
+{
+    struct h2srv *s = user;
+    if (ptr == NULL || (ptr != s->map && ptr != s->framebuf)) {
+        free(ptr);
+        return;
+    }
+    if (ptr == s->map)
+        s->map = NULL;      /* grown: the new map is an ordinary allocation */
+    else
+        s->framebuf = NULL;
+    if (s->map == NULL && s->framebuf == NULL) {
+        free(s->block);
+        s->block = NULL;
+    } else if (s->pages_back) {
+        /* the other one lives on: this one's pages go back now */
+        madvise(ptr, ptr == s->block ? NG_MAP_BYTES : PAGES(NG_FRAMEBUF_LEN), MADV_DONTNEED);
+    }
+}
+
+static void *ng_calloc(size_t n, size_t size, void *user)
+{
+    struct h2srv *s = user;
+    if (s->creating && n * size == NG_MAP_BYTES && s->map == NULL)
+        return memset(s->map = block_pages(s), 0, NG_MAP_BYTES);
+    return mem_calloc(n, size);
+}
+
+/* nghttp2 allocates its buffers as realloc(NULL, size). */
+static void *ng_realloc(void *ptr, size_t size, void *user)
+{
+    struct h2srv *s = user;
+    if (ptr == NULL)
+        return ng_malloc(size, user);
+    if (ptr == s->framebuf || ptr == s->map) {
+        size_t had = ptr == s->map ? NG_MAP_BYTES : NG_FRAMEBUF_LEN;
+        void *p = mem_alloc(size);
+        memcpy(p, ptr, size < had ? size : had);
+        ng_free(ptr, user);
+        return p;
+    }
+    void *p = realloc(ptr, size);
+    if (p == NULL && size)
+        abort();    /* only on allocation failure */
+    return p;
+}
+
 struct h2srv *h2srv_new(struct event_base *base, struct io *io, const struct h2srv_limits *lim,
                         int tls, const struct h2srv_ops *ops, void *arg)
 {
@@ -696,6 +821,7 @@ struct h2srv *h2srv_new(struct event_base *base, struct io *io, const struct h2s
     s->budget_ms = clock_ms();
     s->kick = event_new(base, -1, 0, kick_cb, s);
     s->timer = evtimer_new(base, timer_cb, s);
+    s->release = evtimer_new(base, release_cb, s);
 
     nghttp2_session_callbacks *cb;
     nghttp2_option *opt;
@@ -711,8 +837,18 @@ struct h2srv *h2srv_new(struct event_base *base, struct io *io, const struct h2s
     nghttp2_option_set_no_auto_window_update(opt, 1);
     nghttp2_option_set_stream_reset_rate_limit(opt, RST_BURST, RST_RATE);
     nghttp2_option_set_max_continuations(opt, MAX_CONTINUATIONS);
-    if (nghttp2_session_server_new2(&s->ng, cb, s, opt) != 0)
+    /* a closed stream is not kept for RFC 7540 priorities: ~400 bytes
+     * each on an idle connection */
+    nghttp2_option_set_no_closed_streams(opt, 1);
+    /* responses' fields are not indexed, as nginx sends them: a dynamic
+     * table held ~1.7 KiB on each connection that made a request */
+    nghttp2_option_set_max_deflate_dynamic_table_size(opt, 0);
+    nghttp2_mem mem = {s, ng_malloc, ng_free, ng_calloc, ng_realloc};
+    s->pages_back = sysconf(_SC_PAGESIZE) == PAGE_BYTES;
+    s->creating = 1;
+    if (nghttp2_session_server_new3(&s->ng, cb, s, opt, &mem) != 0)
         abort();
+    s->creating = 0;
     nghttp2_session_callbacks_del(cb);
     nghttp2_option_del(opt);
 
@@ -757,6 +893,7 @@ void h2srv_free(struct h2srv *s)
     s->ng = NULL;
     event_del(s->kick);
     event_del(s->timer);
+    event_del(s->release);
     for (struct h2stream *st = LIST_ITEM(s->streams.first, struct h2stream, link); st;
          st = LIST_ITEM(st->link.next, struct h2stream, link))
         st->dirty = 0;

@@ -186,6 +186,8 @@ static void client_h2_start(struct client *c)
     c->state = CS_H2;
     request_put(c->env, c->rq);
     c->rq = NULL;
+    http1_destroy(c->parser);   /* its streams parse; the connection never does */
+    c->parser = NULL;
     c->h2 = h2srv_new(c->env->base, c->io, &lim, c->tls, &client_h2_ops, c);
     c->io = NULL;
 }

@@ -202,8 +202,8 @@ static void write_request_head(struct client *c, struct evbuffer *dst)
         .underscore = c->conf->client.underscore_headers,
         .https = c->tls,
     };
-    obuf_begin(&ob, dst, c->head.len + 512);
-    h1write_request(&ob, c->rq->hbuf, &c->head, &o);
+    obuf_begin(&ob, dst, c->rq->head.len + 512);
+    h1write_request(&ob, c->rq->hbuf, &c->rq->head, &o);
     obuf_end(&ob);
 }
 
@@ -275,7 +275,7 @@ void exchange_start(struct client *c, const struct exchange_ops *ops)
     c->state = CS_PROXY;
     c->rq->upstream_start_us = clock_us();
     write_request_head(c, io_output(c->rq->up->io));
-    if (c->head.body == HTTP1_BODY_NONE) {
+    if (c->rq->head.body == HTTP1_BODY_NONE) {
         c->rq->req_done = 1;
         up_timeouts(c);
         return;
@@ -298,7 +298,7 @@ void exchange_start(struct client *c, const struct exchange_ops *ops)
 static int buffer_wanted(const struct client *c)
 {
     size_t max = c->conf->client.buffer_body_bytes;
-    const struct http1_head *h = &c->head;
+    const struct http1_head *h = &c->rq->head;
     return max > 0 && (h->body == HTTP1_BODY_CHUNKED ||
                        (h->body == HTTP1_BODY_LENGTH && h->content_length <= max));
 }
@@ -338,15 +338,15 @@ static void buffer_begin(struct client *c)
     struct evbuffer *in = io_input(c->io);
     buffer_drop(c);
     lazy_buffer(&c->body);
-    evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->head.len);
+    evbuffer_remove_buffer(in, lazy_buffer(&c->held), c->rq->head.len);
     c->rq->hbuf = (const char *)evbuffer_pullup(c->held, -1);
     c->rq->head_in_input = 0;
     c->rq->head_held = 1;
     c->state = CS_BUFFER;
     c->rq->buffer_until_ms = clock_ms() + c->conf->client.header_timeout_ms;
-    if (c->head.expect_continue && c->head.minor >= 1 && evbuffer_get_length(in) == 0)
+    if (c->rq->head.expect_continue && c->rq->head.minor >= 1 && evbuffer_get_length(in) == 0)
         evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
-    c->head.expect_continue = 0;
+    c->rq->head.expect_continue = 0;
     buffer_wait(c);
 }
 
@@ -414,10 +414,10 @@ void exchange_read_body(struct client *c, const struct exchange_ops *ops, size_t
 {
     c->rq->xops = ops;
     c->rq->read_max = max > 0 ? max : 1;
-    if (c->head.body == HTTP1_BODY_NONE) {
+    if (c->rq->head.body == HTTP1_BODY_NONE) {
         c->rq->req_done = 1;
         read_body_done(c, 0);
-    } else if (c->head.body == HTTP1_BODY_LENGTH && c->head.content_length > max)
+    } else if (c->rq->head.body == HTTP1_BODY_LENGTH && c->rq->head.content_length > max)
         read_body_done(c, 1);
     else
         buffer_begin(c);
@@ -464,7 +464,7 @@ void exchange_buffer_body(struct client *c)
 static void buffer_send(struct client *c)
 {
     struct evbuffer *uo = io_output(c->rq->up->io);
-    int chunked = c->head.body == HTTP1_BODY_CHUNKED;
+    int chunked = c->rq->head.body == HTTP1_BODY_CHUNKED;
     size_t n = c->body ? evbuffer_get_length(c->body) : 0;
     buffer_release_head(c);
     if (chunked && n > 0)
@@ -499,7 +499,7 @@ void exchange_pump_request(struct client *c)
 {
     struct evbuffer *in = io_input(c->io);
     struct evbuffer *uo = io_output(c->rq->up->io);
-    int chunked = c->head.body == HTTP1_BODY_CHUNKED;
+    int chunked = c->rq->head.body == HTTP1_BODY_CHUNKED;
 
     while (!c->rq->req_done && c->rq->up) {
         size_t queued = evbuffer_get_length(uo);
@@ -638,7 +638,7 @@ static void write_response_head(struct client *c, const char *buf)
     enum conf_headers mode = c->rq->dec.have_limits ? c->rq->route->headers : CONF_HEADERS_NONE;
 
     if (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_EOF) {
-        if (c->head.minor >= 1)
+        if (c->rq->head.minor >= 1)
             c->rq->out_chunked = 1;
         else
             c->keep_alive = 0;      /* HTTP/1.0: the close ends the body */
@@ -649,7 +649,7 @@ static void write_response_head(struct client *c, const char *buf)
         .head_request = c->rq->head_request,
         .chunked = c->rq->out_chunked,
         .close = !c->keep_alive || c->eof,
-        .keep_alive_10 = c->head.minor == 0,
+        .keep_alive_10 = c->rq->head.minor == 0,
     };
     obuf_begin(&ob, io_output(c->io), h->len + 1024);
     h1write_response_begin(&ob, buf, h, &o);
@@ -703,7 +703,7 @@ static int interim_response(struct client *c, int status)
 {
     struct upstream_conn *uc = c->rq->up;
     c->rq->interims++;
-    if (status == 100 && c->head.expect_continue &&
+    if (status == 100 && c->rq->head.expect_continue &&
         c->rq->interims_relayed < EXCHANGE_INTERIM_RELAYED) {
         evbuffer_add(io_output(c->io), "HTTP/1.1 100 Continue\r\n\r\n", 25);
         c->rq->interims_relayed++;

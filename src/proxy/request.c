@@ -102,6 +102,7 @@ struct request *request_get(struct conn_env *env)
     } else {
         rq = mem_calloc(1, sizeof(*rq));
     }
+    memset(&rq->head, 0, sizeof(rq->head));    /* a spare's is another client's */
     request_reset(rq);
     return rq;
 }
@@ -182,7 +183,7 @@ static void request_address(struct client *c)
         rq->ip_len = c->peer_len;
         return;
     }
-    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, c->rq->hbuf, &c->head,
+    rq->ip_len = route_client_ip(conf, (const struct sockaddr *)&c->peer, rq->hbuf, &rq->head,
                                  rq->ip);
 }
 
@@ -260,11 +261,12 @@ void request_log_begin(struct client *c, int parsed)
                                          NULL, rq->client);
         return;
     }
-    rq->bytes_in = c->head.len;
-    rq->method_len = c->head.method.len < sizeof(rq->method) ? c->head.method.len : sizeof(rq->method);
-    memcpy(rq->method, hb(c, c->head.method), rq->method_len);
-    rq->target_len = c->head.target.len < sizeof(rq->target) ? c->head.target.len : sizeof(rq->target);
-    memcpy(rq->target, hb(c, c->head.target), rq->target_len);
+    const struct http1_head *h = &c->rq->head;
+    rq->bytes_in = h->len;
+    rq->method_len = h->method.len < sizeof(rq->method) ? h->method.len : sizeof(rq->method);
+    memcpy(rq->method, hb(c, h->method), rq->method_len);
+    rq->target_len = h->target.len < sizeof(rq->target) ? h->target.len : sizeof(rq->target);
+    memcpy(rq->target, hb(c, h->target), rq->target_len);
     memcpy(rq->client, c->rq->ip, c->rq->ip_len + 1);
     rq->client_len = c->rq->ip_len;
 }
@@ -281,13 +283,13 @@ void request_refresh_head(struct client *c)
 {
     if (c->rq->head_in_input)
         c->rq->hbuf = (const char *)evbuffer_pullup(io_input(c->io),
-                                                (ssize_t)c->head.len);
+                                                (ssize_t)c->rq->head.len);
 }
 
 void request_drain_head(struct client *c)
 {
     if (c->rq->head_in_input) {
-        evbuffer_drain(io_input(c->io), c->head.len);
+        evbuffer_drain(io_input(c->io), c->rq->head.len);
         c->rq->head_in_input = 0;
         c->rq->hbuf = NULL;
     }
@@ -352,10 +354,10 @@ void request_answer(struct client *c, int status, int close_after)
         new_request_id(c);
     struct evbuffer *out = io_output(c->io);
     size_t out_before = evbuffer_get_length(out);
-    int keep = !close_after && c->head.keep_alive && !c->eof && !c->env->stopping &&
-               body_discardable(&c->head);
+    int keep = !close_after && c->rq->head.keep_alive && !c->eof && !c->env->stopping &&
+               body_discardable(&c->rq->head);
     /* As on proxied responses: HTTP/1.0 keeps alive only when told so. */
-    int conn = !keep ? REPLY_CLOSE : c->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
+    int conn = !keep ? REPLY_CLOSE : c->rq->head.minor == 0 ? REPLY_KEEP_SAID : REPLY_KEEP;
     struct evbuffer *tmp = c->rq->head_request ? evbuffer_new() : NULL;
     const struct request *rq = c->rq;
     int64_t retry_ms = status == 503 && rq->rt ? backend_retry_ms(runtime_backend(rq->rt)) : 0;
@@ -390,7 +392,7 @@ void request_answer(struct client *c, int status, int close_after)
     if (!answer_sent(c, status, out_before, keep))
         return;
     c->rq->body_bytes = 0;
-    if (c->head.body == HTTP1_BODY_NONE) {
+    if (c->rq->head.body == HTTP1_BODY_NONE) {
         c->rq->req_done = 1;
         c->ops->request_done(c);
     } else {        /* the rest of the body, with no gap over body_timeout */
@@ -443,7 +445,7 @@ static int request_jwt(struct client *c)
     struct request *rq = c->rq;
     const struct conf_jwt *j = &c->conf->jwt;
     struct jwt_rules rules = { j->issuer, j->audience, j->leeway_s };
-    struct route_req req = { rq->hbuf, &c->head };
+    struct route_req req = { rq->hbuf, &c->rq->head };
     const char *tok, *claims;
     size_t len, claims_len;
     int hit = 0, st = -1;
@@ -493,10 +495,10 @@ static uint64_t request_random(struct conn_env *env)
 /* The client's X-Request-Id when it is sane, otherwise a new one. */
 static void set_request_id(struct client *c)
 {
-    int i = http1_find(c->rq->hbuf, &c->head, "x-request-id", 0);
-    if (i >= 0 && http1_find(c->rq->hbuf, &c->head, "x-request-id", i + 1) < 0) {
-        const char *v = hb(c, c->head.h[i].value);
-        size_t n = c->head.h[i].value.len;
+    int i = http1_find(c->rq->hbuf, &c->rq->head, "x-request-id", 0);
+    if (i >= 0 && http1_find(c->rq->hbuf, &c->rq->head, "x-request-id", i + 1) < 0) {
+        const char *v = hb(c, c->rq->head.h[i].value);
+        size_t n = c->rq->head.h[i].value.len;
         if (rid_acceptable(v, n)) {
             memcpy(c->rq->rid, v, n);
             c->rq->rid_len = n;
@@ -538,7 +540,7 @@ void request_head(struct client *c)
         conn_timer(c, TM_HEADER, c->conf->client.header_timeout_ms);
     size_t n = len > max + 1 ? max + 1 : len;
     const char *data = (const char *)evbuffer_pullup(in, (ssize_t)n);
-    int rc = http1_head_feed(c->parser, data, n, max, 0, &c->head);
+    int rc = http1_head_feed(c->parser, data, n, max, 0, &c->rq->head);
     if (rc == 1)
         return;
     decide_cancel(&c->rq->dec);      /* none can be pending between requests */
@@ -562,10 +564,10 @@ void request_head(struct client *c)
         c->conf = env->conf;
         conf_retain(c->conf);
     }
-    c->keep_alive = c->head.keep_alive && !env->stopping;
+    c->keep_alive = c->rq->head.keep_alive && !env->stopping;
     c->state = CS_DECIDE;
 
-    const struct http1_head *h = &c->head;
+    const struct http1_head *h = &c->rq->head;
     c->rq->head_request = h->method.len == 4 && memcmp(hb(c, h->method), "HEAD", 4) == 0;
     set_request_id(c);
     request_address(c);
@@ -628,7 +630,7 @@ void request_head(struct client *c)
 
 /* ---- decision mode ----------------------------------------------------- */
 
-/* A decision listener's request (docs/decision.md): c->head becomes the
+/* A decision listener's request (docs/decision.md): c->rq->head becomes the
  * view of the request the gateway describes (fwdauth.h), and the request
  * goes on the ordinary way (route, keys, decide) to be answered, never
  * forwarded: decided() answers 200 for "go on", request_answer() the
@@ -636,7 +638,7 @@ void request_head(struct client *c)
 static int decision_view(struct client *c)
 {
     const char *error = NULL;
-    switch (fwdauth_describe(c->conf, c->rq->hbuf, &c->head, &error)) {
+    switch (fwdauth_describe(c->conf, c->rq->hbuf, &c->rq->head, &error)) {
     case FWDAUTH_DESCRIBED:
         return 1;
     case FWDAUTH_RLS:
@@ -669,8 +671,8 @@ static void rls_reply(struct client *c)
     int status = rls_answer(c->rq->rls, &msg, &len, &why);
     struct evbuffer *out = io_output(c->io);
     size_t before = evbuffer_get_length(out);
-    int keep = c->rq->req_done && c->head.keep_alive && !c->eof && !c->env->stopping &&
-               c->head.minor >= 1;
+    int keep = c->rq->req_done && c->rq->head.keep_alive && !c->eof && !c->env->stopping &&
+               c->rq->head.minor >= 1;
     if (status != 0) {      /* Trailers-Only, as every local gRPC answer */
         reply_grpc(out, status, why ? why : "", NULL, 0, keep ? REPLY_KEEP : REPLY_CLOSE,
                    c->rq->rid, c->rq->rid_len);
@@ -741,7 +743,7 @@ static const struct exchange_ops request_exchange_ops = {
  * message is read whole (at most RLS_MAX_MESSAGE), then decided. */
 static void rls_begin(struct client *c)
 {
-    const struct http1_head *h = &c->head;
+    const struct http1_head *h = &c->rq->head;
     int ct = http1_find(c->rq->hbuf, h, "content-type", 0);
     const char *v = ct >= 0 ? hb(c, h->h[ct].value) : NULL;
     size_t vlen = ct >= 0 ? h->h[ct].value.len : 0;
@@ -843,7 +845,7 @@ static void decide(struct client *c)
     struct request *rq = c->rq;
     struct decide_env env = { runtime_backend(rq->rt), c->env->local, c->env->deny,
                               c->env->base, request_holding };
-    struct route_req req = { c->rq->hbuf, &c->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
+    struct route_req req = { c->rq->hbuf, &c->rq->head, rq->ip, rq->ip_len, rq->path, rq->path_len,
                              c->rq->route->regex ? &rq->caps : NULL,
                              rq->jwt_ok ? rq->claims : NULL, rq->claims_len, NULL, 0 };
     req.body = exchange_buffered(c, &req.body_len);

@@ -50,6 +50,9 @@ struct request {
                                          * first; kept across requests */
     char *claims;                       /* the verified token's claims (jwt.h) */
     size_t claims_cap;
+    struct http1_head head;             /* parsed into as the head arrives (so not
+                                         * zeroed by request_reset); zeroed by
+                                         * request_get */
 
     /* Zeroed per head from here (request_reset). */
     size_t path_len;
