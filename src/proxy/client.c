@@ -10,7 +10,6 @@
 #include <assert.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -400,9 +399,7 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
 /* A client over io, on env's list, with the current config. */
 static struct client *client_new(struct conn_env *env, struct io *io)
 {
-    struct client *c = mem_alloc(sizeof(*c));
-    memset(c, 0, offsetof(struct client, head));
-    http1_head_clear(&c->head);
+    struct client *c = mem_calloc(1, sizeof(*c));
     c->ops = &client_ops;
     c->env = env;
     c->conf = env->conf;

@@ -130,9 +130,6 @@ struct client {
     struct evbuffer *trailers;          /* CS_PROXY: the response's framing since
                                          * its last payload byte, its trailers at
                                          * the end (lazy) */
-    /* Last: client_new zeroes what comes before it; its fields array
-     * (3 KiB) is written only as far as a head fills it. */
-    struct http1_head head;
 };
 
 void conn_enter(struct client *c);

@@ -102,7 +102,8 @@ struct request *request_get(struct conn_env *env)
     } else {
         rq = mem_calloc(1, sizeof(*rq));
     }
-    memset(&rq->head, 0, sizeof(rq->head));    /* a spare's is another client's */
+    http1_head_clear(&rq->head);    /* a spare's was another request's: only nheaders of
+                                     * its fields are ever read */
     request_reset(rq);
     return rq;
 }
