@@ -157,12 +157,13 @@ static void apply_replaces(struct rls_call *call)
 }
 
 /* The cost of descriptor d: its own hits_addend, else the request's (0:
- * 1). 0 is a peek. Beyond the limit it can only be denied: capped there. */
+ * 1). 0 is a peek. Beyond the limit it can only be denied: capped there
+ * (a run-time override's limit, with admin.token, can be any). */
 static int64_t item_cost(const struct rls_req *req, const struct rls_desc *d,
-                         const struct limiter_params *p)
+                         const struct limiter_params *p, int overrides)
 {
     uint64_t hits = d->has_hits ? d->hits : req->hits_addend ? req->hits_addend : 1;
-    uint64_t cap = (uint64_t)p->limit + 1;
+    uint64_t cap = (uint64_t)(overrides ? LIMITER_MAX_LIMIT : p->limit) + 1;
     return (int64_t)(hits > cap ? cap : hits);
 }
 
@@ -179,10 +180,16 @@ static void statuses_plain(struct rls_call *call, struct rls_status *st)
             st[i].remaining = UINT32_MAX;
 }
 
-static void status_limit(const struct rls_item *it, struct rls_status *st)
+/* r: the decision, whose limit is a run-time override's when one applied
+ * (a window's requests_per_unit then); NULL: none was made. */
+static void status_limit(const struct rls_item *it, const struct limiter_result *r,
+                         struct rls_status *st)
 {
+    const struct limiter_params *p = item_params(it);
     st->has_limit = 1;
     st->rpu = it->rpu;
+    if (r && r->limit != p->limit && p->algo <= LIMITER_SLIDING_LOG)
+        st->rpu = r->limit > UINT32_MAX ? UINT32_MAX : (uint32_t)r->limit;
     st->unit = it->unit;
     st->name = it->cl && it->cl->name ? it->cl->name : "";
 }
@@ -232,7 +239,7 @@ static void answer_results(struct rls_call *call, const struct store_result *res
         int i = call->item_of[s];
         const struct rls_item *it = &call->item[i];
         const struct limiter_result *r = &res->r[s];
-        status_limit(it, &st[i]);
+        status_limit(it, r, &st[i]);
         st[i].over = !r->allowed && !it->shadow;
         over |= st[i].over;
         shadow_over |= !r->allowed && it->shadow;
@@ -319,7 +326,7 @@ static void answer_on_error(struct rls_call *call)
     statuses_plain(call, st);
     for (int s = 0; how == CONF_RLS_ON_ERROR_DENY && s < call->nlim; s++) {
         int i = call->item_of[s];
-        status_limit(&call->item[i], &st[i]);
+        status_limit(&call->item[i], NULL, &st[i]);
         st[i].over = !call->item[i].shadow;
         over |= st[i].over;
     }
@@ -375,7 +382,7 @@ int rls_start(struct rls_call *call, const struct rls_env *env, const struct con
         int s = it->slot = call->nlim++;
         size_t klen = rls_key(conf->redis.prefix, call->req.domain, d->entries, d->nentries,
                               share, call->key[s]);
-        int64_t cost = item_cost(&call->req, d, item_params(it));
+        int64_t cost = item_cost(&call->req, d, item_params(it), conf->redis.overrides);
         unsigned flags = it->shadow || conf->decision.rls_count_each ? STORE_SHADOW : 0;
         if (cost == 0)
             flags |= STORE_CHECK_ONLY;      /* a peek: decided, nothing consumed */

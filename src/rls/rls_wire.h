@@ -9,10 +9,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "rls_match.h"     /* struct rls_entry */
 
 #define RLS_MAX_MESSAGE     (64 * 1024)     /* a request message's bytes */
 #define RLS_MAX_DESCRIPTORS 64              /* per call */
-#define RLS_MAX_ENTRIES     32              /* per descriptor */
 
 /* gRPC status codes sluice answers with. */
 #define RLS_GRPC_OK                 0
@@ -20,10 +20,6 @@
 #define RLS_GRPC_RESOURCE_EXHAUSTED 8
 #define RLS_GRPC_INTERNAL           13
 #define RLS_GRPC_UNAVAILABLE        14
-
-struct rls_entry {
-    const char *key, *value;            /* NUL-terminated, into the message */
-};
 
 struct rls_desc {
     const struct rls_entry *entries;

@@ -205,15 +205,22 @@ def rls_top(config_path, listen_port, extra=""):
 
 
 def start_rls(sluice, tmp_path, rls_yaml, extra="", on_error="allow", redis_port=None,
-              top_extra=""):
+              top_extra="", token=None):
     """sluice with a decision listener reading rls_yaml (tmp_path/rls.yaml),
-    more top-level YAML in top_extra; returns (sluice, port)."""
+    more top-level YAML in top_extra, admin.token when token (apilib's
+    api() then writes); returns (sluice, port)."""
     from proxylib import start_proxy
     path = tmp_path / "rls.yaml"
     path.write_text(rls_yaml)
     port = free_port()
-    s = start_proxy(sluice, ROUTES, top=top_extra + rls_top(path, port, extra), on_error=on_error,
-                    redis_port=redis_port, admin=True, wait_redis=redis_port is None)
+    if token:
+        from apilib import start_api
+        s = start_api(sluice, ROUTES, token=token, top=top_extra + rls_top(path, port, extra),
+                      redis_port=redis_port)
+    else:
+        s = start_proxy(sluice, ROUTES, top=top_extra + rls_top(path, port, extra),
+                        on_error=on_error, redis_port=redis_port, admin=True,
+                        wait_redis=redis_port is None)
     from conftest import wait_port
     assert wait_port(port, s.proc), s.stderr
     return s, port
