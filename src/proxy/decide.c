@@ -10,14 +10,10 @@
  * count_status consumption after the response. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <event2/event.h>
 
 #include "admin_console.h"
@@ -129,31 +125,6 @@ static size_t decide_key_add(struct decision *dec, const char *key, size_t len)
 }
 
 /* ---- concurrency slots and delay -------------------------------------- */
-
-/* Slot ids: unique within the process (an odd multiplier is a bijection
- * mod 2^53), random across processes (a salt from getrandom), below 2^53 so
- * the Lua's doubles hold them exactly, never 0. */
-#define DECIDE_SLOT_MASK (((uint64_t)1 << 53) - 1)
-static uint64_t slot_salt;
-static _Atomic uint64_t slot_next;
-static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
-
-static void slot_salt_init(void)
-{
-    if (getrandom(&slot_salt, sizeof(slot_salt), 0) != (ssize_t)sizeof(slot_salt))
-        slot_salt = (uint64_t)clock_wall_us() ^ ((uint64_t)getpid() << 32);
-}
-
-static int64_t decide_slot_id(void)
-{
-    pthread_once(&slot_once, slot_salt_init);
-    for (;;) {
-        uint64_t n = atomic_fetch_add_explicit(&slot_next, 1, memory_order_relaxed);
-        uint64_t id = (slot_salt + n * 0x9e3779b97f4a7c15ULL) & DECIDE_SLOT_MASK;
-        if (id != 0)
-            return (int64_t)id;
-    }
-}
 
 static int is_concurrency(const struct decision *dec, int i)
 {
@@ -437,7 +408,7 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         dec->key[n] = (struct decide_key){ off, (size_t)klen, cost, flags,
                                            o ? &o->params : &l->params,
                                            l->params.algo == LIMITER_CONCURRENCY ?
-                                           decide_slot_id() : 0 };
+                                           backend_slot_id() : 0 };
         dec->rl.limit[n] = l;
         dec->rl.params[n] = o ? &o->params : NULL;
         if (flags & STORE_CHECK_ONLY)

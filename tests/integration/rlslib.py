@@ -101,7 +101,8 @@ def _read_varint(data, i):
 
 def response(msg):
     """RateLimitResponse -> dict: overall, statuses [{code, limit: {rpu,
-    unit, name} or None, remaining, reset_s or None}], headers {name: value}."""
+    unit, name} or None, remaining, reset_s or None}], headers {name: value}
+    (response_headers_to_add), request_headers (request_headers_to_add)."""
     f = parse(msg)
     statuses = []
     for s in f.get(2, []):
@@ -116,11 +117,13 @@ def response(msg):
             df = parse(sf[4][0])
             st["reset_s"] = df.get(1, [0])[0] + df.get(2, [0])[0] / 1e9
         statuses.append(st)
-    headers = {}
-    for h in f.get(3, []):
-        hf = parse(h)
-        headers[hf.get(1, [b""])[0].decode()] = hf.get(2, [b""])[0].decode()
-    return {"overall": f.get(1, [0])[0], "statuses": statuses, "headers": headers}
+    headers, request_headers = {}, {}
+    for num, into in ((3, headers), (4, request_headers)):
+        for h in f.get(num, []):
+            hf = parse(h)
+            into[hf.get(1, [b""])[0].decode()] = hf.get(2, [b""])[0].decode()
+    return {"overall": f.get(1, [0])[0], "statuses": statuses, "headers": headers,
+            "request_headers": request_headers}
 
 
 # ------------------------------------------------------- HTTP/1.1 call ----

@@ -7,6 +7,7 @@ import grpc
 import pytest
 
 from apilib import TOKEN, api
+from conftest import wait_until
 from rlslib import (HOUR, MINUTE, OK, OVER_LIMIT, RLS_PATH, descriptor, request, response,
                     start_rls)
 
@@ -218,5 +219,45 @@ def test_admin_override_of_a_descriptor_limit_refused(sluice, redis, tmp_path):
                             (base + "?key=free", "has a key of 2 parts")):
             code, doc, _ = api(s, "GET", path)
             assert code == 400 and words in doc["error"], (path, doc)
+    finally:
+        c.close()
+
+
+# ---- concurrency descriptors: a slot per call, released by a second call ----
+
+CONC_CONF = """\
+domain: jobs
+descriptors:
+  - key: tenant
+    algorithm: concurrency
+    limit: 2
+    lease: 3s
+    rate_limit: { name: running }
+"""
+
+
+def test_concurrency_descriptor_release_and_lease(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, CONC_CONF)
+    c = Rls(port)
+    try:
+        got = [c.call("jobs", [[("tenant", "a")]]) for _ in range(3)]
+        assert [r["overall"] for r in got] == [OK, OK, OVER_LIMIT]
+        assert got[0]["statuses"][0]["limit"] == {"rpu": 2, "unit": 0, "name": "running"}
+        leases = [r["request_headers"].get("X-Sluice-Lease") for r in got]
+        assert leases[0] and leases[1] and leases[0] != leases[1] and leases[2] is None, leases
+        # another tenant has its own slots
+        assert c.call("jobs", [[("tenant", "b")]])["overall"] == OK
+        # the release: the same descriptor ending in sluice_lease: ID
+        r = c.call("jobs", [[("tenant", "a"), ("sluice_lease", leases[0])]])
+        assert r["overall"] == OK and r["request_headers"] == {}, r
+        # at once (within the 3 s lease): the give-back went before this decision
+        assert c.call("jobs", [[("tenant", "a")]])["overall"] == OK
+        assert c.call("jobs", [[("tenant", "a")]])["overall"] == OVER_LIMIT
+        # nothing released: the lease (3 s) ends the slots
+        assert wait_until(lambda: c.call("jobs", [[("tenant", "a")]])["overall"] == OK, 8)[0]
+        # a release that names no slot id
+        with pytest.raises(grpc.RpcError) as e:
+            c.raw(request("jobs", [[("tenant", "a"), ("sluice_lease", "x")]]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         c.close()
