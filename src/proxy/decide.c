@@ -439,35 +439,21 @@ static void count_decision(struct decision *dec, enum metrics_decision d)
 /* A key in the deny cache decides the request without the backend. */
 static int denied_by_cache(struct decision *dec)
 {
-    int64_t now = clock_ms(), denied = 0;
+    struct store_limit sl[STORE_MAX_LIMITS];
     denycache_sync(dec->deny, resetbus_epoch());    /* a reset or override since */
-    for (int i = 0; i < dec->nkeys; i++) {
-        int64_t lim = 0;
-        int64_t left = denycache_get(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
-                                     now, dec->key[i].cost, &lim);
-        struct limiter_result *r = &dec->rl.r[i];
-        r->limit = left && lim > 0 ? lim : dec->key[i].params->limit;
-        r->allowed = left == 0;
-        r->remaining = left ? 0 : r->limit;
-        r->reset_ms = r->retry_ms = left;
-        denied |= left;
-    }
-    return denied != 0;
+    limits_of(dec, sl);
+    return denycache_check(dec->deny, sl, dec->nkeys, clock_ms(), dec->rl.r);
 }
 
 /* The backend denied: remember each denying key until its retry time;
  * later requests for the key stop at the cache. */
 static void remember_denials(struct decision *dec, const struct store_result *res)
 {
+    struct store_limit sl[STORE_MAX_LIMITS];
     if (res->n != dec->nkeys)
         return;
-    int64_t now = clock_ms();
-    /* a concurrency denial lasts until a slot is given back, not a time */
-    for (int i = 0; i < res->n; i++)
-        if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(dec->key[i].flags & STORE_SHADOW) &&
-            !is_concurrency(dec, i))
-            denycache_put(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
-                          now + res->r[i].retry_ms, dec->key[i].cost, res->r[i].limit);
+    limits_of(dec, sl);
+    denycache_remember(dec->deny, sl, res->n, res->r, clock_ms());
 }
 
 /* The console's heavy hitters: each key that denied this request. */

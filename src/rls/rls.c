@@ -3,6 +3,7 @@
  *   body ──▶ decode (rls_wire) ──▶ per descriptor: the call's own limit,
  *            or the configured one it meets (rls_match); unlimited and
  *            replaced ones drop out
+ *        ──▶ a key the worker's deny cache holds: OVER_LIMIT without Redis
  *        ──▶ ONE backend call with every limited descriptor (batched with
  *            the proxy's decisions) ──▶ statuses in request order, the
  *            proxy's rate-limit fields ──▶ framed RateLimitResponse
@@ -26,9 +27,11 @@
 #include "backend.h"
 #include "clock.h"
 #include "conf.h"
+#include "denycache.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
+#include "resetbus.h"
 #include "rls.h"
 #include "rls_match.h"
 #include "rls_wire.h"
@@ -318,8 +321,11 @@ static void backend_cb(void *arg, const struct store_result *res)
             answer_on_error(call);
         if (call->bcall)
             return;             /* on_error: local decides */
-    } else
+    } else {
+        if (call->env.deny && call->call_b == call->env.backend)
+            denycache_remember(call->env.deny, call->sl, call->nlim, res->r, clock_ms());
         answer_results(call, res);
+    }
     call->done(call->arg);
 }
 
@@ -360,6 +366,24 @@ static void answer_on_error(struct rls_call *call)
         over |= st[i].over;
     }
     call->msg = rls_wire_encode(over, st, call->req.ndescs, NULL, 0, NULL, 0, &call->msglen);
+}
+
+/* All or nothing: a key the worker's deny cache holds (Redis denied it
+ * until a time not yet come) answers the call without Redis, as the
+ * proxy's requests are answered; nothing would have been consumed. Each
+ * descriptor consuming on its own (every_descriptor) must ask Redis. */
+static int deny_cached(struct rls_call *call)
+{
+    struct denycache *dc = call->env.deny;
+    struct store_result res = { .status = STORE_OK, .n = call->nlim };
+    if (dc == NULL || call->conf->decision.rls_count_each)
+        return 0;
+    denycache_sync(dc, resetbus_epoch());       /* a reset or override since */
+    if (!denycache_check(dc, call->sl, call->nlim, clock_ms(), res.r))
+        return 0;
+    metrics_count(METRICS_DENY_CACHE_HITS);
+    answer_results(call, &res);
+    return 1;
 }
 
 /* A descriptor ending in RLS_LEASE_ENTRY: its value into *lease (0: none).
@@ -474,6 +498,8 @@ int rls_start(struct rls_call *call, const struct rls_env *env, const struct con
         answer_results(call, &none);
         return 1;
     }
+    if (deny_cached(call))
+        return 1;
     if (decide(call, env->backend))
         return 0;
     if (backend_store(env->backend) != NULL)

@@ -6,7 +6,7 @@
 import grpc
 import pytest
 
-from apilib import TOKEN, api
+from apilib import TOKEN, api, deny_hits
 from conftest import wait_until
 from rlslib import (HOUR, MINUTE, OK, OVER_LIMIT, RLS_PATH, descriptor, request, response,
                     start_rls)
@@ -259,5 +259,44 @@ def test_concurrency_descriptor_release_and_lease(sluice, redis, tmp_path):
         with pytest.raises(grpc.RpcError) as e:
             c.raw(request("jobs", [[("tenant", "a"), ("sluice_lease", "x")]]))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        c.close()
+
+
+# ---- the deny cache: a denied key answered without Redis until its retry ----
+
+def test_deny_cache_answers_denied_descriptors(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, OVR_CONF, token=TOKEN)
+    c = Rls(port)
+    base = "/api/limits/rls:envoy/free-user"
+    try:
+        hits = deny_hits(s)
+        got = [c.call("envoy", user("erin")) for _ in range(4)]
+        assert [r["overall"] for r in got] == [OK, OK, OVER_LIMIT, OVER_LIMIT]
+        # the 3rd was Redis's denial, the 4th the cache's, with the same answer
+        assert deny_hits(s) == hits + 1
+        assert got[3]["statuses"][0]["limit"] == got[2]["statuses"][0]["limit"]
+        assert 0 < got[3]["statuses"][0]["reset_s"] <= 3600
+        assert int(got[3]["headers"]["Retry-After"]) >= 1
+        # another descriptor in the call is not consumed (all or nothing)
+        r = c.call("envoy", [[("api_key", "z")]] + user("erin"))
+        assert r["overall"] == OVER_LIMIT and deny_hits(s) == hits + 2
+        assert c.call("envoy", [[("api_key", "z")]])["statuses"][0]["remaining"] == 1
+        # a reset from the admin API: every worker's cache forgets at once
+        assert api(s, "POST", base + "/reset?key=free&key=erin")[0] == 200
+        assert c.call("envoy", user("erin"))["overall"] == OK
+    finally:
+        c.close()
+
+
+def test_deny_cache_not_with_every_descriptor(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, OVR_CONF, token=TOKEN,
+                        extra="  rls_consume: every_descriptor\n")
+    c = Rls(port)
+    try:
+        hits = deny_hits(s)
+        got = [c.call("envoy", user("fay")) for _ in range(4)]
+        assert [r["overall"] for r in got] == [OK, OK, OVER_LIMIT, OVER_LIMIT]
+        assert deny_hits(s) == hits
     finally:
         c.close()
