@@ -30,6 +30,7 @@
 #include "memstore.h"
 #include "plantable.h"
 #include "resetbus.h"
+#include "rls_match.h"
 #include "route.h"
 #include "store.h"
 
@@ -54,6 +55,17 @@ void admin_api_set(struct conf *conf, struct memstore *mem)
         conf_release(old);
 }
 
+/* An Envoy RLS domain's limit ("rls:DOMAIN"/NAME), as the operations read
+ * a route's limit: a route and a limit of its own, whose key has one part
+ * per entry of the descriptor, from the top down to the limit. */
+struct api_rls {
+    const struct conf_rls_domain *d;
+    const struct conf_rls_node *chain[RLS_MAX_ENTRIES];
+    int depth;
+    struct conf_route route;            /* route.name malloc'd */
+    struct conf_limit limit;
+};
+
 /* One request's parsed target. */
 struct api_req {
     const struct conf *conf;
@@ -71,6 +83,7 @@ struct api_req {
     int64_t ttl_ms;                     /* PUT: its ttl, 0 none */
     int reset;                          /* POST reset, not DELETE override */
     const struct conf_plan *plan;       /* /api/plans PUT: the plan assigned */
+    struct api_rls *rls;                /* route and limit are its; malloc'd */
 };
 
 /* The admin thread's Redis: one store_sync (persistent connections) and the
@@ -196,6 +209,68 @@ static void req_free(struct api_req *q)
     q->parts = NULL;
     q->partlen = NULL;
     q->nparts = 0;
+    if (q->rls)
+        free(q->rls->route.name);
+    free(q->rls);
+    q->rls = NULL;
+}
+
+/* "rls:DOMAIN" and a limit of it (its name or path) into q->route and
+ * q->limit. 0, or 400. */
+static int rls_target(struct api_req *q, const char *dom, size_t dlen, const char *name,
+                      size_t nlen, struct evbuffer *out)
+{
+    char *dn = strndup(dom, dlen);
+    if (dn == NULL)
+        abort();
+    const struct conf_rls_domain *d = rls_domain(q->conf->decision.rls, dn);
+    free(dn);
+    if (d == NULL)
+        return api_error(out, 400, "unknown route '" CONF_RLS_ROUTE_PREFIX "%.*s' (no such RLS "
+                         "domain)", (int)(dlen > 64 ? 64 : dlen), dom);
+    struct api_rls *r = q->rls = mem_calloc(1, sizeof(*r));
+    r->d = d;
+    r->depth = rls_find(d, name, nlen, r->chain);
+    if (asprintf(&r->route.name, CONF_RLS_ROUTE_PREFIX "%s", d->name) < 0)
+        abort();
+    if (r->depth == 0)
+        return api_error(out, 400, "unknown limit '%.*s' in route '%s' (use its rate_limit.name "
+                         "or its path)", (int)(nlen > 64 ? 64 : nlen), name, r->route.name);
+    const struct conf_rls_limit *l = r->chain[r->depth - 1]->limit;
+    if (l->unlimited)
+        return api_error(out, 400, "limit '%.*s' of route '%s' is unlimited", (int)nlen, name,
+                         r->route.name);
+    r->limit.name = l->name ? l->name : l->path;
+    r->limit.params = l->params;
+    r->limit.nkeys = r->depth;
+    r->route.limits = &r->limit;
+    r->route.nlimits = 1;
+    q->route = &r->route;
+    q->limit = &r->limit;
+    return 0;
+}
+
+/* An RLS limit's counter key, as a call's descriptor with these values
+ * (one per entry) counts: the values must meet this limit. 0, or 400. */
+static int rls_target_key(struct api_req *q, struct evbuffer *out)
+{
+    const struct api_rls *r = q->rls;
+    struct rls_entry e[RLS_MAX_ENTRIES];
+    const char *share[RLS_MAX_ENTRIES];
+    _Static_assert(RLS_MAX_KEY <= ROUTE_MAX_KEY, "an RLS key fits a route's");
+    for (int i = 0; i < r->depth; i++) {
+        if (strlen(q->parts[i]) != q->partlen[i])
+            return api_error(out, 400, "key %d has a NUL byte", i + 1);
+        e[i] = (struct rls_entry){ r->chain[i]->key, q->parts[i] };
+    }
+    const struct conf_rls_node *met = rls_match(r->d, e, r->depth, share);
+    if (met != r->chain[r->depth - 1])
+        return api_error(out, 400, "a descriptor with these values meets %s%s%s, not limit "
+                         "'%s' (give one value per entry: %s)", met ? "limit '" : "no limit",
+                         met ? (met->limit->name ? met->limit->name : met->limit->path) : "",
+                         met ? "'" : "", q->limit->name, r->chain[r->depth - 1]->limit->path);
+    q->keylen = rls_key(q->conf->redis.prefix, r->d->name, e, r->depth, share, q->key);
+    return 0;
 }
 
 /* Route, limit, operation and key of the request; 0, or a status with the
@@ -220,11 +295,18 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
     if (p < end || nseg < 2)
         return api_error(out, 404, "not found: use %s/ROUTE/LIMIT[/override|/reset]?key=...",
                          ADMIN_API_PREFIX);
-    q->route = find_route(q->conf, seg[0], seglen[0]);
+    size_t rp = sizeof(CONF_RLS_ROUTE_PREFIX) - 1;
+    int rc;
+    if (seglen[0] > rp && !memcmp(seg[0], CONF_RLS_ROUTE_PREFIX, rp) &&
+        (rc = rls_target(q, seg[0] + rp, seglen[0] - rp, seg[1], seglen[1], out)) != 0)
+        return rc;
+    if (q->route == NULL)
+        q->route = find_route(q->conf, seg[0], seglen[0]);
     if (q->route == NULL)
         return api_error(out, 400, "unknown route '%.*s'", (int)(seglen[0] > 64 ? 64 : seglen[0]),
                          seg[0]);
-    q->limit = find_limit(q->route, seg[1], seglen[1]);
+    if (q->limit == NULL)
+        q->limit = find_limit(q->route, seg[1], seglen[1]);
     if (q->limit == NULL)
         return api_error(out, 400, "unknown limit '%.*s' in route '%s'",
                          (int)(seglen[1] > 64 ? 64 : seglen[1]), seg[1], q->route->name);
@@ -274,6 +356,8 @@ static int parse_target(struct api_req *q, const char *data, const struct http1_
                          q->limit->name, q->route->name, q->limit->nkeys,
                          q->limit->nkeys == 1 ? "" : "s", q->nparts + q->more,
                          q->more ? " or more" : "");
+    if (q->rls)
+        return rls_target_key(q, out);
     long kl = route_key_parts(q->conf, q->route, q->limit, (const char *const *)q->parts,
                               q->partlen, q->nparts, q->key);
     if (kl <= 0)

@@ -123,6 +123,10 @@ struct conf_rls_node {
 
 struct metrics_route;
 
+/* The synthetic route RLS decisions count under, and the admin API names
+ * a domain's limits by: "rls:DOMAIN" (a route name has no ':'). */
+#define CONF_RLS_ROUTE_PREFIX "rls:"
+
 struct conf_rls_domain {
     char *name;
     struct conf_rls_node root;  /* its kids are the domain's descriptors */

@@ -9,6 +9,7 @@
  *       shadow_mode, detailed_metric, share_threshold, quota_mode (false only),
  *       value_to_metric, metadata (accepted, no effect)
  *       algorithm, burst, window   (sluice's own: any rate-limit algorithm)
+ *       algorithm: concurrency, limit, lease   (slots held per call, rls.c)
  *       descriptors: [...]         (nested)
  *
  * It checks what the reference's loader checks (src/config/config_impl.go:
@@ -27,11 +28,13 @@
 #include "conf_int.h"
 
 #define RLS_MAX_KIDS 100000     /* descriptors of one level */
+#define RLS_DEFAULT_LEASE_MS 60000      /* a concurrency slot's, unless lease */
 
 /* What a descriptor's keys gave, checked across keys after the walk. */
 struct desc_src {
     struct conf_rls_node *n;
     struct node *key, *value, *rate_limit, *descriptors, *share, *algorithm, *burst, *window;
+    struct node *limit, *lease;         /* concurrency */
     int shadow, detailed, share_threshold;
 };
 
@@ -56,6 +59,8 @@ STASH(h_d_descriptors, struct desc_src, descriptors)
 STASH(h_d_algorithm, struct desc_src, algorithm)
 STASH(h_d_burst, struct desc_src, burst)
 STASH(h_d_window, struct desc_src, window)
+STASH(h_d_limit, struct desc_src, limit)
+STASH(h_d_lease, struct desc_src, lease)
 STASH(h_l_unit, struct limit_src, unit)
 STASH(h_l_rpu, struct limit_src, rpu)
 STASH(h_l_unlimited, struct limit_src, unlimited)
@@ -115,6 +120,8 @@ static const struct key_def desc_keys[] = {
     { "algorithm", h_d_algorithm, 0 },
     { "burst", h_d_burst, 0 },
     { "window", h_d_window, 0 },
+    { "limit", h_d_limit, 0 },
+    { "lease", h_d_lease, 0 },
     { NULL, NULL, 0 },
 };
 
@@ -178,13 +185,42 @@ static int algo_named(const char *s, enum limiter_algo *out)
 {
     static const enum limiter_algo algos[] = { LIMITER_FIXED_WINDOW, LIMITER_SLIDING_WINDOW,
                                                LIMITER_SLIDING_LOG, LIMITER_TOKEN_BUCKET,
-                                               LIMITER_GCRA };
+                                               LIMITER_GCRA, LIMITER_CONCURRENCY };
     for (size_t i = 0; i < sizeof algos / sizeof algos[0]; i++)
         if (strcmp(s, limiter_algo_name(algos[i])) == 0) {
             *out = algos[i];
             return 0;
         }
     return -1;
+}
+
+/* concurrency: limit slots per key, each held at most lease (default 60s)
+ * unless released first (docs/rls.md). */
+static int concurrency_params(struct ctx *x, struct desc_src *d, struct limiter_params *p)
+{
+    struct node *extra = d->window ? d->window : d->burst;
+    if (extra)
+        return conf_fail(x, extra, "'%s' does not apply to concurrency (use limit and lease)",
+                         extra == d->window ? "window" : "burst");
+    if (!d->limit)
+        return conf_fail(x, d->algorithm, "concurrency needs limit (the slots per key)");
+    if (conf_get_int(x, d->limit, 1, CONF_MAX_COUNT, &p->limit) < 0)
+        return -1;
+    p->window_ms = RLS_DEFAULT_LEASE_MS;
+    p->interval_us = 0;
+    if (d->lease && conf_get_duration(x, d->lease, &p->window_ms) < 0)
+        return -1;
+    if (p->window_ms < 1 || p->window_ms > CONF_MAX_DURATION_MS)
+        return conf_fail(x, d->lease, "lease must be 1ms to 3650d");
+    return 0;
+}
+
+/* 1 when the descriptor says algorithm: concurrency (its rate_limit then
+ * has no unit nor requests_per_unit). */
+static int desc_concurrent(struct ctx *x, const struct desc_src *d)
+{
+    const char *s = d->algorithm ? conf_scalar(x, d->algorithm) : NULL;
+    return s && strcmp(s, limiter_algo_name(LIMITER_CONCURRENCY)) == 0;
 }
 
 /* The limiter's parameters: requests_per_unit per unit (or per window) with
@@ -204,8 +240,14 @@ static int limit_params(struct ctx *x, struct desc_src *d, struct conf_rls_limit
             return -1;
         if (algo_named(s, &p->algo) < 0)
             return conf_fail(x, d->algorithm, "unknown algorithm '%s' (use fixed_window, "
-                             "sliding_window, sliding_log, token_bucket or gcra)", conf_show(s, sb));
+                             "sliding_window, sliding_log, token_bucket, gcra or concurrency)",
+                             conf_show(s, sb));
     }
+    if (p->algo == LIMITER_CONCURRENCY)
+        return concurrency_params(x, d, p);
+    if (d->limit || d->lease)
+        return conf_fail(x, d->limit ? d->limit : d->lease, "'%s' applies to algorithm: "
+                         "concurrency only", d->limit ? "limit" : "lease");
     int bucket = p->algo == LIMITER_TOKEN_BUCKET || p->algo == LIMITER_GCRA;
     if (d->window && bucket)
         return conf_fail(x, d->window, "'window' does not apply to %s (use burst)",
@@ -267,9 +309,14 @@ static int desc_limit(struct ctx *x, struct desc_src *d)
     for (size_t i = 0; rc == 0 && i < sizeof units / sizeof units[0]; i++)
         if (strcasecmp(u, units[i].name) == 0)
             l->unit = units[i].unit;
-    if (rc == 0 && l->unlimited && l->unit)
+    int conc = rc == 0 && desc_concurrent(x, d);
+    if (rc == 0 && conc && (ls.unit || ls.rpu || l->unlimited))
+        rc = conf_fail(x, ls.unit ? ls.unit : ls.rpu ? ls.rpu : ls.unlimited, "a concurrency "
+                       "rate_limit has no unit, requests_per_unit nor unlimited (use limit "
+                       "and lease beside it)");
+    else if (rc == 0 && l->unlimited && l->unit)
         rc = conf_fail(x, ls.unit, "should not specify rate limit unit when unlimited");
-    else if (rc == 0 && !l->unlimited && !l->unit)
+    else if (rc == 0 && !l->unlimited && !l->unit && !conc)
         rc = conf_fail(x, ls.unit ? ls.unit : d->rate_limit, "invalid rate limit unit '%s' (use "
                        "second, minute, hour, day, week, month or year)", conf_show(u, sb));
     if (rc == 0 && ls.replaces) {
@@ -346,9 +393,10 @@ static int desc_load(struct ctx *x, struct node *m, struct conf_rls_node *n, con
                  n->value ? n->value : "") < 0)
         abort();
     int rc = 0;
-    if (!d.rate_limit && (d.algorithm || d.burst || d.window))
-        rc = conf_fail(x, d.algorithm ? d.algorithm : d.burst ? d.burst : d.window,
-                       "algorithm, burst and window need a rate_limit");
+    if (!d.rate_limit && (d.algorithm || d.burst || d.window || d.limit || d.lease))
+        rc = conf_fail(x, d.algorithm ? d.algorithm : d.burst ? d.burst : d.window ? d.window :
+                       d.limit ? d.limit : d.lease,
+                       "algorithm, burst, window, limit and lease need a rate_limit");
     if (rc == 0 && d.rate_limit && desc_limit(x, &d) < 0)
         rc = -1;
     if (n->limit) {

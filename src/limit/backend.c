@@ -4,9 +4,14 @@
  * the in-process one's (memstore_backend.c) or the Redis store's
  * (store_backend.c, above this layer). Both answer from the loop already,
  * so this file only forwards. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "backend.h"
+#include "clock.h"
 #include "mem.h"
 
 struct backend {
@@ -96,4 +101,29 @@ int64_t backend_retry_ms(const struct backend *b)
 struct store *backend_store(const struct backend *b)
 {
     return b->ops->redis ? b->impl : NULL;
+}
+
+/* Slot ids: unique within the process (an odd multiplier is a bijection
+ * mod 2^53), random across processes (a salt from getrandom), below 2^53 so
+ * the Lua's doubles hold them exactly, never 0. */
+#define SLOT_MASK (((uint64_t)1 << 53) - 1)
+static uint64_t slot_salt;
+static _Atomic uint64_t slot_next;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+
+static void slot_salt_init(void)
+{
+    if (getrandom(&slot_salt, sizeof(slot_salt), 0) != (ssize_t)sizeof(slot_salt))
+        slot_salt = (uint64_t)clock_wall_us() ^ ((uint64_t)getpid() << 32);
+}
+
+int64_t backend_slot_id(void)
+{
+    pthread_once(&slot_once, slot_salt_init);
+    for (;;) {
+        uint64_t n = atomic_fetch_add_explicit(&slot_next, 1, memory_order_relaxed);
+        uint64_t id = (slot_salt + n * 0x9e3779b97f4a7c15ULL) & SLOT_MASK;
+        if (id != 0)
+            return (int64_t)id;
+    }
 }

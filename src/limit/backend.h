@@ -120,6 +120,10 @@ void backend_release(struct backend *b, const struct store_limit *l);
 void backend_renew(struct backend *b, const struct store_limit *l);
 void backend_refund(struct backend *b, const struct store_limit *l);
 
+/* A new concurrency slot id for a request (store_limit.slot): unique in
+ * the process, random across processes, 1..2^53-1. Thread-safe. */
+int64_t backend_slot_id(void);
+
 /* A cost_from settlement of the keys l[0..n) (each l->cost to give back,
  * < 0 to charge more; l->slot the admission's limiter_mark()), as
  * backend_refund on each. Returns a call when something waits: done(arg)

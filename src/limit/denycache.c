@@ -5,6 +5,7 @@
  * every request of a limited route. */
 #include <stdlib.h>
 
+#include "backend.h"
 #include "denycache.h"
 #include "kvtable.h"
 #include "mem.h"
@@ -122,4 +123,30 @@ void denycache_sync(struct denycache *dc, uint64_t epoch)
     dc->epoch = epoch;
     while (dc->lru.last != NULL)
         dc_remove(dc, kvtable_of(dc->lru.last));
+}
+
+int denycache_check(struct denycache *dc, const struct store_limit *sl, int n, int64_t now_ms,
+                    struct limiter_result *r)
+{
+    int64_t denied = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t lim = 0;
+        int64_t left = denycache_get(dc, sl[i].key, sl[i].keylen, now_ms, sl[i].cost, &lim);
+        r[i].limit = left && lim > 0 ? lim : sl[i].params->limit;
+        r[i].allowed = left == 0;
+        r[i].remaining = left ? 0 : r[i].limit;
+        r[i].reset_ms = r[i].retry_ms = left;
+        denied |= left;
+    }
+    return denied != 0;
+}
+
+void denycache_remember(struct denycache *dc, const struct store_limit *sl, int n,
+                        const struct limiter_result *r, int64_t now_ms)
+{
+    for (int i = 0; i < n; i++)
+        if (!r[i].allowed && r[i].retry_ms > 0 && !(sl[i].flags & STORE_SHADOW) &&
+            sl[i].params->algo != LIMITER_CONCURRENCY)
+            denycache_put(dc, sl[i].key, sl[i].keylen, now_ms + r[i].retry_ms, sl[i].cost,
+                          r[i].limit);
 }

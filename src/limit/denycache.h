@@ -30,6 +30,21 @@ void denycache_put(struct denycache *dc, const char *key, size_t len, int64_t un
 int64_t denycache_get(struct denycache *dc, const char *key, size_t len, int64_t now_ms,
                       int64_t cost, int64_t *limit);
 
+/* A decision's limits sl[0..n) against the cache at now_ms, each result
+ * into r[i] (denied: retry and reset until the entry ends, with the limit
+ * put; else allowed with the whole limit, unknown here). 1 when one is
+ * denied: the decision is made without the backend. */
+struct store_limit;
+struct limiter_result;
+int denycache_check(struct denycache *dc, const struct store_limit *sl, int n, int64_t now_ms,
+                    struct limiter_result *r);
+
+/* The backend's results r[0..n) for sl: each key denied with a retry time
+ * is remembered until then; shadow limits and concurrency (denied until a
+ * slot comes back, not for a time) are not. */
+void denycache_remember(struct denycache *dc, const struct store_limit *sl, int n,
+                        const struct limiter_result *r, int64_t now_ms);
+
 size_t denycache_size(const struct denycache *dc);
 
 /* A key was reset or its override changed somewhere (resetbus.h: epoch

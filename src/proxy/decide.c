@@ -10,14 +10,10 @@
  * count_status consumption after the response. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <event2/event.h>
 
 #include "admin_console.h"
@@ -129,31 +125,6 @@ static size_t decide_key_add(struct decision *dec, const char *key, size_t len)
 }
 
 /* ---- concurrency slots and delay -------------------------------------- */
-
-/* Slot ids: unique within the process (an odd multiplier is a bijection
- * mod 2^53), random across processes (a salt from getrandom), below 2^53 so
- * the Lua's doubles hold them exactly, never 0. */
-#define DECIDE_SLOT_MASK (((uint64_t)1 << 53) - 1)
-static uint64_t slot_salt;
-static _Atomic uint64_t slot_next;
-static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
-
-static void slot_salt_init(void)
-{
-    if (getrandom(&slot_salt, sizeof(slot_salt), 0) != (ssize_t)sizeof(slot_salt))
-        slot_salt = (uint64_t)clock_wall_us() ^ ((uint64_t)getpid() << 32);
-}
-
-static int64_t decide_slot_id(void)
-{
-    pthread_once(&slot_once, slot_salt_init);
-    for (;;) {
-        uint64_t n = atomic_fetch_add_explicit(&slot_next, 1, memory_order_relaxed);
-        uint64_t id = (slot_salt + n * 0x9e3779b97f4a7c15ULL) & DECIDE_SLOT_MASK;
-        if (id != 0)
-            return (int64_t)id;
-    }
-}
 
 static int is_concurrency(const struct decision *dec, int i)
 {
@@ -437,7 +408,7 @@ static int build_keys(struct decision *dec, const struct conf *conf,
         dec->key[n] = (struct decide_key){ off, (size_t)klen, cost, flags,
                                            o ? &o->params : &l->params,
                                            l->params.algo == LIMITER_CONCURRENCY ?
-                                           decide_slot_id() : 0 };
+                                           backend_slot_id() : 0 };
         dec->rl.limit[n] = l;
         dec->rl.params[n] = o ? &o->params : NULL;
         if (flags & STORE_CHECK_ONLY)
@@ -468,35 +439,21 @@ static void count_decision(struct decision *dec, enum metrics_decision d)
 /* A key in the deny cache decides the request without the backend. */
 static int denied_by_cache(struct decision *dec)
 {
-    int64_t now = clock_ms(), denied = 0;
+    struct store_limit sl[STORE_MAX_LIMITS];
     denycache_sync(dec->deny, resetbus_epoch());    /* a reset or override since */
-    for (int i = 0; i < dec->nkeys; i++) {
-        int64_t lim = 0;
-        int64_t left = denycache_get(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
-                                     now, dec->key[i].cost, &lim);
-        struct limiter_result *r = &dec->rl.r[i];
-        r->limit = left && lim > 0 ? lim : dec->key[i].params->limit;
-        r->allowed = left == 0;
-        r->remaining = left ? 0 : r->limit;
-        r->reset_ms = r->retry_ms = left;
-        denied |= left;
-    }
-    return denied != 0;
+    limits_of(dec, sl);
+    return denycache_check(dec->deny, sl, dec->nkeys, clock_ms(), dec->rl.r);
 }
 
 /* The backend denied: remember each denying key until its retry time;
  * later requests for the key stop at the cache. */
 static void remember_denials(struct decision *dec, const struct store_result *res)
 {
+    struct store_limit sl[STORE_MAX_LIMITS];
     if (res->n != dec->nkeys)
         return;
-    int64_t now = clock_ms();
-    /* a concurrency denial lasts until a slot is given back, not a time */
-    for (int i = 0; i < res->n; i++)
-        if (!res->r[i].allowed && res->r[i].retry_ms > 0 && !(dec->key[i].flags & STORE_SHADOW) &&
-            !is_concurrency(dec, i))
-            denycache_put(dec->deny, dec->keybuf + dec->key[i].off, dec->key[i].len,
-                          now + res->r[i].retry_ms, dec->key[i].cost, res->r[i].limit);
+    limits_of(dec, sl);
+    denycache_remember(dec->deny, sl, res->n, res->r, clock_ms());
 }
 
 /* The console's heavy hitters: each key that denied this request. */

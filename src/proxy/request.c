@@ -712,7 +712,7 @@ static void rls_body(struct client *c, const uint8_t *body, size_t len, int over
         rls_reply(c);
         return;
     }
-    struct rls_env env = { runtime_backend(c->rq->rt), c->env->local };
+    struct rls_env env = { runtime_backend(c->rq->rt), c->env->local, c->env->deny };
     if (rls_start(c->rq->rls, &env, c->conf, body, len, rls_done_cb, c)) {
         rls_reply(c);
         return;

@@ -29,11 +29,11 @@ void runtime_bind_metrics(struct conf *c)
 {
     for (int i = 0; i < c->nroutes; i++)
         c->routes[i].metrics = metrics_route(c->routes[i].name);
-    /* Envoy RLS domains: the series "rls:DOMAIN" (a route name has no ':') */
+    /* Envoy RLS domains: the series "rls:DOMAIN" */
     for (int i = 0; c->decision.rls && i < c->decision.rls->ndomains; i++) {
         struct conf_rls_domain *d = &c->decision.rls->domains[i];
         char *name = NULL;
-        if (asprintf(&name, "rls:%s", d->name) < 0)
+        if (asprintf(&name, CONF_RLS_ROUTE_PREFIX "%s", d->name) < 0)
             abort();
         d->metrics = metrics_route(name);
         free(name);

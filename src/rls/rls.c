@@ -3,6 +3,7 @@
  *   body ──▶ decode (rls_wire) ──▶ per descriptor: the call's own limit,
  *            or the configured one it meets (rls_match); unlimited and
  *            replaced ones drop out
+ *        ──▶ a key the worker's deny cache holds: OVER_LIMIT without Redis
  *        ──▶ ONE backend call with every limited descriptor (batched with
  *            the proxy's decisions) ──▶ statuses in request order, the
  *            proxy's rate-limit fields ──▶ framed RateLimitResponse
@@ -13,7 +14,12 @@
  * an unknown domain or descriptor is OK with no current_limit; unlimited
  * is OK with limit_remaining 2^32-1; a request's limit override counts
  * under the descriptor's own key; hits_addend per descriptor (0: a peek
- * that consumes nothing) over the request's (0 or unset: 1). */
+ * that consumes nothing) over the request's (0 or unset: 1). sluice's
+ * own: a concurrency descriptor takes a slot (one id per call, named in
+ * request_headers_to_add) until its lease ends or a call whose descriptor
+ * ends in a sluice_lease entry gives it back (backend_release). */
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <event2/buffer.h>
@@ -21,14 +27,22 @@
 #include "backend.h"
 #include "clock.h"
 #include "conf.h"
+#include "denycache.h"
 #include "mem.h"
 #include "metrics.h"
 #include "reply.h"
+#include "resetbus.h"
 #include "rls.h"
 #include "rls_match.h"
 #include "rls_wire.h"
 
-enum item_kind { ITEM_NONE, ITEM_UNLIMITED, ITEM_LIMITED };
+enum item_kind { ITEM_NONE, ITEM_UNLIMITED, ITEM_LIMITED, ITEM_RELEASE };
+
+/* A concurrency descriptor's slot: taken by a call that passes, named in
+ * its answer's request_headers_to_add, given back by a call whose
+ * descriptor ends in this entry with that value (docs/rls.md). */
+#define RLS_LEASE_HEADER "X-Sluice-Lease"
+#define RLS_LEASE_ENTRY  "sluice_lease"
 
 struct rls_item {
     enum item_kind kind;
@@ -38,6 +52,8 @@ struct rls_item {
     int unit;
     int shadow;
     int slot;                           /* its place in the backend call */
+    int nentries;                       /* the entries matched (a release's last is not) */
+    int64_t lease;                      /* ITEM_RELEASE: the slot given back */
 };
 
 struct rls_call {
@@ -48,6 +64,7 @@ struct rls_call {
     struct rls_item item[RLS_MAX_DESCRIPTORS];
     int nlim;
     int item_of[STORE_MAX_LIMITS];      /* the descriptor of each backend limit */
+    int64_t slot_id;                    /* the call's concurrency slot, 0: none */
     struct store_limit sl[STORE_MAX_LIMITS];
     char key[STORE_MAX_LIMITS][RLS_MAX_KEY];
     struct backend *call_b;
@@ -89,6 +106,7 @@ static void call_reset(struct rls_call *call)
     call->message = NULL;
     call->nlim = 0;
     call->domain = NULL;
+    call->slot_id = 0;
 }
 
 void rls_call_free(struct rls_call *call)
@@ -157,12 +175,13 @@ static void apply_replaces(struct rls_call *call)
 }
 
 /* The cost of descriptor d: its own hits_addend, else the request's (0:
- * 1). 0 is a peek. Beyond the limit it can only be denied: capped there. */
+ * 1). 0 is a peek. Beyond the limit it can only be denied: capped there
+ * (a run-time override's limit, with admin.token, can be any). */
 static int64_t item_cost(const struct rls_req *req, const struct rls_desc *d,
-                         const struct limiter_params *p)
+                         const struct limiter_params *p, int overrides)
 {
     uint64_t hits = d->has_hits ? d->hits : req->hits_addend ? req->hits_addend : 1;
-    uint64_t cap = (uint64_t)p->limit + 1;
+    uint64_t cap = (uint64_t)(overrides ? LIMITER_MAX_LIMIT : p->limit) + 1;
     return (int64_t)(hits > cap ? cap : hits);
 }
 
@@ -171,19 +190,31 @@ static const struct limiter_params *item_params(const struct rls_item *it)
     return it->cl ? &it->cl->params : &it->params;
 }
 
+static void status_limit(const struct rls_item *it, const struct limiter_result *r,
+                         struct rls_status *st);
+
 static void statuses_plain(struct rls_call *call, struct rls_status *st)
 {
     memset(st, 0, sizeof(*st) * (size_t)call->req.ndescs);
     for (int i = 0; i < call->req.ndescs; i++)
         if (call->item[i].kind == ITEM_UNLIMITED)
             st[i].remaining = UINT32_MAX;
+        else if (call->item[i].kind == ITEM_RELEASE)
+            status_limit(&call->item[i], NULL, &st[i]);
 }
 
-static void status_limit(const struct rls_item *it, struct rls_status *st)
+/* r: the decision, whose limit is a run-time override's when one applied
+ * (a window's requests_per_unit, concurrency's slots); NULL: none made. */
+static void status_limit(const struct rls_item *it, const struct limiter_result *r,
+                         struct rls_status *st)
 {
+    const struct limiter_params *p = item_params(it);
+    int conc = p->algo == LIMITER_CONCURRENCY;     /* slots, not per a unit */
     st->has_limit = 1;
-    st->rpu = it->rpu;
-    st->unit = it->unit;
+    st->rpu = conc ? (uint32_t)p->limit : it->rpu;
+    if (r && r->limit != p->limit && (p->algo <= LIMITER_SLIDING_LOG || conc))
+        st->rpu = r->limit > UINT32_MAX ? UINT32_MAX : (uint32_t)r->limit;
+    st->unit = conc ? 0 : it->unit;
     st->name = it->cl && it->cl->name ? it->cl->name : "";
 }
 
@@ -216,7 +247,7 @@ static void count(struct rls_call *call, enum metrics_decision d)
 /* The backend's answer into statuses, fields and the framed message. */
 static void answer_results(struct rls_call *call, const struct store_result *res)
 {
-    int n = call->req.ndescs, over = 0, shadow_over = 0;
+    int n = call->req.ndescs, over = 0, shadow_over = 0, leased = 0;
     struct rls_status st[RLS_MAX_DESCRIPTORS];
     statuses_plain(call, st);
     struct reply_limits rl;
@@ -232,12 +263,13 @@ static void answer_results(struct rls_call *call, const struct store_result *res
         int i = call->item_of[s];
         const struct rls_item *it = &call->item[i];
         const struct limiter_result *r = &res->r[s];
-        status_limit(it, &st[i]);
+        status_limit(it, r, &st[i]);
         st[i].over = !r->allowed && !it->shadow;
         over |= st[i].over;
         shadow_over |= !r->allowed && it->shadow;
         st[i].remaining = r->remaining > UINT32_MAX ? UINT32_MAX : (uint32_t)r->remaining;
         st[i].reset_ms = r->reset_ms;
+        leased |= call->sl[s].slot != 0 && r->allowed && !(call->sl[s].flags & STORE_CHECK_ONLY);
         struct conf_limit *cl = &call->limits[s];
         memset(cl, 0, sizeof *cl);
         cl->name = (char *)(it->cl ? (it->cl->name ? it->cl->name : it->cl->path) : "override");
@@ -257,7 +289,14 @@ static void answer_results(struct rls_call *call, const struct store_result *res
         size_t flen = evbuffer_get_length(fields);
         nh = split_fields((char *)evbuffer_pullup(fields, -1), flen, h, 16);
     }
-    call->msg = rls_wire_encode(over, st, n, h, nh, &call->msglen);
+    /* a slot is held when its descriptor allowed and the call passed (or
+     * each descriptor consumes on its own) */
+    char id[24];
+    struct rls_header lease = { RLS_LEASE_HEADER, id, sizeof(RLS_LEASE_HEADER) - 1, 0 };
+    leased &= !over || call->conf->decision.rls_count_each;
+    if (leased)
+        lease.value_len = (size_t)snprintf(id, sizeof id, "%lld", (long long)call->slot_id);
+    call->msg = rls_wire_encode(over, st, n, h, nh, &lease, leased, &call->msglen);
     evbuffer_free(fields);
     count(call, over ? METRICS_LIMITED : shadow_over ? METRICS_SHADOW_LIMITED : METRICS_ALLOWED);
 }
@@ -282,8 +321,11 @@ static void backend_cb(void *arg, const struct store_result *res)
             answer_on_error(call);
         if (call->bcall)
             return;             /* on_error: local decides */
-    } else
+    } else {
+        if (call->env.deny && call->call_b == call->env.backend)
+            denycache_remember(call->env.deny, call->sl, call->nlim, res->r, clock_ms());
         answer_results(call, res);
+    }
     call->done(call->arg);
 }
 
@@ -319,11 +361,61 @@ static void answer_on_error(struct rls_call *call)
     statuses_plain(call, st);
     for (int s = 0; how == CONF_RLS_ON_ERROR_DENY && s < call->nlim; s++) {
         int i = call->item_of[s];
-        status_limit(&call->item[i], &st[i]);
+        status_limit(&call->item[i], NULL, &st[i]);
         st[i].over = !call->item[i].shadow;
         over |= st[i].over;
     }
-    call->msg = rls_wire_encode(over, st, call->req.ndescs, NULL, 0, &call->msglen);
+    call->msg = rls_wire_encode(over, st, call->req.ndescs, NULL, 0, NULL, 0, &call->msglen);
+}
+
+/* All or nothing: a key the worker's deny cache holds (Redis denied it
+ * until a time not yet come) answers the call without Redis, as the
+ * proxy's requests are answered; nothing would have been consumed. Each
+ * descriptor consuming on its own (every_descriptor) must ask Redis. */
+static int deny_cached(struct rls_call *call)
+{
+    struct denycache *dc = call->env.deny;
+    struct store_result res = { .status = STORE_OK, .n = call->nlim };
+    if (dc == NULL || call->conf->decision.rls_count_each)
+        return 0;
+    denycache_sync(dc, resetbus_epoch());       /* a reset or override since */
+    if (!denycache_check(dc, call->sl, call->nlim, clock_ms(), res.r))
+        return 0;
+    metrics_count(METRICS_DENY_CACHE_HITS);
+    answer_results(call, &res);
+    return 1;
+}
+
+/* A descriptor ending in RLS_LEASE_ENTRY: its value into *lease (0: none).
+ * -1 when the value is no slot id. */
+static int release_entry(const struct rls_desc *d, int64_t *lease)
+{
+    const struct rls_entry *e = d->nentries > 1 ? &d->entries[d->nentries - 1] : NULL;
+    *lease = 0;
+    if (e == NULL || strcmp(e->key, RLS_LEASE_ENTRY) != 0)
+        return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(e->value, &end, 10);
+    if (errno || end == e->value || *end || v < 1 || v >= (1LL << 53))
+        return -1;
+    *lease = v;
+    return 0;
+}
+
+/* Give back the slot of release item i, fire and forget (refund.lua,
+ * pipelined with the decisions; unknown or expired: nothing happens). */
+static void release(struct rls_call *call, int i)
+{
+    const struct rls_desc *d = &call->req.descs[i];
+    const struct rls_item *it = &call->item[i];
+    const char *share[RLS_MAX_ENTRIES] = { 0 };
+    char key[RLS_MAX_KEY];
+    rls_match(call->domain, d->entries, it->nentries, share);
+    size_t klen = rls_key(call->conf->redis.prefix, call->req.domain, d->entries, it->nentries,
+                          share, key);
+    struct store_limit l = { key, klen, item_params(it), 1, 0, it->lease };
+    backend_release(call->env.backend, &l);
 }
 
 int rls_start(struct rls_call *call, const struct rls_env *env, const struct conf *conf,
@@ -350,19 +442,31 @@ int rls_start(struct rls_call *call, const struct rls_env *env, const struct con
                 return fail(call, RLS_GRPC_INVALID_ARGUMENT, "a descriptor's limit has an unknown unit");
             continue;
         }
+        it->nentries = d->nentries;
+        if (release_entry(d, &it->lease) < 0)
+            return fail(call, RLS_GRPC_INVALID_ARGUMENT, "a " RLS_LEASE_ENTRY " entry's value "
+                        "is not a lease id");
+        it->nentries -= it->lease != 0;
         const char *share[RLS_MAX_ENTRIES];
-        const struct conf_rls_node *node = rls_match(call->domain, d->entries, d->nentries, share);
+        const struct conf_rls_node *node = rls_match(call->domain, d->entries, it->nentries, share);
         if (node == NULL)
             continue;
+        if (it->lease && node->limit->params.algo != LIMITER_CONCURRENCY)
+            return fail(call, RLS_GRPC_INVALID_ARGUMENT, "a descriptor ending in "
+                        RLS_LEASE_ENTRY " meets no concurrency limit");
         it->cl = node->limit;
         it->kind = node->limit->unlimited ? ITEM_UNLIMITED : ITEM_LIMITED;
         it->rpu = (uint32_t)node->limit->requests_per_unit;
         it->unit = node->limit->unit;
         it->shadow = node->limit->shadow;
+        if (it->lease)
+            it->kind = ITEM_RELEASE;
     }
     apply_replaces(call);
     for (int i = 0; i < call->req.ndescs; i++) {
         struct rls_item *it = &call->item[i];
+        if (it->kind == ITEM_RELEASE)
+            release(call, i);
         if (it->kind != ITEM_LIMITED)
             continue;
         if (call->nlim == STORE_MAX_LIMITS)
@@ -375,12 +479,18 @@ int rls_start(struct rls_call *call, const struct rls_env *env, const struct con
         int s = it->slot = call->nlim++;
         size_t klen = rls_key(conf->redis.prefix, call->req.domain, d->entries, d->nentries,
                               share, call->key[s]);
-        int64_t cost = item_cost(&call->req, d, item_params(it));
+        int64_t slot = 0;
+        if (item_params(it)->algo == LIMITER_CONCURRENCY) {
+            if (call->slot_id == 0)
+                call->slot_id = backend_slot_id();  /* one per call */
+            slot = call->slot_id;
+        }
+        int64_t cost = item_cost(&call->req, d, item_params(it), conf->redis.overrides);
         unsigned flags = it->shadow || conf->decision.rls_count_each ? STORE_SHADOW : 0;
         if (cost == 0)
             flags |= STORE_CHECK_ONLY;      /* a peek: decided, nothing consumed */
         call->sl[s] = (struct store_limit){ call->key[s], klen, item_params(it),
-                                            cost ? cost : 1, flags, 0 };
+                                            cost ? cost : 1, flags, slot };
         call->item_of[s] = i;
     }
     if (call->nlim == 0) {
@@ -388,6 +498,8 @@ int rls_start(struct rls_call *call, const struct rls_env *env, const struct con
         answer_results(call, &none);
         return 1;
     }
+    if (deny_cached(call))
+        return 1;
     if (decide(call, env->backend))
         return 0;
     if (backend_store(env->backend) != NULL)

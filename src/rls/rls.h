@@ -20,11 +20,13 @@
 
 struct backend;
 struct conf;
+struct denycache;
 struct rls_call;
 
 struct rls_env {
     struct backend *backend;    /* the runtime's (Redis or memory) */
     struct backend *local;      /* redis.on_error: local; may be NULL */
+    struct denycache *deny;     /* the worker's (the proxy's too); may be NULL */
 };
 
 typedef void rls_done(void *arg);

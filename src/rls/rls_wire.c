@@ -108,16 +108,18 @@ void rls_wire_free(struct rls_req *req)
 }
 
 uint8_t *rls_wire_encode(int over, const struct rls_status *st, int n,
-                         const struct rls_header *h, int nh, size_t *len)
+                         const struct rls_header *h, int nh, const struct rls_header *rq,
+                         int nrq, size_t *len)
 {
+    int nall = nh + nrq;                /* response_headers_to_add, then request_ */
     pb_resp resp = ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__INIT;
     pb_status *sts = mem_calloc((size_t)n, sizeof *sts);
     pb_status **stp = mem_calloc((size_t)n, sizeof *stp);
     pb_limit *lims = mem_calloc((size_t)n, sizeof *lims);
     Google__Protobuf__Duration *durs = mem_calloc((size_t)n, sizeof *durs);
-    pb_header *hs = mem_calloc((size_t)nh, sizeof *hs);
-    pb_header **hsp = mem_calloc((size_t)nh, sizeof *hsp);
-    char **strs = mem_calloc((size_t)nh * 2, sizeof *strs);
+    pb_header *hs = mem_calloc((size_t)nall, sizeof *hs);
+    pb_header **hsp = mem_calloc((size_t)nall, sizeof *hsp);
+    char **strs = mem_calloc((size_t)nall * 2, sizeof *strs);
     resp.overall_code = over ? ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OVER_LIMIT
                              : ENVOY__SERVICE__RATELIMIT__V3__RATE_LIMIT_RESPONSE__CODE__OK;
     for (int i = 0; i < n; i++) {
@@ -142,10 +144,11 @@ uint8_t *rls_wire_encode(int over, const struct rls_status *st, int n,
         sts[i] = s;
         stp[i] = &sts[i];
     }
-    for (int i = 0; i < nh; i++) {
+    for (int i = 0; i < nall; i++) {
         pb_header hv = ENVOY__CONFIG__CORE__V3__HEADER_VALUE__INIT;
-        strs[2 * i] = mem_strndup(h[i].name, h[i].name_len);
-        strs[2 * i + 1] = mem_strndup(h[i].value, h[i].value_len);
+        const struct rls_header *f = i < nh ? &h[i] : &rq[i - nh];
+        strs[2 * i] = mem_strndup(f->name, f->name_len);
+        strs[2 * i + 1] = mem_strndup(f->value, f->value_len);
         hv.key = strs[2 * i];
         hv.value = strs[2 * i + 1];
         hs[i] = hv;
@@ -155,6 +158,8 @@ uint8_t *rls_wire_encode(int over, const struct rls_status *st, int n,
     resp.statuses = stp;
     resp.n_response_headers_to_add = (size_t)nh;
     resp.response_headers_to_add = hsp;
+    resp.n_request_headers_to_add = (size_t)nrq;
+    resp.request_headers_to_add = hsp + nh;
     size_t m = envoy__service__ratelimit__v3__rate_limit_response__get_packed_size(&resp);
     uint8_t *out = mem_alloc(m + 5);
     out[0] = 0;
@@ -164,7 +169,7 @@ uint8_t *rls_wire_encode(int over, const struct rls_status *st, int n,
     out[4] = (uint8_t)m;
     envoy__service__ratelimit__v3__rate_limit_response__pack(&resp, out + 5);
     *len = m + 5;
-    for (int i = 0; i < nh * 2; i++)
+    for (int i = 0; i < nall * 2; i++)
         free(strs[i]);
     free(strs);
     free(hsp);

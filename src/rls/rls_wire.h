@@ -9,10 +9,10 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "rls_match.h"     /* struct rls_entry */
 
 #define RLS_MAX_MESSAGE     (64 * 1024)     /* a request message's bytes */
 #define RLS_MAX_DESCRIPTORS 64              /* per call */
-#define RLS_MAX_ENTRIES     32              /* per descriptor */
 
 /* gRPC status codes sluice answers with. */
 #define RLS_GRPC_OK                 0
@@ -20,10 +20,6 @@
 #define RLS_GRPC_RESOURCE_EXHAUSTED 8
 #define RLS_GRPC_INTERNAL           13
 #define RLS_GRPC_UNAVAILABLE        14
-
-struct rls_entry {
-    const char *key, *value;            /* NUL-terminated, into the message */
-};
 
 struct rls_desc {
     const struct rls_entry *entries;
@@ -62,15 +58,17 @@ struct rls_status {
     int64_t reset_ms;
 };
 
-/* A header field for Envoy to add to the client's response. */
+/* A header field for Envoy to add to the client's response, or to the
+ * request it forwards upstream. */
 struct rls_header {
     const char *name, *value;
     size_t name_len, value_len;
 };
 
 /* The framed response message (5-byte prefix and the message), malloc'd;
- * its length in *len. */
+ * its length in *len. h: response_headers_to_add, rq: request_headers_to_add. */
 uint8_t *rls_wire_encode(int over, const struct rls_status *st, int n,
-                         const struct rls_header *h, int nh, size_t *len);
+                         const struct rls_header *h, int nh, const struct rls_header *rq,
+                         int nrq, size_t *len);
 
 #endif

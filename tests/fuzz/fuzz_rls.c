@@ -142,7 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         st[i].reset_ms = (int64_t)n1 * 1000;
     }
     size_t len = 0;
-    uint8_t *out = rls_wire_encode(0, st, req.ndescs, NULL, 0, &len);
+    uint8_t *out = rls_wire_encode(0, st, req.ndescs, NULL, 0, NULL, 0, &len);
     fuzz_check(len >= 5 && out[0] == 0);
     fuzz_check(((size_t)out[1] << 24 | (size_t)out[2] << 16 | (size_t)out[3] << 8 | out[4]) ==
                len - 5);

@@ -101,7 +101,8 @@ def _read_varint(data, i):
 
 def response(msg):
     """RateLimitResponse -> dict: overall, statuses [{code, limit: {rpu,
-    unit, name} or None, remaining, reset_s or None}], headers {name: value}."""
+    unit, name} or None, remaining, reset_s or None}], headers {name: value}
+    (response_headers_to_add), request_headers (request_headers_to_add)."""
     f = parse(msg)
     statuses = []
     for s in f.get(2, []):
@@ -116,11 +117,13 @@ def response(msg):
             df = parse(sf[4][0])
             st["reset_s"] = df.get(1, [0])[0] + df.get(2, [0])[0] / 1e9
         statuses.append(st)
-    headers = {}
-    for h in f.get(3, []):
-        hf = parse(h)
-        headers[hf.get(1, [b""])[0].decode()] = hf.get(2, [b""])[0].decode()
-    return {"overall": f.get(1, [0])[0], "statuses": statuses, "headers": headers}
+    headers, request_headers = {}, {}
+    for num, into in ((3, headers), (4, request_headers)):
+        for h in f.get(num, []):
+            hf = parse(h)
+            into[hf.get(1, [b""])[0].decode()] = hf.get(2, [b""])[0].decode()
+    return {"overall": f.get(1, [0])[0], "statuses": statuses, "headers": headers,
+            "request_headers": request_headers}
 
 
 # ------------------------------------------------------- HTTP/1.1 call ----
@@ -205,15 +208,22 @@ def rls_top(config_path, listen_port, extra=""):
 
 
 def start_rls(sluice, tmp_path, rls_yaml, extra="", on_error="allow", redis_port=None,
-              top_extra=""):
+              top_extra="", token=None):
     """sluice with a decision listener reading rls_yaml (tmp_path/rls.yaml),
-    more top-level YAML in top_extra; returns (sluice, port)."""
+    more top-level YAML in top_extra, admin.token when token (apilib's
+    api() then writes); returns (sluice, port)."""
     from proxylib import start_proxy
     path = tmp_path / "rls.yaml"
     path.write_text(rls_yaml)
     port = free_port()
-    s = start_proxy(sluice, ROUTES, top=top_extra + rls_top(path, port, extra), on_error=on_error,
-                    redis_port=redis_port, admin=True, wait_redis=redis_port is None)
+    if token:
+        from apilib import start_api
+        s = start_api(sluice, ROUTES, token=token, top=top_extra + rls_top(path, port, extra),
+                      redis_port=redis_port)
+    else:
+        s = start_proxy(sluice, ROUTES, top=top_extra + rls_top(path, port, extra),
+                        on_error=on_error, redis_port=redis_port, admin=True,
+                        wait_redis=redis_port is None)
     from conftest import wait_port
     assert wait_port(port, s.proc), s.stderr
     return s, port

@@ -6,7 +6,9 @@
 import grpc
 import pytest
 
-from rlslib import (MINUTE, OK, OVER_LIMIT, RLS_PATH, descriptor, request, response,
+from apilib import TOKEN, api, deny_hits
+from conftest import wait_until
+from rlslib import (HOUR, MINUTE, OK, OVER_LIMIT, RLS_PATH, descriptor, request, response,
                     start_rls)
 
 CONF = """\
@@ -130,5 +132,171 @@ def test_redis_down_deny_over_grpc(sluice, own_redis, tmp_path):
         own_redis.stop()
         r = c.call("envoy", [[("generic_key", "slow")], [("x", "y")]])
         assert r["overall"] == OVER_LIMIT and codes(r) == [OVER_LIMIT, OK]
+    finally:
+        c.close()
+
+
+# ---- run-time overrides from the admin API (docs/rls.md "Overrides") ----
+
+OVR_CONF = """\
+domain: envoy
+descriptors:
+  - key: tenant
+    value: free
+    descriptors:
+      - key: user
+        rate_limit: { name: free-user, unit: hour, requests_per_unit: 2 }
+  - key: api_key
+    rate_limit: { unit: hour, requests_per_unit: 2 }
+"""
+
+
+def user(name):
+    return [[("tenant", "free"), ("user", name)]]
+
+
+def test_admin_override_of_a_descriptor_limit(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, OVR_CONF, token=TOKEN)
+    c = Rls(port)
+    base = "/api/limits/rls:envoy/free-user"
+    try:
+        # raised: the next call meets 4 instead of 2, in its current_limit too
+        code, doc, _ = api(s, "PUT", base + "/override?key=free&key=alice", {"limit": 4})
+        assert code == 200 and doc["params"]["limit"] == 4, doc
+        assert doc["route"] == "rls:envoy" and doc["key"] == ["free", "alice"], doc
+        got = [c.call("envoy", user("alice")) for _ in range(5)]
+        assert [r["overall"] for r in got] == [OK] * 4 + [OVER_LIMIT]
+        assert got[0]["statuses"][0]["limit"] == {"rpu": 4, "unit": HOUR, "name": "free-user"}
+        assert got[0]["statuses"][0]["remaining"] == 3
+        # another key keeps the config's 2
+        assert [c.call("envoy", user("bob"))["overall"] for _ in range(3)] == \
+            [OK, OK, OVER_LIMIT]
+        code, doc, _ = api(s, "GET", base + "?key=free&key=alice")
+        assert code == 200 and doc["source"] == "runtime", doc
+        assert doc["params"]["limit"] == 4 and doc["config_params"]["limit"] == 2, doc
+        assert doc["allowed"] is False and doc["remaining"] == 0, doc
+        # lowered: 1
+        assert api(s, "PUT", base + "/override?key=free&key=carol", {"limit": 1})[0] == 200
+        assert [c.call("envoy", user("carol"))["overall"] for _ in range(2)] == [OK, OVER_LIMIT]
+        # DELETE: the config's 2 again (carol used 1 of them)
+        code, doc, _ = api(s, "DELETE", base + "/override?key=free&key=carol")
+        assert code == 200 and doc["existed"] is True, doc
+        assert [c.call("envoy", user("carol"))["overall"] for _ in range(2)] == [OK, OVER_LIMIT]
+        assert api(s, "GET", base + "?key=free&key=carol")[1]["source"] == "limit"
+        # reset: bob passes again
+        assert api(s, "POST", base + "/reset?key=free&key=bob")[0] == 200
+        assert c.call("envoy", user("bob"))["overall"] == OK
+        # a limit without a name is named by its path
+        code, doc, _ = api(s, "PUT", "/api/limits/rls:envoy/api_key/override?key=k1",
+                           {"limit": 3})
+        assert code == 200, doc
+        assert [c.call("envoy", [[("api_key", "k1")]])["overall"] for _ in range(4)] == \
+            [OK] * 3 + [OVER_LIMIT]
+    finally:
+        c.close()
+
+
+def test_admin_override_of_a_descriptor_limit_refused(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, OVR_CONF, token=TOKEN)
+    c = Rls(port)
+    base = "/api/limits/rls:envoy/free-user"
+    try:
+        # the token rules of the proxy's limits: writes and reads need it
+        for method, path in (("PUT", base + "/override?key=free&key=dan"),
+                             ("DELETE", base + "/override?key=free&key=dan"),
+                             ("POST", base + "/reset?key=free&key=dan"),
+                             ("GET", base + "?key=free&key=dan")):
+            for token in (None, "wrong"):
+                code, doc, r = api(s, method, path, {"limit": 9} if method == "PUT" else None,
+                                   token=token)
+                assert code == 401 and r.header("WWW-Authenticate"), (method, token, doc)
+        assert [c.call("envoy", user("dan"))["overall"] for _ in range(3)] == \
+            [OK, OK, OVER_LIMIT]
+        # what names nothing, or values the limit does not meet
+        for path, words in (("/api/limits/rls:other/free-user?key=a", "no such RLS domain"),
+                            ("/api/limits/rls:envoy/nope?key=a", "unknown limit"),
+                            (base + "?key=paid&key=dan", "meets no limit"),
+                            (base + "?key=free", "has a key of 2 parts")):
+            code, doc, _ = api(s, "GET", path)
+            assert code == 400 and words in doc["error"], (path, doc)
+    finally:
+        c.close()
+
+
+# ---- concurrency descriptors: a slot per call, released by a second call ----
+
+CONC_CONF = """\
+domain: jobs
+descriptors:
+  - key: tenant
+    algorithm: concurrency
+    limit: 2
+    lease: 3s
+    rate_limit: { name: running }
+"""
+
+
+def test_concurrency_descriptor_release_and_lease(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, CONC_CONF)
+    c = Rls(port)
+    try:
+        got = [c.call("jobs", [[("tenant", "a")]]) for _ in range(3)]
+        assert [r["overall"] for r in got] == [OK, OK, OVER_LIMIT]
+        assert got[0]["statuses"][0]["limit"] == {"rpu": 2, "unit": 0, "name": "running"}
+        leases = [r["request_headers"].get("X-Sluice-Lease") for r in got]
+        assert leases[0] and leases[1] and leases[0] != leases[1] and leases[2] is None, leases
+        # another tenant has its own slots
+        assert c.call("jobs", [[("tenant", "b")]])["overall"] == OK
+        # the release: the same descriptor ending in sluice_lease: ID
+        r = c.call("jobs", [[("tenant", "a"), ("sluice_lease", leases[0])]])
+        assert r["overall"] == OK and r["request_headers"] == {}, r
+        # at once (within the 3 s lease): the give-back went before this decision
+        assert c.call("jobs", [[("tenant", "a")]])["overall"] == OK
+        assert c.call("jobs", [[("tenant", "a")]])["overall"] == OVER_LIMIT
+        # nothing released: the lease (3 s) ends the slots
+        assert wait_until(lambda: c.call("jobs", [[("tenant", "a")]])["overall"] == OK, 8)[0]
+        # a release that names no slot id
+        with pytest.raises(grpc.RpcError) as e:
+            c.raw(request("jobs", [[("tenant", "a"), ("sluice_lease", "x")]]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        c.close()
+
+
+# ---- the deny cache: a denied key answered without Redis until its retry ----
+
+def test_deny_cache_answers_denied_descriptors(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, OVR_CONF, token=TOKEN)
+    c = Rls(port)
+    base = "/api/limits/rls:envoy/free-user"
+    try:
+        hits = deny_hits(s)
+        got = [c.call("envoy", user("erin")) for _ in range(4)]
+        assert [r["overall"] for r in got] == [OK, OK, OVER_LIMIT, OVER_LIMIT]
+        # the 3rd was Redis's denial, the 4th the cache's, with the same answer
+        assert deny_hits(s) == hits + 1
+        assert got[3]["statuses"][0]["limit"] == got[2]["statuses"][0]["limit"]
+        assert 0 < got[3]["statuses"][0]["reset_s"] <= 3600
+        assert int(got[3]["headers"]["Retry-After"]) >= 1
+        # another descriptor in the call is not consumed (all or nothing)
+        r = c.call("envoy", [[("api_key", "z")]] + user("erin"))
+        assert r["overall"] == OVER_LIMIT and deny_hits(s) == hits + 2
+        assert c.call("envoy", [[("api_key", "z")]])["statuses"][0]["remaining"] == 1
+        # a reset from the admin API: every worker's cache forgets at once
+        assert api(s, "POST", base + "/reset?key=free&key=erin")[0] == 200
+        assert c.call("envoy", user("erin"))["overall"] == OK
+    finally:
+        c.close()
+
+
+def test_deny_cache_not_with_every_descriptor(sluice, redis, tmp_path):
+    s, port = start_rls(sluice, tmp_path, OVR_CONF, token=TOKEN,
+                        extra="  rls_consume: every_descriptor\n")
+    c = Rls(port)
+    try:
+        hits = deny_hits(s)
+        got = [c.call("envoy", user("fay")) for _ in range(4)]
+        assert [r["overall"] for r in got] == [OK, OK, OVER_LIMIT, OVER_LIMIT]
+        assert deny_hits(s) == hits
     finally:
         c.close()

@@ -158,6 +158,13 @@ static void test_load_and_match(void **state)
     assert_int_equal(n->limit->params.window_ms, 7LL * 86400 * 1000);
     assert_int_equal(n->limit->nreplaces, 1);
     assert_string_equal(n->limit->path, "key1_value1.subkey1");
+    /* the admin API finds it by its path (no name): the chain from the top */
+    const struct conf_rls_node *chain[RLS_MAX_ENTRIES];
+    const struct conf_rls_domain *dom = rls_domain(c->decision.rls, "envoy");
+    assert_int_equal(rls_find(dom, "key1_value1.subkey1", 19, chain), 2);
+    assert_ptr_equal(chain[1], n);
+    assert_string_equal(chain[0]->value, "value1");
+    assert_int_equal(rls_find(dom, "key1_value1", 11, chain), 0);   /* no limit there */
     assert_null(match(c, "envoy", nested, 1, NULL));
     assert_null(match(c, "envoy", deeper, 3, NULL));
 
@@ -273,9 +280,22 @@ static void test_bad_files(void **state)
         { "domain: d\ndescriptors:\n  - key: k\n    algorithm: leaky\n"
           "    rate_limit: { unit: second, requests_per_unit: 1 }\n",
           "4:16: descriptors[0]: unknown algorithm 'leaky' (use fixed_window, sliding_window, "
-          "sliding_log, token_bucket or gcra)" },
+          "sliding_log, token_bucket, gcra or concurrency)" },
         { "domain: d\ndescriptors:\n  - key: k\n    burst: 3\n",
-          "4:12: descriptors[0]: algorithm, burst and window need a rate_limit" },
+          "4:12: descriptors[0]: algorithm, burst, window, limit and lease need a rate_limit" },
+        { "domain: d\ndescriptors:\n  - key: k\n    limit: 3\n"
+          "    rate_limit: { unit: second, requests_per_unit: 1 }\n",
+          "4:12: descriptors[0]: 'limit' applies to algorithm: concurrency only" },
+        { "domain: d\ndescriptors:\n  - key: k\n    algorithm: concurrency\n"
+          "    rate_limit: { name: n }\n",
+          "4:16: descriptors[0]: concurrency needs limit (the slots per key)" },
+        { "domain: d\ndescriptors:\n  - key: k\n    algorithm: concurrency\n    limit: 2\n"
+          "    rate_limit: { unit: second }\n",
+          "6:25: descriptors[0].rate_limit: a concurrency rate_limit has no unit, "
+          "requests_per_unit nor unlimited (use limit and lease beside it)" },
+        { "domain: d\ndescriptors:\n  - key: k\n    algorithm: concurrency\n    limit: 2\n"
+          "    window: 1s\n    rate_limit: { name: n }\n",
+          "6:13: descriptors[0]: 'window' does not apply to concurrency (use limit and lease)" },
         { "domain: d\ndescriptors:\n  - key: k\n    burst: 3\n"
           "    rate_limit: { unit: second, requests_per_unit: 1 }\n",
           "4:12: descriptors[0]: 'burst' does not apply to fixed_window (use window)" },

@@ -93,6 +93,33 @@ const struct conf_rls_node *rls_match(const struct conf_rls_domain *d, const str
     return found;
 }
 
+static int named(const char *s, const char *name, size_t n)
+{
+    return s && strlen(s) == n && memcmp(s, name, n) == 0;
+}
+
+/* Depth-first from p (at depth): the chain to the limit called name. */
+static int find_under(const struct conf_rls_node *p, int depth, const char *name, size_t n,
+                      const struct conf_rls_node **chain)
+{
+    for (int i = 0; i < p->nkids && depth < RLS_MAX_ENTRIES; i++) {
+        const struct conf_rls_node *k = &p->kids[i];
+        chain[depth] = k;
+        if (k->limit && (named(k->limit->name, name, n) || named(k->limit->path, name, n)))
+            return depth + 1;
+        int d = find_under(k, depth + 1, name, n, chain);
+        if (d > 0)
+            return d;
+    }
+    return 0;
+}
+
+int rls_find(const struct conf_rls_domain *d, const char *name, size_t n,
+             const struct conf_rls_node **chain)
+{
+    return find_under(&d->root, 0, name, n, chain);
+}
+
 /* LEN:BYTES into out at *at when it fits (returns 0), else -1. */
 static int put_part(char *out, size_t *at, const char *s, size_t n)
 {

@@ -13,7 +13,13 @@
 
 #include <stddef.h>
 #include "conf.h"
-#include "rls_wire.h"
+
+#define RLS_MAX_ENTRIES 32      /* per descriptor */
+
+/* One entry of a descriptor (rls_wire.c decodes them from a call). */
+struct rls_entry {
+    const char *key, *value;            /* NUL-terminated */
+};
 
 /* The domain called name, or NULL. */
 const struct conf_rls_domain *rls_domain(const struct conf_rls *rls, const char *name);
@@ -24,6 +30,13 @@ const struct conf_rls_domain *rls_domain(const struct conf_rls *rls, const char 
  * it matches shares one counter); NULL otherwise. */
 const struct conf_rls_node *rls_match(const struct conf_rls_domain *d, const struct rls_entry *e,
                                       int n, const char **share);
+
+/* The limit of d called name[0..n) (its rate_limit.name, or its path:
+ * "key_value.key2"), the first in the tree's order: the nodes from the
+ * top down to it in chain[0..depth), depth returned; 0 when none has it.
+ * For the admin API, which names a limit and the values of its entries. */
+int rls_find(const struct conf_rls_domain *d, const char *name, size_t n,
+             const struct conf_rls_node **chain);
 
 /* 1 when value matches the wildcard parts (value split at '*'). */
 int rls_wildcard(char *const *parts, int nparts, const char *value);
