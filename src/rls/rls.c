@@ -24,6 +24,7 @@
 #include <string.h>
 #include <event2/buffer.h>
 
+#include "admin_console.h"
 #include "backend.h"
 #include "clock.h"
 #include "conf.h"
@@ -244,6 +245,28 @@ static void count(struct rls_call *call, enum metrics_decision d)
     metrics_decision_mode(d);
 }
 
+/* The console's heavy hitters: a descriptor that denied the call, under
+ * its route rls:DOMAIN and its limit, each entry a key part "key=value"
+ * (the proxy's denials go there as PREFIX{ROUTE|LIMIT|PARTS}, parts as
+ * LEN:BYTES: the same form, no prefix). */
+static void note_denial(const struct rls_call *call, int i, const char *limit)
+{
+    char route[RLS_MAX_KEY / 4], key[RLS_MAX_KEY];
+    const struct rls_desc *d = &call->req.descs[i];
+    int n = snprintf(route, sizeof route, "rls:%s", call->req.domain);
+    if (n < 0 || (size_t)n >= sizeof route)
+        return;
+    size_t at = (size_t)snprintf(key, sizeof key, "{%s|%s|", route, limit);
+    for (int e = 0; e < d->nentries && at < sizeof key; e++)     /* parts: LEN:BYTES */
+        at += (size_t)snprintf(key + at, sizeof key - at, "%zu:%s=%s",
+                               strlen(d->entries[e].key) + 1 + strlen(d->entries[e].value),
+                               d->entries[e].key, d->entries[e].value);
+    if (at + 1 >= sizeof key)
+        return;         /* too long to show whole */
+    key[at++] = '}';
+    admin_console_denied(route, limit, 0, key, at, 0);
+}
+
 /* The backend's answer into statuses, fields and the framed message. */
 static void answer_results(struct rls_call *call, const struct store_result *res)
 {
@@ -273,6 +296,8 @@ static void answer_results(struct rls_call *call, const struct store_result *res
         struct conf_limit *cl = &call->limits[s];
         memset(cl, 0, sizeof *cl);
         cl->name = (char *)(it->cl ? (it->cl->name ? it->cl->name : it->cl->path) : "override");
+        if (st[i].over)
+            note_denial(call, i, cl->name);
         cl->params = *item_params(it);
         cl->shadow = it->shadow;
         rl.limit[s] = cl;
