@@ -3,6 +3,11 @@
 # protobuf bytes rlslib encodes), against a real redis-server: the wire
 # Envoy's envoy_grpc clusters use (prior knowledge on a plain listener).
 
+import json
+import os
+import shutil
+import subprocess
+
 import grpc
 import pytest
 
@@ -88,6 +93,38 @@ def test_statuses_hits_nested_wildcard_shadow_over_grpc(rls):
     assert c.call("envoy", [[("path", "/api/other")]])["overall"] == OK
     # shadow: over, answered OK
     assert [c.call("envoy", [[("shadow", "1")]])["overall"] for _ in range(2)] == [OK, OK]
+
+
+NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "node")
+
+
+def node_rls(port, domain, n, descriptors):
+    """tests/node/rls_client.js: @grpc/grpc-js with the messages loaded from
+    the project's .proto; one dict per call."""
+    assert os.path.isdir(os.path.join(NODE_DIR, "node_modules", "@grpc", "proto-loader")), \
+        "@grpc/proto-loader is missing: run make deps (npm ci in tests/node)"
+    p = subprocess.run([shutil.which("node") or "/usr/bin/node", "rls_client.js",
+                        "127.0.0.1:%d" % port, domain, str(n), json.dumps(descriptors)],
+                       cwd=NODE_DIR, capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    return [json.loads(ln) for ln in p.stdout.decode().splitlines() if ln.strip()]
+
+
+def test_node_client_from_the_projects_proto(sluice, redis, tmp_path):
+    """Node's @grpc/grpc-js, with stubs loaded from src/rls/proto: OK then
+    OVER_LIMIT after requests_per_unit calls, and per-descriptor statuses
+    (no limit, nested) in request order."""
+    s, port = start_rls(sluice, tmp_path, CONF)
+    got = node_rls(port, "envoy", 4, [[["generic_key", "slow"]]])
+    assert [r.get("overall") for r in got] == ["OK", "OK", "OK", "OVER_LIMIT"], got
+    assert [r["statuses"][0]["remaining"] for r in got] == [2, 1, 0, 0]
+    assert got[0]["statuses"][0]["rpu"] == 3 and got[0]["statuses"][0]["unit"] == "MINUTE"
+    assert int(got[3]["headers"]["Retry-After"]) >= 1
+    r = node_rls(port, "envoy", 1, [[["x", "y"]], [["remote_address", "5.6.7.8"]],
+                                    [["key1", "value1"], ["subkey1", "b"]]])[0]
+    assert r["overall"] == "OK" and [st["code"] for st in r["statuses"]] == ["OK"] * 3, r
+    assert r["statuses"][0]["rpu"] is None
+    assert [(st["rpu"], st["unit"]) for st in r["statuses"][1:]] == [(2, "HOUR"), (1, "DAY")]
 
 
 def test_unknown_domain_and_all_or_nothing_over_grpc(rls):
@@ -194,6 +231,27 @@ def test_admin_override_of_a_descriptor_limit(sluice, redis, tmp_path):
             [OK] * 3 + [OVER_LIMIT]
     finally:
         c.close()
+
+
+def test_denied_descriptors_on_the_console(sluice, redis, tmp_path):
+    """The console's heavy hitters show an RLS descriptor that denied calls
+    as they show the proxy's keys: route rls:DOMAIN, the limit, its entries."""
+    s, port = start_rls(sluice, tmp_path, OVR_CONF, token=TOKEN)
+    c = Rls(port)
+    name = "dave-%d" % os.getpid()
+    try:
+        assert [c.call("envoy", user(name))["overall"] for _ in range(5)] == \
+            [OK, OK] + [OVER_LIMIT] * 3
+    finally:
+        c.close()
+    code, top, _ = api(s, "GET", "/api/top")
+    assert code == 200, top
+    mine = [g for g in top["limits"] if (g["route"], g["limit"]) == ("rls:envoy", "free-user")]
+    assert mine, top["limits"]
+    assert {"key": ["tenant=free", "user=" + name], "count": 3, "error": 0,
+            "truncated": False} in mine[0]["keys"], mine
+    code, st, _ = api(s, "GET", "/api/stats")
+    assert code == 200 and "rls:envoy" in [r["route"] for r in st["routes"]], st["routes"]
 
 
 def test_admin_override_of_a_descriptor_limit_refused(sluice, redis, tmp_path):
