@@ -49,7 +49,7 @@ FUZZ_OBJS_h1write_response := h1write http1 mem
 FUZZ_OBJS_http1_differential := http1 http1_ref mem
 FUZZ_OBJS_redis_reply     := rconn store_util tls_client log mem
 FUZZ_OBJS_jsonscan        := jsonscan
-FUZZ_OBJS_admin_api       := admin_api digest memstore kvtable list limiter tzcal route jwt addr regex http1 esc \
+FUZZ_OBJS_admin_api       := admin_api rls_match digest memstore kvtable list limiter tzcal route jwt addr regex http1 esc \
                              conf conf_value conf_tls conf_net conf_redis conf_limits conf_jwt conf_rls conf_load jsonscan \
                              resetbus plantable loopthread store_sync store_sub store_util rconn tls_client \
                              metrics log mem
