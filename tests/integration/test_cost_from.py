@@ -152,6 +152,16 @@ def test_estimate_stops_a_parallel_burst(sluice, llm, redis):
     assert 400 <= tokens_left(redis.port, "llm", key) <= 460
 
 
+def asking_burst(port, max_tokens, n):
+    """n chat calls at once on one new key, each asking for max_tokens
+    (answered after 1.5 s, so all are admitted on their estimates)."""
+    body = json.dumps({"model": "m", "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    key = uuid.uuid4().hex
+    return parallel([lambda: call(port, "/v1/chat/completions", key, body=body, delay_ms=1500)
+                     for _ in range(n)])
+
+
 PLAN_ESTIMATE = """\
 plans:
   default: metered
@@ -168,11 +178,7 @@ def test_a_plans_estimate_reads_the_request_body(sluice, llm, redis):
     routes = ("  - name: llm\n    match: { path: /v1/chat/completions }\n    upstream: api\n"
               "    plan_key: \"header:X-Key\"\n")
     s = start_proxy(sluice, routes, top=PLAN_ESTIMATE, upstream_port=llm)
-    big = json.dumps({"model": "m", "max_tokens": 400,
-                      "messages": [{"role": "user", "content": "hi"}]}).encode()
-    key = uuid.uuid4().hex
-    out = parallel([lambda: call(s.port, "/v1/chat/completions", key, body=big,
-                                 delay_ms=1500) for _ in range(4)])
+    out = asking_burst(s.port, 400, 4)
     assert sorted(r.status for r in out) == [200, 200, 429, 429], out
 
 
@@ -184,11 +190,7 @@ def test_estimate_from_the_request_body(sluice, llm, redis):
                                   cost_from="{ json: usage.total_tokens }",
                                   estimate="{ json: max_tokens, default: 1 }"),
                     upstream_port=llm)
-    big = json.dumps({"model": "m", "max_tokens": 400,
-                      "messages": [{"role": "user", "content": "hi"}]}).encode()
-    key = uuid.uuid4().hex
-    out = parallel([lambda: call(s.port, "/v1/chat/completions", key, body=big,
-                                 delay_ms=1500) for _ in range(4)])
+    out = asking_burst(s.port, 400, 4)
     assert sorted(r.status for r in out) == [200, 200, 429, 429], out
     assert all(r.json()["usage"]["total_tokens"] == 300 for r in out if r.status == 200)
     key = uuid.uuid4().hex

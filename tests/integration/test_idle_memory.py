@@ -84,17 +84,18 @@ def connect_all(port, n, batch=100, timeout_s=30.0):
     return socks
 
 
-def request_all(socks, timeout_s=60.0, batch=200):
-    """One GET on each socket, the whole response read; {status: count}."""
-    req = b"GET / HTTP/1.1\r\nHost: idle\r\n\r\n"
-    statuses = {}
+def exchange_all(socks, send, answered, timeout_s=60.0, batch=200):
+    """send on each socket, then read until answered(bytes so far) gives
+    (result, rest): a result string, and what to keep for the next read;
+    {result or "closed" or "no answer": count}."""
+    results = {}
     deadline = time.monotonic() + timeout_s
     for i in range(0, len(socks), batch):
         sel = selectors.DefaultSelector()
         bufs = {}
         for s in socks[i:i + batch]:
             s.setblocking(True)
-            s.sendall(req)
+            s.sendall(send)
             s.setblocking(False)
             bufs[s] = b""
             sel.register(s, selectors.EVENT_READ)
@@ -105,18 +106,30 @@ def request_all(socks, timeout_s=60.0, batch=200):
                     data = s.recv(65536)
                 except BlockingIOError:
                     continue
-                bufs[s] += data
-                head, sep, body = bufs[s].partition(b"\r\n\r\n")
-                m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
-                if not data or (sep and m and len(body) >= int(m.group(1))):
-                    st = head[9:12].decode("ascii", "replace") if data else "closed"
-                    statuses[st] = statuses.get(st, 0) + 1
+                result, bufs[s] = ("closed", b"") if not data else answered(bufs[s] + data)
+                if result:
+                    results[result] = results.get(result, 0) + 1
                     sel.unregister(s)
                     del bufs[s]
         if bufs:
-            statuses["no answer"] = statuses.get("no answer", 0) + len(bufs)
+            results["no answer"] = results.get("no answer", 0) + len(bufs)
         sel.close()
-    return statuses
+    return results
+
+
+def http1_answered(buf):
+    """A whole HTTP/1.1 response with Content-Length: its status."""
+    head, sep, body = buf.partition(b"\r\n\r\n")
+    m = re.search(rb"(?i)\r\ncontent-length:\s*(\d+)", head)
+    if sep and m and len(body) >= int(m.group(1)):
+        return head[9:12].decode("ascii", "replace"), buf
+    return None, buf
+
+
+def request_all(socks, timeout_s=60.0, batch=200):
+    """One GET on each socket, the whole response read; {status: count}."""
+    return exchange_all(socks, b"GET / HTTP/1.1\r\nHost: idle\r\n\r\n", http1_answered,
+                        timeout_s, batch)
 
 
 def h2_frame(ftype, flags, sid, payload=b""):
@@ -138,35 +151,10 @@ def h2_frames(buf):
 def h2_exchange_all(socks, send, done, timeout_s=60.0, batch=200):
     """send on each socket, then frames read until done(frame) gives a
     result (a string); {result or "closed" or "no answer": count}."""
-    results = {}
-    deadline = time.monotonic() + timeout_s
-    for i in range(0, len(socks), batch):
-        sel = selectors.DefaultSelector()
-        bufs = {}
-        for s in socks[i:i + batch]:
-            s.setblocking(True)
-            s.sendall(send)
-            s.setblocking(False)
-            bufs[s] = b""
-            sel.register(s, selectors.EVENT_READ)
-        while bufs and time.monotonic() < deadline:
-            for key, _ in sel.select(timeout=1.0):
-                s = key.fileobj
-                try:
-                    data = s.recv(65536)
-                except BlockingIOError:
-                    continue
-                frames, bufs[s] = h2_frames(bufs[s] + data)
-                result = "closed" if not data else next(
-                    (r for r in map(done, frames) if r), None)
-                if result:
-                    results[result] = results.get(result, 0) + 1
-                    sel.unregister(s)
-                    del bufs[s]
-        if bufs:
-            results["no answer"] = results.get("no answer", 0) + len(bufs)
-        sel.close()
-    return results
+    def answered(buf):
+        frames, rest = h2_frames(buf)
+        return next((r for r in map(done, frames) if r), None), rest
+    return exchange_all(socks, send, answered, timeout_s, batch)
 
 
 def h2_settings_seen(f):
