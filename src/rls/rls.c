@@ -253,7 +253,9 @@ static void note_denial(const struct rls_call *call, int i, const char *limit)
 {
     char route[RLS_MAX_KEY / 4], key[RLS_MAX_KEY];
     const struct rls_desc *d = &call->req.descs[i];
-    int n = snprintf(route, sizeof route, "rls:%s", call->req.domain);
+    if (call->domain == NULL)
+        return;
+    int n = snprintf(route, sizeof route, CONF_RLS_ROUTE_PREFIX "%s", call->domain->name);
     if (n < 0 || (size_t)n >= sizeof route)
         return;
     size_t at = (size_t)snprintf(key, sizeof key, "{%s|%s|", route, limit);
