@@ -77,6 +77,11 @@ DEBS     += nginx
 # @grpc/grpc-js and the openai client (test_cost_from) (tests/node, installed
 # by npm ci from its lock file; Debian's npm only where node came without one)
 DEBS     += python3-grpcio nodejs
+# HTTP/2 (test_http2*, test_grpc, test_rls*): python-hyperh2 for the raw
+# frames, httpx as a client, nghttp and h2load (nghttp2-client)
+DEBS     += python3-h2 python3-httpx nghttp2-client
+# make test-slow: wrk drives test_scale's soak, valgrind test_valgrind
+DEBS     += wrk valgrind
 NPM_DEB  := $(if $(shell command -v npm 2>/dev/null),,npm)
 
 .PHONY: all deps run-deps run test test-unit test-integration test-slow clean
