@@ -86,6 +86,7 @@ struct io {
     size_t write_low;
     short enabled;                  /* EV_READ: the layer above reads */
     unsigned rd_armed : 1, wr_armed : 1, end_armed : 1;
+    unsigned rd_idle : 1;           /* rev left armed while nothing reads: see io_update */
     unsigned watch_end : 1;         /* io_watch_end(io, 1) */
     unsigned connecting : 1;        /* TCP connect under way */
     unsigned handshaking : 1;       /* TLS handshake under way */
@@ -435,14 +436,33 @@ static void io_update(struct io *io)
         if (reading && io->ssl_more && !io->rd_wants_write)
             event_active(&io->kev, EV_READ, 1);     /* no readiness will say so */
     }
+    /* Reading stopped on a healthy connection (a request being decided, a
+     * full input): the read event stays in epoll, without its timeout, and
+     * comes off only if the socket turns readable meanwhile (io_read_event).
+     * A peer that sends nothing until its answer, nearly every client,
+     * then costs no epoll_ctl at all for the pause, where taking the
+     * event off and putting it back cost two per request (nginx, with its
+     * edge-triggered events, makes none either). */
+    int idle = !r && io->rd_armed && !io->failed && io->up && !io->connecting &&
+               !io->handshaking;
+    if (idle && !io->rd_idle) {
+        event_remove_timer(&io->rev);   /* libevent's timer heap only */
+        io->rd_idle = 1;
+    } else if (r && io->rd_idle) {
+        if (io->has_rtv)
+            event_add(&io->rev, &io->rtv);  /* already in epoll: the timer restarts */
+        io->rd_idle = 0;
+    }
     /* The end watch is edge-triggered: it is armed only while neither
      * level-triggered event is (epoll keeps one mode per fd), taken off
      * before they are armed and put on after they are taken off. */
-    int e = io->watch_end && !io->failed && io->up && !r && !w;
+    int e = io->watch_end && !io->failed && io->up && !r && !idle && !w;
     unsigned ra = io->rd_armed, wa = io->wr_armed, ea = io->end_armed;
     if (!e)
         arm(&io->eev, 0, &ea, NULL);
-    arm(&io->rev, r, &ra, io->has_rtv ? &io->rtv : NULL);
+    if (!idle)
+        io->rd_idle = 0;
+    arm(&io->rev, r || idle, &ra, io->has_rtv ? &io->rtv : NULL);
     arm(&io->wev, w, &wa, io->has_wtv ? &io->wtv : NULL);
     if (e)
         arm(&io->eev, 1, &ea, NULL);
@@ -605,6 +625,15 @@ static void io_write_now(struct io *io)
 static void io_read_event(evutil_socket_t fd, short what, void *arg)
 {
     struct io *io = arg;
+    if (io->rd_idle) {
+        /* Readable while nothing reads it (bytes pipelined behind a request
+         * being decided, the peer's end): now the event comes off, or it
+         * would fire on every turn of the loop; the end watch takes over. */
+        event_del(&io->rev);
+        io->rd_armed = io->rd_idle = 0;
+        io_update(io);
+        return;
+    }
     io_hold(io);
     if (what & EV_TIMEOUT) {
         io_report(io, IO_TIMEOUT | IO_READING);     /* disarms it */
@@ -782,7 +811,7 @@ void io_free(struct io *io)
     event_del(&io->wev);
     event_del(&io->kev);
     event_del(&io->eev);
-    io->rd_armed = io->wr_armed = io->end_armed = 0;
+    io->rd_armed = io->wr_armed = io->end_armed = io->rd_idle = 0;
     if (io->deadline) {
         event_free(io->deadline);
         io->deadline = NULL;
@@ -866,7 +895,7 @@ void io_set_timeouts(struct io *io, const struct timeval *rd, const struct timev
     io->has_wtv = wr != NULL;
     if (wr)
         io->wtv = *wr;
-    retime(&io->rev, io->rd_armed, rd);
+    retime(&io->rev, io->rd_armed && !io->rd_idle, rd);
     retime(&io->wev, io->wr_armed, wr);
 }
 
