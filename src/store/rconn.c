@@ -684,12 +684,27 @@ static struct evbuffer *rconn_out(struct rconn *c)
     return c->connected && c->bev != NULL ? bufferevent_get_output(c->bev) : c->early;
 }
 
+/* A plain connection that is up with nothing queued writes the command
+ * now: the bufferevent would write it from its write event, a loop turn
+ * later and two epoll_ctl per batch (arm, then disarm, the write event).
+ * What the socket does not take, or a failure, goes the bufferevent's way,
+ * which writes the rest in order and reports the error as before. */
+static size_t rconn_write_now(struct rconn *c, const char *cmd, size_t len)
+{
+    if (!c->connected || c->bev == NULL || c->tls != NULL || c->ssl != NULL ||
+        evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+        return 0;
+    ssize_t n = send(bufferevent_getfd(c->bev), cmd, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n > 0 ? (size_t)n : 0;
+}
+
 static int rconn_queue(struct rconn *c, const char *cmd, size_t len, rconn_reply_cb *cb,
                        void *privdata, long long *ints, size_t cap)
 {
     if (c->dead || c->freeing || c->push_cb != NULL)
         return -1;
-    if (evbuffer_add(rconn_out(c), cmd, len) != 0)
+    size_t sent = rconn_write_now(c, cmd, len);
+    if (sent < len && evbuffer_add(rconn_out(c), cmd + sent, len - sent) != 0)
         return -1;
     rconn_fifo_push(c, cb, privdata, ints, cap);
     return 0;
