@@ -280,8 +280,10 @@ if nk == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET'
 local wo, we, na, n1, n2, n3 = {}, {}, {}, {}, {}, {}
 local out, o = { tonumber(t[1]), tonumber(t[2]) }, 2
 -- A window's expiry (PXAT) per parameter set: one string per call, as
--- every limit of a set has the same window at one time.
-local pxs = {}
+-- every limit of a set has the same window at one time (made when first
+-- needed, as are the undo log's tables: a call of one request of one limit
+-- makes none of them).
+local pxs
 -- The undo log of the current request (reused by every request): per
 -- limit consumed u = 1..nu, its reply's place uo[u], the unconsumed
 -- state's rem0, reset0 (ur0, us0), whether a wait follows (ud), and either
@@ -289,9 +291,9 @@ local pxs = {}
 -- uwo, uwe), or (uk[u] false) a ZSET write due at the request's end: key,
 -- option, value, expiry, cost (zk, zopt, zval, zexp, zc). tr[k] is the
 -- request that last consumed from key k, ub[k] its first undo entry there.
-local uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe = {}, {}, {}, {}, {}, {}, {}, {}, {},
-                                                          {}, {}
-local zk, zopt, zval, zexp, zc, tr, ub = {}, {}, {}, {}, {}, {}, {}
+-- A request of one STRING limit needs no log: it consumes in place.
+local uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe
+local zk, zopt, zval, zexp, zc, tr, ub
 local m, mk, left, i, denied, nu, nz, rq = 0, false, 0, 0, false, 0, 0, 0
 
 for e = 1, ne do
@@ -331,7 +333,7 @@ for e = 1, ne do
     -- is read as it was before the request (its first undo entry): every
     -- limit decides on the state before its request.
     local s, ka, x1, x2, x3 = vals[k], na[k]
-    if tr[k] == rq then
+    if tr and tr[k] == rq then
         local u = ub[k]
         ka, x1, x2, x3 = una[u], un1[u], un2[u], un3[u]
     elseif ka then
@@ -371,6 +373,7 @@ for e = 1, ne do
                 val, v1, v2 = true, win, cnt + c
                 if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
                 else
+                    if pxs == nil then pxs = {} end
                     exp = pxs[p]
                     if exp == nil then exp = format('%d', wend); pxs[p] = exp end
                     opt = 'PXAT'
@@ -414,6 +417,7 @@ for e = 1, ne do
                 val, v1, v2, v3 = true, win, cc + c, pc
                 if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
                 else
+                    if pxs == nil then pxs = {} end
                     exp = pxs[p]
                     if exp == nil then exp = format('%d', (win + 2) * W); pxs[p] = exp end
                     opt = 'PXAT'
@@ -585,7 +589,17 @@ for e = 1, ne do
         if f ~= 1 and f ~= 3 then denied = true end     -- not shadow
     elseif f >= 2 or denied then
         v, r = rem0, reset0             -- check only, or the request is denied already
+    elseif m == 1 and opt ~= 'Z' and opt ~= 'ZS' and opt ~= 'C' and opt ~= 'CS' then
+        -- a request of one STRING limit: consumed in place, nothing to undo
+        na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
+        if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
+        wt = retry                      -- a delay's wait
     else
+        if uo == nil then
+            uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe =
+                {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+            zk, zopt, zval, zexp, zc, tr, ub = {}, {}, {}, {}, {}, {}, {}
+        end
         nu = nu + 1
         uo[nu], ur0[nu], us0[nu], ud[nu] = o, rem0, reset0, dly
         if opt == 'Z' or opt == 'ZS' or opt == 'C' or opt == 'CS' then
