@@ -6,7 +6,9 @@
 # src/store/scripts/limit.lua (and, with --before FILE, an older limit.lua beside
 # it: the per-request protocol of before issue 11, one request per call;
 # with --baseline FILE, another limit.lua of today's batch protocol, e.g.
-# main's, measured with the same batches in the same rounds) and
+# main's, measured with the same batches in the same rounds; it gets a
+# request of several limits as m and ref cost pairs, the script measured as
+# store.c sends it now, 15 + m and the refs) and
 # two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same for
 # three keys, TIME read once), then drives each with redis-benchmark (-c 64
 # -P 16, EVALSHA with the keys and arguments sluice's store.c sends, one key
@@ -173,10 +175,12 @@ def stop(proc):
         proc.wait(timeout=5)
 
 
-def sluice_args(sha, limits, batch=None):
+def sluice_args(sha, limits, batch=None, multi_short=True):
     """batch None: the per-request protocol of the --before script; else
     limit.lua's batch protocol with `batch` requests of every limit, each
-    limit of each request on a key of its own."""
+    limit of each request on a key of its own. multi_short: a request of
+    several limits of cost 1 as store.c sends it, 15 + m and the refs; off
+    for a --baseline script older than that form (m and ref cost pairs)."""
     n = len(limits)
     if batch is None:
         args = ["EVALSHA", sha, n] + [KEY % ("l%d" % i) for i in range(n)] + ["d", n]
@@ -193,6 +197,10 @@ def sluice_args(sha, limits, batch=None):
             # one limit of cost 1: 32 + ref, as store.c sends it
             args.append(32 + (r * n * n) * 16 + limits[0][5])
             continue
+        if multi_short and all(lim[4] == 1 for lim in limits):
+            args.append(15 + n)
+            args += [((r * n + i) * n + i) * 16 + lim[5] for i, lim in enumerate(limits)]
+            continue
         args.append(n)
         for i, lim in enumerate(limits):
             args += [((r * n + i) * n + i) * 16 + lim[5], lim[4]]
@@ -208,9 +216,9 @@ def scenarios(shas, batches):
         sc.append(("sluice_3_before", sluice_args(shas["before"], [BUCKET, GCRA, FIXED]), 1))
     for b in batches:
         if "baseline" in shas:
-            sc.append(("sluice_1_baseline_b%d" % b, sluice_args(shas["baseline"], [FIXED], b), b))
+            sc.append(("sluice_1_baseline_b%d" % b, sluice_args(shas["baseline"], [FIXED], b, False), b))
             sc.append(("sluice_3_baseline_b%d" % b,
-                       sluice_args(shas["baseline"], [BUCKET, GCRA, FIXED], b), b))
+                       sluice_args(shas["baseline"], [BUCKET, GCRA, FIXED], b, False), b))
         sc.append(("sluice_1_after_b%d" % b, sluice_args(shas["after"], [FIXED], b), b))
         sc.append(("sluice_3_after_b%d" % b,
                    sluice_args(shas["after"], [BUCKET, GCRA, FIXED], b), b))

@@ -266,22 +266,31 @@ static int64_t enc_flags(const struct store *s, const struct store_call *c, int 
            (s->rc.overrides ? 8 : 0);
 }
 
-/* A request of one limit of cost 1 without marks (the common case) goes
- * as one argument, 32 + ref, instead of m, ref and cost. */
+/* A request without marks whose limits all cost 1 (the common case) drops
+ * the costs: one limit goes as one argument, 32 + ref, instead of m, ref
+ * and cost (returns 1); m limits (2..16) as 15 + m and the refs (returns
+ * m). 0: the long form. */
 static int store_req_short(const struct store_batch *b, int i)
 {
     const struct store_req *q = b->req[i];
-    return q->n == 1 && !b->marks[i] && q->call->cost[q->idx[0]] == 1;
+    if (b->marks[i] || q->n < 1 || q->n > 16)
+        return 0;
+    for (int j = 0; j < q->n; j++)
+        if (q->call->cost[q->idx[j]] != 1)
+            return 0;
+    return q->n;
 }
 
 /* limit.lua's batch call into s->bcmd, returning its length:
  *   EVALSHA sha K key_1..key_K d P (algo limit window_ms interval_us)*P
- *           R (m (ref cost [slot] [ovr])*|m| | 32+ref [slot] [ovr])*R
+ *           R (m (ref cost [slot] [ovr])*|m| | 32+ref [slot] [ovr]
+ *              | 15+m (ref [slot] [ovr])*m)*R
  *           (b0 b1 b2 b3)*C
  * with ref = (key * P + param) * 16 + flags (0-based indexes), slot the
  * concurrency slot id, ovr the 1-based index of the override key (flag 8,
  * redis.overrides), m < 0 for a request whose reply must carry refund
- * marks; 32+ref: a request of one limit of cost 1 (store_req_short); and
+ * marks; 32+ref: a request of one limit of cost 1, 15+m: of m (2..16)
+ * limits of cost 1, without marks (store_req_short); and
  * per calendar parameter set (interval 1), in order, its period starts. See
  * limit.lua. */
 static size_t store_batch_encode(struct store_batch *b)
@@ -296,8 +305,11 @@ static size_t store_batch_encode(struct store_batch *b)
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
-        if (store_req_short(b, i))
+        int sf = store_req_short(b, i);
+        if (sf == 1)
             extra -= 2;             /* no m, no cost */
+        else if (sf > 1)
+            extra -= sf;            /* no costs */
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
             e->ki[ne] = enc_key(e, c->keys + c->koff[li], c->klen[li], kslots);
@@ -336,8 +348,10 @@ static size_t store_batch_encode(struct store_batch *b)
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
-        int short_form = store_req_short(b, i);
-        if (!short_form)
+        int sf = store_req_short(b, i), short_form = sf == 1;
+        if (sf > 1)
+            p = store_put_int(p, 15 + q->n);
+        else if (!short_form)
             p = store_put_int(p, b->marks[i] ? -q->n : q->n);
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
@@ -346,7 +360,8 @@ static size_t store_batch_encode(struct store_batch *b)
                 p = store_put_int(p, 32 + ref);
             } else {
                 p = store_put_int(p, ref);
-                p = store_put_int(p, c->cost[li]);
+                if (sf == 0)
+                    p = store_put_int(p, c->cost[li]);
             }
             if (c->params[li].algo == LIMITER_CONCURRENCY)
                 p = store_put_int(p, c->slot[li]);

@@ -23,9 +23,11 @@ DELAY = 4
 OVERRIDE = 8
 
 
-def batch_args(sha, requests, mode="d", now_us=None):
+def batch_args(sha, requests, mode="d", now_us=None, short=False):
     """requests: list of (keys, limits, marks) or (keys, limits, marks,
-    override_keys), limits as above; override_keys: one per limit."""
+    override_keys), limits as above; override_keys: one per limit. short:
+    a request without marks whose limits all cost 1 goes in store.c's short
+    forms, 32 + ref (one limit) or 15 + m and the refs without costs."""
     keys, kidx, params, pidx, body = [], {}, [], {}, []
 
     def key_index(key):
@@ -37,7 +39,13 @@ def batch_args(sha, requests, mode="d", now_us=None):
     for req in requests:
         rkeys, limits, marks = req[:3]
         okeys = req[3] if len(req) > 3 else None
-        body.append(-len(limits) if marks else len(limits))
+        sf = short and not marks and all(lim[4] == 1 for lim in limits)
+        if sf and len(limits) == 1:
+            body.append(("short32",))
+        elif sf:
+            body.append(15 + len(limits))
+        else:
+            body.append(-len(limits) if marks else len(limits))
         for j, (key, lim) in enumerate(zip(rkeys, limits)):
             conc = lim[0] == CONCURRENCY
             p = (lim[0], lim[1], lim[2], 0 if conc else lim[3]) + tuple(lim[6:7] and lim[6])
@@ -46,7 +54,8 @@ def batch_args(sha, requests, mode="d", now_us=None):
                 params.append(p)
             flags = lim[5] | (OVERRIDE if okeys else 0)
             body.append((key_index(key), p, flags))
-            body.append(lim[4])
+            if not sf:
+                body.append(lim[4])
             if conc:
                 body.append(lim[3])
             if okeys:
@@ -56,12 +65,16 @@ def batch_args(sha, requests, mode="d", now_us=None):
     for p in params:
         args += list(p[:4])
     args.append(len(requests))
+    plus = 0
     for x in body:
-        if isinstance(x, tuple) and x[0] == "ovr":
+        if isinstance(x, tuple) and x[0] == "short32":
+            plus = 32                   # added to the ref that follows
+        elif isinstance(x, tuple) and x[0] == "ovr":
             args.append(x[1] + 1)
         elif isinstance(x, tuple):
             k, p, flags = x
-            args.append((k * np_ + pidx[p]) * 16 + flags)
+            args.append(plus + (k * np_ + pidx[p]) * 16 + flags)
+            plus = 0
         else:
             args.append(x)
     for p in params:        # a calendar window's period starts

@@ -76,7 +76,8 @@ def test_two_requests_of_one_key_in_one_call(srv, name):
 @pytest.mark.parametrize("name", ["fixed", "sliding", "bucket", "gcra"])
 def test_many_requests_of_one_key_count_down_in_order(srv, name):
     """64 requests of one key (limit 40) in one call: 40 pass, counting the
-    remaining down 39..0, then 24 are denied; one SET writes the key."""
+    remaining down 39..0, then 24 are denied; one write (SET PXAT for a
+    window's new key, PSETEX for a bucket or a TAT) makes the key."""
     port, sha = srv
     key = "b64:{%s}" % name
     lim = list(ONE[name])
@@ -88,8 +89,47 @@ def test_many_requests_of_one_key_count_down_in_order(srv, name):
     assert [x[0] for x in r] == [1] * 40 + [0] * 24
     assert [x[2] for x in r[:40]] == list(range(39, -1, -1))
     got = commands(port)
-    assert got.get("set") == 1 and got.get("time") == 1 and got.get("mget") == 1, got
+    write = "set" if name in ("fixed", "sliding") else "psetex"
+    assert got.get(write) == 1 and got.get("time") == 1 and got.get("mget") == 1, got
+    assert got.get("set", 0) + got.get("psetex", 0) + got.get("setrange", 0) == 1, got
     assert redis_cmd(port, "PTTL", key) > 0
+
+
+def test_short_forms_answer_as_the_long_form(srv):
+    """store.c's short forms (32 + ref for one limit of cost 1; 15 + m and
+    the refs for m limits of cost 1) answer and consume exactly as the long
+    form does, on keys of their own: a request that passes, one denied by
+    its last limit (what the earlier ones consumed is undone), a shadow
+    limit's denial, a check-only limit, and a request of one limit."""
+    port, sha = srv
+    lims = [[3, 9, 0, 1000000, 1, 0], [4, 9, 0, 1000000, 1, 0], [0, 2, HOUR, 0, 1, 0]]
+    shadow, check = [0, 0, HOUR, 0, 1, 1], [0, 1, HOUR, 0, 1, 2]
+
+    def reqs(tag):
+        k = ["bsf:{%s}%d" % (tag, i) for i in range(5)]
+        return [(k[:3], lims, False), (k[:3], lims, False), (k[:3], lims, False),
+                (k[:2] + [k[3]], lims[:2] + [shadow], False),
+                (k[:2] + [k[4]], lims[:2] + [check], False), (k[:1], lims[:1], False)]
+    got = {}
+    for tag, short in (("l", False), ("s", True)):
+        rq = reqs(tag)
+        args = batch_args(sha, rq, short=short)
+        # five requests of three limits lose their costs, the one of one
+        # limit its count and cost
+        assert len(args) == len(batch_args(sha, rq)) - (17 if short else 0)
+        got[tag] = split_reply(redis_cmds(port, [args])[-1], rq)
+        got[tag + "v"] = [redis_cmd(port, "GET", "bsf:{%s}%d" % (tag, i)) for i in range(5)]
+    # (a window's reset and retry are its end less now: the two calls'
+    # times differ)
+    for tag in ("l", "s"):
+        got[tag] = [[x[0]] + [y for j in range((len(x) - 1) // 4)
+                              for y in (x[1 + 4 * j], x[2 + 4 * j], x[4 + 4 * j] > 0)]
+                    for x in got[tag]]
+    assert got["l"] == got["s"], got
+    assert [x[0] for x in got["l"]] == [1, 1, 0, 1, 1, 1], got["l"]
+    assert [v is None for v in got["lv"]] == [v is None for v in got["sv"]] == \
+        [False, False, False, True, True], got         # shadow, check-only: unwritten
+    assert got["lv"][2] == got["sv"][2] and re.match(rb"^F\d+ 2$", got["sv"][2]), got
 
 
 def test_sliding_log_in_one_call(srv):
@@ -220,7 +260,8 @@ def test_overrides_in_one_call(srv):
 
 def test_one_time_and_one_mget_per_call(srv):
     """64 requests of three limits each on 192 keys: one TIME, one MGET, one
-    SET per key (and nothing per request but the decision)."""
+    write per key, PSETEX for the buckets and TATs, SET PXAT for the new
+    windows (and nothing per request but the decision)."""
     port, sha = srv
     lims = [[3, 1000, 0, 1000, 1, 0], [4, 1000, 0, 1000, 1, 0], [0, 1000, HOUR, 0, 1, 0]]
     reqs = [(["bk:{%d}a" % i, "bk:{%d}b" % i, "bk:{%d}c" % i], lims, False) for i in range(64)]
@@ -228,7 +269,8 @@ def test_one_time_and_one_mget_per_call(srv):
     r = call(port, sha, reqs)
     assert all(x[0] == 1 for x in r)
     got = commands(port)
-    assert got.get("time") == 1 and got.get("mget") == 1 and got.get("set") == 192, got
+    assert got.get("time") == 1 and got.get("mget") == 1 and got.get("set") == 64, got
+    assert got.get("psetex") == 128 and "setrange" not in got, got
     args = batch_args(sha, reqs)
     # the parameter sets travel once: 3 sets of 4, then 64 x (1 + 3 x 2)
     assert len(args) == 3 + 192 + 2 + 12 + 1 + 64 * 7

@@ -2,17 +2,20 @@
 --
 -- One EVALSHA carries every request a worker decided on one node in one
 -- loop iteration (store.c's batches), each with all the limits of its route
--- that live there. Requests are decided in order; each is all or nothing:
--- phase 1 decides each of its limits without writing, phase 2 consumes from
--- every one only when all allow, so a denied request costs nothing
--- anywhere. A later request of the batch sees what the earlier ones
--- consumed (the STRING values are kept in a table, the writes are made at
--- the end, one SET per key written). Time is Redis TIME, read once per call,
+-- that live there. Requests are decided in order; each is all or nothing,
+-- in one pass over its limits: each decides on the state before the
+-- request, and one that allows consumes at once, logged; when a later limit
+-- denies the request, the log undoes what the earlier ones consumed, so a
+-- denied request costs nothing anywhere. A later request of the batch sees
+-- what the earlier ones consumed (the STRING values are kept in a table,
+-- the writes are made at the end, one write per key written; ZSET writes at
+-- the end of their request). Time is Redis TIME, read once per call,
 -- so several proxies agree. Every key written gets its expiry in this
 -- script: none can live without a TTL.
 --
 -- Call:   EVALSHA sha K key_1..key_K  mode P (algo limit window_ms interval_us) x P
---                 R (m (ref cost) x |m|  or  32+ref) x R  (b0 b1 b2 b3) x C  [now_us]
+--                 R (m (ref cost) x |m|  or  32+ref  or  15+m ref x m) x R
+--                 (b0 b1 b2 b3) x C  [now_us]
 --   K keys          the batch's distinct keys (the caller deduplicates them:
 --                   two requests of one key name it once)
 --   mode            "d" = decide and consume; "t" = the same on a fake
@@ -34,7 +37,9 @@
 --                   several slots); 32 + ref instead of m, ref and cost:
 --                   a request of one limit of cost 1, no marks (the
 --                   common case, one argument instead of three; its slot
---                   and ovr follow as below)
+--                   and ovr follow as below); 15 + m (17..31) instead of
+--                   m: a request of m = 2..16 limits, each of cost 1, no
+--                   marks: each limit is then ref [slot] [ovr], no cost
 --     per limit:    ref cost [slot] [ovr]
 --     ref           ((key index - 1) * P + (param index - 1)) * 16 + flags,
 --                   indexes 1-based into KEYS and the P sets; flags: 1 shadow
@@ -73,24 +78,26 @@
 --   TIME this script ran at. All integers.
 --
 -- Key layouts (one key per limit, so each lives under its one hash tag).
--- Every algorithm but sliding_log keeps one STRING, so one MGET reads all
--- of them and one SET writes each, value and expiry (PXAT or PX; KEEPTTL
--- when a window's key is written again in its own window, whose PXAT it
--- got when that window began):
+-- Every algorithm but sliding_log and concurrency keeps one STRING, so one
+-- MGET reads all of them and one command writes each, value and expiry:
+-- SET PXAT when a window begins; SETRANGE at 0 (the key and its expiry
+-- stand) when a window's key is written again in its own window, whose
+-- PXAT it got when that window began; PSETEX (PX) for a bucket or a TAT:
 --   fixed_window    STRING "F<window index> <count>"
 --   sliding_window  STRING "S<window index> <current count> <previous count>"
 --   token_bucket    STRING "B<last refill, us> <tokens>" (tokens as %.17g:
 --                   the double round-trips exactly, as the C limiter keeps it)
 --   gcra            STRING "<theoretical arrival time, us>"
 --   sliding_log     ZSET, one member per admitted unit, score = ms admitted;
---                   written at once, in the request's phase 2
+--                   written at its request's end, when the request passes
 --   concurrency     ZSET of slot ids scored by lease expiry (ms); written at
---                   once, in the request's phase 2
+--                   its request's end, when the request passes
 -- A key of another type or layout (an algorithm changed by a reload, or a
 -- key of an older sluice) reads as absent and is replaced on the next
 -- write instead of failing every request: MGET answers nil for a key that
 -- is not a string, a value that does not match the algorithm's pattern is
--- ignored, SET replaces a key of any type, and sliding_log reads with
+-- ignored (and is never written over with SETRANGE), SET and PSETEX
+-- replace a key of any type, and sliding_log reads with
 -- redis.pcall (a string there is deleted before its ZADD).
 --
 -- Delay (flag 4, token_bucket and gcra): a request that would pass within
@@ -116,8 +123,8 @@
 --
 -- Every argument is checked before anything is written. The hot path makes
 -- no closures, no pcall (but sliding_log's ZCOUNT) and no tables per limit:
--- one flat loop over every limit of every request, scratch tables reused
--- per request. Redis 6.2 or later (SET PXAT); scripts replicate by their
+-- one flat loop over every limit of every request, the undo log's tables
+-- reused per request. Redis 6.2 or later (SET PXAT); scripts replicate by their
 -- effects there.
 
 local floor, ceil, format, match = math.floor, math.ceil, string.format, string.match
@@ -193,18 +200,23 @@ local refmax, ne, a = 16 * nk * np, 0, a0 + 1
 local em, eref, ec, es, eo = {}, {}, {}, {}, {}
 for r = 1, nr do
     local m = tonumber(ARGV[a])
-    if m == nil or m % 1 ~= 0 or m == 0 or m < -16 or (m > 16 and m < 32) then
+    if m == nil or m % 1 ~= 0 or m == 0 or m < -16 then
         return redis.error_reply('ERR sluice limit.lua: bad limit count ' .. r)
     end
     a = a + 1
-    local short, sref = m >= 32, m - 32      -- one limit of cost 1: its ref is m - 32
-    if short then m = 1 end
+    -- 32 + ref: one limit of cost 1, its ref is m - 32; 15 + m (17..31):
+    -- m limits of cost 1, each a ref alone
+    local short, sref, refs = m >= 32, m - 32, m > 16 and m < 32
+    if short then m = 1 elseif refs then m = m - 15 end
     em[ne + 1] = m
     if m < 0 then m = -m end
     for j = 1, m do
         local ref, c
         if short then
             ref, c = sref, 1
+        elseif refs then
+            ref, c = tonumber(ARGV[a]), 1
+            a = a + 1
         else
             ref, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
             a = a + 2
@@ -267,18 +279,29 @@ local vals
 if nk == 1 then vals = redis.call('MGET', KEYS[1]) else vals = redis.call('MGET', unpack(KEYS)) end
 local wo, we, na, n1, n2, n3 = {}, {}, {}, {}, {}, {}
 local out, o = { tonumber(t[1]), tonumber(t[2]) }, 2
--- Per limit i of the current request (reused by every request; made by
--- the first request that needs them):
-local dk, df, dok, drem, dreset, dretry, drem0, dreset0, dval, dopt, dexp, dmark, dc
-local dd, dl, da, d1, d2, d3
-local m, mk, left, i, all_ok = 0, false, 0, 0, true
+-- A window's expiry (PXAT) per parameter set: one string per call, as
+-- every limit of a set has the same window at one time (made when first
+-- needed, as are the undo log's tables: a call of one request of one limit
+-- makes none of them).
+local pxs
+-- The undo log of the current request (reused by every request): per
+-- limit consumed u = 1..nu, its reply's place uo[u], the unconsumed
+-- state's rem0, reset0 (ur0, us0), whether a wait follows (ud), and either
+-- the key uk[u] with what its table entries were before (una, un1..un3,
+-- uwo, uwe), or (uk[u] false) a ZSET write due at the request's end: key,
+-- option, value, expiry, cost (zk, zopt, zval, zexp, zc). tr[k] is the
+-- request that last consumed from key k, ub[k] its first undo entry there.
+-- A request of one STRING limit needs no log: it consumes in place.
+local uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe
+local zk, zopt, zval, zexp, zc, tr, ub
+local m, mk, left, i, denied, nu, nz, rq = 0, false, 0, 0, false, 0, 0, 0
 
 for e = 1, ne do
     if left == 0 then                        -- a request begins
         m = em[e]
         mk = m < 0
         if mk then m = -m end
-        left, i, all_ok = m, 0, true
+        left, i, denied, nu, nz, rq = m, 0, false, 0, 0, rq + 1
     end
     i, left = i + 1, left - 1
     local ref, c = eref[e], ec[e]
@@ -306,8 +329,16 @@ for e = 1, ne do
     if dly then D, f = W * 1000, f - 4 end
     -- the key's numbers when this call consumed from it (ka == algo); a
     -- key another algorithm wrote in this call reads as absent, as its
-    -- STRING would
-    local s, ka = vals[k], na[k]
+    -- STRING would. A key an earlier limit of this request consumed from
+    -- is read as it was before the request (its first undo entry): every
+    -- limit decides on the state before its request.
+    local s, ka, x1, x2, x3 = vals[k], na[k]
+    if tr and tr[k] == rq then
+        local u = ub[k]
+        ka, x1, x2, x3 = una[u], un1[u], un2[u], un3[u]
+    elseif ka then
+        x1, x2, x3 = n1[k], n2[k], n3[k]
+    end
     if ka ~= nil and ka ~= algo then s, ka = nil, nil end
     local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
     local v1, v2, v3                         -- a STRING write: its fields
@@ -328,7 +359,7 @@ for e = 1, ne do
             -- fixed_window: one count per window index
             local cnt, same = 0, false
             if ka then
-                if n1[k] == win then cnt, same = n2[k], true end
+                if x1 == win then cnt, same = x2, true end
             elseif s then
                 local sw, sn = match(s, '^F(%d+) (%d+)$')
                 if sw and tonumber(sw) == win then cnt, same = tonumber(sn), true end
@@ -341,7 +372,12 @@ for e = 1, ne do
                 rem, retry = L - cnt - c, 0
                 val, v1, v2 = true, win, cnt + c
                 if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
-                else opt, exp = 'PXAT', format('%d', wend) end
+                else
+                    if pxs == nil then pxs = {} end
+                    exp = pxs[p]
+                    if exp == nil then exp = format('%d', wend); pxs[p] = exp end
+                    opt = 'PXAT'
+                end
             else
                 rem, retry = 0, reset
                 if c > L then retry = W end
@@ -353,7 +389,7 @@ for e = 1, ne do
             local cc, pc, same = 0, 0, false
             local sw, sc, sp
             if ka then
-                sw, sc, sp = n1[k], n2[k], n3[k]
+                sw, sc, sp = x1, x2, x3
             elseif s then
                 sw, sc, sp = match(s, '^S(%d+) (%d+) (%d+)$')
             end
@@ -380,7 +416,12 @@ for e = 1, ne do
                 reset, retry = (win + 2) * W - now_ms, 0
                 val, v1, v2, v3 = true, win, cc + c, pc
                 if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
-                else opt, exp = 'PXAT', format('%d', (win + 2) * W) end
+                else
+                    if pxs == nil then pxs = {} end
+                    exp = pxs[p]
+                    if exp == nil then exp = format('%d', (win + 2) * W); pxs[p] = exp end
+                    opt = 'PXAT'
+                end
             else
                 rem, reset = 0, reset0
                 if c > L then
@@ -447,9 +488,9 @@ for e = 1, ne do
             -- absence mean the same thing.
             local tokens = B
             if ka then
-                local elapsed = now_us - n1[k]
+                local elapsed = now_us - x1
                 if elapsed < 0 then elapsed = 0 end
-                tokens = n2[k] + elapsed / I
+                tokens = x2 + elapsed / I
                 if tokens > B then tokens = B end
             elseif s then
                 local su, st = match(s, '^B(%d+) (%S+)$')
@@ -484,7 +525,7 @@ for e = 1, ne do
             -- gcra: the theoretical arrival time
             local tat = now_us
             if ka then
-                if n1[k] > now_us then tat = n1[k] end
+                if x1 > now_us then tat = x1 end
             elseif s then
                 local v = tonumber(s)
                 if v and v > now_us then tat = v end
@@ -537,116 +578,119 @@ for e = 1, ne do
     else
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
     end
-    local zset = opt == 'Z' or opt == 'ZS' or opt == 'C' or opt == 'CS'
-    if m == 1 and not zset then
-        -- A request of one STRING limit (the common case) is answered in
-        -- place: its own decision is the request's.
-        local v, r, wt = rem, reset, 0
-        if not ok then
-            v = -retry
-        elseif f >= 2 then                              -- check only: not consumed
-            v, r = rem0, reset0
+    -- One pass: a limit that allows consumes at once (its table entry, or
+    -- a ZSET write due at the request's end) and is logged; when a later
+    -- limit denies the request, the log undoes it, so a denied request
+    -- consumes nothing. Limits that are not consumed report their
+    -- unconsumed state.
+    local v, r, wt = rem, reset, 0
+    if not ok then
+        v = -retry
+        if f ~= 1 and f ~= 3 then denied = true end     -- not shadow
+    elseif f >= 2 or denied then
+        v, r = rem0, reset0             -- check only, or the request is denied already
+    elseif m == 1 and opt ~= 'Z' and opt ~= 'ZS' and opt ~= 'C' and opt ~= 'CS' then
+        -- a request of one STRING limit: consumed in place, nothing to undo
+        na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
+        if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
+        wt = retry                      -- a delay's wait
+    else
+        if uo == nil then
+            uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe =
+                {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+            zk, zopt, zval, zexp, zc, tr, ub = {}, {}, {}, {}, {}, {}, {}
+        end
+        nu = nu + 1
+        uo[nu], ur0[nu], us0[nu], ud[nu] = o, rem0, reset0, dly
+        if opt == 'Z' or opt == 'ZS' or opt == 'C' or opt == 'CS' then
+            uk[nu], zk[nu], zopt[nu], zval[nu], zexp[nu], zc[nu] = false, k, opt, val, exp, c
+            nz = nz + 1
         else
-            wt = retry                                  -- a delay's wait
+            -- a STRING: the next limit reads the new value; written once,
+            -- at the end. A KEEPTTL after a PXAT of this call (the window
+            -- began in this batch) keeps the PXAT.
+            uk[nu], una[nu], un1[nu], un2[nu], un3[nu], uwo[nu], uwe[nu] =
+                k, na[k], n1[k], n2[k], n3[k], wo[k], we[k]
+            if tr[k] ~= rq then tr[k], ub[k] = rq, nu end
             na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
             if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
+            wt = retry                  -- a delay's wait
         end
-        out[o + 1], out[o + 2] = v, r
-        o = o + 2
-        if mk then
-            out[o + 1] = mark
-            o = o + 1
-        end
-        if dly then
-            out[o + 1] = wt
-            o = o + 1
-        end
-        if ovr then
-            out[o + 1] = L
-            o = o + 1
-        end
-    else
-        if dk == nil then
-            dk, df, dok, drem, dreset, dretry, drem0, dreset0, dval, dopt, dexp, dmark, dc =
-                {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-            dd, dl, da, d1, d2, d3 = {}, {}, {}, {}, {}, {}
-        end
-        dk[i], df[i], dok[i], drem[i], dreset[i], dretry[i] = k, f, ok, rem, reset, retry
-        drem0[i], dreset0[i], dval[i], dopt[i], dexp[i], dmark[i], dc[i] =
-            rem0, reset0, val, opt, exp, mark, c
-        dd[i], dl[i] = dly, ovr and L or false
-        da[i], d1[i], d2[i], d3[i] = algo, v1, v2, v3
-        if not ok and f ~= 1 and f ~= 3 then all_ok = false end   -- not shadow
+    end
+    out[o + 1], out[o + 2] = v, r
+    o = o + 2
+    if mk then
+        out[o + 1] = mark
+        o = o + 1
+    end
+    if dly then
+        out[o + 1] = wt
+        o = o + 1
+    end
+    if ovr then
+        out[o + 1] = L
+        o = o + 1
     end
 
-    -- Phase 2, once the request's last limit is decided: consume everywhere
-    -- or nowhere. A limit that allows but is not consumed reports its state
-    -- without this request.
-    if left == 0 and (m > 1 or zset) then
-        for j = 1, m do
-            local v, r, wt = drem[j], dreset[j], 0
-            if not dok[j] then
-                v = -dretry[j]
-            elseif not all_ok or df[j] >= 2 or dval[j] == nil then
-                v, r = drem0[j], dreset0[j]
-            elseif dopt[j] == 'C' or dopt[j] == 'CS' then
-                -- concurrency: the slot, scored by its lease's end
-                local key, W = KEYS[dk[j]], dexp[j]
-                if dopt[j] == 'CS' then redis.call('DEL', key) end
-                redis.call('ZADD', key, format('%d', now_ms + W), dval[j])
-                redis.call('PEXPIRE', key, format('%d', W))
-            elseif dopt[j] == 'Z' or dopt[j] == 'ZS' then
-                -- sliding_log: written now, so the next request sees it
-                local key, W, cost = KEYS[dk[j]], dexp[j], dc[j]
-                if dopt[j] == 'ZS' then
-                    redis.call('DEL', key)
-                else
-                    redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms - W))
+    -- The request's last limit: undo it all when it is denied (newest
+    -- first, so a key consumed twice gets its first state back), else make
+    -- its ZSET writes, so the next request sees them.
+    if left == 0 and nu > 0 then
+        if denied then
+            for u = nu, 1, -1 do
+                local q = uo[u]
+                out[q + 1], out[q + 2] = ur0[u], us0[u]
+                if ud[u] then out[q + (mk and 4 or 3)] = 0 end
+                local kk = uk[u]
+                if kk then
+                    na[kk], n1[kk], n2[kk], n3[kk], wo[kk], we[kk] =
+                        una[u], un1[u], un2[u], un3[u], uwo[u], uwe[u]
                 end
-                local score = format('%d', now_ms)
-                local base = t[1] .. '.' .. t[2] .. '-'
-                local q = 1
-                while q <= cost do               -- ZADD in chunks: unpack has a limit
-                    local args = {}
-                    local last = cost
-                    if last > q + 99 then last = q + 99 end
-                    for x = q, last do
-                        args[#args + 1] = score
-                        args[#args + 1] = base .. format('%d', dval[j] + x)
+            end
+        elseif nz > 0 then
+            for u = 1, nu do
+                local zo = uk[u] == false and zopt[u]
+                if zo == 'C' or zo == 'CS' then
+                    -- concurrency: the slot, scored by its lease's end
+                    local key, W = KEYS[zk[u]], zexp[u]
+                    if zo == 'CS' then redis.call('DEL', key) end
+                    redis.call('ZADD', key, format('%d', now_ms + W), zval[u])
+                    redis.call('PEXPIRE', key, format('%d', W))
+                elseif zo then
+                    -- sliding_log: one member per unit
+                    local key, W, cost = KEYS[zk[u]], zexp[u], zc[u]
+                    if zo == 'ZS' then
+                        redis.call('DEL', key)
+                    else
+                        redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms - W))
                     end
-                    redis.call('ZADD', key, unpack(args))
-                    q = last + 1
+                    local score = format('%d', now_ms)
+                    local base = t[1] .. '.' .. t[2] .. '-'
+                    local q = 1
+                    while q <= cost do           -- ZADD in chunks: unpack has a limit
+                        local args = {}
+                        local last = cost
+                        if last > q + 99 then last = q + 99 end
+                        for x = q, last do
+                            args[#args + 1] = score
+                            args[#args + 1] = base .. format('%d', zval[u] + x)
+                        end
+                        redis.call('ZADD', key, unpack(args))
+                        q = last + 1
+                    end
+                    redis.call('PEXPIRE', key, format('%d', W))
                 end
-                redis.call('PEXPIRE', key, format('%d', W))
-            else
-                -- a STRING: the next request reads the new value; written
-                -- once, at the end. A KEEPTTL after a PXAT of this call (the
-                -- window began in this batch) keeps the PXAT.
-                local kk = dk[j]
-                na[kk], n1[kk], n2[kk], n3[kk] = da[j], d1[j], d2[j], d3[j]
-                if dopt[j] ~= 'KEEPTTL' or wo[kk] == nil then
-                    wo[kk], we[kk] = dopt[j], dexp[j]
-                end
-                wt = dretry[j]                  -- a delay's wait
-            end
-            out[o + 1], out[o + 2] = v, r
-            o = o + 2
-            if mk then
-                out[o + 1] = dmark[j]
-                o = o + 1
-            end
-            if dd[j] then
-                out[o + 1] = wt
-                o = o + 1
-            end
-            if dl[j] then
-                out[o + 1] = dl[j]
-                o = o + 1
             end
         end
     end
 end
 
+-- The STRING writes, one per key: SETRANGE over a value of this window
+-- (KEEPTTL's case: the key and its expiry stand, only the value changes;
+-- a count only grows within a window, so the new value is as long as the
+-- old or longer and covers it; SET KEEPTTL when it is not, e.g. a value
+-- with leading zeros), PSETEX for a
+-- bucket or a TAT (its expiry moves with it), SET PXAT for a new window.
 for k = 1, nk do
     local opt = wo[k]
     if opt then
@@ -656,7 +700,14 @@ for k = 1, nk do
         elseif ka == 3 then v = format('B%d %.17g', n1[k], n2[k])
         else v = format('%d', n1[k]) end
         if opt == 'KEEPTTL' then
-            redis.call('SET', KEYS[k], v, 'KEEPTTL')
+            local old = vals[k]
+            if old and #v >= #old then
+                redis.call('SETRANGE', KEYS[k], 0, v)
+            else
+                redis.call('SET', KEYS[k], v, 'KEEPTTL')
+            end
+        elseif opt == 'PX' then
+            redis.call('PSETEX', KEYS[k], we[k], v)
         else
             redis.call('SET', KEYS[k], v, opt, we[k])
         end
