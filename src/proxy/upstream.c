@@ -7,7 +7,17 @@
  * with tls gets ios over SSL objects from its context (tls_upstream.h):
  * the exchange reads and writes them as plain ones. An upstream with
  * protocol h2 hands out streams of its h2_client's sessions instead
- * (h2_client.h): also ios, which the exchange uses the same way. */
+ * (h2_client.h): also ios, which the exchange uses the same way.
+ *
+ * Churn: `keepalive` idle connections are kept; one returned above that is
+ * closed at once, as nginx does, until the pool closes one and then has
+ * to connect anew within CHURN_MS because none was idle. From then on, for
+ * CHURN_HOLD_MS after the last such reconnect, up to `keepalive` more idle
+ * connections (a burst's) are kept, each closed once idle CHURN_MS
+ * (HAProxy's pools purge their idle surplus the same way, later): bursts
+ * of requests above the pool reuse their connections instead of closing
+ * and reconnecting them (on Linux each close leaves a TIME_WAIT socket on
+ * a local port). */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -28,11 +38,18 @@
 #include "tls_upstream.h"
 #include "upstream.h"
 
+#define CHURN_MS 1000              /* a close then a connect this close: churn;
+                                 * and how long a surplus connection idles */
+#define CHURN_HOLD_MS 5000         /* surplus kept this long after churn */
+
 struct upstream_pool {
     struct event_base *base;
     const struct conf_upstream *cu;
-    struct upstream_conn *idle;
+    struct upstream_conn *idle;     /* newest first */
     int nidle;
+    int64_t closed_ms;              /* the last close above keepalive (0: none) */
+    int64_t churn_until_ms;         /* surplus kept until then */
+    struct event *purge;            /* closes surplus idle CHURN_MS (lazy) */
     unsigned next_server;           /* round robin */
     int borrowed;                   /* connections handed out */
     int retired;                    /* drained: returned connections close */
@@ -76,6 +93,8 @@ static void conn_free(struct upstream_conn *uc)
 
 static void pool_free(struct upstream_pool *p)
 {
+    if (p->purge)
+        event_free(p->purge);
     while (p->idle) {
         struct upstream_conn *uc = p->idle;
         p->idle = uc->next;
@@ -136,6 +155,53 @@ static void idle_unlink(struct upstream_conn *uc)
             p->nidle--;
             return;
         }
+}
+
+/* Close idle connections above keepalive that idled CHURN_MS (the list is
+ * newest first: the oldest are past its first keepalive); again later while
+ * a younger surplus stays. */
+static void purge_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_pool *p = arg;
+    int64_t now = clock_ms(), next = 0;
+    int i = 0;
+    struct upstream_conn **pp = &p->idle;
+    while (*pp) {
+        struct upstream_conn *uc = *pp;
+        if (i++ < p->cu->keepalive) {
+            pp = &uc->next;
+        } else if (now - uc->idle_ms >= CHURN_MS) {
+            *pp = uc->next;
+            p->nidle--;
+            conn_free(uc);
+        } else {
+            if (next == 0 || uc->idle_ms + CHURN_MS < next)
+                next = uc->idle_ms + CHURN_MS;
+            pp = &uc->next;
+        }
+    }
+    if (next) {
+        struct timeval tv = clock_timeval(next - now);
+        event_add(p->purge, &tv);
+    }
+}
+
+/* A connection returned above keepalive: kept (1) while the pool churns,
+ * up to keepalive more. */
+static int keep_surplus(struct upstream_pool *p)
+{
+    int64_t now = clock_ms();
+    if (now >= p->churn_until_ms || p->nidle >= 2 * p->cu->keepalive) {
+        p->closed_ms = now;
+        return 0;
+    }
+    if (p->purge == NULL)
+        p->purge = evtimer_new(p->base, purge_cb, p);
+    if (!evtimer_pending(p->purge, NULL)) {
+        struct timeval tv = clock_timeval(CHURN_MS);
+        evtimer_add(p->purge, &tv);
+    }
+    return 1;
 }
 
 /* An idle connection heard from its server: a close, or bytes nobody asked
@@ -278,16 +344,23 @@ struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh)
         return uc;
     }
     struct upstream_conn *uc = conn_new(p);
-    if (uc)
-        p->borrowed++;
+    if (uc == NULL)
+        return NULL;
+    p->borrowed++;
+    if (!fresh && p->closed_ms != 0) {  /* none idle: closed too soon? */
+        int64_t now = clock_ms();
+        if (now - p->closed_ms < CHURN_MS)
+            p->churn_until_ms = now + CHURN_HOLD_MS;
+    }
     return uc;
 }
 
 void upstream_release(struct upstream_conn *uc)
 {
     struct upstream_pool *p = uc->pool;
-    if (uc->h2 || p->retired || p->nidle >= p->cu->keepalive ||
-        evbuffer_get_length(io_input(uc->io)) != 0) {
+    if (uc->h2 || p->retired || p->cu->keepalive == 0 ||
+        evbuffer_get_length(io_input(uc->io)) != 0 ||
+        (p->nidle >= p->cu->keepalive && !keep_surplus(p))) {
         conn_free(uc);
         pool_returned(p);
         return;
@@ -298,6 +371,7 @@ void upstream_release(struct upstream_conn *uc)
     io_set_timeouts(uc->io, NULL, NULL);
     io_setcb(uc->io, idle_read_cb, NULL, idle_event_cb, uc);
     io_enable(uc->io, EV_READ);
+    uc->idle_ms = clock_ms();
     uc->next = p->idle;
     p->idle = uc;
     p->nidle++;

@@ -22,6 +22,7 @@ struct upstream_conn {
     struct upstream_pool *pool;
     struct io *io;                  /* plain or TLS (io.h) */
     struct upstream_conn *next;     /* idle list */
+    int64_t idle_ms;                /* idle since (clock_ms) */
     int server;                     /* index into the upstream's servers */
     int reused;                     /* came from the idle list */
     int connected;                  /* the connect completed */
@@ -56,7 +57,8 @@ void upstream_pool_drain(struct upstream_pool *p);
 struct upstream_conn *upstream_acquire(struct upstream_pool *p, int fresh);
 
 /* Give a connection back after a clean exchange: kept idle if the pool has
- * room, closed otherwise (an h2 stream ends; its session stays). */
+ * room (keepalive; more for a while when it churns: upstream.c), closed
+ * otherwise (an h2 stream ends; its session stays). */
 void upstream_release(struct upstream_conn *uc);
 
 /* Close a connection that cannot be reused. */

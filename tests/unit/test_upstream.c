@@ -2,8 +2,8 @@
  *
  * Against real sockets: listeners on 127.0.0.1 made here, accepted on the
  * test's own libevent base, and the pool's ios on the same base.
- * Acquire (idle first, or fresh), release (kept up to keepalive, closed when
- * dirty), close, idle connections dropped when their server closes them or
+ * Acquire (idle first, or fresh), release (kept up to keepalive, more for
+ * a second while the pool churns, closed when dirty), close, idle connections dropped when their server closes them or
  * speaks unasked, round robin over servers, a failed connect, and retire on
  * reload: idle ones closed at once, borrowed ones closed as they come back,
  * the pool freed with the last (a leak or a use after free shows under
@@ -284,6 +284,57 @@ static void test_keepalive_bound(void **state)
     assert_int_equal(server_open_count(&srv[0]), 0);
 }
 
+/* Churn: a close above keepalive, then a connect within a second because
+ * none was idle. From then on the pool keeps up to keepalive more idle
+ * (a burst's), and closes each once it idled a second. */
+static void test_keepalive_churn(void **state)
+{
+    struct upcfg u;
+    upcfg_init(&u, 1, &srv[0].port, 2);
+    int64_t g0 = up_gauge();
+    struct upstream_pool *p = upstream_pool_create(base, &u.cu);
+    struct borrow br[8];
+    struct upstream_conn *uc[8];
+    for (int i = 0; i < 3; i++)
+        uc[i] = borrow(p, 1, &br[i]);
+    for (int i = 0; i < 3; i++)
+        upstream_release(uc[i]);            /* the third closes: above 2 */
+    loop_ms(20);
+    assert_int_equal(server_open_count(&srv[0]), 2);
+    /* Three wanted again: two idle, one connected anew: churn. */
+    for (int i = 0; i < 3; i++)
+        uc[i] = borrow(p, 0, &br[i]);
+    loop_accepted(&srv[0], 4);
+    for (int i = 0; i < 3; i++)
+        upstream_release(uc[i]);
+    loop_ms(20);
+    assert_int_equal(up_gauge(), g0 + 3);   /* the surplus one kept */
+    assert_int_equal(server_open_count(&srv[0]), 3);
+    /* Six wanted: three idle, three new; back, at most 2 x keepalive stay. */
+    int reused = 0;
+    for (int i = 0; i < 6; i++) {
+        uc[i] = borrow(p, 0, &br[i]);
+        reused += uc[i]->reused;
+    }
+    assert_int_equal(reused, 3);
+    loop_accepted(&srv[0], 7);
+    for (int i = 0; i < 6; i++)
+        upstream_release(uc[i]);
+    loop_ms(20);
+    assert_int_equal(up_gauge(), g0 + 4);
+    assert_int_equal(server_open_count(&srv[0]), 4);
+    /* A second idle: the surplus closes, keepalive stays. */
+    int64_t end = clock_ms() + 3000;
+    while (server_open_count(&srv[0]) > 2 && clock_ms() < end)
+        loop_ms(50);
+    assert_int_equal(up_gauge(), g0 + 2);
+    assert_int_equal(server_open_count(&srv[0]), 2);
+    upstream_pool_destroy(p);
+    loop_ms(20);
+    assert_int_equal(up_gauge(), g0);
+    assert_int_equal(server_open_count(&srv[0]), 0);
+}
+
 static void test_keepalive_zero(void **state)
 {
     struct upcfg u;
@@ -557,6 +608,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         CASE(test_acquire_release_reuse),
         CASE(test_keepalive_bound),
+        CASE(test_keepalive_churn),
         CASE(test_keepalive_zero),
         CASE(test_release_dirty_closes),
         CASE(test_idle_closed_by_server),
