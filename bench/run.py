@@ -650,13 +650,15 @@ def measure(procs, redis, port, pid, duration_s, conns, script=None, env=None, k
         r = run_wrk(procs, port, duration_s, conns, script, env, key=key)
     rcpu1, calls1 = redis.sample()
     cpu1 = tree_cpu_s(pid) if pid else 0.0
-    n = max(r["requests"], 1)
+    n = r["requests"]
     r["proxy_cpu_s"] = cpu1 - cpu0
     r["redis_cpu_s"] = rcpu1 - rcpu0
     r["script_calls"] = calls1 - calls0
-    r["proxy_cpu_per_10k"] = r["proxy_cpu_s"] / n * 10000
-    r["redis_cpu_per_10k"] = r["redis_cpu_s"] / n * 10000
-    r["redis_calls_per_req"] = r["script_calls"] / n
+    # A repetition that completed no request has no figure per request: it
+    # is left out of the medians and fails the row's targets (judge).
+    r["proxy_cpu_per_10k"] = r["proxy_cpu_s"] / n * 10000 if n else None
+    r["redis_cpu_per_10k"] = r["redis_cpu_s"] / n * 10000 if n else None
+    r["redis_calls_per_req"] = r["script_calls"] / n if n else None
     return r
 
 
@@ -673,6 +675,7 @@ def medians(reps):
     out["socket_errors"] = sum(r["socket_errors"] for r in reps)
     out["requests"] = sum(r["requests"] for r in reps)
     out["script_calls"] = sum(r["script_calls"] for r in reps)
+    out["empty_reps"] = sum(1 for r in reps if r["requests"] == 0)
     return out
 
 
@@ -946,6 +949,20 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+# The rows each target is computed from.
+TARGET_ROWS = {
+    "allowed_vs_nginx": ("sluice1", "nginx"), "allowed_vs_haproxy": ("sluice1", "haproxy"),
+    "three_vs_one": ("sluice3", "sluice1"), "three_limits_one_call": ("sluice3",),
+    "redis_calls_allowed": ("sluice1", "sluice3"), "redis_cpu_allowed": ("sluice1",),
+    "flood_vs_nginx": ("sluiceflood", "nginxflood"), "flood_no_redis": ("sluiceflood",),
+    "tls_keepalive_vs_nginx": ("sluicetls", "nginxtls"),
+    "tls_newconn_vs_nginx": ("sluicetlsnew", "nginxtlsnew"),
+    "h2_tls_vs_nginx": ("sluiceh2", "nginxh2"), "h2_flood_vs_nginx": ("sluiceh2flood", "nginxh2flood"),
+    "h2_flood_no_redis": ("sluiceh2flood",), "grpc_vs_nginx": ("sluicegrpc", "nginxgrpc"),
+    "rls_latency_half_rate": ("sluicerls",),
+}
+
+
 def judge(rows, half, mem, conns, h2=None, unavailable=None):
     """Each target: value, limit, met. Script calls are counted by Redis for
     every request sluice decided, while wrk counts only those completed before
@@ -957,7 +974,7 @@ def judge(rows, half, mem, conns, h2=None, unavailable=None):
     unavailable = unavailable or {}
 
     def calls_limit(key):
-        return 1.0 + conns / min(r["requests"] for r in rows[key]["reps"])
+        return 1.0 + conns / max(1, min(r["requests"] for r in rows[key]["reps"]))
     r = {}
     cpu = {k: med[k]["proxy_cpu_per_10k"] for k in med}
     if "sluice1" in med:
@@ -965,7 +982,8 @@ def judge(rows, half, mem, conns, h2=None, unavailable=None):
         r["allowed_vs_haproxy"] = (ratio(cpu["sluice1"], cpu["haproxy"]), 1.0)
         r["three_vs_one"] = (ratio(cpu["sluice3"], cpu["sluice1"]), 1.10)
         r["three_limits_one_call"] = (med["sluice3"]["redis_calls_per_req"], calls_limit("sluice3"))
-        worst = max(("sluice1", "sluice3"), key=lambda k: med[k]["redis_calls_per_req"] - calls_limit(k))
+        worst = max(("sluice1", "sluice3"),
+                    key=lambda k: (med[k]["redis_calls_per_req"] or 0.0) - calls_limit(k))
         r["redis_calls_allowed"] = (med[worst]["redis_calls_per_req"], calls_limit(worst))
         r["redis_cpu_allowed"] = (med["sluice1"]["redis_cpu_per_10k"], 0.08)
         r["flood_vs_nginx"] = (ratio(cpu["sluiceflood"], cpu["nginxflood"]), 1.0)
@@ -1020,6 +1038,13 @@ def judge(rows, half, mem, conns, h2=None, unavailable=None):
             for t in ts:
                 out[t]["met"] = False
                 out[t]["note"] = "row %s had non-2xx responses or stream errors" % k
+    # A repetition that completed no request (a row that stalled) makes every
+    # target of its row unmet, whatever the other repetitions gave.
+    for t, ks in TARGET_ROWS.items():
+        empty = [k for k in ks if med.get(k, {}).get("empty_reps")]
+        if t in out and empty:
+            out[t]["met"] = False
+            out[t]["note"] = "a repetition of row %s completed no request" % ", ".join(empty)
     return out
 
 
@@ -1249,13 +1274,17 @@ def main():
                 r = measure(procs, redis, port, pid, h2_duration if h2 else args.duration,
                             args.conns, key=key)
                 reps[key].append(r)
-                log("rep %d %-32s %8.0f req/s  p99 %s ms  cpu %.3f s/10k  redis %.4f s/10k  "
-                    "calls %.3f/req  non2xx %d" % (rep + 1, label, r["rps"], fmt(r["p99_ms"], "7.3f"),
-                                                   r["proxy_cpu_per_10k"], r["redis_cpu_per_10k"],
-                                                   r["redis_calls_per_req"], r["non2xx"]))
+                log("rep %d %-32s %8.0f req/s  p99 %s ms  cpu %s s/10k  redis %s s/10k  "
+                    "calls %s/req  non2xx %d" % (rep + 1, label, r["rps"], fmt(r["p99_ms"], "7.3f"),
+                                                 fmt(r["proxy_cpu_per_10k"], ".3f"),
+                                                 fmt(r["redis_cpu_per_10k"], ".4f"),
+                                                 fmt(r["redis_calls_per_req"], ".3f"), r["non2xx"]))
         for key, label in active:
             res["rows"][key] = {"label": label, "reps": reps[key], "median": medians(reps[key])}
             m = res["rows"][key]["median"]
+            if m["empty_reps"]:
+                res["problems"].append("%s: %d of %d repetitions completed no request" % (
+                    label, m["empty_reps"], len(reps[key])))
             if key not in FLOOD_ROWS and (m["non2xx"] or m["socket_errors"]):
                 res["problems"].append("%s: %d non-2xx responses, %d socket errors over %d requests" % (
                     label, m["non2xx"], m["socket_errors"], m["requests"]))
