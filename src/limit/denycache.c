@@ -4,6 +4,7 @@
  * allocation holding its key. Inserts happen only on denials, lookups on
  * every request of a limited route. */
 #include <stdlib.h>
+#include <time.h>
 
 #include "backend.h"
 #include "denycache.h"
@@ -141,12 +142,31 @@ int denycache_check(struct denycache *dc, const struct store_limit *sl, int n, i
     return denied != 0;
 }
 
+/* The cache is read with clock_ms (CLOCK_MONOTONIC_COARSE), which ticks
+ * once a jiffy (1-10 ms): a check may see a time up to one tick old. */
+int64_t denycache_tick_ms(void)
+{
+    struct timespec res;
+    if (clock_getres(CLOCK_MONOTONIC_COARSE, &res) != 0)
+        return 10;
+    int64_t ms = (int64_t)res.tv_sec * 1000 + (res.tv_nsec + 999999) / 1000000;
+    return ms > 0 ? ms : 1;
+}
+
 void denycache_remember(struct denycache *dc, const struct store_limit *sl, int n,
                         const struct limiter_result *r, int64_t now_ms)
 {
+    /* Kept one tick short of the limit's own retry, and not kept when the
+     * retry is within a tick: a check whose clock lags by a tick must not
+     * refuse a request the limit itself would take by then. */
+    int64_t tick = -1;
     for (int i = 0; i < n; i++)
         if (!r[i].allowed && r[i].retry_ms > 0 && !(sl[i].flags & STORE_SHADOW) &&
-            sl[i].params->algo != LIMITER_CONCURRENCY)
-            denycache_put(dc, sl[i].key, sl[i].keylen, now_ms + r[i].retry_ms, sl[i].cost,
-                          r[i].limit);
+            sl[i].params->algo != LIMITER_CONCURRENCY) {
+            if (tick < 0)
+                tick = denycache_tick_ms();
+            if (r[i].retry_ms > tick)
+                denycache_put(dc, sl[i].key, sl[i].keylen, now_ms + r[i].retry_ms - tick,
+                              sl[i].cost, r[i].limit);
+        }
 }

@@ -40,10 +40,16 @@ int denycache_check(struct denycache *dc, const struct store_limit *sl, int n, i
                     struct limiter_result *r);
 
 /* The backend's results r[0..n) for sl: each key denied with a retry time
- * is remembered until then; shadow limits and concurrency (denied until a
- * slot comes back, not for a time) are not. */
+ * is remembered until then, less one tick of the coarse clock the cache is
+ * read with (denycache_tick_ms), and not at all when the retry is within a
+ * tick, so the cache never refuses a request past the limit's own retry;
+ * shadow limits and concurrency (denied until a slot comes back, not for a
+ * time) are not remembered. */
 void denycache_remember(struct denycache *dc, const struct store_limit *sl, int n,
                         const struct limiter_result *r, int64_t now_ms);
+
+/* The coarse clock's tick (clock_ms: CLOCK_MONOTONIC_COARSE), in ms, >= 1. */
+int64_t denycache_tick_ms(void);
 
 size_t denycache_size(const struct denycache *dc);
 

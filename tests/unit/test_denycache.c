@@ -7,7 +7,9 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "backend.h"
 #include "denycache.h"
+#include "limiter.h"
 
 static void test_put_get_expire(void **state)
 {
@@ -70,6 +72,32 @@ static void test_cheaper_request_not_denied(void **state)
     denycache_destroy(dc);
 }
 
+/* A denial is kept one tick of the coarse clock short of its retry, and not
+ * at all when the retry is within a tick: a check whose clock lags a tick
+ * never refuses a request past the limit's own retry. */
+static void test_remember_short_of_the_retry(void **state)
+{
+    struct denycache *dc = denycache_create(10);
+    struct limiter_params p = { .algo = LIMITER_TOKEN_BUCKET, .limit = 1, .window_ms = 1000 };
+    struct store_limit sl[2] = {
+        { .key = "long", .keylen = 4, .params = &p, .cost = 1 },
+        { .key = "short", .keylen = 5, .params = &p, .cost = 1 },
+    };
+    int64_t tick = denycache_tick_ms();
+    assert_true(tick >= 1 && tick <= 100);
+    struct limiter_result r[2] = {
+        { .allowed = 0, .limit = 1, .retry_ms = 1000, .reset_ms = 1000 },
+        { .allowed = 0, .limit = 1, .retry_ms = tick, .reset_ms = tick },
+    };
+    denycache_remember(dc, sl, 2, r, 5000);
+    assert_int_equal(denycache_size(dc), 1);
+    assert_int_equal(denycache_get(dc, "short", 5, 5000, 1, NULL), 0);
+    assert_int_equal(denycache_get(dc, "long", 4, 5000, 1, NULL), 1000 - tick);
+    assert_int_equal(denycache_get(dc, "long", 4, 6000 - tick - 1, 1, NULL), 1);
+    assert_int_equal(denycache_get(dc, "long", 4, 6000 - tick, 1, NULL), 0);
+    denycache_destroy(dc);
+}
+
 static void test_disabled(void **state)
 {
     struct denycache *dc = denycache_create(0);
@@ -85,6 +113,7 @@ int main(void)
         cmocka_unit_test(test_later_deadline_wins),
         cmocka_unit_test(test_lru_bound),
         cmocka_unit_test(test_cheaper_request_not_denied),
+        cmocka_unit_test(test_remember_short_of_the_retry),
         cmocka_unit_test(test_disabled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
