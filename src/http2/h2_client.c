@@ -574,6 +574,10 @@ static void stream_gone(struct h2_stream *st, int unprocessed)
 {
     st->gone = 1;
     if (st->io == NULL) {
+        /* nghttp2 may still close the stream after reporting its HEADERS
+         * not sent: it must not find st there again */
+        if (st->s && st->id > 0)
+            nghttp2_session_set_stream_user_data(st->s->ngh, st->id, NULL);
         stream_free(st);
         return;
     }
