@@ -217,3 +217,35 @@ def test_requests_refused_after_goaway_go_again(sluice, nginx):
     lines = n.lines("/slow/", count=20)
     assert len(lines) == 20                 # each processed once
     assert len({ln[0] for ln in lines}) >= 4
+
+
+def test_client_resets_while_upstream_headers_wait(sluice, nginx):
+    # An HTTP/2 client sends a request and resets it in the same packet: the
+    # request reaches the h2 upstream session (no limit to wait for) and its
+    # HEADERS are queued there when the reset lets the exchange go, so
+    # nghttp2 reports them not sent and then closes the stream. That close
+    # once reached the stream already freed (a use after free that crashed
+    # sluice under h2load's stop, bench row 17). Sluice stays up, and
+    # answers on that connection and on a new one.
+    from h2lib import H2Conn
+    n = nginx()
+    s = start(sluice, n.port)
+    r = request(s.port, "GET", "/static/warm")      # the upstream session is up
+    assert r.status == 200, r
+    c = H2Conn(s.port)
+    try:
+        for i in range(40):
+            sid = c.conn.get_next_available_stream_id()
+            c.conn.send_headers(sid, [(":method", "GET"), (":scheme", "http"),
+                                      (":authority", "localhost"),
+                                      (":path", "/static/reset-%d" % i)], end_stream=True)
+            c.conn.reset_stream(sid, error_code=8)
+            c.flush()                   # HEADERS and RST_STREAM in one write
+        sid = c.request("/static/after")
+        status, _, body, reset = c.response(sid)
+        assert (status, body, reset) == (200, b"h2 upstream HTTP/2.0\n", None)
+    finally:
+        c.close()
+    assert s.proc.poll() is None, "sluice exited"
+    r = request(s.port, "GET", "/static/again")
+    assert r.status == 200, r
