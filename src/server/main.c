@@ -299,6 +299,7 @@ int main(int argc, char **argv)
     }
 
     signal(SIGPIPE, SIG_IGN);
+    mem_pool_install();
     evthread_use_pthreads();
     fit_connections(conf, conf->workers, conf->has_admin);
     runtime_bind_metrics(conf);
@@ -324,5 +325,6 @@ int main(int argc, char **argv)
     metrics_shutdown();
     admin_console_shutdown();
     libevent_global_shutdown();
+    mem_pool_drain();
     return rc;
 }
