@@ -84,8 +84,10 @@ static int decide_allowed(const struct conf *conf, const struct conf_route *rout
 
 void decide_reset(struct decision *dec)
 {
-    size_t from = offsetof(struct decision, key_used);
-    memset((char *)dec + from, 0, sizeof(*dec) - from);
+    size_t from = offsetof(struct decision, key_used), to = offsetof(struct decision, key);
+    memset((char *)dec + from, 0, to - from);
+    dec->rl.route = dec->rl.plan = NULL;
+    dec->rl.n = dec->rl.shown = 0;
     dec->decision = -1;
     dec->charged = -1;
 }

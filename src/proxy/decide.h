@@ -46,8 +46,6 @@ struct decision {
     /* Zeroed per request from here (decide_reset). */
     size_t key_used;
     int nkeys;
-    struct decide_key key[STORE_MAX_LIMITS];    /* limit i is rl.limit[i] */
-    struct reply_limits rl;
     int have_limits;
     int decision;                       /* enum metrics_decision, or -1 */
     unsigned counted;                   /* bit i: key i waits for count_status */
@@ -72,7 +70,6 @@ struct decision {
      * settled once after the response, on settle_b (the backend that
      * decided), in the window mark[i] it was admitted in. */
     unsigned settle;                    /* bit i: key i waits for its settlement */
-    int64_t mark[STORE_MAX_LIMITS];
     struct backend *settle_b;
     struct backend_call *settle_call;   /* the response's end waits for it */
     int64_t charged;                    /* what the first such key was charged; -1: none */
@@ -80,6 +77,14 @@ struct decision {
     void (*done)(void *arg, int verdict);
     void (*holding)(void *arg);         /* decide_env's */
     void *arg;
+
+    /* Not zeroed (decide_reset clears rl's counts only): entry i of each
+     * is written before it is read, and read only for i < nkeys (build_keys
+     * writes key[i] and rl.limit[i], rl.params[i]; the result or the deny
+     * cache rl.r[i]; an admission mark[i] before its settlement). */
+    struct decide_key key[STORE_MAX_LIMITS];    /* limit i is rl.limit[i] */
+    int64_t mark[STORE_MAX_LIMITS];
+    struct reply_limits rl;
 };
 
 /* Zero the per-request part; keeps the key buffer. */
