@@ -187,7 +187,6 @@ static struct store_call *store_call_get(struct store *s)
     }
     c = mem_calloc(1, sizeof(*c));
     c->s = s;
-    c->timer = NULL;
     c->all_next = s->all_calls;
     s->all_calls = c;
     for (int i = 0; i < STORE_MAX_LIMITS; i++) {
@@ -195,6 +194,42 @@ static struct store_call *store_call_get(struct store *s)
         c->req[i].call = c;
     }
     return c;
+}
+
+/* ---- timeouts: one timer for every call ------------------------------------ */
+
+/* Calls timed out in one turn of the loop at most; the rest in the next. */
+#define STORE_DUE_MAX_PER_TURN 1024
+
+/* Arm the store's timer for its oldest unanswered call's due time, unless it
+ * is armed: it may then fire early (that call was answered), and the check
+ * re-arms it for the next. */
+static void store_due_arm(struct store *s, int64_t now_us)
+{
+    struct store_call *c = LIST_ITEM(s->due.last, struct store_call, due);
+    if (c == NULL || s->due_armed)
+        return;
+    int64_t us = c->due_us > now_us ? c->due_us - now_us : 0;
+    struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
+    event_add(s->due_ev, &tv);
+    s->due_armed = 1;
+}
+
+static void store_call_due(struct store_call *c)
+{
+    int64_t now = clock_us();
+    c->due_us = now + c->s->rc.timeout_ms * 1000;
+    list_push(&c->s->due, &c->due);
+    c->on_due = 1;
+    store_due_arm(c->s, now);
+}
+
+static void store_call_undue(struct store_call *c)
+{
+    if (c->on_due) {
+        list_unlink(&c->s->due, &c->due);
+        c->on_due = 0;
+    }
 }
 
 /* Back to the free list once answered and no request is held by a connection. */
@@ -222,7 +257,7 @@ static void store_call_answer(struct store_call *c, const struct store_result *r
     struct store *s = c->s;
     assert(!c->answered);
     c->answered = 1;
-    event_del(c->timer);
+    store_call_undue(c);
     for (int i = 0; i < c->nreq; i++)
         if (c->req[i].wait_ev != NULL)
             event_del(c->req[i].wait_ev);
@@ -691,9 +726,8 @@ static void req_reply_cb(struct rconn *ac, redisReply *reply, void *privdata)
 /* A timed-out call is answered now; late replies only release it. When
  * nothing at all came back from a node for two timeouts, the server is
  * paused or gone: drop that connection rather than queue behind it. */
-static void store_timeout_cb(evutil_socket_t fd, short what, void *arg)
+static void store_call_timeout(struct store_call *c)
 {
-    struct store_call *c = arg;
     struct store *s = c->s;
     if (c->answered)
         return;
@@ -711,6 +745,24 @@ static void store_timeout_cb(evutil_socket_t fd, short what, void *arg)
     for (int i = 0; i < nstalled; i++)
         if (stalled[i]->ac != NULL)
             store_node_drop(stalled[i], "no reply within twice the timeout");
+}
+
+/* The store's timer: every call due by now times out, oldest first (an
+ * answer's callback may start or cancel others meanwhile), then the timer
+ * waits for the next. */
+static void store_due_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct store *s = arg;
+    s->due_armed = 0;
+    int64_t now = clock_us();
+    for (int k = 0; k < STORE_DUE_MAX_PER_TURN; k++) {
+        struct store_call *c = LIST_ITEM(s->due.last, struct store_call, due);
+        if (c == NULL || c->due_us > now)
+            break;
+        store_call_undue(c);
+        store_call_timeout(c);
+    }
+    store_due_arm(s, now);
 }
 
 /* ---- interface -------------------------------------------------------------- */
@@ -837,6 +889,7 @@ struct store *store_create(struct event_base *base, const struct conf_redis *rc)
     for (int i = 0; i < STORE_SLOTS; i++)
         s->owner[i] = -1;
     s->refresh_ev = store_timer(s, store_topo_refresh_cb, s);
+    s->due_ev = store_timer(s, store_due_cb, s);
     s->periodic_ev = event_new(base, -1, EV_PERSIST, store_topo_periodic_cb, s);
     s->flush_ev = event_new(base, -1, 0, store_batch_flush_cb, s);
     if (s->periodic_ev == NULL || s->flush_ev == NULL)
@@ -932,8 +985,6 @@ void store_destroy(struct store *s)
     while (s->all_calls != NULL) {
         struct store_call *c = s->all_calls;
         s->all_calls = c->all_next;
-        if (c->timer != NULL)
-            event_free(c->timer);
         for (int i = 0; i < STORE_MAX_LIMITS; i++)
             store_free_req_parts(&c->req[i]);
         free(c->keys);
@@ -952,6 +1003,7 @@ void store_destroy(struct store *s)
     free(s->enc);
     free(s->bcmd);
     event_free(s->refresh_ev);
+    event_free(s->due_ev);
     event_free(s->periodic_ev);
     for (int i = 0; i < s->nseeds; i++)
         free(s->seeds[i].host);
@@ -1045,8 +1097,6 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
     if (!store_usable(s))
         return NULL;
     struct store_call *c = store_call_get(s);
-    if (c->timer == NULL)
-        c->timer = store_timer(s, store_timeout_cb, c);
     c->cb = cb;
     c->arg = arg;
     c->answered = 0;
@@ -1061,8 +1111,7 @@ struct store_call *store_decide(struct store *s, const struct store_limit *limit
             return NULL;
         }
     }
-    struct timeval tv = clock_timeval(s->rc.timeout_ms);
-    event_add(c->timer, &tv);
+    store_call_due(c);
     return c;
 }
 
@@ -1071,7 +1120,7 @@ void store_cancel(struct store_call *c)
     if (c == NULL || c->answered)
         return;
     c->answered = 1;
-    event_del(c->timer);
+    store_call_undue(c);
     store_call_settle(c);
 }
 

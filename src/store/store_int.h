@@ -117,7 +117,9 @@ struct store_call {
     struct store *s;
     struct store_call *next;        /* free list */
     struct store_call *all_next;    /* every call ever made, for destroy */
-    struct event *timer;            /* created once, reused */
+    struct list_link due;           /* on the store's due list until answered */
+    int on_due;
+    int64_t due_us;                 /* clock_us(): answered STORE_TIMEOUT then */
     store_cb *cb;
     void *arg;
     int answered;
@@ -198,6 +200,13 @@ struct store {
     struct event_base *base;
     const struct store_ops *ops;    /* set by store_create(), never NULL after */
     struct conf_redis rc;           /* strings owned (copied) */
+    /* Unanswered calls, newest first. Every call's timeout is rc.timeout_ms,
+     * so the last is the next due: one timer for all of them (due_ev, armed
+     * for the last's due time), where a timer per call cost libevent's heap
+     * an insertion and a removal per decision. */
+    struct list due;
+    struct event *due_ev;
+    int due_armed;
     enum store_mode mode;
     struct store_node **nodes;      /* data nodes; single and sentinel: one */
     int nnodes, capnodes;

@@ -650,6 +650,51 @@ static void test_timeout(void **state)
     store_destroy(s);
 }
 
+/* One timer serves every call's timeout (store.c): a call cancelled early
+ * does not take the others with it, and each later call times out at its
+ * own due time, not at the first one's. */
+static void test_timeouts_each_own(void **state)
+{
+    struct store *s = store_new(200, redis_port);
+    loop_until_connected(s, 1, 3000);
+    assert_true(store_connected(s));
+    char key[128];
+    key_new(key, sizeof(key), "timeouts");
+    struct store_limit l = { key, strlen(key), &fixed_5s, 1 };
+    freeReplyObject(cmd("CLIENT PAUSE 700"));
+    struct got a = { 0 }, b = { 0 }, c = { 0 };
+    struct store_call *ca = store_decide(s, &l, 1, got_cb, &a);
+    assert_non_null(ca);
+    loop_until(NULL, 30);
+    store_cancel(ca);
+    loop_until(NULL, 30);
+    int64_t tb = mono_ms();
+    assert_non_null(store_decide(s, &l, 1, got_cb, &b));
+    loop_until(NULL, 60);
+    int64_t tc = mono_ms();
+    assert_non_null(store_decide(s, &l, 1, got_cb, &c));
+    loop_until(&c.calls, 2000);
+    printf("timeouts after %lld and %lld ms\n", (long long)(b.at_ms - tb),
+           (long long)(c.at_ms - tc));
+    assert_int_equal(a.calls, 0);
+    assert_int_equal(b.calls, 1);
+    assert_int_equal(b.res.status, STORE_TIMEOUT);
+    assert_int_equal(c.calls, 1);
+    assert_int_equal(c.res.status, STORE_TIMEOUT);
+    assert_in_range(b.at_ms - tb, 195, 400);
+    assert_in_range(c.at_ms - tc, 195, 400);
+    assert_true(c.at_ms - b.at_ms >= 40);
+    /* the late replies are ignored, and the store works after the pause */
+    loop_until(NULL, 800);
+    assert_int_equal(a.calls, 0);
+    assert_int_equal(b.calls, 1);
+    assert_int_equal(c.calls, 1);
+    loop_until_connected(s, 1, 3000);
+    struct store_result res;
+    assert_int_equal(decide_on(s, &l, 1, &res), STORE_OK);
+    store_destroy(s);
+}
+
 /* A server that stops answering is dropped and reconnected, not queued
  * behind forever. */
 static void test_stall_reconnects(void **state)
@@ -1259,6 +1304,7 @@ int main(void)
         cmocka_unit_test(test_destroy_with_calls_pending),
         cmocka_unit_test(test_auth_and_db),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_timeouts_each_own),
         cmocka_unit_test(test_stall_reconnects),
         cmocka_unit_test(test_redis_down_and_back),
         cmocka_unit_test(test_every_key_has_ttl),
