@@ -344,7 +344,8 @@ void h1write_response_end(struct obuf *out, const char *buf, const struct http1_
         OBUF_LIT(out, "Connection: upgrade\r\n\r\n");
         return;
     }
-    int had_length = http1_find(buf, h, "content-length", 0) >= 0;
+    int had_length = h->body == HTTP1_BODY_LENGTH ||
+                     http1_find(buf, h, "content-length", 0) >= 0;
     if (!no_body_status(h->status)) {       /* those have no framing at all */
         if (o->head_request) {
             if (had_length)     /* the length of what a GET would get */

@@ -264,14 +264,26 @@ static void route_host_bare(const char **h, size_t *n)
  * no empty label. */
 static int route_host_name_ok(const char *s, size_t n)
 {
+    /* 1: letter, digit, '-', '_', '~'; 2: '.' */
+    static const unsigned char cls[256] = {
+        ['-'] = 1, ['_'] = 1, ['~'] = 1, ['.'] = 2,
+        ['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1, ['6'] = 1,
+        ['7'] = 1, ['8'] = 1, ['9'] = 1,
+        ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1,
+        ['H'] = 1, ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1,
+        ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1, ['S'] = 1, ['T'] = 1, ['U'] = 1,
+        ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1,
+        ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1,
+        ['h'] = 1, ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1,
+        ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1, ['s'] = 1, ['t'] = 1, ['u'] = 1,
+        ['v'] = 1, ['w'] = 1, ['x'] = 1, ['y'] = 1, ['z'] = 1,
+    };
+    unsigned prev = 2;                  /* a name does not start with '.' */
     for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                 (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '~';
-        if (ch == '.')
-            ok = i > 0 && s[i - 1] != '.';
-        if (!ok)
+        unsigned c = cls[(unsigned char)s[i]];
+        if (c == 0 || (c & prev & 2))   /* not allowed, or ".." */
             return 0;
+        prev = c;
     }
     return 1;
 }

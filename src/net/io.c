@@ -868,11 +868,12 @@ void io_setcb(struct io *io, io_cb read, io_cb drained, io_event_cb event, void 
 
 void io_setwatermark(struct io *io, short what, size_t mark)
 {
-    if (what & EV_READ)
-        io->read_mark = mark;
     if (what & EV_WRITE)
-        io->write_low = mark;
-    io_update(io);
+        io->write_low = mark;   /* read when output drains: no event changes */
+    if (what & EV_READ) {
+        io->read_mark = mark;
+        io_update(io);
+    }
 }
 
 /* An armed event gets the new timeout in place (libevent's timer heap
