@@ -46,10 +46,10 @@ char *mem_strndup(const char *s, size_t len)
  * about four (its head read, written upstream, the answer read and written
  * back): a 16 KiB block is beyond glibc's per-thread cache and costs its
  * bins' work each time (malloc and free took about 1,400 of the 23,100
- * instructions of a proxied request, callgrind). Each thread keeps a few freed blocks of those sizes
- * for its next ones, as HAProxy's buffer pools and nginx's per-connection
- * buffers do: at most MEM_POOL_KEEP per size, so at most 31 x MEM_POOL_KEEP
- * KiB per thread. Every block is glibc's (malloc's, not carved), so a block
+ * instructions of a proxied request, callgrind). Each thread keeps a few
+ * freed blocks of those sizes for its next ones, as HAProxy's buffer pools
+ * and nginx's per-connection buffers do: at most MEM_POOL_KEEP per size, so
+ * at most 31 x MEM_POOL_KEEP KiB per thread. Every block is glibc's (malloc's, not carved), so a block
  * freed here that was allocated before mem_pool_install(), or the other
  * way round, is still right. Under a sanitizer the pool is off, so that a
  * use after free of a chain is still seen. */

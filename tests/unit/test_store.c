@@ -624,15 +624,31 @@ static void test_auth_and_db(void **state)
     assert_int_equal(in_db3, 1);
 }
 
-static void test_timeout(void **state)
+/* A connected store of timeout_ms, then Redis paused for pause_ms. */
+static struct store *store_paused(int64_t timeout_ms, int pause_ms)
 {
-    struct store *s = store_new(50, redis_port);
+    struct store *s = store_new(timeout_ms, redis_port);
     loop_until_connected(s, 1, 3000);
     assert_true(store_connected(s));
+    freeReplyObject(cmd("CLIENT PAUSE %d", pause_ms));
+    return s;
+}
+
+/* After the pause: the store connects and decides again; then it goes. */
+static void store_works_again(struct store *s, const struct store_limit *l)
+{
+    loop_until_connected(s, 1, 3000);
+    struct store_result res;
+    assert_int_equal(decide_on(s, l, 1, &res), STORE_OK);
+    store_destroy(s);
+}
+
+static void test_timeout(void **state)
+{
     char key[128];
     key_new(key, sizeof(key), "timeout");
     struct store_limit l = { key, strlen(key), &fixed_5s, 1 };
-    freeReplyObject(cmd("CLIENT PAUSE 500"));
+    struct store *s = store_paused(50, 500);
     struct got g = { 0 };
     int64_t t0 = mono_ms();
     assert_non_null(store_decide(s, &l, 1, got_cb, &g));
@@ -644,10 +660,7 @@ static void test_timeout(void **state)
     /* the late reply is ignored, and the store works after the pause */
     loop_until(NULL, 700);
     assert_int_equal(g.calls, 1);
-    loop_until_connected(s, 1, 3000);
-    struct store_result res;
-    assert_int_equal(decide_on(s, &l, 1, &res), STORE_OK);
-    store_destroy(s);
+    store_works_again(s, &l);
 }
 
 /* One timer serves every call's timeout (store.c): a call cancelled early
@@ -655,13 +668,10 @@ static void test_timeout(void **state)
  * own due time, not at the first one's. */
 static void test_timeouts_each_own(void **state)
 {
-    struct store *s = store_new(200, redis_port);
-    loop_until_connected(s, 1, 3000);
-    assert_true(store_connected(s));
     char key[128];
     key_new(key, sizeof(key), "timeouts");
     struct store_limit l = { key, strlen(key), &fixed_5s, 1 };
-    freeReplyObject(cmd("CLIENT PAUSE 700"));
+    struct store *s = store_paused(200, 700);
     struct got a = { 0 }, b = { 0 }, c = { 0 };
     struct store_call *ca = store_decide(s, &l, 1, got_cb, &a);
     assert_non_null(ca);
@@ -689,10 +699,7 @@ static void test_timeouts_each_own(void **state)
     assert_int_equal(a.calls, 0);
     assert_int_equal(b.calls, 1);
     assert_int_equal(c.calls, 1);
-    loop_until_connected(s, 1, 3000);
-    struct store_result res;
-    assert_int_equal(decide_on(s, &l, 1, &res), STORE_OK);
-    store_destroy(s);
+    store_works_again(s, &l);
 }
 
 /* A server that stops answering is dropped and reconnected, not queued
