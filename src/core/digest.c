@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include "digest.h"
+#include "hex.h"
 
 struct digest *digest_sha1(void)
 {
@@ -19,14 +20,10 @@ void digest_update(struct digest *d, const void *data, size_t len)
 
 void digest_final_hex(struct digest *d, char hex[DIGEST_SHA1_HEX + 1])
 {
-    static const char digits[] = "0123456789abcdef";
     unsigned char md[EVP_MAX_MD_SIZE];
     EVP_DigestFinal_ex((EVP_MD_CTX *)d, md, NULL);
     EVP_MD_CTX_free((EVP_MD_CTX *)d);
-    for (int i = 0; i < DIGEST_SHA1_HEX / 2; i++) {
-        hex[2 * i] = digits[md[i] >> 4];
-        hex[2 * i + 1] = digits[md[i] & 15];
-    }
+    hex_bytes(hex, md, DIGEST_SHA1_HEX / 2);
     hex[DIGEST_SHA1_HEX] = '\0';
 }
 

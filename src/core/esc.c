@@ -1,16 +1,15 @@
 /* sluice - esc.c: escaping '"', '\' and the bytes a mode cannot carry. */
 #include "esc.h"
+#include "hex.h"
 
 char *esc_put(char *out, const char *s, size_t n, enum esc_mode mode)
 {
-    static const char hex[] = "0123456789abcdef";
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (mode == ESC_PERCENT) {
             if (c < 0x20 || c > 0x7e || c == '%') {
                 *out++ = '%';
-                *out++ = "0123456789ABCDEF"[c >> 4];
-                *out++ = "0123456789ABCDEF"[c & 15];
+                out = hex_byte(out, c, 1);
             } else {
                 *out++ = (char)c;
             }
@@ -30,8 +29,7 @@ char *esc_put(char *out, const char *s, size_t n, enum esc_mode mode)
                 *out++ = 'u';
                 *out++ = '0';
                 *out++ = '0';
-                *out++ = hex[c >> 4];
-                *out++ = hex[c & 15];
+                out = hex_byte(out, c, 0);
             }
         } else {
             *out++ = (char)c;

@@ -17,6 +17,7 @@
 #include "conf.h"
 #include "exchange.h"
 #include "h1write.h"
+#include "hex.h"
 #include "http1.h"
 #include "io.h"
 #include "log.h"
@@ -46,10 +47,7 @@ static void add_hex(struct evbuffer *out, size_t n)
     char *p = tmp + sizeof(tmp);
     *--p = '\n';
     *--p = '\r';
-    do {
-        *--p = "0123456789abcdef"[n & 15];
-        n >>= 4;
-    } while (n);
+    p = hex_u64_back(p, n);
     evbuffer_add(out, p, (size_t)(tmp + sizeof(tmp) - p));
 }
 

@@ -45,6 +45,7 @@
 #include "rls.h"
 #include "rls_wire.h"
 #include "h1write.h"
+#include "hex.h"
 #include "http1.h"
 #include "io.h"
 #include "jwt.h"
@@ -509,32 +510,14 @@ static void set_request_id(struct client *c)
     new_request_id(c);
 }
 
-/* The 8 nibbles of v, least significant first, as lowercase hex digits:
- * each nibble spread to a byte of its own, then all turned at once. */
-static void hex8(char *out, uint32_t v)
-{
-    uint64_t x = v;
-    x = (x | (x << 16)) & 0x0000ffff0000ffffULL;
-    x = (x | (x << 8)) & 0x00ff00ff00ff00ffULL;
-    x = (x | (x << 4)) & 0x0f0f0f0f0f0f0f0fULL;
-    uint64_t letters = ((x + 0x0606060606060606ULL) >> 4) & 0x0101010101010101ULL;
-    x += 0x3030303030303030ULL + letters * ('a' - '0' - 10);
-#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    memcpy(out, &x, 8);
-#else
-    for (int k = 0; k < 8; k++, x >>= 8)
-        out[k] = (char)(x & 0xff);
-#endif
-}
-
 /* 32 random hex digits from the worker's generator. */
 static void new_request_id(struct client *c)
 {
     uint64_t a = request_random(c->env), b = request_random(c->env);
-    hex8(c->rq->rid, (uint32_t)a);
-    hex8(c->rq->rid + 8, (uint32_t)(a >> 32));
-    hex8(c->rq->rid + 16, (uint32_t)b);
-    hex8(c->rq->rid + 24, (uint32_t)(b >> 32));
+    hex_u32_le8(c->rq->rid, (uint32_t)a);
+    hex_u32_le8(c->rq->rid + 8, (uint32_t)(a >> 32));
+    hex_u32_le8(c->rq->rid + 16, (uint32_t)b);
+    hex_u32_le8(c->rq->rid + 24, (uint32_t)(b >> 32));
     c->rq->rid_len = 32;
 }
 
