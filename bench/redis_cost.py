@@ -8,7 +8,9 @@
 # with --baseline FILE, another limit.lua of today's batch protocol, e.g.
 # main's, measured with the same batches in the same rounds; it gets a
 # request of several limits as m and ref cost pairs, the script measured as
-# store.c sends it now, 15 + m and the refs) and
+# store.c sends it now, 15 + m and the refs; with --packed, the prototype
+# bench/proto/limit_packed.lua, a request's three limits on one key of its
+# own: a measurement of that layout, not a script sluice runs) and
 # two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same for
 # three keys, TIME read once), then drives each with redis-benchmark (-c 64
 # -P 16, EVALSHA with the keys and arguments sluice's store.c sends, one key
@@ -207,6 +209,22 @@ def sluice_args(sha, limits, batch=None, multi_short=True):
     return [str(a) for a in args]
 
 
+def packed_args(sha, limits, batch):
+    """bench/proto/limit_packed.lua's call: limit.lua's batch protocol, the
+    limits of each request on one key of its own (one __rand_int__ per
+    request), 15 + m and the refs."""
+    n = len(limits)
+    keys = [KEY % "*" for _ in range(batch)]
+    args = ["EVALSHA", sha, len(keys)] + keys + ["d", n]
+    for lim in limits:
+        args += lim[:4]
+    args.append(batch)
+    for r in range(batch):
+        args.append(15 + n)
+        args += [(r * n + i) * 16 for i in range(n)]
+    return [str(a) for a in args]
+
+
 def scenarios(shas, batches):
     sc = [("minimal", ["EVALSHA", shas["minimal"], "1", KEY % "l0", "1", str(HOUR_MS)], 1),
           ("minimal_x3", ["EVALSHA", shas["minimal3"], "3"] + [KEY % ("l%d" % i) for i in range(3)]
@@ -219,6 +237,9 @@ def scenarios(shas, batches):
             sc.append(("sluice_1_baseline_b%d" % b, sluice_args(shas["baseline"], [FIXED], b, False), b))
             sc.append(("sluice_3_baseline_b%d" % b,
                        sluice_args(shas["baseline"], [BUCKET, GCRA, FIXED], b, False), b))
+        if "packed" in shas:
+            sc.append(("sluice_3_packed_b%d" % b,
+                       packed_args(shas["packed"], [BUCKET, GCRA, FIXED], b), b))
         sc.append(("sluice_1_after_b%d" % b, sluice_args(shas["after"], [FIXED], b), b))
         sc.append(("sluice_3_after_b%d" % b,
                    sluice_args(shas["after"], [BUCKET, GCRA, FIXED], b), b))
@@ -283,6 +304,9 @@ def main():
     ap.add_argument("--baseline",
                     help="another limit.lua of today's batch protocol (an older commit's)"
                     " measured beside --script in the same rounds, one key per limit")
+    ap.add_argument("--packed", nargs="?", const=os.path.join(BENCH, "proto", "limit_packed.lua"),
+                    help="also measure the prototype of three limits in one key per request"
+                    " (bench/proto/limit_packed.lua, or FILE): not what sluice runs")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5,
                     help="interleaved rounds per run; a run reports each scenario's median")
@@ -320,6 +344,9 @@ def main():
             if opt.baseline:
                 with open(opt.baseline, "rb") as f:
                     shas["baseline"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
+            if opt.packed:
+                with open(opt.packed, "rb") as f:
+                    shas["packed"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
             if opt.before:
                 with open(opt.before, "rb") as f:
                     shas["before"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
@@ -378,6 +405,11 @@ def print_run(label, us, batches, kind="usec"):
         parts.append("  %-9s 1 limit %.2f (%.2fx minimal)  3 limits %.2f (%.2fx minimal,"
                      " %.2fx minimal_x3)" % (tag, s1, ratio(s1, m), s3, ratio(s3, m),
                                              ratio(s3, us["minimal_x3"])))
+    for b in batches:
+        s3 = us.get("sluice_3_packed_b%d" % b)
+        if s3 is not None:
+            parts.append("  packed_b%d (prototype, one key per request) 3 limits %.2f (%.2fx minimal)"
+                         % (b, s3, ratio(s3, m)))
     print("\n".join(parts), flush=True)
 
 
