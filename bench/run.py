@@ -949,18 +949,25 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-# The rows each target is computed from.
-TARGET_ROWS = {
-    "allowed_vs_nginx": ("sluice1", "nginx"), "allowed_vs_haproxy": ("sluice1", "haproxy"),
-    "three_vs_one": ("sluice3", "sluice1"), "three_limits_one_call": ("sluice3",),
-    "redis_calls_allowed": ("sluice1", "sluice3"), "redis_cpu_allowed": ("sluice1",),
-    "flood_vs_nginx": ("sluiceflood", "nginxflood"), "flood_no_redis": ("sluiceflood",),
-    "tls_keepalive_vs_nginx": ("sluicetls", "nginxtls"),
-    "tls_newconn_vs_nginx": ("sluicetlsnew", "nginxtlsnew"),
-    "h2_tls_vs_nginx": ("sluiceh2", "nginxh2"), "h2_flood_vs_nginx": ("sluiceh2flood", "nginxh2flood"),
-    "h2_flood_no_redis": ("sluiceh2flood",), "grpc_vs_nginx": ("sluicegrpc", "nginxgrpc"),
-    "rls_latency_half_rate": ("sluicerls",),
-}
+# The targets that compare proxy CPU per request of two rows: (target, row,
+# the row it is compared with, the highest ratio met).
+RATIO_TARGETS = (
+    ("allowed_vs_nginx", "sluice1", "nginx", 0.8),
+    ("allowed_vs_haproxy", "sluice1", "haproxy", 1.0),
+    ("three_vs_one", "sluice3", "sluice1", 1.10),
+    ("flood_vs_nginx", "sluiceflood", "nginxflood", 1.0),
+    ("tls_keepalive_vs_nginx", "sluicetls", "nginxtls", 1.0),
+    ("tls_newconn_vs_nginx", "sluicetlsnew", "nginxtlsnew", 1.1),
+    ("h2_tls_vs_nginx", "sluiceh2", "nginxh2", 1.0),
+    ("h2_flood_vs_nginx", "sluiceh2flood", "nginxh2flood", 1.0),
+    ("grpc_vs_nginx", "sluicegrpc", "nginxgrpc", 1.0),
+)
+# Every target's rows: those of the ratios, then the others'.
+TARGET_ROWS = dict([(t, (a, b)) for t, a, b, _ in RATIO_TARGETS] + [
+    ("three_limits_one_call", ("sluice3",)), ("redis_calls_allowed", ("sluice1", "sluice3")),
+    ("redis_cpu_allowed", ("sluice1",)), ("flood_no_redis", ("sluiceflood",)),
+    ("h2_flood_no_redis", ("sluiceh2flood",)), ("rls_latency_half_rate", ("sluicerls",)),
+])
 
 
 def judge(rows, half, mem, conns, h2=None, unavailable=None):
@@ -977,31 +984,23 @@ def judge(rows, half, mem, conns, h2=None, unavailable=None):
         return 1.0 + conns / max(1, min(r["requests"] for r in rows[key]["reps"]))
     r = {}
     cpu = {k: med[k]["proxy_cpu_per_10k"] for k in med}
+    # A ratio of a row that could not run is left without a value (issues
+    # 20-22: sluice refused HTTP/2, say).
+    for t, a, b, limit in RATIO_TARGETS:
+        if a in med or a in unavailable:
+            r[t] = (ratio(cpu.get(a), cpu.get(b)), limit)
     if "sluice1" in med:
-        r["allowed_vs_nginx"] = (ratio(cpu["sluice1"], cpu["nginx"]), 0.8)
-        r["allowed_vs_haproxy"] = (ratio(cpu["sluice1"], cpu["haproxy"]), 1.0)
-        r["three_vs_one"] = (ratio(cpu["sluice3"], cpu["sluice1"]), 1.10)
         r["three_limits_one_call"] = (med["sluice3"]["redis_calls_per_req"], calls_limit("sluice3"))
         worst = max(("sluice1", "sluice3"),
                     key=lambda k: (med[k]["redis_calls_per_req"] or 0.0) - calls_limit(k))
         r["redis_calls_allowed"] = (med[worst]["redis_calls_per_req"], calls_limit(worst))
         r["redis_cpu_allowed"] = (med["sluice1"]["redis_cpu_per_10k"], 0.08)
-        r["flood_vs_nginx"] = (ratio(cpu["sluiceflood"], cpu["nginxflood"]), 1.0)
         r["flood_no_redis"] = (med["sluiceflood"]["script_calls"], 0)
-    if "sluicetls" in med:
-        r["tls_keepalive_vs_nginx"] = (ratio(cpu["sluicetls"], cpu["nginxtls"]), 1.0)
-        r["tls_newconn_vs_nginx"] = (ratio(cpu["sluicetlsnew"], cpu["nginxtlsnew"]), 1.1)
     if half:
         r["latency_half_rate"] = (half["sluice1"]["p99_ms"] - half["direct"]["p99_ms"], 0.5)
     if mem and mem.get("connected"):
         r["idle_rss"] = (mem["rss_kib_idle"] / 1024.0, 64.0)
-    # Issues 20-22: a row that could not run leaves its target without a value.
     notes = {}
-    for t, a, b, limit in (("h2_tls_vs_nginx", "sluiceh2", "nginxh2", 1.0),
-                           ("h2_flood_vs_nginx", "sluiceh2flood", "nginxh2flood", 1.0),
-                           ("grpc_vs_nginx", "sluicegrpc", "nginxgrpc", 1.0)):
-        if a in med or a in unavailable:
-            r[t] = (ratio(cpu.get(a), cpu.get(b)), limit)
     if "sluiceh2flood" in med or "sluiceh2flood" in unavailable:
         r["h2_flood_no_redis"] = (med["sluiceh2flood"]["script_calls"]
                                   if "sluiceh2flood" in med else None, 0)
@@ -1012,16 +1011,15 @@ def judge(rows, half, mem, conns, h2=None, unavailable=None):
     if "sluicerls" in med or "sluicerls" in unavailable:
         rls_half = rows.get("sluicerls", {}).get("half_rate")
         r["rls_latency_half_rate"] = (rls_half["p99_ms"] if rls_half else None, 1.0)
-    for t, keys in (("h2_tls_vs_nginx", ("sluiceh2", "nginxh2")),
-                    ("h2_flood_vs_nginx", ("sluiceh2flood", "nginxh2flood")),
-                    ("h2_flood_no_redis", ("sluiceh2flood",)),
-                    ("grpc_vs_nginx", ("sluicegrpc", "nginxgrpc")),
-                    ("rls_latency_half_rate", ("sluicerls",))):
+    for t, keys in TARGET_ROWS.items():
         why = ["%s: %s" % (k, unavailable[k]) for k in keys if k in unavailable]
         if why:
             notes[t] = "; ".join(why)
     out = {}
-    for k, (value, limit) in r.items():
+    for k in TARGETS_DOC:               # in the order the targets are listed
+        if k not in r:
+            continue
+        value, limit = r[k]
         out[k] = {"value": value, "limit": round(limit, 4), "target": TARGETS_DOC[k],
                   "met": value is not None and value <= limit + 1e-12}
         if k in notes:

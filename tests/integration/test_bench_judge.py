@@ -58,3 +58,30 @@ def test_a_row_that_never_completed_a_request_is_not_met():
 
 def test_every_target_names_its_rows():
     assert set(run.TARGET_ROWS) <= set(run.TARGETS_DOC)
+
+
+def test_each_ratio_is_of_its_two_rows():
+    # Every row, each with a CPU figure of its own: each ratio target's value
+    # is its row's over the other's (the pairs as the issues give them, row
+    # numbers of the table), met only at or below its limit.
+    want = {"allowed_vs_nginx": ("sluice1", "nginx", 0.8),            # 2 / 5
+            "allowed_vs_haproxy": ("sluice1", "haproxy", 1.0),        # 2 / 7
+            "three_vs_one": ("sluice3", "sluice1", 1.10),             # 3 / 2
+            "flood_vs_nginx": ("sluiceflood", "nginxflood", 1.0),     # 4 / 6
+            "tls_keepalive_vs_nginx": ("sluicetls", "nginxtls", 1.0),  # 8 / 9
+            "tls_newconn_vs_nginx": ("sluicetlsnew", "nginxtlsnew", 1.1),  # 10 / 11
+            "h2_tls_vs_nginx": ("sluiceh2", "nginxh2", 1.0),
+            "h2_flood_vs_nginx": ("sluiceh2flood", "nginxh2flood", 1.0),
+            "grpc_vs_nginx": ("sluicegrpc", "nginxgrpc", 1.0)}
+    cpu = {k: 0.5 + 0.07 * ((7 * i) % 11) for i, (k, _, _, _) in enumerate(run.ROWS)}
+    rs = {k: {"reps": [rep(40000, c * 4)] * 3, "median": run.medians([rep(40000, c * 4)] * 3)}
+          for k, c in cpu.items()}
+    out = run.judge(rs, None, None, 64)
+    met = set()
+    for t, (a, b, limit) in want.items():
+        assert abs(out[t]["value"] - cpu[a] / cpu[b]) < 1e-9, t
+        assert out[t]["limit"] == limit, t
+        assert out[t]["met"] == (cpu[a] / cpu[b] <= limit), t
+        met.add(out[t]["met"])
+    assert met == {True, False}             # the figures exercise both outcomes
+    assert list(out) == [t for t in run.TARGETS_DOC if t in out]
