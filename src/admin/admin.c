@@ -64,7 +64,7 @@ struct admin {
 
 static struct log_every refused_log;
 
-static void conn_free(struct admin_conn *c)
+static void admin_conn_free(struct admin_conn *c)
 {
     struct admin *a = c->a;
     list_unlink(&a->conns, &c->link);
@@ -77,7 +77,7 @@ static void conn_free(struct admin_conn *c)
     free(c);
 }
 
-static void conn_timer(struct admin_conn *c, int64_t ms)
+static void admin_conn_timer(struct admin_conn *c, int64_t ms)
 {
     struct timeval tv = clock_timeval(ms);
     evtimer_add(c->timer, &tv);
@@ -270,7 +270,7 @@ static void parse(struct admin_conn *c)
         return;
     if (!c->in_head) {
         c->in_head = 1;
-        conn_timer(c, atomic_load(&c->a->header_timeout_ms));
+        admin_conn_timer(c, atomic_load(&c->a->header_timeout_ms));
     }
     size_t max = ADMIN_MAX_HEAD_BYTES + ADMIN_API_MAX_BODY + 1;
     size_t n = len > max ? max : len;
@@ -315,18 +315,18 @@ static void write_cb(struct bufferevent *bev, void *arg)
         return;
     c->answering = 0;
     if (!c->keep_alive) {
-        conn_free(c);
+        admin_conn_free(c);
         return;
     }
     c->in_head = 0;
-    conn_timer(c, atomic_load(&c->a->idle_timeout_ms));
+    admin_conn_timer(c, atomic_load(&c->a->idle_timeout_ms));
     bufferevent_enable(bev, EV_READ);
     parse(c);
 }
 
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
-    conn_free(arg);     /* EOF, error, or a peer that stopped reading */
+    admin_conn_free(arg);     /* EOF, error, or a peer that stopped reading */
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -335,7 +335,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
     if (c->in_head)
         answer_error(c, 408);   /* a head that did not come in time */
     else
-        conn_free(c);           /* idle */
+        admin_conn_free(c);           /* idle */
 }
 
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
@@ -371,7 +371,7 @@ static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
     bufferevent_setwatermark(bev, EV_READ, 0, ADMIN_MAX_HEAD_BYTES + ADMIN_API_MAX_BODY + 1);
     bufferevent_setcb(bev, read_cb, write_cb, event_cb, c);
     bufferevent_enable(bev, EV_READ);
-    conn_timer(c, idle_ms);
+    admin_conn_timer(c, idle_ms);
 }
 
 static void admin_free(struct admin *a)
@@ -379,7 +379,7 @@ static void admin_free(struct admin *a)
     for (struct admin_conn *c = LIST_ITEM(a->conns.first, struct admin_conn, link), *next; c;
          c = next) {
         next = LIST_ITEM(c->link.next, struct admin_conn, link);
-        conn_free(c);
+        admin_conn_free(c);
     }
     admin_api_destroy(a->api);
     listener_destroy(a->listener);
