@@ -209,6 +209,20 @@ def sluice_args(sha, limits, batch=None, multi_short=True):
     return [str(a) for a in args]
 
 
+def packed_script(limit_lua, proto):
+    """The prototype as Redis runs it: limit.lua's own argument parsing and
+    checks (its lines from "local floor" to "local now_ms", not a copy that
+    could drift) and then the prototype's decisions."""
+    with open(limit_lua) as f:
+        text = f.read()
+    start = text.find("\nlocal floor, ceil, format, match")
+    end = text.find("\nlocal now_ms = floor(now_us / 1000)\n")
+    if start < 0 or end < start:
+        raise RuntimeError("%s: the argument checks' first or last line is not found" % limit_lua)
+    with open(proto) as f:
+        return text[start + 1:end + len("\nlocal now_ms = floor(now_us / 1000)\n")] + f.read()
+
+
 def packed_args(sha, limits, batch):
     """bench/proto/limit_packed.lua's call: limit.lua's batch protocol, the
     limits of each request on one key of its own (one __rand_int__ per
@@ -345,8 +359,8 @@ def main():
                 with open(opt.baseline, "rb") as f:
                     shas["baseline"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
             if opt.packed:
-                with open(opt.packed, "rb") as f:
-                    shas["packed"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
+                shas["packed"] = conn.call("SCRIPT", "LOAD",
+                                           packed_script(opt.script, opt.packed)).decode()
             if opt.before:
                 with open(opt.before, "rb") as f:
                     shas["before"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
