@@ -326,7 +326,7 @@ static void write_cb(struct bufferevent *bev, void *arg)
 
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
-    admin_conn_free(arg);     /* EOF, error, or a peer that stopped reading */
+    admin_conn_free(arg);   /* EOF, error, or a peer that stopped reading */
 }
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -335,7 +335,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
     if (c->in_head)
         answer_error(c, 408);   /* a head that did not come in time */
     else
-        admin_conn_free(c);           /* idle */
+        admin_conn_free(c);     /* idle */
 }
 
 static void accept_cb(void *arg, int fd, struct sockaddr *sa, int salen)
