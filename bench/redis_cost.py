@@ -8,9 +8,7 @@
 # with --baseline FILE, another limit.lua of today's batch protocol, e.g.
 # main's, measured with the same batches in the same rounds; it gets a
 # request of several limits as m and ref cost pairs, the script measured as
-# store.c sends it now, 15 + m and the refs; with --packed, the prototype
-# bench/proto/limit_packed.lua, a request's three limits on one key of its
-# own: a measurement of that layout, not a script sluice runs) and
+# store.c sends it now, 15 + m and the refs) and
 # two minimal scripts (TIME, INCRBY, PEXPIREAT for one key; the same for
 # three keys, TIME read once), then drives each with redis-benchmark (-c 64
 # -P 16, EVALSHA with the keys and arguments sluice's store.c sends, one key
@@ -39,6 +37,12 @@
 #   one limit:    sluice (fixed_window) / minimal          target <= 1.0
 #   three limits: sluice (token_bucket, gcra, fixed_window) / minimal  <= 2.0
 #                 (and / minimal x3, the same script over three keys)
+# The three limits go as store.c sends a route's limits that share a key
+# (redis.pack_limits): parts of one key per request ("One key per route" in
+# limit.lua), their refs as a run, -(16 + m) and the first; "apart" beside
+# it is the same script with one key per limit, as store.c sends them on a
+# Redis Cluster or with pack_limits off (and as a --baseline script older
+# than the parts gets them).
 
 import argparse
 import os
@@ -84,6 +88,16 @@ BIG = 1000000000
 FIXED = [0, BIG, HOUR_MS, 0, 1, 0]
 BUCKET = [3, 1000000, 0, 1, 1, 0]       # rate 1000000/s, burst 1000000
 GCRA = [4, 1000000, 0, 1, 1, 0]
+# The three limits' names, whose parts' tags store.c sends (conf's
+# conf_part_tag: FNV-1a of the name, 32 bits, 0 read as 1).
+NAMES = ["burst", "steady", "hourly"]
+
+
+def part_tag(name):
+    h = 2166136261
+    for b in name.encode():
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h or 1
 
 
 def resp(args):
@@ -177,13 +191,30 @@ def stop(proc):
         proc.wait(timeout=5)
 
 
-def sluice_args(sha, limits, batch=None, multi_short=True):
+def sluice_args(sha, limits, batch=None, multi_short=True, parts=False, run=False):
     """batch None: the per-request protocol of the --before script; else
     limit.lua's batch protocol with `batch` requests of every limit, each
-    limit of each request on a key of its own. multi_short: a request of
-    several limits of cost 1 as store.c sends it, 15 + m and the refs; off
-    for a --baseline script older than that form (m and ref cost pairs)."""
+    limit of each request on a key of its own, or (parts) the limits of
+    each request parts of one key of its own, tagged by NAMES (run: their
+    refs as a run, -(16 + m) and the first, as store.c sends them without
+    redis.overrides; else 15 + m and the refs). multi_short:
+    a request of several limits of cost 1 as store.c sends it, 15 + m and
+    the refs; off for a --baseline script older than that form (m and ref
+    cost pairs)."""
     n = len(limits)
+    if parts:
+        keys = [KEY % "" for _ in range(batch)]
+        args = ["EVALSHA", sha, len(keys)] + keys + ["d", n]
+        for i, lim in enumerate(limits):
+            args += [lim[0] + 16 * part_tag(NAMES[i])] + lim[1:4]
+        args.append(batch)
+        for r in range(batch):
+            if run:
+                args += [-16 - n, (r * n) * 16]
+                continue
+            args.append(15 + n)
+            args += [(r * n + i) * 16 + lim[5] for i, lim in enumerate(limits)]
+        return [str(a) for a in args]
     if batch is None:
         args = ["EVALSHA", sha, n] + [KEY % ("l%d" % i) for i in range(n)] + ["d", n]
         for lim in limits:
@@ -209,36 +240,6 @@ def sluice_args(sha, limits, batch=None, multi_short=True):
     return [str(a) for a in args]
 
 
-def packed_script(limit_lua, proto):
-    """The prototype as Redis runs it: limit.lua's own argument parsing and
-    checks (its lines from "local floor" to "local now_ms", not a copy that
-    could drift) and then the prototype's decisions."""
-    with open(limit_lua) as f:
-        text = f.read()
-    start = text.find("\nlocal floor, ceil, format, match")
-    end = text.find("\nlocal now_ms = floor(now_us / 1000)\n")
-    if start < 0 or end < start:
-        raise RuntimeError("%s: the argument checks' first or last line is not found" % limit_lua)
-    with open(proto) as f:
-        return text[start + 1:end + len("\nlocal now_ms = floor(now_us / 1000)\n")] + f.read()
-
-
-def packed_args(sha, limits, batch):
-    """bench/proto/limit_packed.lua's call: limit.lua's batch protocol, the
-    limits of each request on one key of its own (one __rand_int__ per
-    request), 15 + m and the refs."""
-    n = len(limits)
-    keys = [KEY % "*" for _ in range(batch)]
-    args = ["EVALSHA", sha, len(keys)] + keys + ["d", n]
-    for lim in limits:
-        args += lim[:4]
-    args.append(batch)
-    for r in range(batch):
-        args.append(15 + n)
-        args += [(r * n + i) * 16 for i in range(n)]
-    return [str(a) for a in args]
-
-
 def scenarios(shas, batches):
     sc = [("minimal", ["EVALSHA", shas["minimal"], "1", KEY % "l0", "1", str(HOUR_MS)], 1),
           ("minimal_x3", ["EVALSHA", shas["minimal3"], "3"] + [KEY % ("l%d" % i) for i in range(3)]
@@ -251,11 +252,10 @@ def scenarios(shas, batches):
             sc.append(("sluice_1_baseline_b%d" % b, sluice_args(shas["baseline"], [FIXED], b, False), b))
             sc.append(("sluice_3_baseline_b%d" % b,
                        sluice_args(shas["baseline"], [BUCKET, GCRA, FIXED], b, False), b))
-        if "packed" in shas:
-            sc.append(("sluice_3_packed_b%d" % b,
-                       packed_args(shas["packed"], [BUCKET, GCRA, FIXED], b), b))
         sc.append(("sluice_1_after_b%d" % b, sluice_args(shas["after"], [FIXED], b), b))
         sc.append(("sluice_3_after_b%d" % b,
+                   sluice_args(shas["after"], [BUCKET, GCRA, FIXED], b, parts=True, run=True), b))
+        sc.append(("sluice_3_apart_b%d" % b,
                    sluice_args(shas["after"], [BUCKET, GCRA, FIXED], b), b))
     return sc
 
@@ -318,9 +318,6 @@ def main():
     ap.add_argument("--baseline",
                     help="another limit.lua of today's batch protocol (an older commit's)"
                     " measured beside --script in the same rounds, one key per limit")
-    ap.add_argument("--packed", nargs="?", const=os.path.join(BENCH, "proto", "limit_packed.lua"),
-                    help="also measure the prototype of three limits in one key per request"
-                    " (bench/proto/limit_packed.lua, or FILE): not what sluice runs")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5,
                     help="interleaved rounds per run; a run reports each scenario's median")
@@ -358,9 +355,6 @@ def main():
             if opt.baseline:
                 with open(opt.baseline, "rb") as f:
                     shas["baseline"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
-            if opt.packed:
-                shas["packed"] = conn.call("SCRIPT", "LOAD",
-                                           packed_script(opt.script, opt.packed)).decode()
             if opt.before:
                 with open(opt.before, "rb") as f:
                     shas["before"] = conn.call("SCRIPT", "LOAD", f.read()).decode()
@@ -420,10 +414,9 @@ def print_run(label, us, batches, kind="usec"):
                      " %.2fx minimal_x3)" % (tag, s1, ratio(s1, m), s3, ratio(s3, m),
                                              ratio(s3, us["minimal_x3"])))
     for b in batches:
-        s3 = us.get("sluice_3_packed_b%d" % b)
-        if s3 is not None:
-            parts.append("  packed_b%d (prototype, one key per request) 3 limits %.2f (%.2fx minimal)"
-                         % (b, s3, ratio(s3, m)))
+        s3 = us["sluice_3_apart_b%d" % b]
+        parts.append("  apart_b%d 3 limits on a key each (a Redis Cluster) %.2f (%.2fx minimal)"
+                     % (b, s3, ratio(s3, m)))
     print("\n".join(parts), flush=True)
 
 

@@ -259,6 +259,55 @@ def test_case(lua_redis, idx):
     assert not bad, "\n".join(bad)
 
 
+def packable(case):
+    """A case store.c could send as parts of one key (one key per route):
+    its limits of the STRING algorithms, no delay, no flag but check only,
+    each on its own key in the table, no settle, release or renew steps."""
+    return (all(lim["algo"] in (0, 1, 3, 4) and not lim["delay_ms"] and lim["flags"] in (0, 2)
+                for lim in case.limits)
+            and len({lim["key"] for lim in case.limits}) == len(case.limits)
+            and all(step[1] not in ("settle", "release", "renew") for step in case.steps))
+
+
+PACKED = [i for i, c in enumerate(CASES) if packable(c)]
+
+
+def test_enough_cases_as_parts():
+    assert len(PACKED) >= 25, len(PACKED)
+    per_algo = [0] * len(ALGOS)
+    for i in PACKED:
+        for lim in CASES[i].limits:
+            per_algo[lim["algo"]] += 1
+    assert min(per_algo[a] for a in (0, 1, 3, 4)) >= 3, per_algo
+    assert any(len(CASES[i].limits) >= 2 for i in PACKED)
+
+
+@pytest.mark.parametrize("idx", PACKED, ids=[CASES[i].name for i in PACKED])
+def test_case_as_parts(lua_redis, idx):
+    """The same case with its limits parts of one key (limit.lua's "One key
+    per route", each parameter set's algorithm + 16 * its tag): the same
+    answers on the same fake clock, and the key written has a TTL."""
+    port, shas, base_us = lua_redis
+    case = CASES[idx]
+    if any(lim["cal"] for lim in case.limits):
+        base_us = CAL_BASE_US
+    key = "ltable:{%d}:parts" % idx
+    limits = [dict(lim, algo=lim["algo"] + 16 * (4000000000 + i))
+              for i, lim in enumerate(case.limits)]
+    keys = [key] * len(limits)
+    bad = []
+    for lineno, at_us, cost, allowed, want, slot in case.steps:
+        reply = evalsha_t(port, shas[0], keys, limits, cost, base_us + at_us, slot)
+        got = [tuple(reply[1 + 4 * i: 5 + 4 * i]) for i in range(len(limits))]
+        if reply[0] != allowed or got != want:
+            bad.append("%s:%d: got %d %s, want %d %s" % (TABLE, lineno, reply[0], got,
+                                                       allowed, want))
+        assert redis_cmd(port, "PTTL", key) != -1, "%s has no TTL" % key
+        val = redis_cmd(port, "GET", key)
+        assert val is None or val.count(b";") <= len(limits), val
+    assert not bad, "\n".join(bad)
+
+
 def test_mode_t_refuses_a_bad_time(lua_redis):
     port, (sha, _), base_us = lua_redis
     # one parameter set (fixed_window 5 per 1 s), one request of one limit

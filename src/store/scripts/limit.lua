@@ -23,7 +23,9 @@
 --                   more ARGV, last, is now_us
 --   P               distinct limit parameter sets in the batch, each sent once:
 --     algo          0 fixed_window, 1 sliding_window, 2 sliding_log,
---                   3 token_bucket, 4 gcra, 5 concurrency (enum limiter_algo)
+--                   3 token_bucket, 4 gcra, 5 concurrency (enum limiter_algo);
+--                   16 * tag + algo (tag 1..2^32-1; algo 0, 1, 3, 4): a part
+--                   of a route's key (see "One key per route")
 --     limit         requests per window, the burst (bucket, gcra), or the
 --                   slots (concurrency)
 --     window_ms     window algorithms; the delay in ms for a limit sent with
@@ -39,7 +41,11 @@
 --                   common case, one argument instead of three; its slot
 --                   and ovr follow as below); 15 + m (17..31) instead of
 --                   m: a request of m = 2..16 limits, each of cost 1, no
---                   marks: each limit is then ref [slot] [ovr], no cost
+--                   marks: each limit is then ref [slot] [ovr], no cost;
+--                   -(16 + m) (-18..-32) instead of m: m = 2..16 limits of
+--                   cost 1, no marks, one ref follows, the first, and the
+--                   others run from it (ref + 16, ref + 32...): a route's
+--                   parts, whose parameter sets the caller sent in a row
 --     per limit:    ref cost [slot] [ovr]
 --     ref           ((key index - 1) * P + (param index - 1)) * 16 + flags,
 --                   indexes 1-based into KEYS and the P sets; flags: 1 shadow
@@ -115,6 +121,18 @@
 -- window is known by its start b (mark, "F<b> <count>"), the key expires at
 -- the period's end, reset is the end minus now.
 --
+-- One key per route: the limits of a route that share a key specification
+-- (redis.pack_limits, conf_load.c's mark_parts) keep one key per client,
+-- "PREFIX{ROUTE||PARTS}", whose value is a part per limit, ";TAG=LAYOUT",
+-- TAG the limit's (FNV-1a of its name, sent with its algorithm), LAYOUT its
+-- STRING layout above; the key expires at the latest its parts need. A
+-- request whose limits are parts (every one of them a part of the same key,
+-- flags 2 and 8 only, no marks; anything else is refused) is decided by
+-- packed_request() below, on the state before it, and writes the key once,
+-- with SET PXAT, when it passes; a part it does not carry (another limit's,
+-- one a reload removed) is kept as it was, with the key's own expiry (PTTL).
+-- A part that does not read (another algorithm's, after a reload) is absent.
+--
 -- Concurrency (algo 5): expired slots leave (ZREMRANGEBYSCORE -inf now_ms),
 -- then ZCARD counts the others; admitted: ZADD now+lease and PEXPIRE lease.
 -- A slot id already in the set (a renewal) stays admitted and gets its new
@@ -128,7 +146,7 @@
 -- effects there.
 
 local floor, ceil, format, match = math.floor, math.ceil, string.format, string.match
-local tonumber = tonumber
+local tonumber, find, sub, concat = tonumber, string.find, string.sub, table.concat
 
 local mode, np, nargv = ARGV[1], tonumber(ARGV[2]), #ARGV
 if mode == 't' then
@@ -141,8 +159,9 @@ if np == nil or np < 1 or np % 1 ~= 0 or nk < 1 or nargv < 3 + 4 * np then
     return redis.error_reply('ERR sluice limit.lua: bad argument count')
 end
 
--- The parameter sets, checked once each.
-local pa, pl, pw, pi = {}, {}, {}, {}
+-- The parameter sets, checked once each; pt[p] a part's tag (false: a
+-- limit of a key of its own), ptk[p] the part's head in the value, ";TAG=".
+local pa, pl, pw, pi, pt, ptk, npt = {}, {}, {}, {}, {}, {}, 0
 for p = 1, np do
     local a = 4 * p - 1
     local algo, L, W, I = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
@@ -150,6 +169,15 @@ for p = 1, np do
     if algo == nil or L == nil or W == nil or I == nil or algo % 1 ~= 0 or L % 1 ~= 0
             or W % 1 ~= 0 or I % 1 ~= 0 or algo < 0 or L < 0 or W < 0 or I < 0 then
         return redis.error_reply('ERR sluice limit.lua: bad limit ' .. p)
+    end
+    local tag = false
+    if algo >= 16 then                       -- a part of a route's key: 16 * tag + algo
+        tag = floor(algo / 16)
+        algo = algo - 16 * tag
+        if tag >= 4294967296 or algo == 2 or algo == 5 then
+            return redis.error_reply('ERR sluice limit.lua: bad part ' .. p)
+        end
+        ptk[p], npt = format(';%d=', tag), npt + 1
     end
     if algo > 5 then
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. p)
@@ -160,7 +188,7 @@ for p = 1, np do
     if (algo == 3 or algo == 4) and I < 1 then
         return redis.error_reply('ERR sluice limit.lua: bad interval ' .. p)
     end
-    pa[p], pl[p], pw[p], pi[p] = algo, L, W, I
+    pa[p], pl[p], pw[p], pi[p], pt[p] = algo, L, W, I, tag
 end
 
 -- Calendar windows' period starts: the last 4 per calendar set.
@@ -198,22 +226,40 @@ end
 -- key's index. The decisions below read these, not ARGV.
 local refmax, ne, a = 16 * nk * np, 0, a0 + 1
 local em, eref, ec, es, eo = {}, {}, {}, {}, {}
+-- epk[e]: the key's index when the request entry e begins is one of a
+-- route's key (see "One key per route")
+local epk
 for r = 1, nr do
     local m = tonumber(ARGV[a])
-    if m == nil or m % 1 ~= 0 or m == 0 or m < -16 then
+    if m == nil or m % 1 ~= 0 or m == 0 or m < -32 then
         return redis.error_reply('ERR sluice limit.lua: bad limit count ' .. r)
     end
     a = a + 1
     -- 32 + ref: one limit of cost 1, its ref is m - 32; 15 + m (17..31):
-    -- m limits of cost 1, each a ref alone
-    local short, sref, refs = m >= 32, m - 32, m > 16 and m < 32
-    if short then m = 1 elseif refs then m = m - 15 end
+    -- m limits of cost 1, each a ref alone; -(16 + m) (-18..-32): m limits
+    -- of cost 1, a run: ref r0 (the next argument), r0 + 16, r0 + 32...
+    local short, sref, refs, run = m >= 32, m - 32, m > 16 and m < 32, m < -17
+    if short then m = 1 elseif refs then m = m - 15
+    elseif run then
+        m, sref = -16 - m, tonumber(ARGV[a])
+        a = a + 1
+        if sref == nil then
+            return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
+        end
+    elseif m < -16 then
+        return redis.error_reply('ERR sluice limit.lua: bad limit count ' .. r)
+    end
     em[ne + 1] = m
+    -- parts: every limit of the request a part of one key (k0), with no
+    -- flag but 8 (override), no marks; or none
+    local k0, pure, parts = nil, m > 0, false
     if m < 0 then m = -m end
     for j = 1, m do
         local ref, c
         if short then
             ref, c = sref, 1
+        elseif run then
+            ref, c = sref + 16 * (j - 1), 1
         elseif refs then
             ref, c = tonumber(ARGV[a]), 1
             a = a + 1
@@ -229,6 +275,12 @@ for r = 1, nr do
         eref[e], ec[e] = ref, c
         local f = ref % 16
         local p = ((ref - f) / 16) % np + 1
+        if npt > 0 then
+            local k = ((ref - f) / 16 - (p - 1)) / np + 1
+            if pt[p] then parts = true else pure = false end
+            if (f % 8 ~= 0 and f % 8 ~= 2) or (k0 and k ~= k0) then pure = false end
+            k0 = k
+        end
         if pa[p] == 5 then                   -- the slot id
             local x = tonumber(ARGV[a])
             if f % 8 >= 4 or x == nil or x % 1 ~= 0 or x < 1 then
@@ -250,6 +302,13 @@ for r = 1, nr do
         if a > nargv + 1 then
             return redis.error_reply('ERR sluice limit.lua: bad argument count')
         end
+    end
+    if parts then
+        if not pure then
+            return redis.error_reply('ERR sluice limit.lua: bad part ' .. r)
+        end
+        if epk == nil then epk = {} end
+        epk[ne + 1] = k0
     end
     ne = ne + m
 end
@@ -296,113 +355,84 @@ local uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe
 local zk, zopt, zval, zexp, zc, tr, ub
 local m, mk, left, i, denied, nu, nz, rq = 0, false, 0, 0, false, 0, 0, 0
 
-for e = 1, ne do
-    if left == 0 then                        -- a request begins
-        m = em[e]
-        mk = m < 0
-        if mk then m = -m end
-        left, i, denied, nu, nz, rq = m, 0, false, 0, 0, rq + 1
-    end
-    i, left = i + 1, left - 1
-    local ref, c = eref[e], ec[e]
-    local f = ref % 16
-    ref = (ref - f) / 16
-    local p = ref % np
-    local k = (ref - p) / np + 1
-    p = p + 1
-    local algo, L, W, I = pa[p], pl[p], pw[p], pi[p]
-    if algo == 5 then I = es[e] end          -- concurrency: I is the slot id
-    local ovr = f >= 8
-    if ovr then
-        -- a run-time override of this key, for this algorithm, goes first
-        local ov = vals[eo[e]]
-        f = f - 8
-        local oa, ol, oi
-        if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
-        if oa and tonumber(oa) == algo and (algo <= 2 or algo == 5 or tonumber(oi) >= 1) then
-            L = tonumber(ol)
-            if algo == 3 or algo == 4 then I = tonumber(oi) end
+-- One key per route: a request whose limits are all parts of one key
+-- (epk) is decided here, its limits on the state before it, and written
+-- with one SET PXAT when it passes: the parts it decided, then any other
+-- part the value held (with the key's own expiry, PTTL, read only then).
+-- Its limits carry no flag but 2 (check only: the part is kept as read)
+-- and 8: no shadow or delay, no marks; so this is the common path of
+-- fixed_window, sliding_window, token_bucket and gcra, without the undo
+-- log, and it writes nothing for a denied request. The value is
+-- ";TAG=LAYOUT" per part, LAYOUT a key's STRING layout of its algorithm
+-- (above).
+local pbuf, pr0, ps0, po = {}, {}, {}, {}
+local function packed_request(e0, m, k)
+    local s = vals[k]
+    local got, ok_all, xmax, nb, kept = 0, true, 0, 0, false
+    for j = 1, m do
+        local e = e0 + j - 1
+        local ref, c = eref[e], ec[e]
+        local f = ref % 16
+        local p = ((ref - f) / 16) % np + 1
+        local algo, L, W, I = pa[p], pl[p], pw[p], pi[p]
+        if f >= 8 then                       -- a run-time override, as below
+            local ov = vals[eo[e]]
+            local oa, ol, oi
+            if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
+            if oa and tonumber(oa) == algo and (algo <= 2 or tonumber(oi) >= 1) then
+                L = tonumber(ol)
+                if algo >= 3 then I = tonumber(oi) end
+            end
         end
-    end
-    -- delay (flag 4): window_ms is the delay, in ms (token_bucket, gcra)
-    local D, dly = 0, f >= 4
-    if dly then D, f = W * 1000, f - 4 end
-    -- the key's numbers when this call consumed from it (ka == algo); a
-    -- key another algorithm wrote in this call reads as absent, as its
-    -- STRING would. A key an earlier limit of this request consumed from
-    -- is read as it was before the request (its first undo entry): every
-    -- limit decides on the state before its request.
-    local s, ka, x1, x2, x3 = vals[k], na[k]
-    if tr and tr[k] == rq then
-        local u = ub[k]
-        ka, x1, x2, x3 = una[u], un1[u], un2[u], un3[u]
-    elseif ka then
-        x1, x2, x3 = n1[k], n2[k], n3[k]
-    end
-    if ka ~= nil and ka ~= algo then s, ka = nil, nil end
-    local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
-    local v1, v2, v3                         -- a STRING write: its fields
-    if algo <= 2 then
-        if W < 1 then
-            return redis.error_reply('ERR sluice limit.lua: bad window ' .. i)
+        -- the part: x its start, at its layout's (read anchored there)
+        local h, x, at, pe = ptk[p], nil, nil, nil
+        if s then
+            x = find(s, h, 1, true)
+            if x then at = x + #h end
         end
-        local win = floor(now_ms / W)
-        local wend = (win + 1) * W           -- the window's end, ms
-        local cb = pcb[p]
-        if cb then                           -- a calendar window: the period holding now
-            local j = now_ms < cb[2] and 1 or now_ms < cb[3] and 2 or 3
-            win, wend = cb[j], cb[j + 1]
-            W = wend - win
-        end
-        mark = win
+        local ok, rem, reset, retry, rem0, reset0, body, xa
         if algo == 0 then
-            -- fixed_window: one count per window index
-            local cnt, same = 0, false
-            if ka then
-                if x1 == win then cnt, same = x2, true end
-            elseif s then
-                local sw, sn = match(s, '^F(%d+) (%d+)$')
-                if sw and tonumber(sw) == win then cnt, same = tonumber(sn), true end
+            local win = floor(now_ms / W)
+            local wend = (win + 1) * W
+            local cb = pcb[p]
+            if cb then
+                local q = now_ms < cb[2] and 1 or now_ms < cb[3] and 2 or 3
+                win, wend = cb[q], cb[q + 1]
+                W = wend - win
+            end
+            local cnt = 0
+            if x then
+                local sw, sn, y = match(s, '^F(%d+) (%d+)()', at)
+                if sw then
+                    got, pe = got + y - x, y
+                    if tonumber(sw) == win then cnt = tonumber(sn) end
+                end
             end
             reset = wend - now_ms
             rem0, reset0 = L - cnt, reset
             if rem0 < 0 then rem0 = 0 end
             ok = cnt + c <= L
             if ok then
-                rem, retry = L - cnt - c, 0
-                val, v1, v2 = true, win, cnt + c
-                if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
-                else
-                    if pxs == nil then pxs = {} end
-                    exp = pxs[p]
-                    if exp == nil then exp = format('%d', wend); pxs[p] = exp end
-                    opt = 'PXAT'
-                end
+                rem, retry, xa = L - cnt - c, 0, wend
+                body = format('%sF%d %d', h, win, cnt + c)
             else
                 rem, retry = 0, reset
                 if c > L then retry = W end
             end
         elseif algo == 1 then
-            -- sliding_window, the two-counter estimate:
-            -- est = p * (W - elapsed) / W + c. Comparisons are made
-            -- multiplied by W so they stay in exact integer arithmetic.
-            local cc, pc, same = 0, 0, false
-            local sw, sc, sp
-            if ka then
-                sw, sc, sp = x1, x2, x3
-            elseif s then
-                sw, sc, sp = match(s, '^S(%d+) (%d+) (%d+)$')
-            end
-            if sw then
-                sw = tonumber(sw)
-                if sw >= win then          -- current window (or a clock that went back)
-                    cc, pc, same = tonumber(sc), tonumber(sp), sw == win
-                elseif sw == win - 1 then  -- the stored window is now the previous one
-                    pc = tonumber(sc)
+            local win = floor(now_ms / W)
+            local cc, pc = 0, 0
+            if x then
+                local sw, sc, sp, y = match(s, '^S(%d+) (%d+) (%d+)()', at)
+                if sw then
+                    got, pe = got + y - x, y
+                    sw = tonumber(sw)
+                    if sw >= win then cc, pc = tonumber(sc), tonumber(sp)
+                    elseif sw == win - 1 then pc = tonumber(sc) end
                 end
             end
             local elapsed = now_ms - win * W
-            local decay = pc * (W - elapsed)   -- previous count's weight, times W
+            local decay = pc * (W - elapsed)
             local LW = L * W
             rem0 = floor((LW - decay - cc * W) / W)
             if rem0 < 0 then rem0 = 0 end
@@ -413,127 +443,63 @@ for e = 1, ne do
             if ok then
                 rem = floor((LW - decay - (cc + c) * W) / W)
                 if rem < 0 then rem = 0 end
-                reset, retry = (win + 2) * W - now_ms, 0
-                val, v1, v2, v3 = true, win, cc + c, pc
-                if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
-                else
-                    if pxs == nil then pxs = {} end
-                    exp = pxs[p]
-                    if exp == nil then exp = format('%d', (win + 2) * W); pxs[p] = exp end
-                    opt = 'PXAT'
-                end
+                reset, retry, xa = (win + 2) * W - now_ms, 0, (win + 2) * W
+                body = format('%sS%d %d %d', h, win, cc + c, pc)
             else
                 rem, reset = 0, reset0
                 if c > L then
                     retry = W
-                elseif pc > 0 and cc + c <= L
-                       and ceil(W * (pc + cc + c - L) / pc) < W then
-                    -- within this window, once enough of the previous count decayed
+                elseif pc > 0 and cc + c <= L and ceil(W * (pc + cc + c - L) / pc) < W then
                     retry = ceil(W * (pc + cc + c - L) / pc) - elapsed
                 else
-                    -- next window: today's count becomes the decaying previous one
-                    local e = 0
+                    local q = 0
                     if cc > 0 then
-                        e = ceil(W * (cc + c - L) / cc)
-                        if e < 0 then e = 0 end
+                        q = ceil(W * (cc + c - L) / cc)
+                        if q < 0 then q = 0 end
                     end
-                    retry = (win + 1) * W + e - now_ms
+                    retry = (win + 1) * W + q - now_ms
                 end
                 if retry < 1 then retry = 1 end
             end
-        else
-            -- sliding_log: entries exactly W old are out, the live range
-            -- is (now_ms - W, +inf). A key of another type reads as empty.
-            local key = KEYS[k]
-            local lo = format('(%d', now_ms - W)
-            local count = redis.pcall('ZCOUNT', key, lo, '+inf')
-            local stale = type(count) ~= 'number'
-            if stale then count = 0 end
-            mark = count
-            reset0 = 0
-            if count > 0 then
-                local newest = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
-                                          'LIMIT', count - 1, 1)
-                reset0 = tonumber(newest[2]) + W - now_ms
-                if reset0 < 0 then reset0 = 0 end
-            end
-            rem0 = L - count
-            if rem0 < 0 then rem0 = 0 end
-            ok = count + c <= L
-            if ok then
-                rem, reset, retry = L - count - c, W, 0
-                val, opt, exp = count, stale and 'ZS' or 'Z', W
-            else
-                rem, reset = 0, reset0
-                if c > L then
-                    retry = W
-                else
-                    local k = count + c - L      -- this many oldest entries must leave
-                    local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
-                                         'LIMIT', k - 1, 1)
-                    retry = tonumber(e[2]) + W - now_ms
-                    if retry < 1 then retry = 1 end
-                end
-            end
-        end
-    elseif algo <= 4 then
-        if I < 1 then
-            return redis.error_reply('ERR sluice limit.lua: bad interval ' .. i)
-        end
-        mark = 0
-        local B = L
-        if algo == 3 then
-            -- token_bucket: a missing bucket is a full one; the key expires
-            -- exactly when the bucket would be full again, so expiry and
-            -- absence mean the same thing.
-            local tokens = B
-            if ka then
-                local elapsed = now_us - x1
-                if elapsed < 0 then elapsed = 0 end
-                tokens = x2 + elapsed / I
-                if tokens > B then tokens = B end
-            elseif s then
-                local su, st = match(s, '^B(%d+) (%S+)$')
+        elseif algo == 3 then
+            local tokens = L
+            if x then
+                local su, st, y = match(s, '^B(%d+) ([^;]+)()', at)
                 if su then
+                    got, pe = got + y - x, y
                     local elapsed = now_us - tonumber(su)
                     if elapsed < 0 then elapsed = 0 end
-                    tokens = (tonumber(st) or B) + elapsed / I
-                    if tokens > B then tokens = B end
+                    tokens = (tonumber(st) or L) + elapsed / I
+                    if tokens > L then tokens = L end
                 end
             end
-            local need = (c - tokens) * I        -- delay: the missing tokens' refill, us
-            ok = c <= B and (tokens >= c or need <= D)
-            rem0, reset0 = floor(tokens), ceil((B - tokens) * I / 1000)
+            ok = c <= L and tokens >= c
+            rem0, reset0 = floor(tokens), ceil((L - tokens) * I / 1000)
             if rem0 < 0 then rem0 = 0 end
             if ok then
                 local after = tokens - c
-                rem, reset, retry = floor(after), ceil((B - after) * I / 1000), 0
+                rem, reset, retry = floor(after), ceil((L - after) * I / 1000), 0
                 if rem < 0 then rem = 0 end
-                if tokens < c then
-                    retry = ceil(need / 1000)
-                    if retry < 1 then retry = 1 end
-                end
-                val, v1, v2, opt = true, now_us, after, 'PX'
-                exp = reset < 1 and '1' or format('%d', reset)
+                xa = now_ms + (reset < 1 and 1 or reset)
+                body = format('%sB%d %.17g', h, now_us, after)
             else
                 rem, reset = 0, reset0
-                if c > B then retry = ceil(B * I / 1000)
-                else retry = ceil((need - D) / 1000) end
+                if c > L then retry = ceil(L * I / 1000)
+                else retry = ceil((c - tokens) * I / 1000) end
                 if retry < 1 then retry = 1 end
             end
         else
-            -- gcra: the theoretical arrival time
             local tat = now_us
-            if ka then
-                if x1 > now_us then tat = x1 end
-            elseif s then
-                local v = tonumber(s)
-                if v and v > now_us then tat = v end
+            if x then
+                local v, y = match(s, '^(%d+)()', at)
+                if v then
+                    got, pe = got + y - x, y
+                    v = tonumber(v)
+                    if v > now_us then tat = v end
+                end
             end
-            local new_tat = tat + c * I
-            local BI = B * I
-            local wait = new_tat - BI - now_us   -- delay: > 0 is the hold, us
-            ok = c <= B and new_tat - now_us <= BI + D
+            local new_tat, BI = tat + c * I, L * I
+            ok = c <= L and new_tat - now_us <= BI
             rem0 = floor((BI - (tat - now_us)) / I)
             if rem0 < 0 then rem0 = 0 end
             reset0 = ceil((tat - now_us) / 1000)
@@ -541,144 +507,466 @@ for e = 1, ne do
                 rem = floor((BI - (new_tat - now_us)) / I)
                 if rem < 0 then rem = 0 end
                 reset, retry = ceil((new_tat - now_us) / 1000), 0
-                if wait > 0 then
-                    retry = ceil(wait / 1000)
-                    if retry < 1 then retry = 1 end
-                end
-                val, v1, opt = true, new_tat, 'PX'
-                exp = reset < 1 and '1' or format('%d', reset)
+                xa = now_ms + (reset < 1 and 1 or reset)
+                body = format('%s%d', h, new_tat)
             else
                 rem, reset = 0, reset0
-                if c > B then retry = ceil(BI / 1000)
-                else retry = ceil((wait - D) / 1000) end
+                if c > L then retry = ceil(BI / 1000)
+                else retry = ceil((new_tat - BI - now_us) / 1000) end
                 if retry < 1 then retry = 1 end
             end
         end
-    elseif algo == 5 then
-        -- concurrency: W is the lease (ms), I this request's slot id
-        local key, member = KEYS[k], format('%d', I)
-        local gone = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms))
-        local stale = type(gone) ~= 'number'     -- another type: reads as empty
-        local count, mine = 0, false
-        if not stale then
-            count = redis.call('ZCARD', key)
-            mine = redis.call('ZSCORE', key, member) ~= false
-        end
-        mark = I
-        rem0, reset0, reset = L - count, 0, 0
-        if rem0 < 0 then rem0 = 0 end
-        if mine then count = count - 1 end       -- a renewal: its own slot
-        ok = count + 1 <= L
-        if ok then
-            rem, retry = L - count - 1, 0
-            val, opt, exp = member, stale and 'CS' or 'C', W
+        po[j], pr0[j], ps0[j] = o, rem0, reset0
+        if ok and f % 8 == 2 then           -- check only: the part stays
+            out[o + 1], out[o + 2] = rem0, reset0
+            if pe then
+                nb, kept = nb + 1, true
+                pbuf[nb] = sub(s, x, pe - 1)
+            end
+        elseif ok then
+            out[o + 1], out[o + 2] = rem, reset
+            nb = nb + 1
+            pbuf[nb] = body
+            if xa > xmax then xmax = xa end
         else
-            rem, retry = 0, 1000
+            out[o + 1], out[o + 2] = -retry, reset
+            ok_all = false
         end
-    else
-        return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
-    end
-    -- One pass: a limit that allows consumes at once (its table entry, or
-    -- a ZSET write due at the request's end) and is logged; when a later
-    -- limit denies the request, the log undoes it, so a denied request
-    -- consumes nothing. Limits that are not consumed report their
-    -- unconsumed state.
-    local v, r, wt = rem, reset, 0
-    if not ok then
-        v = -retry
-        if f ~= 1 and f ~= 3 then denied = true end     -- not shadow
-    elseif f >= 2 or denied then
-        v, r = rem0, reset0             -- check only, or the request is denied already
-    elseif m == 1 and opt ~= 'Z' and opt ~= 'ZS' and opt ~= 'C' and opt ~= 'CS' then
-        -- a request of one STRING limit: consumed in place, nothing to undo
-        na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
-        if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
-        wt = retry                      -- a delay's wait
-    else
-        if uo == nil then
-            uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe =
-                {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
-            zk, zopt, zval, zexp, zc, tr, ub = {}, {}, {}, {}, {}, {}, {}
-        end
-        nu = nu + 1
-        uo[nu], ur0[nu], us0[nu], ud[nu] = o, rem0, reset0, dly
-        if opt == 'Z' or opt == 'ZS' or opt == 'C' or opt == 'CS' then
-            uk[nu], zk[nu], zopt[nu], zval[nu], zexp[nu], zc[nu] = false, k, opt, val, exp, c
-            nz = nz + 1
-        else
-            -- a STRING: the next limit reads the new value; written once,
-            -- at the end. A KEEPTTL after a PXAT of this call (the window
-            -- began in this batch) keeps the PXAT.
-            uk[nu], una[nu], un1[nu], un2[nu], un3[nu], uwo[nu], uwe[nu] =
-                k, na[k], n1[k], n2[k], n3[k], wo[k], we[k]
-            if tr[k] ~= rq then tr[k], ub[k] = rq, nu end
-            na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
-            if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
-            wt = retry                  -- a delay's wait
+        o = o + 2
+        if f >= 8 then
+            out[o + 1] = L
+            o = o + 1
         end
     end
-    out[o + 1], out[o + 2] = v, r
-    o = o + 2
-    if mk then
-        out[o + 1] = mark
-        o = o + 1
+    if not ok_all then
+        -- denied: nothing consumed, the limits that allowed say so
+        for j = 1, m do
+            local q = po[j]
+            if out[q + 1] >= 0 then out[q + 1], out[q + 2] = pr0[j], ps0[j] end
+        end
+        return
     end
-    if dly then
-        out[o + 1] = wt
-        o = o + 1
-    end
-    if ovr then
-        out[o + 1] = L
-        o = o + 1
-    end
-
-    -- The request's last limit: undo it all when it is denied (newest
-    -- first, so a key consumed twice gets its first state back), else make
-    -- its ZSET writes, so the next request sees them.
-    if left == 0 and nu > 0 then
-        if denied then
-            for u = nu, 1, -1 do
-                local q = uo[u]
-                out[q + 1], out[q + 2] = ur0[u], us0[u]
-                if ud[u] then out[q + (mk and 4 or 3)] = 0 end
-                local kk = uk[u]
-                if kk then
-                    na[kk], n1[kk], n2[kk], n3[kk], wo[kk], we[kk] =
-                        una[u], un1[u], un2[u], un3[u], uwo[u], uwe[u]
+    if xmax == 0 then return end             -- check only: nothing written
+    if s and got ~= #s then
+        -- parts of limits this request does not carry: kept
+        local x = find(s, ';', 1, true)
+        while x do
+            local y = find(s, ';', x + 1, true)
+            local h = match(s, '^;%d+=', x)
+            local mine = h == nil
+            for j = 1, m do
+                if not mine and ptk[((eref[e0 + j - 1] - eref[e0 + j - 1] % 16) / 16) % np + 1] == h then
+                    mine = true
                 end
             end
-        elseif nz > 0 then
-            for u = 1, nu do
-                local zo = uk[u] == false and zopt[u]
-                if zo == 'C' or zo == 'CS' then
-                    -- concurrency: the slot, scored by its lease's end
-                    local key, W = KEYS[zk[u]], zexp[u]
-                    if zo == 'CS' then redis.call('DEL', key) end
-                    redis.call('ZADD', key, format('%d', now_ms + W), zval[u])
-                    redis.call('PEXPIRE', key, format('%d', W))
-                elseif zo then
-                    -- sliding_log: one member per unit
-                    local key, W, cost = KEYS[zk[u]], zexp[u], zc[u]
-                    if zo == 'ZS' then
-                        redis.call('DEL', key)
+            if not mine then
+                nb, kept = nb + 1, true
+                pbuf[nb] = sub(s, x, (y or 0) - 1)
+            end
+            x = y
+        end
+    end
+    if kept then
+        local ttl = redis.call('PTTL', KEYS[k])
+        if ttl > 0 and now_ms + ttl > xmax then xmax = now_ms + ttl end
+    end
+    local v = concat(pbuf, '', 1, nb)
+    redis.call('SET', KEYS[k], v, 'PXAT', xmax)
+    vals[k] = v
+end
+
+local e = 0
+while e < ne do
+    e = e + 1
+    if left == 0 and epk and epk[e] then
+        local pm = em[e]
+        rq = rq + 1
+        packed_request(e, pm, epk[e])
+        e = e + pm - 1
+    else
+        if left == 0 then                        -- a request begins
+            m = em[e]
+            mk = m < 0
+            if mk then m = -m end
+            left, i, denied, nu, nz, rq = m, 0, false, 0, 0, rq + 1
+        end
+        i, left = i + 1, left - 1
+        local ref, c = eref[e], ec[e]
+        local f = ref % 16
+        ref = (ref - f) / 16
+        local p = ref % np
+        local k = (ref - p) / np + 1
+        p = p + 1
+        local algo, L, W, I = pa[p], pl[p], pw[p], pi[p]
+        if algo == 5 then I = es[e] end          -- concurrency: I is the slot id
+        local ovr = f >= 8
+        if ovr then
+            -- a run-time override of this key, for this algorithm, goes first
+            local ov = vals[eo[e]]
+            f = f - 8
+            local oa, ol, oi
+            if ov then oa, ol, oi = match(ov, '^(%d+) (%d+) (%d+)$') end
+            if oa and tonumber(oa) == algo and (algo <= 2 or algo == 5 or tonumber(oi) >= 1) then
+                L = tonumber(ol)
+                if algo == 3 or algo == 4 then I = tonumber(oi) end
+            end
+        end
+        -- delay (flag 4): window_ms is the delay, in ms (token_bucket, gcra)
+        local D, dly = 0, f >= 4
+        if dly then D, f = W * 1000, f - 4 end
+        -- the key's numbers when this call consumed from it (ka == algo); a
+        -- key another algorithm wrote in this call reads as absent, as its
+        -- STRING would. A key an earlier limit of this request consumed from
+        -- is read as it was before the request (its first undo entry): every
+        -- limit decides on the state before its request.
+        local s, ka, x1, x2, x3 = vals[k], na[k]
+        if tr and tr[k] == rq then
+            local u = ub[k]
+            ka, x1, x2, x3 = una[u], un1[u], un2[u], un3[u]
+        elseif ka then
+            x1, x2, x3 = n1[k], n2[k], n3[k]
+        end
+        if ka ~= nil and ka ~= algo then s, ka = nil, nil end
+        local ok, rem, reset, retry, rem0, reset0, mark, val, opt, exp
+        local v1, v2, v3                         -- a STRING write: its fields
+        if algo <= 2 then
+            if W < 1 then
+                return redis.error_reply('ERR sluice limit.lua: bad window ' .. i)
+            end
+            local win = floor(now_ms / W)
+            local wend = (win + 1) * W           -- the window's end, ms
+            local cb = pcb[p]
+            if cb then                           -- a calendar window: the period holding now
+                local j = now_ms < cb[2] and 1 or now_ms < cb[3] and 2 or 3
+                win, wend = cb[j], cb[j + 1]
+                W = wend - win
+            end
+            mark = win
+            if algo == 0 then
+                -- fixed_window: one count per window index
+                local cnt, same = 0, false
+                if ka then
+                    if x1 == win then cnt, same = x2, true end
+                elseif s then
+                    local sw, sn = match(s, '^F(%d+) (%d+)$')
+                    if sw and tonumber(sw) == win then cnt, same = tonumber(sn), true end
+                end
+                reset = wend - now_ms
+                rem0, reset0 = L - cnt, reset
+                if rem0 < 0 then rem0 = 0 end
+                ok = cnt + c <= L
+                if ok then
+                    rem, retry = L - cnt - c, 0
+                    val, v1, v2 = true, win, cnt + c
+                    if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
                     else
-                        redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms - W))
+                        if pxs == nil then pxs = {} end
+                        exp = pxs[p]
+                        if exp == nil then exp = format('%d', wend); pxs[p] = exp end
+                        opt = 'PXAT'
                     end
-                    local score = format('%d', now_ms)
-                    local base = t[1] .. '.' .. t[2] .. '-'
-                    local q = 1
-                    while q <= cost do           -- ZADD in chunks: unpack has a limit
-                        local args = {}
-                        local last = cost
-                        if last > q + 99 then last = q + 99 end
-                        for x = q, last do
-                            args[#args + 1] = score
-                            args[#args + 1] = base .. format('%d', zval[u] + x)
+                else
+                    rem, retry = 0, reset
+                    if c > L then retry = W end
+                end
+            elseif algo == 1 then
+                -- sliding_window, the two-counter estimate:
+                -- est = p * (W - elapsed) / W + c. Comparisons are made
+                -- multiplied by W so they stay in exact integer arithmetic.
+                local cc, pc, same = 0, 0, false
+                local sw, sc, sp
+                if ka then
+                    sw, sc, sp = x1, x2, x3
+                elseif s then
+                    sw, sc, sp = match(s, '^S(%d+) (%d+) (%d+)$')
+                end
+                if sw then
+                    sw = tonumber(sw)
+                    if sw >= win then          -- current window (or a clock that went back)
+                        cc, pc, same = tonumber(sc), tonumber(sp), sw == win
+                    elseif sw == win - 1 then  -- the stored window is now the previous one
+                        pc = tonumber(sc)
+                    end
+                end
+                local elapsed = now_ms - win * W
+                local decay = pc * (W - elapsed)   -- previous count's weight, times W
+                local LW = L * W
+                rem0 = floor((LW - decay - cc * W) / W)
+                if rem0 < 0 then rem0 = 0 end
+                if cc > 0 then reset0 = (win + 2) * W - now_ms
+                elseif pc > 0 then reset0 = (win + 1) * W - now_ms
+                else reset0 = 0 end
+                ok = c <= L and decay + (cc + c) * W <= LW
+                if ok then
+                    rem = floor((LW - decay - (cc + c) * W) / W)
+                    if rem < 0 then rem = 0 end
+                    reset, retry = (win + 2) * W - now_ms, 0
+                    val, v1, v2, v3 = true, win, cc + c, pc
+                    if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
+                    else
+                        if pxs == nil then pxs = {} end
+                        exp = pxs[p]
+                        if exp == nil then exp = format('%d', (win + 2) * W); pxs[p] = exp end
+                        opt = 'PXAT'
+                    end
+                else
+                    rem, reset = 0, reset0
+                    if c > L then
+                        retry = W
+                    elseif pc > 0 and cc + c <= L
+                           and ceil(W * (pc + cc + c - L) / pc) < W then
+                        -- within this window, once enough of the previous count decayed
+                        retry = ceil(W * (pc + cc + c - L) / pc) - elapsed
+                    else
+                        -- next window: today's count becomes the decaying previous one
+                        local e = 0
+                        if cc > 0 then
+                            e = ceil(W * (cc + c - L) / cc)
+                            if e < 0 then e = 0 end
                         end
-                        redis.call('ZADD', key, unpack(args))
-                        q = last + 1
+                        retry = (win + 1) * W + e - now_ms
                     end
-                    redis.call('PEXPIRE', key, format('%d', W))
+                    if retry < 1 then retry = 1 end
+                end
+            else
+                -- sliding_log: entries exactly W old are out, the live range
+                -- is (now_ms - W, +inf). A key of another type reads as empty.
+                local key = KEYS[k]
+                local lo = format('(%d', now_ms - W)
+                local count = redis.pcall('ZCOUNT', key, lo, '+inf')
+                local stale = type(count) ~= 'number'
+                if stale then count = 0 end
+                mark = count
+                reset0 = 0
+                if count > 0 then
+                    local newest = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
+                                              'LIMIT', count - 1, 1)
+                    reset0 = tonumber(newest[2]) + W - now_ms
+                    if reset0 < 0 then reset0 = 0 end
+                end
+                rem0 = L - count
+                if rem0 < 0 then rem0 = 0 end
+                ok = count + c <= L
+                if ok then
+                    rem, reset, retry = L - count - c, W, 0
+                    val, opt, exp = count, stale and 'ZS' or 'Z', W
+                else
+                    rem, reset = 0, reset0
+                    if c > L then
+                        retry = W
+                    else
+                        local k = count + c - L      -- this many oldest entries must leave
+                        local e = redis.call('ZRANGEBYSCORE', key, lo, '+inf', 'WITHSCORES',
+                                             'LIMIT', k - 1, 1)
+                        retry = tonumber(e[2]) + W - now_ms
+                        if retry < 1 then retry = 1 end
+                    end
+                end
+            end
+        elseif algo <= 4 then
+            if I < 1 then
+                return redis.error_reply('ERR sluice limit.lua: bad interval ' .. i)
+            end
+            mark = 0
+            local B = L
+            if algo == 3 then
+                -- token_bucket: a missing bucket is a full one; the key expires
+                -- exactly when the bucket would be full again, so expiry and
+                -- absence mean the same thing.
+                local tokens = B
+                if ka then
+                    local elapsed = now_us - x1
+                    if elapsed < 0 then elapsed = 0 end
+                    tokens = x2 + elapsed / I
+                    if tokens > B then tokens = B end
+                elseif s then
+                    local su, st = match(s, '^B(%d+) (%S+)$')
+                    if su then
+                        local elapsed = now_us - tonumber(su)
+                        if elapsed < 0 then elapsed = 0 end
+                        tokens = (tonumber(st) or B) + elapsed / I
+                        if tokens > B then tokens = B end
+                    end
+                end
+                local need = (c - tokens) * I        -- delay: the missing tokens' refill, us
+                ok = c <= B and (tokens >= c or need <= D)
+                rem0, reset0 = floor(tokens), ceil((B - tokens) * I / 1000)
+                if rem0 < 0 then rem0 = 0 end
+                if ok then
+                    local after = tokens - c
+                    rem, reset, retry = floor(after), ceil((B - after) * I / 1000), 0
+                    if rem < 0 then rem = 0 end
+                    if tokens < c then
+                        retry = ceil(need / 1000)
+                        if retry < 1 then retry = 1 end
+                    end
+                    val, v1, v2, opt = true, now_us, after, 'PX'
+                    exp = reset < 1 and '1' or format('%d', reset)
+                else
+                    rem, reset = 0, reset0
+                    if c > B then retry = ceil(B * I / 1000)
+                    else retry = ceil((need - D) / 1000) end
+                    if retry < 1 then retry = 1 end
+                end
+            else
+                -- gcra: the theoretical arrival time
+                local tat = now_us
+                if ka then
+                    if x1 > now_us then tat = x1 end
+                elseif s then
+                    local v = tonumber(s)
+                    if v and v > now_us then tat = v end
+                end
+                local new_tat = tat + c * I
+                local BI = B * I
+                local wait = new_tat - BI - now_us   -- delay: > 0 is the hold, us
+                ok = c <= B and new_tat - now_us <= BI + D
+                rem0 = floor((BI - (tat - now_us)) / I)
+                if rem0 < 0 then rem0 = 0 end
+                reset0 = ceil((tat - now_us) / 1000)
+                if ok then
+                    rem = floor((BI - (new_tat - now_us)) / I)
+                    if rem < 0 then rem = 0 end
+                    reset, retry = ceil((new_tat - now_us) / 1000), 0
+                    if wait > 0 then
+                        retry = ceil(wait / 1000)
+                        if retry < 1 then retry = 1 end
+                    end
+                    val, v1, opt = true, new_tat, 'PX'
+                    exp = reset < 1 and '1' or format('%d', reset)
+                else
+                    rem, reset = 0, reset0
+                    if c > B then retry = ceil(BI / 1000)
+                    else retry = ceil((wait - D) / 1000) end
+                    if retry < 1 then retry = 1 end
+                end
+            end
+        elseif algo == 5 then
+            -- concurrency: W is the lease (ms), I this request's slot id
+            local key, member = KEYS[k], format('%d', I)
+            local gone = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms))
+            local stale = type(gone) ~= 'number'     -- another type: reads as empty
+            local count, mine = 0, false
+            if not stale then
+                count = redis.call('ZCARD', key)
+                mine = redis.call('ZSCORE', key, member) ~= false
+            end
+            mark = I
+            rem0, reset0, reset = L - count, 0, 0
+            if rem0 < 0 then rem0 = 0 end
+            if mine then count = count - 1 end       -- a renewal: its own slot
+            ok = count + 1 <= L
+            if ok then
+                rem, retry = L - count - 1, 0
+                val, opt, exp = member, stale and 'CS' or 'C', W
+            else
+                rem, retry = 0, 1000
+            end
+        else
+            return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. i)
+        end
+        -- One pass: a limit that allows consumes at once (its table entry, or
+        -- a ZSET write due at the request's end) and is logged; when a later
+        -- limit denies the request, the log undoes it, so a denied request
+        -- consumes nothing. Limits that are not consumed report their
+        -- unconsumed state.
+        local v, r, wt = rem, reset, 0
+        if not ok then
+            v = -retry
+            if f ~= 1 and f ~= 3 then denied = true end     -- not shadow
+        elseif f >= 2 or denied then
+            v, r = rem0, reset0             -- check only, or the request is denied already
+        elseif m == 1 and opt ~= 'Z' and opt ~= 'ZS' and opt ~= 'C' and opt ~= 'CS' then
+            -- a request of one STRING limit: consumed in place, nothing to undo
+            na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
+            if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
+            wt = retry                      -- a delay's wait
+        else
+            if uo == nil then
+                uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe =
+                    {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}
+                zk, zopt, zval, zexp, zc, tr, ub = {}, {}, {}, {}, {}, {}, {}
+            end
+            nu = nu + 1
+            uo[nu], ur0[nu], us0[nu], ud[nu] = o, rem0, reset0, dly
+            if opt == 'Z' or opt == 'ZS' or opt == 'C' or opt == 'CS' then
+                uk[nu], zk[nu], zopt[nu], zval[nu], zexp[nu], zc[nu] = false, k, opt, val, exp, c
+                nz = nz + 1
+            else
+                -- a STRING: the next limit reads the new value; written once,
+                -- at the end. A KEEPTTL after a PXAT of this call (the window
+                -- began in this batch) keeps the PXAT.
+                uk[nu], una[nu], un1[nu], un2[nu], un3[nu], uwo[nu], uwe[nu] =
+                    k, na[k], n1[k], n2[k], n3[k], wo[k], we[k]
+                if tr[k] ~= rq then tr[k], ub[k] = rq, nu end
+                na[k], n1[k], n2[k], n3[k] = algo, v1, v2, v3
+                if opt ~= 'KEEPTTL' or wo[k] == nil then wo[k], we[k] = opt, exp end
+                wt = retry                  -- a delay's wait
+            end
+        end
+        out[o + 1], out[o + 2] = v, r
+        o = o + 2
+        if mk then
+            out[o + 1] = mark
+            o = o + 1
+        end
+        if dly then
+            out[o + 1] = wt
+            o = o + 1
+        end
+        if ovr then
+            out[o + 1] = L
+            o = o + 1
+        end
+
+        -- The request's last limit: undo it all when it is denied (newest
+        -- first, so a key consumed twice gets its first state back), else make
+        -- its ZSET writes, so the next request sees them.
+        if left == 0 and nu > 0 then
+            if denied then
+                for u = nu, 1, -1 do
+                    local q = uo[u]
+                    out[q + 1], out[q + 2] = ur0[u], us0[u]
+                    if ud[u] then out[q + (mk and 4 or 3)] = 0 end
+                    local kk = uk[u]
+                    if kk then
+                        na[kk], n1[kk], n2[kk], n3[kk], wo[kk], we[kk] =
+                            una[u], un1[u], un2[u], un3[u], uwo[u], uwe[u]
+                    end
+                end
+            elseif nz > 0 then
+                for u = 1, nu do
+                    local zo = uk[u] == false and zopt[u]
+                    if zo == 'C' or zo == 'CS' then
+                        -- concurrency: the slot, scored by its lease's end
+                        local key, W = KEYS[zk[u]], zexp[u]
+                        if zo == 'CS' then redis.call('DEL', key) end
+                        redis.call('ZADD', key, format('%d', now_ms + W), zval[u])
+                        redis.call('PEXPIRE', key, format('%d', W))
+                    elseif zo then
+                        -- sliding_log: one member per unit
+                        local key, W, cost = KEYS[zk[u]], zexp[u], zc[u]
+                        if zo == 'ZS' then
+                            redis.call('DEL', key)
+                        else
+                            redis.call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_ms - W))
+                        end
+                        local score = format('%d', now_ms)
+                        local base = t[1] .. '.' .. t[2] .. '-'
+                        local q = 1
+                        while q <= cost do           -- ZADD in chunks: unpack has a limit
+                            local args = {}
+                            local last = cost
+                            if last > q + 99 then last = q + 99 end
+                            for x = q, last do
+                                args[#args + 1] = score
+                                args[#args + 1] = base .. format('%d', zval[u] + x)
+                            end
+                            redis.call('ZADD', key, unpack(args))
+                            q = last + 1
+                        end
+                        redis.call('PEXPIRE', key, format('%d', W))
+                    end
                 end
             end
         end
