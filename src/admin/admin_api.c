@@ -839,20 +839,25 @@ struct state_cmd {
     char num[STATE_NV][24];
     char ok[ROUTE_MAX_KEY + 8];         /* KEY:ovr; KEY is ok[0..oklen - 4) */
     size_t oklen;
+    char pk[ROUTE_MAX_KEY];             /* a part's: its route's key */
 };
 
 /* The check of key under cp into *cmd, its strings (key too) in sc, which
- * must live as long as cmd. */
-static void state_cmd(const struct conf *conf, const struct limiter_params *cp,
+ * must live as long as cmd. A limit l that is a part of r's key (one key
+ * per route) is checked there, as decisions make it. */
+static void state_cmd(const struct conf *conf, const struct conf_route *r,
+                      const struct conf_limit *l, const struct limiter_params *cp,
                       const char *key, size_t keylen, struct state_cmd *sc,
                       struct store_sync_cmd *cmd)
 {
     memcpy(sc->ok, key, keylen);
     memcpy(sc->ok + keylen, STORE_OVERRIDE_SUFFIX, sizeof(STORE_OVERRIDE_SUFFIX));
     sc->oklen = keylen + sizeof(STORE_OVERRIDE_SUFFIX) - 1;
+    long pl = l->part ? route_part_key(conf, r, l, key, keylen, sc->pk) : -1;
+    int64_t algo = (int64_t)cp->algo + (pl > 0 ? 16 * (int64_t)l->part : 0);
     int ro = conf->redis.overrides, nk = ro ? 2 : 1;
     int conc = cp->algo == LIMITER_CONCURRENCY;
-    int64_t v[STATE_NV] = { cp->algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
+    int64_t v[STATE_NV] = { algo, cp->limit, cp->window_ms, conc ? 0 : cp->interval_us, 1, 1,
                      STORE_CHECK_ONLY | (ro ? 8 : 0), 1 };
     int nv = 8;
     if (conc)
@@ -860,8 +865,9 @@ static void state_cmd(const struct conf *conf, const struct limiter_params *cp,
     if (ro)
         v[nv++] = 2;                        /* KEYS[2] is the override key */
     assert(nv <= STATE_NV && 5 + nk + nv <= STATE_ARGC);
-    const char *a0[5] = { "EVAL", store_limit_script(), ro ? "2" : "1", sc->ok, sc->ok };
-    size_t l0[5] = { 4, strlen(a0[1]), 1, keylen, sc->oklen };
+    const char *a0[5] = { "EVAL", store_limit_script(), ro ? "2" : "1", pl > 0 ? sc->pk : sc->ok,
+                          sc->ok };
+    size_t l0[5] = { 4, strlen(a0[1]), 1, pl > 0 ? (size_t)pl : keylen, sc->oklen };
     memcpy(sc->argv, a0, sizeof(a0));
     memcpy(sc->lens, l0, sizeof(l0));
     sc->argv[3 + nk] = "d", sc->lens[3 + nk] = 1;
@@ -897,7 +903,7 @@ static int op_state(const struct api_ctx *x, struct api_req *q, struct evbuffer 
     }
     struct state_cmd sc;
     struct store_sync_cmd cmds[3];
-    state_cmd(q->conf, cp, q->key, q->keylen, &sc, &cmds[0]);
+    state_cmd(q->conf, q->route, q->limit, cp, q->key, q->keylen, &sc, &cmds[0]);
     const char *ok = sc.ok;
     size_t oklen = sc.oklen;
     const char *get[2] = { "GET", ok }, *pttl[2] = { "PTTL", ok };
@@ -980,7 +986,7 @@ static int op_delete(const struct api_ctx *x, struct api_req *q, struct evbuffer
         return delete_answer(q, q->reset ? memstore_reset(q->mem, q->key, q->keylen)
                                          : memstore_override_del(q->mem, q->key, q->keylen),
                              out);
-    char ok[ROUTE_MAX_KEY + 8], chan[512];
+    char ok[ROUTE_MAX_KEY + 8], chan[512], pk[ROUTE_MAX_KEY], head[16];
     size_t oklen;
     ovr_key(q, ok, &oklen);
     const char *del[2] = { "DEL", q->reset ? q->key : ok };
@@ -988,6 +994,15 @@ static int op_delete(const struct api_ctx *x, struct api_req *q, struct evbuffer
     const char *pub[3];
     size_t publ[3];
     struct store_sync_cmd cmds[2] = { { 2, del, dell } };
+    /* a part of its route's key (one key per route): that part goes */
+    long pl = q->reset && q->limit->part ?
+              route_part_key(q->conf, q->route, q->limit, q->key, q->keylen, pk) : -1;
+    const char *ev[5] = { "EVAL", store_part_reset_script(), "1", pk, head };
+    size_t evl[5] = { 4, strlen(ev[1]), 1, pl > 0 ? (size_t)pl : 0, 0 };
+    if (pl > 0) {
+        evl[4] = (size_t)snprintf(head, sizeof(head), ";%u=", (unsigned)q->limit->part);
+        cmds[0] = (struct store_sync_cmd){ 5, ev, evl };
+    }
     publish_cmd(q, chan, pub, publ, &cmds[1]);
     return api_redis(x, q, 2, cmds, delete_finish, out);
 }
@@ -1156,7 +1171,7 @@ static int plans_state(const struct api_ctx *x, struct api_req *q, struct evbuff
             }
             continue;
         }
-        state_cmd(q->conf, cp, key, kl, &sc[k], &cmds[k]);
+        state_cmd(q->conf, &p->route, &p->route.limits[i], cp, key, kl, &sc[k], &cmds[k]);
         k++;
     }
     int rc;

@@ -219,6 +219,10 @@ struct conf_limit {
     struct conf_override *overrides;    /* per-key parameters; NULL */
     int noverrides;
     enum conf_missing_key on_missing_key;   /* default ip */
+    /* One key per route (redis.pack_limits, docs/algorithms.md): this
+     * limit's tag among its route's parts of one Redis key, FNV-1a of its
+     * name (never 0), set by conf_load; 0: a key of its own. */
+    uint32_t part;
 };
 
 /* upstreams.NAME.tls: present (even {}), the servers speak TLS. */
@@ -352,6 +356,9 @@ struct conf_redis {
     /* Decisions read each limit's run-time override key (store.h): on when
      * admin.token is set, since only then can the admin API write one. */
     int overrides;
+    /* redis.pack_limits (default on): a route's limits that can share one
+     * key do (conf_limit.part). */
+    int pack_limits;
     /* TLS to every node, sentinels too: a rediss:// url or a redis.tls
      * section. Strings NULL when absent: the system trust store, no client
      * certificate, the host connected to. */

@@ -512,6 +512,67 @@ static void mark_body_estimates(struct conf *c)
     }
 }
 
+/* One key per route: a limit that limit.lua can decide as a part (fixed
+ * and sliding windows, token bucket, gcra), that consumes when it allows
+ * and nothing else (no shadow, count_status or delay) and whose cost is
+ * the route's (no cost_header, no cost_from). */
+static int limit_packable(const struct conf_limit *l)
+{
+    enum limiter_algo a = l->params.algo;
+    return (a == LIMITER_FIXED_WINDOW || a == LIMITER_SLIDING_WINDOW ||
+            a == LIMITER_TOKEN_BUCKET || a == LIMITER_GCRA) &&
+           !l->shadow && !l->has_count_status && l->params.delay_ms == 0 &&
+           l->cost_header == NULL && l->cost_from == CONF_COST_NONE;
+}
+
+/* Whether two limits key the same clients: the same sources, in order,
+ * and the same answer to a missing one. */
+static int same_key_spec(const struct conf_limit *a, const struct conf_limit *b)
+{
+    if (a->nkeys != b->nkeys || a->on_missing_key != b->on_missing_key)
+        return 0;
+    for (int i = 0; i < a->nkeys; i++) {
+        const struct conf_keysrc *p = &a->keys[i], *q = &b->keys[i];
+        if (p->kind != q->kind || p->arglen != q->arglen || p->capture != q->capture ||
+            p->net != q->net || p->bits4 != q->bits4 || p->bits6 != q->bits6 ||
+            (p->arglen && memcmp(p->arg, q->arg, p->arglen) != 0))
+            return 0;
+    }
+    return 1;
+}
+
+static uint32_t part_tag(const char *name)
+{
+    uint32_t h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h ? h : 1;
+}
+
+/* redis.pack_limits: a route whose every limit is packable, on one key
+ * specification, two limits or more, and no plan (a plan's limits join a
+ * request's), keeps its limits as parts of one key per client, so that a
+ * request writes Redis once (limit.lua's "One key per route"). Not on a
+ * Redis Cluster: a route's limits there each have their own slot, which
+ * the keys, and the admin API, already name. Tags that collide (FNV-1a of
+ * two names of one route): the route keeps a key per limit. */
+static void mark_parts(struct conf *c)
+{
+    if (!c->redis.pack_limits || c->redis.ncluster > 0)
+        return;
+    for (int i = 0; i < c->nroutes; i++) {
+        struct conf_route *r = &c->routes[i];
+        int ok = r->nlimits >= 2 && r->plan_key == NULL && r->plan_from == NULL;
+        for (int j = 0; ok && j < r->nlimits; j++) {
+            ok = limit_packable(&r->limits[j]) && same_key_spec(&r->limits[0], &r->limits[j]);
+            for (int q = 0; ok && q < j; q++)
+                ok = part_tag(r->limits[q].name) != part_tag(r->limits[j].name);
+        }
+        for (int j = 0; ok && j < r->nlimits; j++)
+            r->limits[j].part = part_tag(r->limits[j].name);
+    }
+}
+
 /* Phase 3: the RLS descriptors, from a file or every *.yaml and *.yml of a
  * directory in name order (hidden files left out); read again at each
  * reload with the rest. */
@@ -575,6 +636,7 @@ static int conf_from_tree(struct ctx *x, struct node *root)
         conf_check_jwt(x, root) < 0)
         return -1;
     mark_body_estimates(x->c);
+    mark_parts(x->c);
     x->c->redis.overrides = x->c->admin_token != NULL;
     return 0;
 }
@@ -602,6 +664,7 @@ static struct conf *conf_new(const char *file)
     c->redis.timeout_ms = 50;
     c->redis.prefix = xstrdup("sluice:");
     c->redis.on_error = CONF_ON_ERROR_ALLOW;
+    c->redis.pack_limits = 1;
     c->redis.tls_conf.verify = 1;
     c->backend = CONF_BACKEND_REDIS;
     c->memory_max_keys = 1000000;

@@ -216,6 +216,11 @@ static int h_redis_prefix(struct ctx *x, struct node *k, struct node *v, void *o
     return 0;
 }
 
+static int h_redis_pack_limits(struct ctx *x, struct node *k, struct node *v, void *obj)
+{
+    return conf_get_bool(x, v, &((struct conf_redis *)obj)->pack_limits);
+}
+
 static int h_redis_on_error(struct ctx *x, struct node *k, struct node *v, void *obj)
 {
     static const char *const names[] = { "allow", "deny", "local" };
@@ -337,6 +342,7 @@ static const struct key_def redis_keys[] = {
     { "timeout", h_redis_timeout, 0 },
     { "prefix", h_redis_prefix, 0 },
     { "on_error", h_redis_on_error, 0 },
+    { "pack_limits", h_redis_pack_limits, 0 },
     { "cluster", h_redis_cluster, 0 },
     { "sentinel", h_redis_sentinel, 0 },
     { "tls", h_redis_tls, 0 },

@@ -1110,6 +1110,19 @@ long route_key_fallback(const struct conf *c, const struct conf_route *r,
     return route_key_close(&o, out);
 }
 
+long route_part_key(const struct conf *c, const struct conf_route *r,
+                    const struct conf_limit *l, const char *key, size_t keylen, char *out)
+{
+    size_t head = strlen(c->redis.prefix) + 1 + strlen(r->name) + 1, name = strlen(l->name);
+    if (keylen < head + name + 1 || key[head + name] != '|' ||
+        memcmp(key + head, l->name, name) != 0)
+        return -1;
+    memcpy(out, key, head);
+    memcpy(out + head, key + head + name, keylen - head - name);
+    out[keylen - name] = '\0';
+    return (long)(keylen - name);
+}
+
 /* The key route_key() writes for a request whose key sources give exactly
  * parts[0..n) (decoded values: a query parameter or cookie as the upstream
  * reads it; a path or a numeric capture in any of the spellings route_key

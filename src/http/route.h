@@ -154,6 +154,13 @@ long route_key_fallback(const struct conf *c, const struct conf_route *r,
 /* The key of limit l of route r for the key values parts[0..n), one per
  * key source, as the client sends them: the key route_key() makes for such
  * a request. Returns its length, or -1 (n is not l->nkeys, or too long). */
+/* One key per route (conf_limit.part): the key l's route's limits share,
+ * made from key (route_key's, route_key_fallback's or route_key_parts'
+ * for l): the same without l's name, PREFIX{route||parts...}, which no
+ * limit's key can be (a limit's name is never empty). Its length, or -1. */
+long route_part_key(const struct conf *c, const struct conf_route *r,
+                    const struct conf_limit *l, const char *key, size_t keylen, char *out);
+
 long route_key_parts(const struct conf *c, const struct conf_route *r,
                      const struct conf_limit *l, const char *const *parts,
                      const size_t *lens, int n, char *out);

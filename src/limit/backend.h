@@ -38,6 +38,13 @@ struct store_limit {
     int64_t slot;               /* concurrency: this request's slot id (1..2^53-1),
                                  * sent per request in the batch, out of the
                                  * shared parameter set; 0 otherwise */
+    /* One key per route (conf_limit.part): the Redis store decides this
+     * limit as the part `part` of pkey, the key its route's limits share;
+     * key still names the limit everywhere else (deny cache, console,
+     * override key). part 0: none, pkey NULL. */
+    const char *pkey;
+    size_t pkeylen;
+    uint32_t part;
 };
 
 /* A shadow limit is decided and consumed like the others but its denial

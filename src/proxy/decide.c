@@ -135,9 +135,10 @@ static int is_concurrency(const struct decision *dec, int i)
 
 static struct store_limit key_limit(const struct decision *dec, int i)
 {
-    return (struct store_limit){ dec->keybuf + dec->key[i].off, dec->key[i].len,
-                                 dec->key[i].params, dec->key[i].cost,
-                                 dec->key[i].flags, dec->key[i].slot };
+    const struct decide_key *k = &dec->key[i];
+    return (struct store_limit){ dec->keybuf + k->off, k->len, k->params, k->cost, k->flags,
+                                 k->slot, k->part ? dec->keybuf + k->poff : NULL, k->plen,
+                                 k->part };
 }
 
 /* Give back the slots in mask (and refund the reservations in refund) on b. */
@@ -411,6 +412,15 @@ static int build_keys(struct decision *dec, const struct conf *conf,
                                            o ? &o->params : &l->params,
                                            l->params.algo == LIMITER_CONCURRENCY ?
                                            backend_slot_id() : 0 };
+        if (l->part) {          /* one key per route: the key without the limit's name */
+            char pkey[ROUTE_MAX_KEY];
+            long plen = route_part_key(conf, kr, l, key, (size_t)klen, pkey);
+            if (plen > 0) {
+                dec->key[n].poff = decide_key_add(dec, pkey, (size_t)plen);
+                dec->key[n].plen = (size_t)plen;
+                dec->key[n].part = l->part;
+            }
+        }
         dec->rl.limit[n] = l;
         dec->rl.params[n] = o ? &o->params : NULL;
         if (flags & STORE_CHECK_ONLY)

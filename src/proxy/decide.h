@@ -31,6 +31,8 @@ struct decide_key {
     unsigned flags;                     /* STORE_SHADOW, STORE_CHECK_ONLY */
     const struct limiter_params *params;    /* the limit's, or a config override's */
     int64_t slot;                       /* concurrency: this request's slot id */
+    size_t poff, plen;                  /* one key per route: its route's key */
+    uint32_t part;                      /* and its part there (0: none) */
 };
 
 /* One request's decision: its keys and limit results, and the call in

@@ -1031,11 +1031,12 @@ void store_destroy(struct store *s)
  * store_decide() returns. */
 static void store_call_copy(struct store_call *c, const struct store_limit *limits, int n)
 {
-    /* with redis.overrides each key is followed by its override key */
+    /* with redis.overrides each key is followed by its override key (its
+     * limit's key and the suffix, also for a part of its route's key) */
     size_t sl = sizeof(STORE_OVERRIDE_SUFFIX) - 1, total = 0;
-    int ovr = c->s->rc.overrides;
+    int ovr = c->s->rc.overrides, parts = c->s->mode != STORE_CLUSTER;
     for (int i = 0; i < n; i++)
-        total += limits[i].keylen * (ovr ? 2 : 1) + (ovr ? sl : 0);
+        total += limits[i].keylen + limits[i].pkeylen + (ovr ? limits[i].keylen + sl : 0);
     if (c->keycap < total || c->keys == NULL) {
         free(c->keys);
         c->keycap = total > 64 ? total : 64;
@@ -1047,11 +1048,15 @@ static void store_call_copy(struct store_call *c, const struct store_limit *limi
         c->cost[i] = limits[i].cost;
         c->flags[i] = limits[i].flags;
         c->slot[i] = limits[i].slot;
+        int part = parts && limits[i].part != 0 && limits[i].pkey != NULL;
+        const char *k = part ? limits[i].pkey : limits[i].key;
+        c->part[i] = part ? limits[i].part : 0;
         c->koff[i] = off;
-        c->klen[i] = limits[i].keylen;
-        memcpy(c->keys + off, limits[i].key, limits[i].keylen);
-        off += limits[i].keylen;
+        c->klen[i] = part ? limits[i].pkeylen : limits[i].keylen;
+        memcpy(c->keys + off, k, c->klen[i]);
+        off += c->klen[i];
         c->ooff[i] = off;
+        c->olen[i] = limits[i].keylen + sl;
         if (ovr) {
             memcpy(c->keys + off, limits[i].key, limits[i].keylen);
             memcpy(c->keys + off + limits[i].keylen, STORE_OVERRIDE_SUFFIX, sl);
@@ -1146,4 +1151,9 @@ int64_t store_retry_ms(const struct store *s)
 const char *store_limit_script(void)
 {
     return limit_lua;
+}
+
+const char *store_part_reset_script(void)
+{
+    return part_reset_lua;
 }

@@ -171,5 +171,7 @@ void store_sync_cancel(struct store_sync_call *call);
 
 /* scripts/limit.lua's text (EVAL from the admin thread). */
 const char *store_limit_script(void);
+/* scripts/part_reset.lua's: the reset of one part of a route's key. */
+const char *store_part_reset_script(void);
 
 #endif

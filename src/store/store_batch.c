@@ -167,9 +167,9 @@ void store_batch_add(struct store_node *n, struct store_req *q)
     const struct store_call *c = q->call;
     struct store_batch **open = q->asked ? NULL :
                                 s->mode == STORE_CLUSTER ? &s->slot_open[q->slot] : &s->single_open;
-    size_t bytes = 0, sl = s->rc.overrides ? sizeof(STORE_OVERRIDE_SUFFIX) - 1 : 0;
+    size_t bytes = 0;
     for (int i = 0; i < q->n; i++)
-        bytes += c->klen[q->idx[i]] * (sl ? 2 : 1) + sl;
+        bytes += c->klen[q->idx[i]] + (s->rc.overrides ? c->olen[q->idx[i]] : 0);
     struct store_batch *b = open != NULL ? *open : NULL;
     if (b != NULL && (b->node != n || b->n == STORE_BATCH_MAX ||
                       b->key_bytes + bytes > STORE_BATCH_KEY_BYTES))
@@ -220,10 +220,12 @@ static int enc_key(struct store_batch_enc *e, const char *k, size_t len, int16_t
  * id travels per request: the set stays shared). A calendar window sends
  * interval 1 and, in f[4..8), the starts of the periods around the
  * proxy's clock now_ms, from which limit.lua takes the one holding Redis
- * TIME. */
-static void enc_values(const struct limiter_params *lp, int64_t now_ms, int64_t *f)
+ * TIME. A part of a route's key (one key per route) sends its tag with its
+ * algorithm, 16 * part + algo. */
+static void enc_values(const struct limiter_params *lp, uint32_t part, int64_t now_ms,
+                       int64_t *f)
 {
-    f[0] = (int64_t)lp->algo;
+    f[0] = (int64_t)part * 16 + (int64_t)lp->algo;
     f[1] = lp->limit;
     f[2] = lp->delay_ms > 0 ? lp->delay_ms : lp->window_ms;
     f[3] = lp->algo == LIMITER_CONCURRENCY ? 0 : lp->interval_us;
@@ -235,15 +237,15 @@ static void enc_values(const struct limiter_params *lp, int64_t now_ms, int64_t 
 
 static int enc_calendar(const int64_t *f)
 {
-    return f[0] == LIMITER_FIXED_WINDOW && f[3] == 1;
+    return f[0] % 16 == LIMITER_FIXED_WINDOW && f[3] == 1;
 }
 
 /* The index of lp among the batch's distinct parameter sets. */
-static int enc_param(struct store_batch_enc *e, const struct limiter_params *lp, int64_t now_ms,
-                     int16_t *slots)
+static int enc_param(struct store_batch_enc *e, const struct limiter_params *lp, uint32_t part,
+                     int64_t now_ms, int16_t *slots)
 {
     int64_t f[8] = { 0 };
-    enc_values(lp, now_ms, f);
+    enc_values(lp, part, now_ms, f);
     uint32_t i = store_hash(f, sizeof(f), 2166136261u) & (STORE_BATCH_HASH - 1);
     for (;; i = (i + 1) & (STORE_BATCH_HASH - 1)) {
         int x = e->phash[i];
@@ -281,16 +283,34 @@ static int store_req_short(const struct store_batch *b, int i)
     return q->n;
 }
 
+/* A request of m (2..16) parts of one key (one key per route), each of
+ * cost 1 and the same flags, whose parameter sets came in a row: limit.lua
+ * takes its refs as a run, -(16 + m) and the first (entries ne0...). */
+static int store_req_run(const struct store_batch_enc *e, const struct store_call *c,
+                         const struct store_req *q, int ne0)
+{
+    for (int j = 0; j < q->n; j++) {
+        int li = q->idx[j];
+        if (c->part[li] == 0 || e->ki[ne0 + j] != e->ki[ne0] ||
+            e->pi[ne0 + j] != e->pi[ne0] + j || c->flags[li] != c->flags[q->idx[0]] ||
+            c->params[li].delay_ms > 0)
+            return 0;
+    }
+    return 1;
+}
+
 /* limit.lua's batch call into s->bcmd, returning its length:
  *   EVALSHA sha K key_1..key_K d P (algo limit window_ms interval_us)*P
  *           R (m (ref cost [slot] [ovr])*|m| | 32+ref [slot] [ovr]
- *              | 15+m (ref [slot] [ovr])*m)*R
+ *              | 15+m (ref [slot] [ovr])*m | -(16+m) ref)*R
  *           (b0 b1 b2 b3)*C
  * with ref = (key * P + param) * 16 + flags (0-based indexes), slot the
  * concurrency slot id, ovr the 1-based index of the override key (flag 8,
  * redis.overrides), m < 0 for a request whose reply must carry refund
  * marks; 32+ref: a request of one limit of cost 1, 15+m: of m (2..16)
- * limits of cost 1, without marks (store_req_short); and
+ * limits of cost 1, without marks (store_req_short); -(16+m): of m parts
+ * of one key whose refs run from the one sent (store_req_run); a part's
+ * parameter set sends 16 * tag + algo; and
  * per calendar parameter set (interval 1), in order, its period starts. See
  * limit.lua. */
 static size_t store_batch_encode(struct store_batch *b)
@@ -299,13 +319,13 @@ static size_t store_batch_encode(struct store_batch *b)
     struct store_batch_enc *e = s->enc;
     int16_t *kslots = e->kslot, *pslots = e->pslot;
     int ne = 0, extra = 0;
-    size_t sl = sizeof(STORE_OVERRIDE_SUFFIX) - 1;
     int64_t now_ms = clock_wall_us() / 1000;
+    unsigned char run[STORE_BATCH_MAX] = { 0 };
     e->nk = e->np = 0;
     for (int i = 0; i < b->n; i++) {
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
-        int sf = store_req_short(b, i);
+        int sf = store_req_short(b, i), ne0 = ne;
         if (sf == 1)
             extra -= 2;             /* no m, no cost */
         else if (sf > 1)
@@ -313,15 +333,18 @@ static size_t store_batch_encode(struct store_batch *b)
         for (int j = 0; j < q->n; j++, ne++) {
             int li = q->idx[j];
             e->ki[ne] = enc_key(e, c->keys + c->koff[li], c->klen[li], kslots);
-            e->pi[ne] = enc_param(e, &c->params[li], now_ms, pslots);
+            e->pi[ne] = enc_param(e, &c->params[li], c->part[li], now_ms, pslots);
             e->oi[ne] = -1;
             if (s->rc.overrides) {
-                e->oi[ne] = enc_key(e, c->keys + c->ooff[li], c->klen[li] + sl, kslots);
+                e->oi[ne] = enc_key(e, c->keys + c->ooff[li], c->olen[li], kslots);
                 extra++;
             }
             if (c->params[li].algo == LIMITER_CONCURRENCY)
                 extra++;
         }
+        run[i] = sf > 1 && !s->rc.overrides && store_req_run(e, c, q, ne0);
+        if (run[i])
+            extra -= q->n - 1;      /* -(16 + m) and the first ref */
     }
     for (int k = 0; k < e->np; k++)
         extra += enc_calendar(e->pv[k]) ? 4 : 0;       /* a calendar window's periods */
@@ -349,6 +372,13 @@ static size_t store_batch_encode(struct store_batch *b)
         const struct store_req *q = b->req[i];
         const struct store_call *c = q->call;
         int sf = store_req_short(b, i), short_form = sf == 1;
+        if (run[i]) {
+            p = store_put_int(p, -16 - q->n);
+            p = store_put_int(p, ((int64_t)e->ki[ne] * e->np + e->pi[ne]) * 16 +
+                                 enc_flags(s, c, q->idx[0]));
+            ne += q->n;
+            continue;
+        }
         if (sf > 1)
             p = store_put_int(p, 15 + q->n);
         else if (!short_form)

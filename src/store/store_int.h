@@ -27,6 +27,7 @@
 extern const char limit_lua[];
 extern const char limit_lua_sha[];
 extern const char refund_lua[];
+extern const char part_reset_lua[];
 extern const char refund_lua_sha[];
 #define STORE_BACKOFF_MIN_MS 100
 #define STORE_BACKOFF_MAX_MS 500     /* limiting must resume within 1 s of Redis returning */
@@ -132,8 +133,10 @@ struct store_call {
     char *keys;                     /* every key, back to back */
     size_t keycap;
     size_t koff[STORE_MAX_LIMITS], klen[STORE_MAX_LIMITS];
-    size_t ooff[STORE_MAX_LIMITS];  /* redis.overrides: each override key, in keys,
-                                     * klen + the suffix's length long */
+    size_t ooff[STORE_MAX_LIMITS];  /* redis.overrides: each override key, in keys, */
+    size_t olen[STORE_MAX_LIMITS];  /* its limit's key and the suffix */
+    uint32_t part[STORE_MAX_LIMITS];  /* one key per route: the part decided in the
+                                       * key (then its route's), 0: none */
     int nreq;
     int pending;                    /* requests not replied yet */
     struct store_req req[STORE_MAX_LIMITS];

@@ -47,6 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 struct conf_redis;
 int store_same_conf(const struct conf_redis *a, const struct conf_redis *b);
 const char *store_limit_script(void);
+const char *store_part_reset_script(void);
 int store_node_is_master(const void *reply);
 
 int store_same_conf(const struct conf_redis *a, const struct conf_redis *b)
@@ -55,6 +56,11 @@ int store_same_conf(const struct conf_redis *a, const struct conf_redis *b)
 }
 
 const char *store_limit_script(void)
+{
+    abort();
+}
+
+const char *store_part_reset_script(void)
 {
     abort();
 }

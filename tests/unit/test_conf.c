@@ -1237,6 +1237,66 @@ static void test_decision(void **state)
     conf_release(c);
 }
 
+/* One key per route (redis.pack_limits): which routes' limits become parts
+ * of one key, and their tags (FNV-1a of the name, 32 bits). */
+static void test_parts(void **state)
+{
+    static const struct {
+        const char *redis, *limits;
+        int parts;                      /* the route's limits are parts */
+    } t[] = {
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: token_bucket, rate: 1/s, burst: 5, key: [ip] },"
+              "  { name: c, algorithm: gcra, rate: 1/s, burst: 5, key: [ip] },"
+              "  { name: d, algorithm: sliding_window, limit: 3, window: 1h, key: [ip] } ]", 1 },
+        { "pack_limits: false",
+              "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: gcra, rate: 1/s, burst: 5, key: [ip] } ]", 0 },
+        { "cluster: [\"127.0.0.1:7000\"]",
+              "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: gcra, rate: 1/s, burst: 5, key: [ip] } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: gcra, rate: 1/s, burst: 5, key: [\"header:x\"] } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: gcra, rate: 1/s, burst: 5, key: [ip],"
+              "    on_missing_key: deny } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: concurrency, limit: 5, key: [ip] } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: sliding_log, limit: 5, window: 1m, key: [ip] } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: gcra, rate: 1/s, burst: 5, key: [ip], shadow: true } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: gcra, rate: 1/s, burst: 5, key: [ip], delay: 1s } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: gcra, rate: 1/s, burst: 5, key: [ip],"
+              "    cost_header: X-Cost } ]", 0 },
+        { "", "[ { name: a, algorithm: fixed_window, limit: 3, window: 1h, key: [ip] },"
+              "  { name: b, algorithm: fixed_window, limit: 5, window: 1m, key: [ip],"
+              "    count_status: [200] } ]", 0 },
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        char text[2048], *err;
+        snprintf(text, sizeof text, MINIMAL_HEAD "redis: { %s }\nroutes:\n  - name: r\n"
+                 "    match: { path: / }\n    upstream: api\n    limits: %s\n",
+                 t[i].redis, t[i].limits);
+        struct conf *c = load_text(text, &err);
+        if (!c)
+            fail_msg("case %zu: %s", i, err);
+        const struct conf_route *r = &c->routes[0];
+        for (int j = 0; j < r->nlimits; j++) {
+            uint32_t h = 2166136261u;
+            for (const char *p = r->limits[j].name; *p; p++)
+                h = (h ^ (unsigned char)*p) * 16777619u;
+            if (r->limits[j].part != (t[i].parts ? h : 0))
+                fail_msg("case %zu, limit %s: part %u", i, r->limits[j].name,
+                         (unsigned)r->limits[j].part);
+        }
+        conf_release(c);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1264,6 +1324,7 @@ int main(void)
         cmocka_unit_test(test_paths_keys),
         cmocka_unit_test(test_tls_upstream_keys),
         cmocka_unit_test(test_decision),
+        cmocka_unit_test(test_parts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
