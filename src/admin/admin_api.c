@@ -999,8 +999,12 @@ static int op_delete(const struct api_ctx *x, struct api_req *q, struct evbuffer
               route_part_key(q->conf, q->route, q->limit, q->key, q->keylen, pk) : -1;
     const char *ev[5] = { "EVAL", store_part_reset_script(), "1", pk, head };
     size_t evl[5] = { 4, strlen(ev[1]), 1, pl > 0 ? (size_t)pl : 0, 0 };
-    if (pl > 0) {
-        evl[4] = (size_t)snprintf(head, sizeof(head), ";%u=", (unsigned)q->limit->part);
+    if (pl > 0) {               /* its record's head: ';', the tag big-endian */
+        uint32_t t = q->limit->part;
+        head[0] = ';';
+        for (int i = 0; i < 4; i++)
+            head[1 + i] = (char)(t >> (24 - 8 * i));
+        evl[4] = 5;
         cmds[0] = (struct store_sync_cmd){ 5, ev, evl };
     }
     publish_cmd(q, chan, pub, publ, &cmds[1]);

@@ -123,15 +123,21 @@
 --
 -- One key per route: the limits of a route that share a key specification
 -- (redis.pack_limits, conf_load.c's mark_parts) keep one key per client,
--- "PREFIX{ROUTE||PARTS}", whose value is a part per limit, ";TAG=LAYOUT",
--- TAG the limit's (FNV-1a of its name, sent with its algorithm), LAYOUT its
--- STRING layout above; the key expires at the latest its parts need. A
+-- "PREFIX{ROUTE||PARTS}", whose value is a record of 30 bytes per limit
+-- (struct.pack '>c0I4Bddd'): ";", TAG (the limit's: FNV-1a of its name,
+-- sent with its algorithm), the algorithm, then the numbers of its STRING
+-- layout above as doubles, 0 for those it has not (fixed_window: the
+-- window, the count; sliding_window: the window, the count, the previous
+-- count; token_bucket: the last refill, us, and the tokens; gcra: the TAT,
+-- us). Binary, so a decision neither parses nor formats text: the
+-- doubles are the numbers themselves. The key expires at the latest its
+-- parts need. A
 -- request whose limits are parts (every one of them a part of the same key,
 -- flags 2 and 8 only, no marks; anything else is refused) is decided by
 -- packed_request() below, on the state before it, and writes the key once,
 -- with SET PXAT, when it passes; a part it does not carry (another limit's,
 -- one a reload removed) is kept as it was, with the key's own expiry (PTTL).
--- A part that does not read (another algorithm's, after a reload) is absent.
+-- A part of another algorithm (after a reload) is absent, and replaced.
 --
 -- Concurrency (algo 5): expired slots leave (ZREMRANGEBYSCORE -inf now_ms),
 -- then ZCARD counts the others; admitted: ZADD now+lease and PEXPIRE lease.
@@ -147,6 +153,7 @@
 
 local floor, ceil, format, match = math.floor, math.ceil, string.format, string.match
 local tonumber, find, sub, concat = tonumber, string.find, string.sub, table.concat
+local pack, unpack_b = struct.pack, struct.unpack
 
 local mode, np, nargv = ARGV[1], tonumber(ARGV[2]), #ARGV
 if mode == 't' then
@@ -160,7 +167,8 @@ if np == nil or np < 1 or np % 1 ~= 0 or nk < 1 or nargv < 3 + 4 * np then
 end
 
 -- The parameter sets, checked once each; pt[p] a part's tag (false: a
--- limit of a key of its own), ptk[p] the part's head in the value, ";TAG=".
+-- limit of a key of its own) and ptk[p] the head of its part's record
+-- (";", the tag, the algorithm: see "One key per route").
 local pa, pl, pw, pi, pt, ptk, npt = {}, {}, {}, {}, {}, {}, 0
 for p = 1, np do
     local a = 4 * p - 1
@@ -177,7 +185,7 @@ for p = 1, np do
         if tag >= 4294967296 or algo == 2 or algo == 5 then
             return redis.error_reply('ERR sluice limit.lua: bad part ' .. p)
         end
-        ptk[p], npt = format(';%d=', tag), npt + 1
+        ptk[p], npt = pack('>c0I4B', ';', tag, algo), npt + 1
     end
     if algo > 5 then
         return redis.error_reply('ERR sluice limit.lua: bad algorithm ' .. p)
@@ -227,8 +235,9 @@ end
 local refmax, ne, a = 16 * nk * np, 0, a0 + 1
 local em, eref, ec, es, eo = {}, {}, {}, {}, {}
 -- epk[e]: the key's index when the request entry e begins is one of a
--- route's key (see "One key per route")
-local epk
+-- route's key (see "One key per route"); erun[e] its first ref when its
+-- refs are a run (then eref and ec are not kept for its entries)
+local epk, erun
 for r = 1, nr do
     local m = tonumber(ARGV[a])
     if m == nil or m % 1 ~= 0 or m == 0 or m < -32 then
@@ -241,11 +250,23 @@ for r = 1, nr do
     local short, sref, refs, run = m >= 32, m - 32, m > 16 and m < 32, m < -17
     if short then m = 1 elseif refs then m = m - 15
     elseif run then
+        -- a run of parts: checked here at once, not limit by limit
         m, sref = -16 - m, tonumber(ARGV[a])
         a = a + 1
-        if sref == nil then
+        local f = sref and sref % 16
+        local p = sref and ((sref - f) / 16) % np + 1
+        if sref == nil or sref % 1 ~= 0 or sref < 0 or sref + 16 * (m - 1) >= refmax
+                or p + m - 1 > np or (f ~= 0 and f ~= 2) then
             return redis.error_reply('ERR sluice limit.lua: bad limit ' .. r)
         end
+        for q = p, p + m - 1 do
+            if not pt[q] then
+                return redis.error_reply('ERR sluice limit.lua: bad part ' .. r)
+            end
+        end
+        if epk == nil then epk = {} end
+        if erun == nil then erun = {} end
+        epk[ne + 1], erun[ne + 1] = ((sref - f) / 16 - (p - 1)) / np + 1, sref
     elseif m < -16 then
         return redis.error_reply('ERR sluice limit.lua: bad limit count ' .. r)
     end
@@ -254,12 +275,10 @@ for r = 1, nr do
     -- flag but 8 (override), no marks; or none
     local k0, pure, parts = nil, m > 0, false
     if m < 0 then m = -m end
-    for j = 1, m do
+    for j = 1, run and 0 or m do
         local ref, c
         if short then
             ref, c = sref, 1
-        elseif run then
-            ref, c = sref + 16 * (j - 1), 1
         elseif refs then
             ref, c = tonumber(ARGV[a]), 1
             a = a + 1
@@ -362,16 +381,16 @@ local m, mk, left, i, denied, nu, nz, rq = 0, false, 0, 0, false, 0, 0, 0
 -- Its limits carry no flag but 2 (check only: the part is kept as read)
 -- and 8: no shadow or delay, no marks; so this is the common path of
 -- fixed_window, sliding_window, token_bucket and gcra, without the undo
--- log, and it writes nothing for a denied request. The value is
--- ";TAG=LAYOUT" per part, LAYOUT a key's STRING layout of its algorithm
--- (above).
-local pbuf, pr0, ps0, po = {}, {}, {}, {}
+-- log, and it writes nothing for a denied request. The value's records
+-- are as above.
+local pbuf, pr0, ps0, po, ph = {}, {}, {}, {}, {}
 local function packed_request(e0, m, k)
-    local s = vals[k]
+    local s, r0 = vals[k], erun and erun[e0]
     local got, ok_all, xmax, nb, kept = 0, true, 0, 0, false
     for j = 1, m do
         local e = e0 + j - 1
-        local ref, c = eref[e], ec[e]
+        local ref, c
+        if r0 then ref, c = r0 + 16 * (j - 1), 1 else ref, c = eref[e], ec[e] end
         local f = ref % 16
         local p = ((ref - f) / 16) % np + 1
         local algo, L, W, I = pa[p], pl[p], pw[p], pi[p]
@@ -384,15 +403,23 @@ local function packed_request(e0, m, k)
                 if algo >= 3 then I = tonumber(oi) end
             end
         end
-        -- the part: x its start, at its layout's (read anchored there)
-        local h, x, at, pe = ptk[p], nil, nil, nil
+        -- the part: its record at x (a multiple of 30 bytes in), its
+        -- numbers y1..y3
+        local h, x, y1, y2, y3 = ptk[p], nil, nil, nil, nil
+        ph[j] = h
         if s then
             x = find(s, h, 1, true)
-            if x then at = x + #h end
+            while x and (x - 1) % 30 ~= 0 do x = find(s, h, x + 1, true) end
+            if x and x + 29 > #s then x = nil end
+            if x then
+                y1, y2, y3 = unpack_b('>ddd', s, x + 6)
+                got = got + 30
+            end
         end
-        local ok, rem, reset, retry, rem0, reset0, body, xa
+        local ok, rem, reset, retry, rem0, reset0, xa, v1, v2, v3
         if algo == 0 then
-            local win = floor(now_ms / W)
+            local win = now_ms / W
+            win = win - win % 1
             local wend = (win + 1) * W
             local cb = pcb[p]
             if cb then
@@ -401,50 +428,41 @@ local function packed_request(e0, m, k)
                 W = wend - win
             end
             local cnt = 0
-            if x then
-                local sw, sn, y = match(s, '^F(%d+) (%d+)()', at)
-                if sw then
-                    got, pe = got + y - x, y
-                    if tonumber(sw) == win then cnt = tonumber(sn) end
-                end
-            end
+            if x and y1 == win then cnt = y2 end
             reset = wend - now_ms
             rem0, reset0 = L - cnt, reset
             if rem0 < 0 then rem0 = 0 end
             ok = cnt + c <= L
             if ok then
-                rem, retry, xa = L - cnt - c, 0, wend
-                body = format('%sF%d %d', h, win, cnt + c)
+                rem, retry, xa, v1, v2, v3 = L - cnt - c, 0, wend, win, cnt + c, 0
             else
                 rem, retry = 0, reset
                 if c > L then retry = W end
             end
         elseif algo == 1 then
-            local win = floor(now_ms / W)
+            local win = now_ms / W
+            win = win - win % 1
             local cc, pc = 0, 0
             if x then
-                local sw, sc, sp, y = match(s, '^S(%d+) (%d+) (%d+)()', at)
-                if sw then
-                    got, pe = got + y - x, y
-                    sw = tonumber(sw)
-                    if sw >= win then cc, pc = tonumber(sc), tonumber(sp)
-                    elseif sw == win - 1 then pc = tonumber(sc) end
-                end
+                if y1 >= win then cc, pc = y2, y3
+                elseif y1 == win - 1 then pc = y2 end
             end
             local elapsed = now_ms - win * W
             local decay = pc * (W - elapsed)
             local LW = L * W
-            rem0 = floor((LW - decay - cc * W) / W)
+            rem0 = (LW - decay - cc * W) / W
+            rem0 = rem0 - rem0 % 1
             if rem0 < 0 then rem0 = 0 end
             if cc > 0 then reset0 = (win + 2) * W - now_ms
             elseif pc > 0 then reset0 = (win + 1) * W - now_ms
             else reset0 = 0 end
             ok = c <= L and decay + (cc + c) * W <= LW
             if ok then
-                rem = floor((LW - decay - (cc + c) * W) / W)
+                rem = (LW - decay - (cc + c) * W) / W
+                rem = rem - rem % 1
                 if rem < 0 then rem = 0 end
                 reset, retry, xa = (win + 2) * W - now_ms, 0, (win + 2) * W
-                body = format('%sS%d %d %d', h, win, cc + c, pc)
+                v1, v2, v3 = win, cc + c, pc
             else
                 rem, reset = 0, reset0
                 if c > L then
@@ -464,24 +482,21 @@ local function packed_request(e0, m, k)
         elseif algo == 3 then
             local tokens = L
             if x then
-                local su, st, y = match(s, '^B(%d+) ([^;]+)()', at)
-                if su then
-                    got, pe = got + y - x, y
-                    local elapsed = now_us - tonumber(su)
-                    if elapsed < 0 then elapsed = 0 end
-                    tokens = (tonumber(st) or L) + elapsed / I
-                    if tokens > L then tokens = L end
-                end
+                local elapsed = now_us - y1
+                if elapsed < 0 then elapsed = 0 end
+                tokens = y2 + elapsed / I
+                if tokens > L then tokens = L end
             end
             ok = c <= L and tokens >= c
-            rem0, reset0 = floor(tokens), ceil((L - tokens) * I / 1000)
+            rem0, reset0 = tokens - tokens % 1, (L - tokens) * I / 1000
+            reset0 = reset0 + -reset0 % 1
             if rem0 < 0 then rem0 = 0 end
             if ok then
                 local after = tokens - c
-                rem, reset, retry = floor(after), ceil((L - after) * I / 1000), 0
+                rem, reset, retry = after - after % 1, (L - after) * I / 1000, 0
+                reset = reset + -reset % 1
                 if rem < 0 then rem = 0 end
-                xa = now_ms + (reset < 1 and 1 or reset)
-                body = format('%sB%d %.17g', h, now_us, after)
+                xa, v1, v2, v3 = now_ms + (reset < 1 and 1 or reset), now_us, after, 0
             else
                 rem, reset = 0, reset0
                 if c > L then retry = ceil(L * I / 1000)
@@ -490,25 +505,21 @@ local function packed_request(e0, m, k)
             end
         else
             local tat = now_us
-            if x then
-                local v, y = match(s, '^(%d+)()', at)
-                if v then
-                    got, pe = got + y - x, y
-                    v = tonumber(v)
-                    if v > now_us then tat = v end
-                end
-            end
+            if x and y1 > now_us then tat = y1 end
             local new_tat, BI = tat + c * I, L * I
             ok = c <= L and new_tat - now_us <= BI
-            rem0 = floor((BI - (tat - now_us)) / I)
+            rem0 = (BI - (tat - now_us)) / I
+            rem0 = rem0 - rem0 % 1
             if rem0 < 0 then rem0 = 0 end
-            reset0 = ceil((tat - now_us) / 1000)
+            reset0 = (tat - now_us) / 1000
+            reset0 = reset0 + -reset0 % 1
             if ok then
-                rem = floor((BI - (new_tat - now_us)) / I)
+                rem = (BI - (new_tat - now_us)) / I
+                rem = rem - rem % 1
                 if rem < 0 then rem = 0 end
-                reset, retry = ceil((new_tat - now_us) / 1000), 0
-                xa = now_ms + (reset < 1 and 1 or reset)
-                body = format('%s%d', h, new_tat)
+                reset, retry = (new_tat - now_us) / 1000, 0
+                reset = reset + -reset % 1
+                xa, v1, v2, v3 = now_ms + (reset < 1 and 1 or reset), new_tat, 0, 0
             else
                 rem, reset = 0, reset0
                 if c > L then retry = ceil(BI / 1000)
@@ -519,14 +530,14 @@ local function packed_request(e0, m, k)
         po[j], pr0[j], ps0[j] = o, rem0, reset0
         if ok and f % 8 == 2 then           -- check only: the part stays
             out[o + 1], out[o + 2] = rem0, reset0
-            if pe then
+            if x then
                 nb, kept = nb + 1, true
-                pbuf[nb] = sub(s, x, pe - 1)
+                pbuf[nb] = sub(s, x, x + 29)
             end
         elseif ok then
             out[o + 1], out[o + 2] = rem, reset
             nb = nb + 1
-            pbuf[nb] = body
+            pbuf[nb] = pack('>c0ddd', h, v1, v2, v3)
             if xa > xmax then xmax = xa end
         else
             out[o + 1], out[o + 2] = -retry, reset
@@ -548,22 +559,18 @@ local function packed_request(e0, m, k)
     end
     if xmax == 0 then return end             -- check only: nothing written
     if s and got ~= #s then
-        -- parts of limits this request does not carry: kept
-        local x = find(s, ';', 1, true)
-        while x do
-            local y = find(s, ';', x + 1, true)
-            local h = match(s, '^;%d+=', x)
-            local mine = h == nil
+        -- records of limits this request does not carry: kept (one of a
+        -- limit it carries, of another algorithm, is not: by its tag)
+        for x = 1, #s - 29, 30 do
+            local t = sub(s, x, x + 4)
+            local mine = false
             for j = 1, m do
-                if not mine and ptk[((eref[e0 + j - 1] - eref[e0 + j - 1] % 16) / 16) % np + 1] == h then
-                    mine = true
-                end
+                if sub(ph[j], 1, 5) == t then mine = true end
             end
-            if not mine then
+            if not mine and sub(t, 1, 1) == ';' then
                 nb, kept = nb + 1, true
-                pbuf[nb] = sub(s, x, (y or 0) - 1)
+                pbuf[nb] = sub(s, x, x + 29)
             end
-            x = y
         end
     end
     if kept then
