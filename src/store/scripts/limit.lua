@@ -374,6 +374,43 @@ local uo, ur0, us0, ud, uk, una, un1, un2, un3, uwo, uwe
 local zk, zopt, zval, zexp, zc, tr, ub
 local m, mk, left, i, denied, nu, nz, rq = 0, false, 0, 0, false, 0, 0, 0
 
+-- sliding_window, the two-counter estimate, for a request of cost c with
+-- cc in window win and pc in the one before: est = pc * (W - elapsed) / W
+-- + cc + c. Comparisons are made multiplied by W so they stay in exact
+-- integer arithmetic. Returns ok, rem, reset, retry, rem0, reset0 (as in
+-- the loop below).
+local function sliding(L, W, c, cc, pc, win)
+    local elapsed = now_ms - win * W
+    local decay = pc * (W - elapsed)         -- previous count's weight, times W
+    local LW = L * W
+    local rem0, reset0 = floor((LW - decay - cc * W) / W), 0
+    if rem0 < 0 then rem0 = 0 end
+    if cc > 0 then reset0 = (win + 2) * W - now_ms
+    elseif pc > 0 then reset0 = (win + 1) * W - now_ms end
+    if c <= L and decay + (cc + c) * W <= LW then
+        local rem = floor((LW - decay - (cc + c) * W) / W)
+        if rem < 0 then rem = 0 end
+        return true, rem, (win + 2) * W - now_ms, 0, rem0, reset0
+    end
+    local retry
+    if c > L then
+        retry = W
+    elseif pc > 0 and cc + c <= L and ceil(W * (pc + cc + c - L) / pc) < W then
+        -- within this window, once enough of the previous count decayed
+        retry = ceil(W * (pc + cc + c - L) / pc) - elapsed
+    else
+        -- next window: today's count becomes the decaying previous one
+        local q = 0
+        if cc > 0 then
+            q = ceil(W * (cc + c - L) / cc)
+            if q < 0 then q = 0 end
+        end
+        retry = (win + 1) * W + q - now_ms
+    end
+    if retry < 1 then retry = 1 end
+    return false, 0, reset0, retry, rem0, reset0
+end
+
 -- One key per route: a request whose limits are all parts of one key
 -- (epk) is decided here, its limits on the state before it, and written
 -- with one SET PXAT when it passes: the parts it decided, then any other
@@ -447,38 +484,8 @@ local function packed_request(e0, m, k)
                 if y1 >= win then cc, pc = y2, y3
                 elseif y1 == win - 1 then pc = y2 end
             end
-            local elapsed = now_ms - win * W
-            local decay = pc * (W - elapsed)
-            local LW = L * W
-            rem0 = (LW - decay - cc * W) / W
-            rem0 = rem0 - rem0 % 1
-            if rem0 < 0 then rem0 = 0 end
-            if cc > 0 then reset0 = (win + 2) * W - now_ms
-            elseif pc > 0 then reset0 = (win + 1) * W - now_ms
-            else reset0 = 0 end
-            ok = c <= L and decay + (cc + c) * W <= LW
-            if ok then
-                rem = (LW - decay - (cc + c) * W) / W
-                rem = rem - rem % 1
-                if rem < 0 then rem = 0 end
-                reset, retry, xa = (win + 2) * W - now_ms, 0, (win + 2) * W
-                v1, v2, v3 = win, cc + c, pc
-            else
-                rem, reset = 0, reset0
-                if c > L then
-                    retry = W
-                elseif pc > 0 and cc + c <= L and ceil(W * (pc + cc + c - L) / pc) < W then
-                    retry = ceil(W * (pc + cc + c - L) / pc) - elapsed
-                else
-                    local q = 0
-                    if cc > 0 then
-                        q = ceil(W * (cc + c - L) / cc)
-                        if q < 0 then q = 0 end
-                    end
-                    retry = (win + 1) * W + q - now_ms
-                end
-                if retry < 1 then retry = 1 end
-            end
+            ok, rem, reset, retry, rem0, reset0 = sliding(L, W, c, cc, pc, win)
+            if ok then xa, v1, v2, v3 = (win + 2) * W, win, cc + c, pc end
         elseif algo == 3 then
             local tokens = L
             if x then
@@ -677,9 +684,7 @@ while e < ne do
                     if c > L then retry = W end
                 end
             elseif algo == 1 then
-                -- sliding_window, the two-counter estimate:
-                -- est = p * (W - elapsed) / W + c. Comparisons are made
-                -- multiplied by W so they stay in exact integer arithmetic.
+                -- sliding_window: the counts, then sliding() decides
                 local cc, pc, same = 0, 0, false
                 local sw, sc, sp
                 if ka then
@@ -695,19 +700,8 @@ while e < ne do
                         pc = tonumber(sc)
                     end
                 end
-                local elapsed = now_ms - win * W
-                local decay = pc * (W - elapsed)   -- previous count's weight, times W
-                local LW = L * W
-                rem0 = floor((LW - decay - cc * W) / W)
-                if rem0 < 0 then rem0 = 0 end
-                if cc > 0 then reset0 = (win + 2) * W - now_ms
-                elseif pc > 0 then reset0 = (win + 1) * W - now_ms
-                else reset0 = 0 end
-                ok = c <= L and decay + (cc + c) * W <= LW
+                ok, rem, reset, retry, rem0, reset0 = sliding(L, W, c, cc, pc, win)
                 if ok then
-                    rem = floor((LW - decay - (cc + c) * W) / W)
-                    if rem < 0 then rem = 0 end
-                    reset, retry = (win + 2) * W - now_ms, 0
                     val, v1, v2, v3 = true, win, cc + c, pc
                     if same then opt = 'KEEPTTL'        -- this window's key: its expiry stands
                     else
@@ -716,24 +710,6 @@ while e < ne do
                         if exp == nil then exp = format('%d', (win + 2) * W); pxs[p] = exp end
                         opt = 'PXAT'
                     end
-                else
-                    rem, reset = 0, reset0
-                    if c > L then
-                        retry = W
-                    elseif pc > 0 and cc + c <= L
-                           and ceil(W * (pc + cc + c - L) / pc) < W then
-                        -- within this window, once enough of the previous count decayed
-                        retry = ceil(W * (pc + cc + c - L) / pc) - elapsed
-                    else
-                        -- next window: today's count becomes the decaying previous one
-                        local e = 0
-                        if cc > 0 then
-                            e = ceil(W * (cc + c - L) / cc)
-                            if e < 0 then e = 0 end
-                        end
-                        retry = (win + 1) * W + e - now_ms
-                    end
-                    if retry < 1 then retry = 1 end
                 end
             else
                 -- sliding_log: entries exactly W old are out, the live range
