@@ -157,6 +157,26 @@ def test_exact_across_two_proxies(sluice, redis):
     assert len(codes) == 60 and codes.count(200) == 3 and codes.count(429) == 57, codes
 
 
+def test_a_record_no_decision_writes_reads_as_absent(sluice, redis):
+    """A record whose numbers no decision writes (a TAT of +inf, a NaN
+    bucket, written into Redis by someone else) reads as absent and is
+    replaced, as a text value of another layout did: the client is not
+    denied until the key expires."""
+    s = start_api(sluice, ROUTES)
+    who = client()
+    inf, nan = float("inf"), float("nan")
+    bad = b"".join(struct.pack(">cIBddd", b";", fnv(n), algo, a, b, 0.0)
+                   for n, algo, a, b in (("bucket", 3, 0.0, nan), ("cell", 4, inf, 0.0),
+                                         ("hourly", 0, nan, 5.0)))
+    redis_cmd(redis.port, "SET", route_key("three", who), bad, "PX", 3600 * 1000)
+    assert [get_k(s, "/three", who) for _ in range(4)] == [200, 200, 200, 429]
+    val = redis_cmd(redis.port, "GET", route_key("three", who))
+    assert tags(val) == sorted(fnv(n) for n in ("bucket", "cell", "hourly"))
+    assert all(struct.unpack(">ddd", val[i + 6:i + 30]) == struct.unpack(">ddd", val[i + 6:i + 30])
+               and all(abs(x) < 2 ** 53 for x in struct.unpack(">ddd", val[i + 6:i + 30]))
+               for i in range(0, len(val), 30)), val
+
+
 def test_reset_one_limit_of_the_key(sluice, redis):
     s = start_api(sluice, ROUTES)
     who = client()

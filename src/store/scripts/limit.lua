@@ -421,6 +421,7 @@ end
 -- log, and it writes nothing for a denied request. The value's records
 -- are as above.
 local pbuf, pr0, ps0, po, ph = {}, {}, {}, {}, {}
+local P53 = 9007199254740992
 local function packed_request(e0, m, k)
     local s, r0 = vals[k], erun and erun[e0]
     local got, ok_all, xmax, nb, kept = 0, true, 0, 0, false
@@ -450,7 +451,14 @@ local function packed_request(e0, m, k)
             if x and x + 29 > #s then x = nil end
             if x then
                 y1, y2, y3 = unpack_b('>ddd', s, x + 6)
-                got = got + 30
+                -- a number no decision writes (NaN, infinite, 2^53 or more
+                -- away from 0) reads as absent, and the record is replaced
+                if y1 > -P53 and y1 < P53 and y2 > -P53 and y2 < P53 and y3 > -P53
+                        and y3 < P53 then
+                    got = got + 30
+                else
+                    x = nil
+                end
             end
         end
         local ok, rem, reset, retry, rem0, reset0, xa, v1, v2, v3
